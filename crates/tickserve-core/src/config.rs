@@ -1,0 +1,273 @@
+//! Configuration files: the server's `tickserve.toml` and each model's
+//! optional `model.toml` in the repository.
+//!
+//! Both are TOML read with `deny_unknown_fields`, so a misspelt key is a
+//! startup error, not a silent default. Durations are written as people write
+//! them (`"250us"`, `"2ms"`). [`ServerConfig::validate`] runs once at startup.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::buckets::DEFAULT_BUCKETS;
+
+/// The whole server configuration (`config/tickserve.toml`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Listening addresses and request limits.
+    pub server: ListenConfig,
+    /// Engine settings.
+    pub runtime: RuntimeConfig,
+    /// Where the models are.
+    pub repository: RepositoryConfig,
+    /// Settings every model gets unless its `model.toml` says otherwise.
+    pub model_defaults: ModelDefaults,
+}
+
+/// Listening addresses and request limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenConfig {
+    /// Address both front ends bind.
+    pub host: String,
+    /// HTTP port (0 picks a free port).
+    pub http_port: u16,
+    /// gRPC port (0 picks a free port).
+    pub grpc_port: u16,
+    /// Largest request body (HTTP) or message (gRPC) accepted, in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig {
+            host: "127.0.0.1".to_string(),
+            http_port: 8000,
+            grpc_port: 8001,
+            max_request_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Path of the ONNX Runtime shared library (`libonnxruntime.so.1.31.1`).
+    /// The environment variable `TICKSERVE_ONNXRUNTIME_LIBRARY` overrides it.
+    pub onnxruntime_library: PathBuf,
+    /// ONNX Runtime intra-op threads per session. 1 is fastest for the small
+    /// models tickserve serves (see README, "Thread settings").
+    pub intra_op_threads: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            onnxruntime_library: PathBuf::from(".local/lib/libonnxruntime.so.1.31.1"),
+            intra_op_threads: 1,
+        }
+    }
+}
+
+/// Where the models are.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RepositoryConfig {
+    /// The model repository: `PATH/NAME/VERSION/model.onnx`.
+    pub path: PathBuf,
+}
+
+impl Default for RepositoryConfig {
+    fn default() -> Self {
+        RepositoryConfig {
+            path: PathBuf::from("config/models"),
+        }
+    }
+}
+
+/// Settings every model gets unless its `model.toml` overrides them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelDefaults {
+    /// Batch sizes compiled for each model.
+    pub buckets: Vec<usize>,
+    /// The most rows one request may carry.
+    pub max_request_rows: usize,
+    /// The most requests waiting for one model.
+    pub queue_capacity: usize,
+}
+
+impl Default for ModelDefaults {
+    fn default() -> Self {
+        ModelDefaults {
+            buckets: DEFAULT_BUCKETS.to_vec(),
+            max_request_rows: 1024,
+            queue_capacity: 1024,
+        }
+    }
+}
+
+/// What to do with NaN and infinity in float inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NanPolicy {
+    /// Refuse the request (INVALID_ARGUMENT / 400).
+    Reject,
+    /// Pass them to the model (tree ensembles read NaN as "missing").
+    Allow,
+}
+
+/// Where a model runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// The CPU, through ONNX Runtime.
+    Cpu,
+    /// Wherever is best: today the CPU.
+    Auto,
+    /// A named device this build does not know (`gpu:0`): refused at load.
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.as_str() {
+            "cpu" => Placement::Cpu,
+            "auto" => Placement::Auto,
+            _ => Placement::Other(s),
+        })
+    }
+}
+
+/// Fixed dimensions for one tensor, overriding what the ONNX file says.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorOverride {
+    /// The dimensions after the batch dimension.
+    pub dims: Vec<usize>,
+}
+
+/// A model's `model.toml`: every key optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Batch sizes to compile (default: the server's `model_defaults.buckets`).
+    pub buckets: Option<Vec<usize>>,
+    /// Cap on the bucket sizes.
+    pub max_batch_size: Option<usize>,
+    /// The most rows one request may carry; larger requests run as several
+    /// bucket runs up to this limit.
+    pub max_request_rows: Option<usize>,
+    /// The most requests waiting for this model.
+    pub queue_capacity: Option<usize>,
+    /// Where the model runs: `"cpu"` or `"auto"`.
+    pub device: Option<Placement>,
+    /// NaN/infinity policy (default: `reject`, `allow` for tree ensembles).
+    pub nan_policy: Option<NanPolicy>,
+    /// Deadline for requests that bring none.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub timeout: Option<Duration>,
+    /// Values for the ONNX file's named dynamic dimensions (`seq = 30`).
+    pub dimensions: BTreeMap<String, usize>,
+    /// Per-input dimension overrides.
+    pub inputs: BTreeMap<String, TensorOverride>,
+    /// Per-output dimension overrides.
+    pub outputs: BTreeMap<String, TensorOverride>,
+}
+
+impl ModelConfig {
+    /// Reads `path`, or the defaults when it does not exist.
+    pub fn load(path: &Path) -> Result<ModelConfig, String> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))
+}
+
+impl ServerConfig {
+    /// Reads a server configuration file.
+    pub fn load(path: &Path) -> Result<ServerConfig, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<(), String> {
+        let d = &self.model_defaults;
+        crate::Buckets::new(&d.buckets, None).map_err(|e| format!("model_defaults.buckets: {e}"))?;
+        if d.max_request_rows == 0 {
+            return Err("model_defaults.max_request_rows must be positive".into());
+        }
+        if d.queue_capacity == 0 {
+            return Err("model_defaults.queue_capacity must be positive".into());
+        }
+        if self.runtime.intra_op_threads == 0 {
+            return Err("runtime.intra_op_threads must be positive".into());
+        }
+        if self.server.max_request_bytes < 1024 {
+            return Err("server.max_request_bytes must be at least 1024".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_toml_parses_every_key() {
+        let c: ModelConfig = toml::from_str(
+            r#"
+            buckets = [1, 2, 4]
+            max_batch_size = 4
+            max_request_rows = 8
+            queue_capacity = 16
+            device = "cpu"
+            nan_policy = "allow"
+            timeout = "250us"
+            [dimensions]
+            seq = 30
+            [inputs.window]
+            dims = [30, 8]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.timeout, Some(Duration::from_micros(250)));
+        assert_eq!(c.dimensions["seq"], 30);
+        assert_eq!(c.inputs["window"].dims, vec![30, 8]);
+        assert_eq!(c.nan_policy, Some(NanPolicy::Allow));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        assert!(toml::from_str::<ModelConfig>("bucket = [1]").is_err());
+        assert!(toml::from_str::<ServerConfig>("[server]\nport = 1").is_err());
+    }
+
+    /// Every configuration file shipped in the repository parses and validates.
+    #[test]
+    fn shipped_configs_parse() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        let server = ServerConfig::load(&root.join("tickserve.toml")).unwrap();
+        server.validate().unwrap();
+        for entry in std::fs::read_dir(root.join("models")).unwrap() {
+            let path = entry.unwrap().path().join("model.toml");
+            ModelConfig::load(&path).unwrap();
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The one error type of the request path, and its mapping to protocol codes.
+//!
+//! Every variant names the model and, where there is one, the input, what was
+//! expected and what came. [`Error::kind`] maps each variant to exactly one
+//! [`ErrorKind`], and each kind to one gRPC code and one HTTP status, in the
+//! table of [`ErrorKind::grpc_code`] and [`ErrorKind::http_status`], pinned by a
+//! test. Load-time failures are plain strings collected per model; they never
+//! reach a request.
+
+use std::time::Duration;
+
+/// A request that could not be answered with a prediction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// No model (or no such version of it) is in the repository.
+    #[error("model '{model}'{}: not found{}", version_label(.version), known_label(.known))]
+    ModelNotFound {
+        /// The model asked for.
+        model: String,
+        /// The version asked for, if one was.
+        version: Option<String>,
+        /// What is there instead (versions of the model, or nothing).
+        known: String,
+    },
+    /// The model exists but cannot serve: its load failed or it is unloading.
+    #[error("model '{model}' version {version} is not ready: {reason}")]
+    ModelNotReady {
+        /// The model asked for.
+        model: String,
+        /// Its version.
+        version: String,
+        /// Why it cannot serve.
+        reason: String,
+    },
+    /// One input does not fit the model's signature.
+    #[error("model '{model}', input '{input}': expected {expected}, got {got}")]
+    InvalidInput {
+        /// The model asked for.
+        model: String,
+        /// The input at fault.
+        input: String,
+        /// What the model expects.
+        expected: String,
+        /// What the request sent.
+        got: String,
+    },
+    /// The request as a whole is malformed (bad JSON, missing or duplicate
+    /// inputs, unknown outputs, bad parameters).
+    #[error("model '{model}': {message}")]
+    InvalidRequest {
+        /// The model asked for (may be empty when the body could not be read).
+        model: String,
+        /// What is wrong, with what was expected and what came.
+        message: String,
+    },
+    /// The request carries more rows than the model's `max_request_rows`.
+    #[error(
+        "model '{model}': request has {rows} rows, more than the limit of {limit} \
+         (max_request_rows in the model's model.toml)"
+    )]
+    TooManyRows {
+        /// The model asked for.
+        model: String,
+        /// Rows in the request.
+        rows: usize,
+        /// The model's limit.
+        limit: usize,
+    },
+    /// The request body is larger than the server accepts.
+    #[error("request body of {got} bytes is over the limit of {limit} bytes (server.max_request_bytes)")]
+    PayloadTooLarge {
+        /// Bytes received (at least).
+        got: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The model's queue is full; the request was not admitted.
+    #[error("model '{model}': queue is full ({capacity} requests waiting); retry later")]
+    QueueFull {
+        /// The model asked for.
+        model: String,
+        /// The queue's capacity.
+        capacity: usize,
+    },
+    /// The request's deadline passed before it was computed; it never ran.
+    #[error("model '{model}': deadline exceeded after waiting {waited:?}; the request was not computed")]
+    DeadlineExceeded {
+        /// The model asked for.
+        model: String,
+        /// How long the request waited.
+        waited: Duration,
+    },
+    /// The server is shutting down and admits no new work.
+    #[error("server is shutting down")]
+    ShuttingDown,
+    /// The engine failed on a request that passed validation. A bug or a
+    /// resource failure, never the client's fault.
+    #[error("model '{model}': internal error: {message}")]
+    Internal {
+        /// The model that failed.
+        model: String,
+        /// The engine's message.
+        message: String,
+    },
+}
+
+fn version_label(version: &Option<String>) -> String {
+    version
+        .as_ref()
+        .map(|v| format!(" version {v}"))
+        .unwrap_or_default()
+}
+
+fn known_label(known: &str) -> String {
+    if known.is_empty() {
+        String::new()
+    } else {
+        format!(" ({known})")
+    }
+}
+
+/// The class of an [`Error`], which fixes its protocol codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is wrong; sending it again will not help.
+    InvalidArgument,
+    /// The model or version does not exist.
+    NotFound,
+    /// The request body is too large.
+    PayloadTooLarge,
+    /// The server or model cannot serve now.
+    Unavailable,
+    /// The server is at capacity; retry later.
+    ResourceExhausted,
+    /// The deadline passed before the request was computed.
+    DeadlineExceeded,
+    /// A failure inside the server.
+    Internal,
+}
+
+/// gRPC status codes, as numbers (so the core needs no gRPC crate).
+pub mod grpc_code {
+    /// INVALID_ARGUMENT.
+    pub const INVALID_ARGUMENT: i32 = 3;
+    /// DEADLINE_EXCEEDED.
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    /// NOT_FOUND.
+    pub const NOT_FOUND: i32 = 5;
+    /// RESOURCE_EXHAUSTED.
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    /// INTERNAL.
+    pub const INTERNAL: i32 = 13;
+    /// UNAVAILABLE.
+    pub const UNAVAILABLE: i32 = 14;
+}
+
+impl ErrorKind {
+    /// The gRPC status code for this kind.
+    pub const fn grpc_code(self) -> i32 {
+        match self {
+            ErrorKind::InvalidArgument | ErrorKind::PayloadTooLarge => grpc_code::INVALID_ARGUMENT,
+            ErrorKind::NotFound => grpc_code::NOT_FOUND,
+            ErrorKind::Unavailable => grpc_code::UNAVAILABLE,
+            ErrorKind::ResourceExhausted => grpc_code::RESOURCE_EXHAUSTED,
+            ErrorKind::DeadlineExceeded => grpc_code::DEADLINE_EXCEEDED,
+            ErrorKind::Internal => grpc_code::INTERNAL,
+        }
+    }
+
+    /// The HTTP status for this kind.
+    pub const fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::InvalidArgument => 400,
+            ErrorKind::NotFound => 404,
+            ErrorKind::PayloadTooLarge => 413,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::ResourceExhausted => 429,
+            ErrorKind::DeadlineExceeded => 504,
+            ErrorKind::Internal => 500,
+        }
+    }
+
+    /// A short label for metrics (`invalid_argument`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::ResourceExhausted => "resource_exhausted",
+            ErrorKind::DeadlineExceeded => "deadline_exceeded",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl Error {
+    /// The kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::ModelNotFound { .. } => ErrorKind::NotFound,
+            Error::ModelNotReady { .. } | Error::ShuttingDown => ErrorKind::Unavailable,
+            Error::InvalidInput { .. } | Error::InvalidRequest { .. } | Error::TooManyRows { .. } => {
+                ErrorKind::InvalidArgument
+            }
+            Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
+            Error::QueueFull { .. } => ErrorKind::ResourceExhausted,
+            Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
+            Error::Internal { .. } => ErrorKind::Internal,
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn input(
+        model: &str,
+        input: &str,
+        expected: impl Into<String>,
+        got: impl Into<String>,
+    ) -> Error {
+        Error::InvalidInput {
+            model: model.to_string(),
+            input: input.to_string(),
+            expected: expected.into(),
+            got: got.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidRequest`].
+    pub fn request(model: &str, message: impl Into<String>) -> Error {
+        Error::InvalidRequest {
+            model: model.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one table: kind → (gRPC code, HTTP status). A change here is a
+    /// change of the wire contract.
+    #[test]
+    fn kind_table_is_pinned() {
+        let table = [
+            (ErrorKind::InvalidArgument, 3, 400),
+            (ErrorKind::NotFound, 5, 404),
+            (ErrorKind::PayloadTooLarge, 3, 413),
+            (ErrorKind::Unavailable, 14, 503),
+            (ErrorKind::ResourceExhausted, 8, 429),
+            (ErrorKind::DeadlineExceeded, 4, 504),
+            (ErrorKind::Internal, 13, 500),
+        ];
+        for (kind, grpc, http) in table {
+            assert_eq!((kind.grpc_code(), kind.http_status()), (grpc, http), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn messages_name_model_input_expected_and_got() {
+        let e = Error::input("alpha_mlp", "features", "datatype FP32", "FP64");
+        assert_eq!(
+            e.to_string(),
+            "model 'alpha_mlp', input 'features': expected datatype FP32, got FP64"
+        );
+        let e = Error::ModelNotFound {
+            model: "m".into(),
+            version: Some("9".into()),
+            known: "versions: 1, 2".into(),
+        };
+        assert_eq!(e.to_string(), "model 'm' version 9: not found (versions: 1, 2)");
+    }
+}

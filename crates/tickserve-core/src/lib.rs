@@ -1,0 +1,24 @@
+//! tickserve's core: the vocabulary every other crate shares.
+//!
+//! Datatypes and tensor signatures, signature buckets, the request and response
+//! types the front ends decode into and encode from, request validation against
+//! a signature, configuration files, the one error type, the [`CompiledModel`]
+//! interface that engines implement and executors drive, and the metric names.
+//! Nothing here knows a front end (axum, tonic, prost) or an engine (ort, CUDA).
+
+pub mod buckets;
+pub mod config;
+pub mod datatype;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod request;
+pub mod signature;
+pub mod validate;
+
+pub use buckets::Buckets;
+pub use datatype::DataType;
+pub use engine::CompiledModel;
+pub use error::{Error, ErrorKind};
+pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor};
+pub use signature::{Signature, TensorSpec};

@@ -1,0 +1,44 @@
+//! Metric names, each described once with its unit.
+//!
+//! Every crate records through these constants, so a name lives in one place.
+//! Labels are bounded sets (model, version, bucket, device, protocol, code);
+//! never a request id.
+
+/// Graph compilations, labelled `model`, `bucket`, `device`. Moves only while
+/// models load; a move after ready is a bug.
+pub const GRAPH_COMPILATIONS: &str = "tickserve_graph_compilations_total";
+/// Requests answered, labelled `model`, `protocol`, `code`.
+pub const REQUESTS: &str = "tickserve_requests_total";
+/// End-to-end request duration in the server, labelled `model`, `protocol`.
+pub const REQUEST_DURATION: &str = "tickserve_request_duration_seconds";
+/// Time a request waited before its first run, labelled `model`.
+pub const QUEUE_DURATION: &str = "tickserve_queue_duration_seconds";
+/// Engine run time per bucket, labelled `model`, `bucket`, `device`.
+pub const COMPUTE_DURATION: &str = "tickserve_compute_duration_seconds";
+/// Model readiness (1 ready, 0 not), labelled `model`, `version`.
+pub const MODEL_READY: &str = "tickserve_model_ready";
+
+/// Histogram buckets for durations, in seconds: 10 µs to 100 ms.
+pub const DURATION_BUCKETS: [f64; 16] = [
+    10e-6, 25e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3,
+    25e-3, 50e-3, 100e-3,
+];
+
+/// Registers every metric's description and unit with the installed recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        GRAPH_COMPILATIONS,
+        Unit::Count,
+        "Graph compilations by model, bucket and device; flat once models are ready."
+    );
+    describe_counter!(REQUESTS, Unit::Count, "Inference requests answered, by model, protocol and code.");
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time from a request's decode to its response, by model and protocol."
+    );
+    describe_histogram!(QUEUE_DURATION, Unit::Seconds, "Time a request waited before its first run.");
+    describe_histogram!(COMPUTE_DURATION, Unit::Seconds, "Engine run time per bucket.");
+    describe_gauge!(MODEL_READY, Unit::Count, "1 when a model version is ready to serve.");
+}

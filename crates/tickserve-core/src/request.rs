@@ -1,0 +1,67 @@
+//! The request and response types the front ends decode into and encode from.
+//!
+//! Tensor data is little-endian bytes in row-major order. Input data is a
+//! [`bytes::Bytes`] so that gRPC `raw_input_contents` arrive without a copy and
+//! are copied once, into the bucket buffer.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::DataType;
+
+/// One input tensor as the client sent it, before validation.
+#[derive(Debug, Clone)]
+pub struct InputTensor {
+    /// The input's name.
+    pub name: String,
+    /// The datatype the client declared.
+    pub datatype: DataType,
+    /// The shape the client declared (may hold zero or negative dims: validation refuses them).
+    pub shape: Vec<i64>,
+    /// Little-endian element data.
+    pub data: Bytes,
+}
+
+/// An inference request, as decoded from either protocol.
+#[derive(Debug, Clone)]
+pub struct InferRequest {
+    /// The model's name.
+    pub model: String,
+    /// The version asked for; `None` is the default (highest) version.
+    pub version: Option<String>,
+    /// The request id, echoed in the response.
+    pub id: String,
+    /// The inputs.
+    pub inputs: Vec<InputTensor>,
+    /// The outputs asked for, by name; `None` asks for every output.
+    pub outputs: Option<Vec<String>>,
+    /// When the answer stops being useful; `None` for no deadline.
+    pub deadline: Option<Instant>,
+}
+
+/// One output tensor of a response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputTensor {
+    /// The output's name.
+    pub name: String,
+    /// Its datatype.
+    pub datatype: DataType,
+    /// Its shape, batch first.
+    pub shape: Vec<i64>,
+    /// Little-endian element data.
+    pub data: Vec<u8>,
+}
+
+/// A prediction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferResponse {
+    /// The model that answered.
+    pub model: String,
+    /// Its version.
+    pub version: String,
+    /// The request's id.
+    pub id: String,
+    /// The outputs asked for, in the order asked (model order when all).
+    pub outputs: Vec<OutputTensor>,
+}

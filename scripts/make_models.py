@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Writes tickserve's sample model repository, deterministically.
+
+    python scripts/make_models.py config/models          # the shipped sample repository
+    python scripts/make_models.py --fixtures DIR         # extra models the tests use
+
+Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
+  alpha_mlp       float32 [batch, 50] -> Gemm 50x64 -> Relu -> Gemm 64x3 -> Softmax -> [batch, 3]
+  seq_lstm        float32 [batch, 30, 8] -> ONNX LSTM (hidden 16) -> Gemm 16x1 -> [batch, 1]
+  tick_000..007   float32 [batch, 16] -> Gemm 16x32 -> Relu -> Gemm 32x1 -> [batch, 1],
+                  one architecture, eight sets of weights (one per instrument)
+
+Every weight comes from numpy's PCG64 generator with a fixed seed, and the files carry
+no timestamps, so running the script twice writes identical bytes.
+"""
+import argparse
+import pathlib
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+
+
+def weights(rng, *shape, scale=None):
+    fan_in = shape[-1] if len(shape) > 1 else 1
+    scale = scale if scale is not None else 1.0 / np.sqrt(fan_in)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def save(model, root, name, version=1, config=None):
+    model.ir_version = IR_VERSION
+    model.producer_name = "tickserve-make-models"
+    onnx.checker.check_model(model)
+    path = root / name / str(version)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "model.onnx").write_bytes(model.SerializeToString())
+    if config is not None:
+        (root / name / "model.toml").write_text(config)
+
+
+def mlp(rng, name, inputs, hidden, outputs, softmax=False, in_name="features", out_name="signal",
+        batch_dim="batch", opsets=None):
+    w1 = numpy_helper.from_array(weights(rng, hidden, inputs), "w1")
+    b1 = numpy_helper.from_array(weights(rng, hidden, scale=0.1), "b1")
+    w2 = numpy_helper.from_array(weights(rng, outputs, hidden), "w2")
+    b2 = numpy_helper.from_array(weights(rng, outputs, scale=0.1), "b2")
+    last = "logits" if softmax else out_name
+    nodes = [
+        helper.make_node("Gemm", [in_name, "w1", "b1"], ["h1"], transB=1),
+        helper.make_node("Relu", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "w2", "b2"], [last], transB=1),
+    ]
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["logits"], [out_name], axis=-1))
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info(in_name, TensorProto.FLOAT, [batch_dim, inputs])],
+        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, [batch_dim, outputs])],
+        [w1, b1, w2, b2],
+    )
+    return helper.make_model(graph, opset_imports=opsets or [helper.make_opsetid("", OPSET)])
+
+
+def lstm(rng, name, seq, features, hidden, seq_dim=None):
+    # ONNX LSTM wants [seq, batch, features]: transpose the batch-first input.
+    w = numpy_helper.from_array(weights(rng, 1, 4 * hidden, features), "lstm_w")
+    r = numpy_helper.from_array(weights(rng, 1, 4 * hidden, hidden), "lstm_r")
+    b = numpy_helper.from_array(weights(rng, 1, 8 * hidden, scale=0.1), "lstm_b")
+    wo = numpy_helper.from_array(weights(rng, 1, hidden), "head_w")
+    bo = numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b")
+    axes = numpy_helper.from_array(np.array([0], dtype=np.int64), "squeeze_axes")
+    nodes = [
+        helper.make_node("Transpose", ["window"], ["window_t"], perm=[1, 0, 2]),
+        helper.make_node("LSTM", ["window_t", "lstm_w", "lstm_r", "lstm_b"], ["", "h_last"],
+                         hidden_size=hidden),
+        helper.make_node("Squeeze", ["h_last", "squeeze_axes"], ["h"]),
+        helper.make_node("Gemm", ["h", "head_w", "head_b"], ["prediction"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("window", TensorProto.FLOAT,
+                                       ["batch", seq_dim or seq, features])],
+        [helper.make_tensor_value_info("prediction", TensorProto.FLOAT, ["batch", 1])],
+        [w, r, b, wo, bo, axes],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def sample_repository(root):
+    save(mlp(np.random.default_rng(1), "alpha_mlp", 50, 64, 3, softmax=True,
+             out_name="probabilities"), root, "alpha_mlp")
+    save(lstm(np.random.default_rng(2), "seq_lstm", 30, 8, 16), root, "seq_lstm")
+    for i in range(8):
+        save(mlp(np.random.default_rng(100 + i), "tick_mlp", 16, 32, 1), root, f"tick_{i:03d}")
+
+
+def fixtures(root):
+    """Models that exercise the loader's and the front ends' edge cases."""
+    # Two versions of one model: the highest is the default.
+    save(mlp(np.random.default_rng(10), "versioned", 4, 8, 2), root, "versioned", 1)
+    save(mlp(np.random.default_rng(11), "versioned", 4, 8, 2), root, "versioned", 2)
+    # A dynamic sequence dimension, unfixed: refused at load, naming the dimension.
+    save(lstm(np.random.default_rng(12), "dyn_seq", 10, 4, 8, seq_dim="seq"), root, "dyn_seq")
+    # The same, fixed in model.toml, with small buckets and a small row limit.
+    save(lstm(np.random.default_rng(12), "dyn_seq_fixed", 10, 4, 8, seq_dim="seq"), root,
+         "dyn_seq_fixed", config='buckets = [1, 2, 4]\nmax_request_rows = 8\n\n[dimensions]\nseq = 10\n')
+    # Several inputs of several datatypes.
+    nodes = [
+        helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.DOUBLE),
+        helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.DOUBLE),
+        helper.make_node("Mul", ["ids_f", "mask_f"], ["masked"]),
+        helper.make_node("Add", ["masked", "scale"], ["total"]),
+        helper.make_node("Cast", ["total"], ["total_i"], to=TensorProto.INT32),
+    ]
+    graph = helper.make_graph(
+        nodes, "typed_io",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, ["batch", 3]),
+         helper.make_tensor_value_info("scale", TensorProto.DOUBLE, ["batch", 3])],
+        [helper.make_tensor_value_info("total", TensorProto.DOUBLE, ["batch", 3]),
+         helper.make_tensor_value_info("total_i", TensorProto.INT32, ["batch", 3])],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), root, "typed_io")
+    # A gradient-boosted tree ensemble: reads NaN as a missing value, so NaN is allowed.
+    tree = helper.make_node(
+        "TreeEnsembleRegressor", ["features"], ["score"], domain="ai.onnx.ml",
+        n_targets=1, nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2],
+        nodes_featureids=[0, 0, 0], nodes_values=[0.5, 0.0, 0.0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_truenodeids=[1, 0, 0],
+        nodes_falsenodeids=[2, 0, 0], nodes_missing_value_tracks_true=[1, 0, 0],
+        target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0],
+        target_weights=[-1.0, 1.0], aggregate_function="SUM",
+    )
+    graph = helper.make_graph(
+        [tree], "tree_gbt",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                 helper.make_opsetid("ai.onnx.ml", 3)]),
+         root, "tree_gbt")
+    # Not an ONNX file at all: refused at load while the others serve.
+    bad = root / "broken" / "1"
+    bad.mkdir(parents=True, exist_ok=True)
+    (bad / "model.onnx").write_bytes(b"this is not an onnx model")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=pathlib.Path)
+    parser.add_argument("--fixtures", action="store_true",
+                        help="write the test fixtures instead of the sample repository")
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+    (fixtures if args.fixtures else sample_repository)(args.root)
+
+
+if __name__ == "__main__":
+    main()
