@@ -1,1 +1,270 @@
-//! placeholder
+//! The ONNX Runtime engine: one session per model and signature bucket, each
+//! compiled with fully static shapes when the model loads, warmed up, and run
+//! through an IoBinding on preallocated input and output tensors.
+//!
+//! [`OrtEngine::new`] loads the ONNX Runtime shared library (a missing or wrong
+//! library is an error, not a panic). [`OrtEngine::compile`] turns an
+//! [`OnnxModel`] into an [`OrtModel`], which the executor thread that called it
+//! owns and drives through [`CompiledModel`]. ONNX Runtime's `run` takes
+//! `&mut self`, so a model's sessions belong to one thread.
+
+use std::path::Path;
+use std::time::Instant;
+
+use ort::environment::Environment;
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{IoBinding, Session};
+use ort::value::{DynTensor, TensorElementType};
+use tickserve_core::{Buckets, CompiledModel, DataType, Signature, metrics as names};
+use tickserve_onnx::{OnnxModel, PartialSignature};
+
+/// Runs of each bucket before a model reports ready.
+const WARMUP_RUNS: usize = 3;
+
+/// Settings for every session the engine builds.
+#[derive(Debug, Clone, Copy)]
+pub struct OrtOptions {
+    /// Intra-op threads per session.
+    pub intra_op_threads: usize,
+}
+
+/// The loaded ONNX Runtime library and its environment; shared by every executor.
+#[derive(Debug, Clone)]
+pub struct OrtEngine {
+    environment: Environment,
+    options: OrtOptions,
+}
+
+/// What a compilation needs to know about the model beyond its ONNX file.
+#[derive(Debug, Clone, Copy)]
+pub struct CompileRequest<'a> {
+    /// The model's name, for metrics and messages.
+    pub model: &'a str,
+    /// The parsed ONNX file.
+    pub onnx: &'a OnnxModel,
+    /// The signature resolved from the file and `model.toml`.
+    pub signature: &'a PartialSignature,
+    /// The batch sizes to compile.
+    pub buckets: &'a Buckets,
+}
+
+impl OrtEngine {
+    /// Loads ONNX Runtime from `library` and creates its environment.
+    pub fn new(library: &Path, options: OrtOptions) -> Result<OrtEngine, String> {
+        if !library.exists() {
+            return Err(format!(
+                "the ONNX Runtime library {} does not exist; run scripts/setup.sh, or set \
+                 runtime.onnxruntime_library / TICKSERVE_ONNXRUNTIME_LIBRARY",
+                library.display()
+            ));
+        }
+        let builder = ort::init_from(library).map_err(|e| {
+            format!("could not load the ONNX Runtime library {}: {e}", library.display())
+        })?;
+        let environment = builder
+            .with_name("tickserve")
+            .with_telemetry(false)
+            .build()
+            .map_err(|e| format!("could not create the ONNX Runtime environment: {e}"))?;
+        Ok(OrtEngine {
+            environment,
+            options,
+        })
+    }
+
+    /// Compiles `request.onnx` once per bucket with a static batch dimension,
+    /// binds preallocated tensors, and warms every bucket up.
+    pub fn compile(&self, request: &CompileRequest<'_>) -> Result<OrtModel, String> {
+        let mut buckets = Vec::with_capacity(request.buckets.sizes().len());
+        let mut output_dims: Option<Vec<Vec<usize>>> = None;
+        for &size in request.buckets.sizes() {
+            let started = Instant::now();
+            let bytes = request.onnx.with_static_batch(size, request.signature);
+            let session = self
+                .session(&bytes)
+                .map_err(|e| format!("ONNX Runtime could not compile bucket {size}: {e}"))?;
+            metrics::counter!(names::GRAPH_COMPILATIONS,
+                "model" => request.model.to_string(), "bucket" => size.to_string(), "device" => "cpu")
+            .increment(1);
+            let bucket = BucketSession::new(session, size, request.signature)
+                .map_err(|e| format!("bucket {size}: {e}"))?;
+            match &output_dims {
+                None => output_dims = Some(bucket.output_dims.clone()),
+                Some(dims) if *dims != bucket.output_dims => {
+                    return Err(format!(
+                        "bucket {size} gives output dimensions {:?}, other buckets {dims:?}; \
+                         the outputs' non-batch dimensions must not depend on the batch",
+                        bucket.output_dims
+                    ));
+                }
+                Some(_) => {}
+            }
+            tracing::debug!(model = request.model, bucket = size, elapsed = ?started.elapsed(), "compiled");
+            buckets.push(bucket);
+        }
+        let signature = request.signature.complete(output_dims.unwrap_or_default());
+        let mut model = OrtModel {
+            signature,
+            buckets: request.buckets.clone(),
+            sessions: buckets,
+        };
+        for bucket in 0..model.sessions.len() {
+            for _ in 0..WARMUP_RUNS {
+                model.run(bucket).map_err(|e| format!("warm-up: {e}"))?;
+            }
+        }
+        Ok(model)
+    }
+
+    fn session(&self, bytes: &[u8]) -> ort::Result<Session> {
+        Ok(Session::builder(&self.environment)?
+            .with_optimization_level(GraphOptimizationLevel::All)?
+            .with_intra_threads(self.options.intra_op_threads)?
+            .with_inter_threads(1)?
+            .with_parallel_execution(false)?
+            .with_intra_op_spinning(false)?
+            .commit_from_memory(bytes)?)
+    }
+}
+
+/// One bucket: a static-shape session and its bound, preallocated tensors.
+struct BucketSession {
+    session: Session,
+    binding: IoBinding,
+    /// Input tensors, in signature order; bound once, written before each run.
+    inputs: Vec<DynTensor>,
+    /// Output tensors, in signature order; bound once, filled by each run.
+    outputs: Vec<DynTensor>,
+    output_dims: Vec<Vec<usize>>,
+}
+
+impl BucketSession {
+    fn new(session: Session, size: usize, signature: &PartialSignature) -> ort::Result<Self> {
+        let mut binding = session.create_binding()?;
+        let mut inputs = Vec::with_capacity(signature.inputs.len());
+        for spec in &signature.inputs {
+            let shape: Vec<i64> = std::iter::once(size as i64)
+                .chain(spec.dims.iter().map(|&d| d as i64))
+                .collect();
+            let tensor = DynTensor::new(session.allocator(), element_type(spec.datatype), shape)?;
+            binding.bind_input(spec.name.as_str(), &tensor)?;
+            inputs.push(tensor);
+        }
+        // A first run with outputs on ONNX Runtime's allocator tells the output shapes
+        // (the file may leave non-batch output dimensions symbolic).
+        let cpu = MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?;
+        for (name, _, _) in &signature.outputs {
+            binding.bind_output_to_device(name.as_str(), &cpu)?;
+        }
+        let mut output_shapes = Vec::with_capacity(signature.outputs.len());
+        let mut session = session;
+        {
+            let outputs = session.run_binding(&binding)?;
+            for (name, _, _) in &signature.outputs {
+                let value = &outputs[name.as_str()];
+                let dims: Vec<i64> = match value.dtype() {
+                    ort::value::ValueType::Tensor { shape, .. } => shape.iter().copied().collect(),
+                    other => {
+                        return Err(ort::Error::new(format!("output '{name}' is {other}, not a tensor")));
+                    }
+                };
+                output_shapes.push(dims);
+            }
+        }
+        binding.clear_outputs();
+        let mut outputs = Vec::with_capacity(signature.outputs.len());
+        let mut output_dims = Vec::with_capacity(signature.outputs.len());
+        for ((name, datatype, declared), shape) in signature.outputs.iter().zip(output_shapes) {
+            if shape.first() != Some(&(size as i64)) || shape.iter().any(|&d| d < 0) {
+                return Err(ort::Error::new(format!(
+                    "output '{name}' has shape {shape:?}; expected the batch ({size}) first"
+                )));
+            }
+            let dims: Vec<usize> = shape[1..].iter().map(|&d| d as usize).collect();
+            if declared.len() != dims.len()
+                || declared.iter().zip(&dims).any(|(d, got)| d.is_some_and(|d| d != *got))
+            {
+                return Err(ort::Error::new(format!(
+                    "output '{name}' has dimensions {dims:?} after the batch; the model declares {declared:?}"
+                )));
+            }
+            let mut tensor = DynTensor::new(session.allocator(), element_type(*datatype), shape)?;
+            binding.bind_output(name.as_str(), &mut tensor)?;
+            outputs.push(tensor);
+            output_dims.push(dims);
+        }
+        Ok(BucketSession {
+            session,
+            binding,
+            inputs,
+            outputs,
+            output_dims,
+        })
+    }
+}
+
+/// A model compiled for every bucket on the CPU.
+pub struct OrtModel {
+    signature: Signature,
+    buckets: Buckets,
+    sessions: Vec<BucketSession>,
+}
+
+impl CompiledModel for OrtModel {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn buckets(&self) -> &Buckets {
+        &self.buckets
+    }
+
+    fn device(&self) -> &str {
+        "cpu"
+    }
+
+    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
+        let len = self.buckets.sizes()[bucket] * self.signature.inputs[input].row_bytes();
+        let tensor = &mut self.sessions[bucket].inputs[input];
+        let ptr = tensor.data_ptr_mut().cast::<u8>();
+        // SAFETY: the tensor was allocated on the CPU by ONNX Runtime with the shape
+        // [bucket size, dims...] of this input's datatype, which is exactly `len`
+        // bytes; `&mut self` makes this the only reference to it while the slice lives.
+        unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+    }
+
+    fn run(&mut self, bucket: usize) -> Result<(), String> {
+        let b = &mut self.sessions[bucket];
+        // The outputs land in the bound tensors; the returned handles are dropped here.
+        b.session
+            .run_binding(&b.binding)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn output(&self, bucket: usize, output: usize) -> &[u8] {
+        let len = self.buckets.sizes()[bucket] * self.signature.outputs[output].row_bytes();
+        let ptr = self.sessions[bucket].outputs[output].data_ptr().cast::<u8>();
+        // SAFETY: the tensor was allocated on the CPU with shape [bucket size, dims...]
+        // of this output's datatype (checked at compile), `len` bytes; `&self` keeps
+        // `run` (which writes it) from running while the slice lives.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+}
+
+fn element_type(datatype: DataType) -> TensorElementType {
+    match datatype {
+        DataType::Bool => TensorElementType::Bool,
+        DataType::Uint8 => TensorElementType::Uint8,
+        DataType::Uint16 => TensorElementType::Uint16,
+        DataType::Uint32 => TensorElementType::Uint32,
+        DataType::Uint64 => TensorElementType::Uint64,
+        DataType::Int8 => TensorElementType::Int8,
+        DataType::Int16 => TensorElementType::Int16,
+        DataType::Int32 => TensorElementType::Int32,
+        DataType::Int64 => TensorElementType::Int64,
+        DataType::Fp32 => TensorElementType::Float32,
+        DataType::Fp64 => TensorElementType::Float64,
+    }
+}

@@ -1,1 +1,257 @@
-//! placeholder
+//! The model runtime: loads the model repository, runs one executor per model
+//! version, and answers inference requests for the front ends.
+//!
+//! [`Runtime::load`] scans the repository (Triton layout), starts an executor
+//! thread per version (each compiles its own model, in parallel), and collects
+//! the outcomes: a broken model is recorded with its reason and the others
+//! serve. [`Runtime::infer`] validates a request at the edge, admits it to the
+//! model's bounded queue (a full queue answers at once), and awaits the answer.
+
+pub mod executor;
+pub mod repository;
+pub mod settings;
+pub mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tickserve_core::config::ServerConfig;
+use tickserve_core::validate::validate;
+use tickserve_core::{Error, InferRequest, InferResponse, Signature, metrics as names};
+use tickserve_engine_ort::{OrtEngine, OrtOptions};
+use tokio::sync::oneshot;
+
+use crate::executor::{Job, LoadSpec};
+pub use crate::settings::ModelSettings;
+pub use crate::stats::ModelStats;
+
+/// A model version that is ready to serve.
+#[derive(Debug)]
+pub struct ModelHandle {
+    /// The model's name.
+    pub name: String,
+    /// The version, as the protocol spells it.
+    pub version: String,
+    /// The full signature.
+    pub signature: Signature,
+    /// The effective settings.
+    pub settings: ModelSettings,
+    /// Where it runs.
+    pub device: String,
+    /// Time to load, compile and warm up.
+    pub load_time: Duration,
+    /// Cumulative statistics.
+    pub stats: Arc<ModelStats>,
+    /// The executor's queue. Sent to by [`Runtime::infer`], received by the
+    /// executor thread; dropping every sender stops the thread.
+    queue: SyncSender<Job>,
+}
+
+/// The state of one model version.
+#[derive(Debug, Clone)]
+pub enum VersionState {
+    /// Loaded and serving.
+    Ready(Arc<ModelHandle>),
+    /// Its load failed, for this reason.
+    Failed(String),
+}
+
+/// Every version of one model, highest last.
+#[derive(Debug, Clone, Default)]
+pub struct ModelVersions {
+    /// Version number → state.
+    pub versions: BTreeMap<u64, VersionState>,
+    /// A failure that concerns the model as a whole (no versions, unreadable model.toml).
+    pub error: Option<String>,
+}
+
+impl ModelVersions {
+    /// The default version: the highest.
+    pub fn default_version(&self) -> Option<(u64, &VersionState)> {
+        self.versions.iter().next_back().map(|(v, s)| (*v, s))
+    }
+}
+
+/// The loaded repository and its executors.
+pub struct Runtime {
+    models: HashMap<String, ModelVersions>,
+    executors: Vec<JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// Loads ONNX Runtime and every model of the repository in `config`.
+    /// Fails only when the engine itself cannot start; model failures are
+    /// recorded per model.
+    pub fn load(config: &ServerConfig) -> Result<Runtime, String> {
+        let library = std::env::var_os("TICKSERVE_ONNXRUNTIME_LIBRARY")
+            .map(Into::into)
+            .unwrap_or_else(|| config.runtime.onnxruntime_library.clone());
+        let engine = OrtEngine::new(
+            &library,
+            OrtOptions {
+                intra_op_threads: config.runtime.intra_op_threads,
+            },
+        )?;
+        let found = repository::scan(&config.repository.path)?;
+        let mut models: HashMap<String, ModelVersions> = HashMap::new();
+        let mut pending = Vec::new();
+        let mut executors = Vec::new();
+        for entry in found {
+            let slot = models.entry(entry.name.clone()).or_default();
+            let model_config = match entry.config {
+                Ok(c) => c,
+                Err(e) => {
+                    slot.error = Some(e);
+                    continue;
+                }
+            };
+            if entry.versions.is_empty() {
+                slot.error = Some(format!(
+                    "no version directories: expected {}/<version>/model.onnx",
+                    entry.dir.display()
+                ));
+            }
+            for (version, onnx_path) in entry.versions {
+                let spec = LoadSpec {
+                    name: entry.name.clone(),
+                    version,
+                    onnx_path,
+                    config: model_config.clone(),
+                    defaults: config.model_defaults.clone(),
+                };
+                let capacity = model_config
+                    .queue_capacity
+                    .unwrap_or(config.model_defaults.queue_capacity);
+                let (queue_tx, queue_rx) = std::sync::mpsc::sync_channel(capacity);
+                match executor::spawn(spec, engine.clone(), queue_rx) {
+                    Ok((thread, report)) => {
+                        executors.push(thread);
+                        pending.push((entry.name.clone(), version, queue_tx, report));
+                    }
+                    Err(e) => {
+                        slot.versions.insert(
+                            version,
+                            VersionState::Failed(format!("cannot start executor thread: {e}")),
+                        );
+                    }
+                }
+            }
+        }
+        for (name, version, queue, report) in pending {
+            let state = match report.recv() {
+                Ok(Ok(loaded)) => VersionState::Ready(Arc::new(ModelHandle {
+                    name: name.clone(),
+                    version: version.to_string(),
+                    signature: loaded.signature,
+                    settings: loaded.settings,
+                    device: loaded.device,
+                    load_time: loaded.load_time,
+                    stats: loaded.stats,
+                    queue,
+                })),
+                Ok(Err(reason)) => VersionState::Failed(reason),
+                Err(_) => VersionState::Failed("the executor thread stopped while loading".into()),
+            };
+            let ready = matches!(state, VersionState::Ready(_));
+            metrics::gauge!(names::MODEL_READY, "model" => name.clone(), "version" => version.to_string())
+                .set(if ready { 1.0 } else { 0.0 });
+            models.entry(name).or_default().versions.insert(version, state);
+        }
+        Ok(Runtime { models, executors })
+    }
+
+    /// Every model, by name (sorted).
+    pub fn models(&self) -> BTreeMap<&str, &ModelVersions> {
+        self.models.iter().map(|(k, v)| (k.as_str(), v)).collect()
+    }
+
+    /// True when every model version loaded.
+    pub fn all_ready(&self) -> bool {
+        self.models.values().all(|m| {
+            m.error.is_none() && m.versions.values().all(|s| matches!(s, VersionState::Ready(_)))
+        })
+    }
+
+    /// The model version asked for (`None`: the default), ready to serve.
+    pub fn model(&self, name: &str, version: Option<&str>) -> Result<&Arc<ModelHandle>, Error> {
+        let not_found = |known: String| Error::ModelNotFound {
+            model: name.to_string(),
+            version: version.map(str::to_string),
+            known,
+        };
+        let entry = self.models.get(name).ok_or_else(|| not_found(String::new()))?;
+        let found = match version {
+            None | Some("") => entry.default_version(),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| entry.versions.get_key_value(&n).map(|(k, s)| (*k, s))),
+        };
+        match found {
+            Some((_, VersionState::Ready(handle))) => Ok(handle),
+            Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
+                model: name.to_string(),
+                version: v.to_string(),
+                reason: format!("its load failed: {reason}"),
+            }),
+            None => match &entry.error {
+                Some(reason) => Err(Error::ModelNotReady {
+                    model: name.to_string(),
+                    version: version.unwrap_or("default").to_string(),
+                    reason: format!("its load failed: {reason}"),
+                }),
+                None => {
+                    let versions: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
+                    Err(not_found(format!("versions: {}", versions.join(", "))))
+                }
+            },
+        }
+    }
+
+    /// Validates `request`, queues it for its model's executor, and awaits the answer.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        let handle = self.model(&request.model, request.version.as_deref())?;
+        let valid = validate(&request, &handle.signature, &handle.settings.limits)?;
+        let admitted = Instant::now();
+        let deadline = request
+            .deadline
+            .or_else(|| handle.settings.default_timeout.map(|t| admitted + t));
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            request: valid,
+            id: request.id,
+            admitted,
+            deadline,
+            reply,
+        };
+        handle.queue.try_send(job).map_err(|e| match e {
+            TrySendError::Full(_) => Error::QueueFull {
+                model: handle.name.clone(),
+                capacity: handle.settings.queue_capacity,
+            },
+            TrySendError::Disconnected(_) => Error::ModelNotReady {
+                model: handle.name.clone(),
+                version: handle.version.clone(),
+                reason: "its executor has stopped".to_string(),
+            },
+        })?;
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::Internal {
+                model: handle.name.clone(),
+                message: "the executor dropped the request".to_string(),
+            })
+        })
+    }
+
+    /// Stops every executor after it finishes its queue, and waits for them.
+    pub fn shutdown(self) {
+        let Runtime { models, executors } = self;
+        drop(models);
+        for thread in executors {
+            let _ = thread.join();
+        }
+    }
+}

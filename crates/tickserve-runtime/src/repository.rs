@@ -1,0 +1,60 @@
+//! Scans a model repository in Triton's layout:
+//! `ROOT/NAME/VERSION/model.onnx`, with an optional `ROOT/NAME/model.toml`.
+
+use std::path::{Path, PathBuf};
+
+use tickserve_core::config::ModelConfig;
+
+/// One model directory of the repository.
+#[derive(Debug)]
+pub struct ModelDir {
+    /// The model's name (the directory's name).
+    pub name: String,
+    /// The directory.
+    pub dir: PathBuf,
+    /// Its `model.toml`, or why it could not be read.
+    pub config: Result<ModelConfig, String>,
+    /// Version numbers with their `model.onnx`, ascending.
+    pub versions: Vec<(u64, PathBuf)>,
+}
+
+/// Lists the models under `root`, sorted by name. Errors only when `root`
+/// itself cannot be read.
+pub fn scan(root: &Path) -> Result<Vec<ModelDir>, String> {
+    let entries = std::fs::read_dir(root)
+        .map_err(|e| format!("cannot read the model repository {}: {e}", root.display()))?;
+    let mut models = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let Some(name) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let config = ModelConfig::load(&dir.join("model.toml"));
+        let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|v| {
+                        let number = v.file_name().to_str()?.parse::<u64>().ok()?;
+                        let onnx = v.path().join("model.onnx");
+                        onnx.is_file().then_some((number, onnx))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        versions.sort_by_key(|(v, _)| *v);
+        models.push(ModelDir {
+            name,
+            dir,
+            config,
+            versions,
+        });
+    }
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(models)
+}

@@ -1,0 +1,60 @@
+//! A model's effective settings: its `model.toml` over the server's
+//! `model_defaults`, plus what the ONNX file implies (tree ensembles allow NaN).
+
+use std::time::Duration;
+
+use tickserve_core::config::{ModelConfig, ModelDefaults, NanPolicy, Placement};
+use tickserve_core::validate::Limits;
+use tickserve_core::Buckets;
+
+/// Settings of one model, fixed at load.
+#[derive(Debug, Clone)]
+pub struct ModelSettings {
+    /// Batch sizes compiled.
+    pub buckets: Buckets,
+    /// Request limits checked at the edge.
+    pub limits: Limits,
+    /// The most requests waiting.
+    pub queue_capacity: usize,
+    /// Deadline for requests that bring none.
+    pub default_timeout: Option<Duration>,
+}
+
+impl ModelSettings {
+    /// Merges `config` over `defaults`; `tree_ensemble` picks the NaN default.
+    pub fn resolve(
+        config: &ModelConfig,
+        defaults: &ModelDefaults,
+        tree_ensemble: bool,
+    ) -> Result<ModelSettings, String> {
+        match &config.device {
+            None | Some(Placement::Cpu) | Some(Placement::Auto) => {}
+            Some(Placement::Other(device)) => {
+                return Err(format!(
+                    "device '{device}' is not available: this build serves on \"cpu\" (or \"auto\")"
+                ));
+            }
+        }
+        let sizes = config.buckets.as_deref().unwrap_or(&defaults.buckets);
+        let buckets = Buckets::new(sizes, config.max_batch_size).map_err(|e| format!("buckets: {e}"))?;
+        let max_request_rows = config.max_request_rows.unwrap_or(defaults.max_request_rows);
+        let queue_capacity = config.queue_capacity.unwrap_or(defaults.queue_capacity);
+        if max_request_rows == 0 || queue_capacity == 0 {
+            return Err("max_request_rows and queue_capacity must be positive".to_string());
+        }
+        let default_nan = if tree_ensemble {
+            NanPolicy::Allow
+        } else {
+            NanPolicy::Reject
+        };
+        Ok(ModelSettings {
+            buckets,
+            limits: Limits {
+                max_request_rows,
+                nan_policy: config.nan_policy.unwrap_or(default_nan),
+            },
+            queue_capacity,
+            default_timeout: config.timeout,
+        })
+    }
+}

