@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::config::ServerConfig;
 use tickserve_core::validate::validate;
-use tickserve_core::{Error, InferRequest, InferResponse, Signature, metrics as names};
+use tickserve_core::{DataType, Error, InferRequest, InferResponse, Signature, metrics as names};
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tokio::sync::oneshot;
 
@@ -209,6 +209,30 @@ impl Runtime {
                 }
             },
         }
+    }
+
+    /// The metrics label for a model name: the name if the repository has
+    /// such a model, `_unknown` otherwise (clients cannot grow label sets).
+    pub fn model_label<'a>(&'a self, name: &str) -> &'a str {
+        self.models
+            .get_key_value(name)
+            .map(|(k, _)| k.as_str())
+            .unwrap_or("_unknown")
+    }
+
+    /// The error for an input whose datatype string tickserve does not know
+    /// (`FP16`, `BYTES`, a typo), naming the datatype the model expects.
+    pub fn datatype_error(&self, model: &str, input: &str, got: &str) -> Error {
+        let expected = self
+            .model(model, None)
+            .ok()
+            .and_then(|h| h.signature.inputs.iter().find(|t| t.name == input))
+            .map(|t| format!("datatype {}", t.datatype))
+            .unwrap_or_else(|| {
+                let all: Vec<&str> = DataType::ALL.iter().map(|d| d.as_str()).collect();
+                format!("one of the datatypes tickserve serves ({})", all.join(", "))
+            });
+        Error::input(model, input, expected, got)
     }
 
     /// Validates `request`, queues it for its model's executor, and awaits the answer.

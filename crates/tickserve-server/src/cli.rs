@@ -1,0 +1,206 @@
+//! The command line: `tickserve serve` and `tickserve check`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tickserve_core::config::ServerConfig;
+use tickserve_runtime::{Runtime, VersionState};
+
+/// tickserve: a low-latency inference server for trading models (KServe v2 over gRPC and HTTP).
+#[derive(Debug, Parser)]
+#[command(name = "tickserve", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Load every model, then serve HTTP and gRPC until SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
+    /// Load, compile and warm up every model, print a table, and exit non-zero
+    /// naming every model that failed.
+    Check(CommonArgs),
+}
+
+#[derive(Debug, Args)]
+struct CommonArgs {
+    /// The server configuration file.
+    #[arg(long, default_value = "config/tickserve.toml")]
+    config: PathBuf,
+    /// The model repository (overrides repository.path).
+    #[arg(long)]
+    model_repository: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// HTTP port (overrides server.http_port).
+    #[arg(long)]
+    http_port: Option<u16>,
+    /// gRPC port (overrides server.grpc_port).
+    #[arg(long)]
+    grpc_port: Option<u16>,
+}
+
+impl CommonArgs {
+    fn config(&self) -> anyhow::Result<ServerConfig> {
+        let mut config = ServerConfig::load(&self.config).map_err(anyhow::Error::msg)?;
+        if let Some(repo) = &self.model_repository {
+            config.repository.path = repo.clone();
+        }
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(config)
+    }
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .init();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check(args) => check(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut config = args.common.config()?;
+    if let Some(p) = args.http_port {
+        config.server.http_port = p;
+    }
+    if let Some(p) = args.grpc_port {
+        config.server.grpc_port = p;
+    }
+    tracing::info!(config = ?config, "effective configuration");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let started = std::time::Instant::now();
+        let mut server = crate::Server::start(&config).await?;
+        log_models(&server.shared().runtime);
+        tracing::info!(
+            http = %server.http_addr,
+            grpc = %server.grpc_addr,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "ready"
+        );
+        tokio::select! {
+            result = server.wait() => result?,
+            _ = shutdown_signal() => tracing::info!("shutdown signal received; stopping"),
+        }
+        server.shutdown().await?;
+        tracing::info!("stopped");
+        anyhow::Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// One log line per model version: loaded (with signature, buckets, device
+/// and load time) or failed (with the reason).
+fn log_models(runtime: &Runtime) {
+    for (name, model) in runtime.models() {
+        if let Some(error) = &model.error {
+            tracing::error!(model = name, "failed to load: {error}");
+        }
+        for (version, state) in &model.versions {
+            match state {
+                VersionState::Ready(h) => tracing::info!(
+                    model = name,
+                    version,
+                    signature = %h.signature.summary(),
+                    buckets = ?h.settings.buckets.sizes(),
+                    device = %h.device,
+                    compile_ms = format!("{:.1}", h.load_time.as_secs_f64() * 1e3),
+                    "loaded"
+                ),
+                VersionState::Failed(reason) => {
+                    tracing::error!(model = name, version, "failed to load: {reason}")
+                }
+            }
+        }
+    }
+}
+
+fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
+    let config = args.config()?;
+    crate::observe::install_recorder();
+    let runtime = Runtime::load(&config).map_err(anyhow::Error::msg)?;
+    println!(
+        "{:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<28}  SIGNATURE / ERROR",
+        "MODEL", "VERSION", "STATUS", "DEVICE", "LOAD (ms)", "BUCKETS"
+    );
+    let mut failures = Vec::new();
+    for (name, model) in runtime.models() {
+        if let Some(error) = &model.error {
+            println!("{name:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {error}", "-", "FAILED", "-", "-", "-");
+            failures.push(format!("{name}: {error}"));
+        }
+        for (version, state) in &model.versions {
+            match state {
+                VersionState::Ready(h) => println!(
+                    "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9.1}  {:<28}  {}",
+                    "READY",
+                    h.device,
+                    h.load_time.as_secs_f64() * 1e3,
+                    format!("{:?}", h.settings.buckets.sizes()),
+                    h.signature.summary()
+                ),
+                VersionState::Failed(reason) => {
+                    let first_line = reason.lines().next().unwrap_or_default();
+                    println!("{name:<20} {version:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {first_line}", "FAILED", "-", "-", "-");
+                    failures.push(format!("{name} version {version}: {reason}"));
+                }
+            }
+        }
+    }
+    runtime.shutdown();
+    if failures.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("\n{} model(s) failed to load:", failures.len());
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+        Ok(ExitCode::FAILURE)
+    }
+}

@@ -1,0 +1,254 @@
+//! Conversions between the v2 gRPC messages and the core's request and
+//! response types.
+//!
+//! Inputs come either as `raw_input_contents` (little-endian bytes, taken
+//! without a copy) or in the typed `contents` field matching the datatype
+//! (converted, with range checks). A response uses `raw_output_contents` when
+//! its request used raw inputs, and typed contents otherwise, as Triton does.
+
+use std::time::{Duration, Instant};
+
+use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor};
+
+use super::pb;
+
+/// Decodes a ModelInfer request; `timeout` is the gRPC deadline, if any.
+pub fn decode(
+    request: pb::ModelInferRequest,
+    timeout: Option<Duration>,
+    datatype_error: impl Fn(&str, &str, &str) -> Error,
+) -> Result<(InferRequest, bool), Error> {
+    let model = request.model_name;
+    let raw = !request.raw_input_contents.is_empty();
+    if raw && request.raw_input_contents.len() != request.inputs.len() {
+        return Err(Error::request(
+            &model,
+            format!(
+                "raw_input_contents must hold one entry per input: expected {}, got {}",
+                request.inputs.len(),
+                request.raw_input_contents.len()
+            ),
+        ));
+    }
+    let mut raw_contents = request.raw_input_contents.into_iter();
+    let mut inputs = Vec::with_capacity(request.inputs.len());
+    for input in request.inputs {
+        let Some(datatype) = DataType::parse(&input.datatype) else {
+            return Err(datatype_error(&model, &input.name, &input.datatype));
+        };
+        let data = match (raw_contents.next(), input.contents) {
+            (Some(_), Some(c)) if !contents_empty(&c) => {
+                return Err(Error::input(
+                    &model,
+                    &input.name,
+                    "data in either raw_input_contents or contents",
+                    "both",
+                ));
+            }
+            (Some(bytes), _) => bytes,
+            (None, Some(contents)) => typed_to_bytes(&model, &input.name, datatype, &contents)?.into(),
+            (None, None) => bytes::Bytes::new(),
+        };
+        inputs.push(InputTensor {
+            name: input.name,
+            datatype,
+            shape: input.shape,
+            data,
+        });
+    }
+    let param_timeout = request.parameters.get("timeout").and_then(|p| match p.parameter_choice {
+        Some(pb::infer_parameter::ParameterChoice::Int64Param(us)) if us > 0 => {
+            Some(Duration::from_micros(us as u64))
+        }
+        _ => None,
+    });
+    let deadline = [timeout, param_timeout]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| Instant::now() + t);
+    let outputs = (!request.outputs.is_empty()).then(|| request.outputs.into_iter().map(|o| o.name).collect());
+    let version = (!request.model_version.is_empty()).then_some(request.model_version);
+    Ok((
+        InferRequest {
+            model,
+            version,
+            id: request.id,
+            inputs,
+            outputs,
+            deadline,
+        },
+        raw,
+    ))
+}
+
+fn contents_empty(c: &pb::InferTensorContents) -> bool {
+    c.bool_contents.is_empty()
+        && c.int_contents.is_empty()
+        && c.int64_contents.is_empty()
+        && c.uint_contents.is_empty()
+        && c.uint64_contents.is_empty()
+        && c.fp32_contents.is_empty()
+        && c.fp64_contents.is_empty()
+        && c.bytes_contents.is_empty()
+}
+
+/// Converts typed contents into little-endian bytes of `datatype`.
+fn typed_to_bytes(
+    model: &str,
+    input: &str,
+    datatype: DataType,
+    c: &pb::InferTensorContents,
+) -> Result<Vec<u8>, Error> {
+    fn narrow<S: Copy + std::fmt::Display, T: TryFrom<S>>(
+        values: &[S],
+        model: &str,
+        input: &str,
+        datatype: DataType,
+        to_le: impl Fn(T) -> Vec<u8>,
+    ) -> Result<Vec<u8>, Error> {
+        let mut out = Vec::with_capacity(values.len() * datatype.size());
+        for (i, &v) in values.iter().enumerate() {
+            let t = T::try_from(v).map_err(|_| {
+                Error::input(model, input, format!("{datatype} values"), format!("{v} (out of range) at element {i}"))
+            })?;
+            out.extend(to_le(t));
+        }
+        Ok(out)
+    }
+    let field = match datatype {
+        DataType::Bool => "bool_contents",
+        DataType::Int8 | DataType::Int16 | DataType::Int32 => "int_contents",
+        DataType::Int64 => "int64_contents",
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 => "uint_contents",
+        DataType::Uint64 => "uint64_contents",
+        DataType::Fp32 => "fp32_contents",
+        DataType::Fp64 => "fp64_contents",
+    };
+    let out = match datatype {
+        DataType::Bool => c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
+        DataType::Int8 => narrow(&c.int_contents, model, input, datatype, |v: i8| v.to_le_bytes().to_vec())?,
+        DataType::Int16 => narrow(&c.int_contents, model, input, datatype, |v: i16| v.to_le_bytes().to_vec())?,
+        DataType::Int32 => c.int_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DataType::Int64 => c.int64_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DataType::Uint8 => narrow(&c.uint_contents, model, input, datatype, |v: u8| v.to_le_bytes().to_vec())?,
+        DataType::Uint16 => narrow(&c.uint_contents, model, input, datatype, |v: u16| v.to_le_bytes().to_vec())?,
+        DataType::Uint32 => c.uint_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DataType::Uint64 => c.uint64_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DataType::Fp32 => c.fp32_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DataType::Fp64 => c.fp64_contents.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+    };
+    if out.is_empty() && !contents_empty(c) {
+        return Err(Error::input(
+            model,
+            input,
+            format!("{datatype} data in contents.{field}"),
+            "data in another contents field",
+        ));
+    }
+    Ok(out)
+}
+
+/// Encodes a response: raw bytes when `raw`, typed contents otherwise.
+pub fn encode(response: InferResponse, raw: bool) -> pb::ModelInferResponse {
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    let mut raw_output_contents = Vec::new();
+    for o in response.outputs {
+        let contents = if raw {
+            raw_output_contents.push(o.data);
+            None
+        } else {
+            Some(bytes_to_typed(o.datatype, &o.data))
+        };
+        outputs.push(pb::model_infer_response::InferOutputTensor {
+            name: o.name,
+            datatype: o.datatype.as_str().to_string(),
+            shape: o.shape,
+            parameters: Default::default(),
+            contents,
+        });
+    }
+    pb::ModelInferResponse {
+        model_name: response.model,
+        model_version: response.version,
+        id: response.id,
+        parameters: Default::default(),
+        outputs,
+        raw_output_contents,
+    }
+}
+
+fn bytes_to_typed(datatype: DataType, data: &[u8]) -> pb::InferTensorContents {
+    fn each<const N: usize, T>(data: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        data.chunks_exact(N)
+            .map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                f(a)
+            })
+            .collect()
+    }
+    let mut c = pb::InferTensorContents::default();
+    match datatype {
+        DataType::Bool => c.bool_contents = data.iter().map(|&b| b != 0).collect(),
+        DataType::Int8 => c.int_contents = data.iter().map(|&b| b as i8 as i32).collect(),
+        DataType::Int16 => c.int_contents = each(data, |a| i16::from_le_bytes(a) as i32),
+        DataType::Int32 => c.int_contents = each(data, i32::from_le_bytes),
+        DataType::Int64 => c.int64_contents = each(data, i64::from_le_bytes),
+        DataType::Uint8 => c.uint_contents = data.iter().map(|&b| b as u32).collect(),
+        DataType::Uint16 => c.uint_contents = each(data, |a| u16::from_le_bytes(a) as u32),
+        DataType::Uint32 => c.uint_contents = each(data, u32::from_le_bytes),
+        DataType::Uint64 => c.uint64_contents = each(data, u64::from_le_bytes),
+        DataType::Fp32 => c.fp32_contents = each(data, f32::from_le_bytes),
+        DataType::Fp64 => c.fp64_contents = each(data, f64::from_le_bytes),
+    }
+    c
+}
+
+/// Parses a `grpc-timeout` header value (`100m`, `5S`, `250u`).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("250u"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout("10q"), None);
+    }
+
+    #[test]
+    fn typed_contents_must_match_the_datatype() {
+        let c = pb::InferTensorContents {
+            fp64_contents: vec![1.0],
+            ..Default::default()
+        };
+        let err = typed_to_bytes("m", "x", DataType::Fp32, &c).unwrap_err();
+        assert!(err.to_string().contains("expected FP32 data in contents.fp32_contents"), "{err}");
+        let c = pb::InferTensorContents {
+            int_contents: vec![1, 200],
+            ..Default::default()
+        };
+        let err = typed_to_bytes("m", "x", DataType::Int8, &c).unwrap_err();
+        assert!(err.to_string().contains("200 (out of range) at element 1"), "{err}");
+    }
+}

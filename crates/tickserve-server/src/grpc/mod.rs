@@ -1,0 +1,300 @@
+//! The gRPC front end: `inference.GRPCInferenceService` of the KServe v2
+//! protocol (with Triton's ModelConfig and ModelStatistics) and `grpc.health.v1`.
+
+pub mod convert;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tickserve_core::{Error, TensorSpec};
+use tickserve_runtime::{ModelHandle, VersionState};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::observe::{self, Protocol};
+use crate::{EXTENSIONS, PLATFORM, SERVER_NAME, SERVER_VERSION, Shared};
+
+/// The protocol's generated types, server and client.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("inference");
+}
+
+use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+
+/// Serves gRPC on `listener` until `stop` turns true.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let limit = shared.max_request_bytes;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<GrpcInferenceServiceServer<InferenceService>>().await;
+    let service = GrpcInferenceServiceServer::new(InferenceService { shared })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX);
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+            health
+                .set_not_serving::<GrpcInferenceServiceServer<InferenceService>>()
+                .await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// The v2 inference service over the shared runtime.
+pub struct InferenceService {
+    shared: Arc<Shared>,
+}
+
+fn status(error: &Error) -> Status {
+    Status::new(tonic::Code::from(error.kind().grpc_code()), error.to_string())
+}
+
+fn optional(version: &str) -> Option<&str> {
+    (!version.is_empty()).then_some(version)
+}
+
+impl InferenceService {
+    fn model(&self, name: &str, version: &str) -> Result<&Arc<ModelHandle>, Status> {
+        self.shared
+            .runtime
+            .model(name, optional(version))
+            .map_err(|e| status(&e))
+    }
+}
+
+fn tensor_metadata(specs: &[TensorSpec]) -> Vec<pb::model_metadata_response::TensorMetadata> {
+    specs
+        .iter()
+        .map(|t| pb::model_metadata_response::TensorMetadata {
+            name: t.name.clone(),
+            datatype: t.datatype.as_str().to_string(),
+            shape: t.protocol_shape(),
+        })
+        .collect()
+}
+
+fn config_type(datatype: tickserve_core::DataType) -> i32 {
+    use tickserve_core::DataType as D;
+    use pb::DataType as P;
+    (match datatype {
+        D::Bool => P::TypeBool,
+        D::Uint8 => P::TypeUint8,
+        D::Uint16 => P::TypeUint16,
+        D::Uint32 => P::TypeUint32,
+        D::Uint64 => P::TypeUint64,
+        D::Int8 => P::TypeInt8,
+        D::Int16 => P::TypeInt16,
+        D::Int32 => P::TypeInt32,
+        D::Int64 => P::TypeInt64,
+        D::Fp32 => P::TypeFp32,
+        D::Fp64 => P::TypeFp64,
+    }) as i32
+}
+
+fn model_statistics(handle: &ModelHandle) -> pb::ModelStatistics {
+    use std::sync::atomic::Ordering::Relaxed;
+    let d = |stat: &tickserve_runtime::stats::DurationStat| {
+        let (count, ns) = stat.read();
+        Some(pb::StatisticDuration { count, ns })
+    };
+    let s = &handle.stats;
+    pb::ModelStatistics {
+        name: handle.name.clone(),
+        version: handle.version.clone(),
+        last_inference: s.last_inference_ms.load(Relaxed),
+        inference_count: s.inference_count.load(Relaxed),
+        execution_count: s.execution_count.load(Relaxed),
+        inference_stats: Some(pb::InferStatistics {
+            success: d(&s.success),
+            fail: d(&s.fail),
+            queue: d(&s.queue),
+            compute_input: d(&s.compute_input),
+            compute_infer: d(&s.compute_infer),
+            compute_output: d(&s.compute_output),
+        }),
+        batch_stats: handle
+            .settings
+            .buckets
+            .sizes()
+            .iter()
+            .zip(&s.per_bucket)
+            .map(|(&size, stat)| pb::InferBatchStatistics {
+                batch_size: size as u64,
+                compute_input: None,
+                compute_infer: d(stat),
+                compute_output: None,
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        Ok(Response::new(pb::ServerReadyResponse {
+            ready: self.shared.ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        request: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let r = request.into_inner();
+        let ready = match self.shared.runtime.model(&r.name, optional(&r.version)) {
+            Ok(_) => self.shared.ready(),
+            Err(e @ Error::ModelNotFound { .. }) => return Err(status(&e)),
+            Err(_) => false,
+        };
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: SERVER_NAME.to_string(),
+            version: SERVER_VERSION.to_string(),
+            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let r = request.into_inner();
+        let handle = self.model(&r.name, &r.version)?;
+        let versions = self
+            .shared
+            .runtime
+            .models()
+            .get(handle.name.as_str())
+            .map(|m| crate::http::ready_versions(m))
+            .unwrap_or_default();
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: handle.name.clone(),
+            versions,
+            platform: PLATFORM.to_string(),
+            inputs: tensor_metadata(&handle.signature.inputs),
+            outputs: tensor_metadata(&handle.signature.outputs),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        let started = Instant::now();
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(convert::parse_grpc_timeout);
+        let request = request.into_inner();
+        let runtime = &self.shared.runtime;
+        let label = runtime.model_label(&request.model_name);
+        let result = async {
+            if !self.shared.ready() {
+                return Err(Error::ShuttingDown);
+            }
+            let (request, raw) = convert::decode(request, timeout, |model, input, got| {
+                runtime.datatype_error(model, input, got)
+            })?;
+            runtime.infer(request).await.map(|r| convert::encode(r, raw))
+        }
+        .await;
+        observe::record_request(Protocol::Grpc, label, started, &result);
+        result.map(Response::new).map_err(|e| status(&e))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let r = request.into_inner();
+        let handle = self.model(&r.name, &r.version)?;
+        let inputs = handle
+            .signature
+            .inputs
+            .iter()
+            .map(|t| pb::ModelInput {
+                name: t.name.clone(),
+                data_type: config_type(t.datatype),
+                dims: t.dims.iter().map(|&d| d as i64).collect(),
+            })
+            .collect();
+        let outputs = handle
+            .signature
+            .outputs
+            .iter()
+            .map(|t| pb::ModelOutput {
+                name: t.name.clone(),
+                data_type: config_type(t.datatype),
+                dims: t.dims.iter().map(|&d| d as i64).collect(),
+            })
+            .collect();
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(pb::ModelConfig {
+                name: handle.name.clone(),
+                platform: PLATFORM.to_string(),
+                backend: "onnxruntime".to_string(),
+                max_batch_size: handle.settings.limits.max_request_rows as i32,
+                input: inputs,
+                output: outputs,
+                instance_group: vec![pb::ModelInstanceGroup {
+                    name: handle.name.clone(),
+                    count: 1,
+                    gpus: vec![],
+                    kind: pb::model_instance_group::Kind::Cpu as i32,
+                }],
+                dynamic_batching: Some(pb::ModelDynamicBatching {
+                    preferred_batch_size: handle.settings.buckets.sizes().iter().map(|&s| s as i32).collect(),
+                    max_queue_delay_microseconds: 0,
+                }),
+                parameters: Default::default(),
+            }),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let r = request.into_inner();
+        let model_stats = if r.name.is_empty() {
+            self.shared
+                .runtime
+                .models()
+                .values()
+                .flat_map(|m| m.versions.values())
+                .filter_map(|s| match s {
+                    VersionState::Ready(h) => Some(model_statistics(h)),
+                    VersionState::Failed(_) => None,
+                })
+                .collect()
+        } else {
+            vec![model_statistics(self.model(&r.name, &r.version)?)]
+        };
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+    }
+}

@@ -1,0 +1,272 @@
+//! The HTTP front end: KServe v2 REST (`/v2/...`), Triton's model-config and
+//! statistics extensions, and `/metrics` for Prometheus.
+//!
+//! Handlers decode with [`codec`], call the runtime, and encode; errors are
+//! `{"error": "..."}` with the status of their kind.
+
+pub mod codec;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tickserve_core::Error;
+use tickserve_runtime::{ModelHandle, ModelVersions, VersionState};
+use tokio::sync::watch;
+
+use crate::observe::{self, Protocol};
+use crate::{EXTENSIONS, PLATFORM, SERVER_NAME, SERVER_VERSION, Shared};
+
+/// Serves HTTP on `listener` until `stop` turns true.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router(shared))
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// The HTTP routes.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v2/health/live", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(server_ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/stats", get(all_stats))
+        .route("/v2/models/{model}", get(model_metadata))
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata))
+        .route("/v2/models/{model}/ready", get(model_ready))
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
+        .route("/v2/models/{model}/config", get(model_config))
+        .route("/v2/models/{model}/versions/{version}/config", get(model_config))
+        .route("/v2/models/{model}/stats", get(model_stats))
+        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
+        .route("/v2/models/{model}/infer", post(infer))
+        .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+        .route("/metrics", get(|| async { observe::render() }))
+        .with_state(shared)
+}
+
+#[derive(Deserialize)]
+struct ModelPath {
+    model: String,
+    version: Option<String>,
+}
+
+fn error_response(error: &Error) -> Response {
+    let status = StatusCode::from_u16(error.kind().http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(json!({ "error": error.to_string() }))).into_response()
+}
+
+async fn server_ready(State(shared): State<Arc<Shared>>) -> StatusCode {
+    if shared.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn server_metadata() -> axum::Json<Value> {
+    axum::Json(json!({ "name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS }))
+}
+
+fn lookup<'a>(shared: &'a Shared, path: &ModelPath) -> Result<&'a Arc<ModelHandle>, Response> {
+    shared
+        .runtime
+        .model(&path.model, path.version.as_deref())
+        .map_err(|e| error_response(&e))
+}
+
+async fn model_metadata(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
+    let handle = match lookup(&shared, &path) {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let models = shared.runtime.models();
+    let tensors = |specs: &[tickserve_core::TensorSpec]| -> Vec<Value> {
+        specs
+            .iter()
+            .map(|t| json!({ "name": t.name, "datatype": t.datatype.as_str(), "shape": t.protocol_shape() }))
+            .collect()
+    };
+    axum::Json(json!({
+        "name": handle.name,
+        "versions": models.get(handle.name.as_str()).map(|m| ready_versions(m)).unwrap_or_default(),
+        "platform": PLATFORM,
+        "inputs": tensors(&handle.signature.inputs),
+        "outputs": tensors(&handle.signature.outputs),
+    }))
+    .into_response()
+}
+
+/// The versions of a model that are ready, as strings.
+pub fn ready_versions(model: &ModelVersions) -> Vec<String> {
+    model
+        .versions
+        .iter()
+        .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+        .map(|(v, _)| v.to_string())
+        .collect()
+}
+
+async fn model_ready(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
+    match lookup(&shared, &path) {
+        Ok(_) if shared.ready() => StatusCode::OK.into_response(),
+        Ok(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn model_config(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
+    let handle = match lookup(&shared, &path) {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    let tensors = |specs: &[tickserve_core::TensorSpec]| -> Vec<Value> {
+        specs
+            .iter()
+            .map(|t| json!({ "name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims }))
+            .collect()
+    };
+    axum::Json(json!({
+        "name": handle.name,
+        "platform": PLATFORM,
+        "backend": "onnxruntime",
+        "max_batch_size": handle.settings.limits.max_request_rows,
+        "input": tensors(&handle.signature.inputs),
+        "output": tensors(&handle.signature.outputs),
+        "dynamic_batching": {
+            "preferred_batch_size": handle.settings.buckets.sizes(),
+            "max_queue_delay_microseconds": 0,
+        },
+        "instance_group": [{ "name": handle.name, "kind": "KIND_CPU", "count": 1 }],
+    }))
+    .into_response()
+}
+
+fn stats_json(handle: &ModelHandle) -> Value {
+    let s = &handle.stats;
+    let d = |stat: &tickserve_runtime::stats::DurationStat| {
+        let (count, ns) = stat.read();
+        json!({ "count": count, "ns": ns })
+    };
+    use std::sync::atomic::Ordering::Relaxed;
+    json!({
+        "name": handle.name,
+        "version": handle.version,
+        "last_inference": s.last_inference_ms.load(Relaxed),
+        "inference_count": s.inference_count.load(Relaxed),
+        "execution_count": s.execution_count.load(Relaxed),
+        "inference_stats": {
+            "success": d(&s.success), "fail": d(&s.fail), "queue": d(&s.queue),
+            "compute_input": d(&s.compute_input), "compute_infer": d(&s.compute_infer),
+            "compute_output": d(&s.compute_output),
+        },
+        "batch_stats": handle.settings.buckets.sizes().iter().zip(&s.per_bucket).map(|(size, stat)| json!({
+            "batch_size": size, "compute_infer": d(stat),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+async fn model_stats(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
+    match lookup(&shared, &path) {
+        Ok(h) => axum::Json(json!({ "model_stats": [stats_json(h)] })).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn all_stats(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    let stats: Vec<Value> = shared
+        .runtime
+        .models()
+        .values()
+        .flat_map(|m| m.versions.values())
+        .filter_map(|s| match s {
+            VersionState::Ready(h) => Some(stats_json(h)),
+            VersionState::Failed(_) => None,
+        })
+        .collect();
+    axum::Json(json!({ "model_stats": stats }))
+}
+
+async fn infer(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let label = shared.runtime.model_label(&path.model);
+    let result = infer_inner(&shared, path, &headers, body).await;
+    observe::record_request(Protocol::Http, label, started, &result);
+    match result {
+        Ok(response) => response,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn infer_inner(
+    shared: &Shared,
+    path: ModelPath,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    if !shared.ready() {
+        return Err(Error::ShuttingDown);
+    }
+    let limit = shared.max_request_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(len) = declared.filter(|&len| len > limit) {
+        return Err(Error::PayloadTooLarge { got: len, limit });
+    }
+    let body = axum::body::to_bytes(body, limit).await.map_err(|_| Error::PayloadTooLarge {
+        got: limit + 1,
+        limit,
+    })?;
+    let header_length = match headers.get(codec::HEADER_LENGTH) {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(|s| s.parse::<usize>().ok()).ok_or_else(|| {
+            Error::request(&path.model, format!("the {} header is not a byte count", codec::HEADER_LENGTH))
+        })?),
+    };
+    let decoded = codec::decode(&path.model, path.version, &body, header_length, |input, got| {
+        shared.runtime.datatype_error(&path.model, input, got)
+    })?;
+    let response = shared.runtime.infer(decoded.request).await?;
+    let binary: Vec<bool> = match decoded.binary_outputs {
+        Some(flags) => flags,
+        None => vec![decoded.binary_default; response.outputs.len()],
+    };
+    let encoded = codec::encode(&response, &binary);
+    let mut reply = Response::new(Body::from(encoded.body));
+    let h = reply.headers_mut();
+    match encoded.header_length {
+        Some(n) => {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            h.insert(codec::HEADER_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(reply)
+}

@@ -1,0 +1,128 @@
+//! The tickserve server: the KServe v2 front ends (gRPC and HTTP/JSON), the
+//! Prometheus endpoint, and the `serve` and `check` commands.
+//!
+//! Front ends are thin: they decode into the core's [`InferRequest`], call the
+//! [`Runtime`], and encode its [`InferResponse`]; no model logic lives here.
+//! [`Server::start`] binds both listeners (port 0 picks a free port, which the
+//! integration tests use) and serves until [`Server::shutdown`].
+//!
+//! [`InferRequest`]: tickserve_core::InferRequest
+//! [`InferResponse`]: tickserve_core::InferResponse
+
+pub mod cli;
+pub mod grpc;
+pub mod http;
+pub mod observe;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use tickserve_core::config::ServerConfig;
+use tickserve_runtime::Runtime;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The server's name in metadata responses.
+pub const SERVER_NAME: &str = "tickserve";
+/// The server's version in metadata responses.
+pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Protocol extensions tickserve serves, as reported by server metadata.
+pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_configuration", "parameters", "statistics"];
+/// The platform reported for ONNX models (Triton's name for it).
+pub const PLATFORM: &str = "onnxruntime_onnx";
+
+/// What both front ends share.
+pub struct Shared {
+    /// The loaded models.
+    pub runtime: Runtime,
+    /// True between load and shutdown: readiness endpoints report it.
+    pub accepting: AtomicBool,
+    /// Largest request body or message, in bytes.
+    pub max_request_bytes: usize,
+}
+
+impl Shared {
+    /// Server readiness: accepting requests.
+    pub fn ready(&self) -> bool {
+        self.accepting.load(Ordering::Relaxed)
+    }
+}
+
+/// A running server.
+pub struct Server {
+    /// Where the HTTP front end listens.
+    pub http_addr: SocketAddr,
+    /// Where the gRPC front end listens.
+    pub grpc_addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Set to true to stop both front ends; each holds a receiver.
+    stop: watch::Sender<bool>,
+    http_task: JoinHandle<anyhow::Result<()>>,
+    grpc_task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    /// Loads the repository, binds both front ends and starts serving.
+    pub async fn start(config: &ServerConfig) -> anyhow::Result<Server> {
+        observe::install_recorder();
+        let runtime = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || Runtime::load(&config))
+                .await
+                .context("model loading panicked")?
+                .map_err(anyhow::Error::msg)?
+        };
+        let shared = Arc::new(Shared {
+            runtime,
+            accepting: AtomicBool::new(true),
+            max_request_bytes: config.server.max_request_bytes,
+        });
+        let host = &config.server.host;
+        let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))
+            .await
+            .with_context(|| format!("cannot bind HTTP to {host}:{}", config.server.http_port))?;
+        let grpc_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.grpc_port))
+            .await
+            .with_context(|| format!("cannot bind gRPC to {host}:{}", config.server.grpc_port))?;
+        let http_addr = http_listener.local_addr()?;
+        let grpc_addr = grpc_listener.local_addr()?;
+        let (stop, stopped) = watch::channel(false);
+        let http_task = tokio::spawn(http::serve(http_listener, Arc::clone(&shared), stopped.clone()));
+        let grpc_task = tokio::spawn(grpc::serve(grpc_listener, Arc::clone(&shared), stopped));
+        Ok(Server {
+            http_addr,
+            grpc_addr,
+            shared,
+            stop,
+            http_task,
+            grpc_task,
+        })
+    }
+
+    /// The shared state (models, readiness).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Waits until either front end stops on its own, which only an error does.
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        tokio::select! {
+            r = &mut self.http_task => r.context("HTTP front end panicked")?.context("HTTP front end"),
+            r = &mut self.grpc_task => r.context("gRPC front end panicked")?.context("gRPC front end"),
+        }
+    }
+
+    /// Stops admitting requests, stops both front ends, and stops the executors.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.shared.accepting.store(false, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+        self.http_task.await.context("HTTP front end panicked")??;
+        self.grpc_task.await.context("gRPC front end panicked")??;
+        if let Ok(shared) = Arc::try_unwrap(self.shared) {
+            tokio::task::spawn_blocking(move || shared.runtime.shutdown()).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! Metrics plumbing for the server: the process-wide Prometheus recorder and
+//! the per-request metrics the front ends record.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tickserve_core::metrics as names;
+use tickserve_core::Error;
+
+static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process (tests start several
+/// servers in one process; they share it) and returns its handle.
+pub fn install_recorder() -> &'static PrometheusHandle {
+    PROMETHEUS.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(&names::DURATION_BUCKETS)
+            .expect("the duration bucket list is a non-empty constant")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Fails only if another recorder was installed first; then ours just renders nothing.
+        let _ = metrics::set_global_recorder(recorder);
+        names::describe();
+        handle
+    })
+}
+
+/// The Prometheus text exposition of every metric.
+pub fn render() -> String {
+    install_recorder().render()
+}
+
+/// Which front end answered.
+#[derive(Debug, Clone, Copy)]
+pub enum Protocol {
+    /// KServe v2 over HTTP/JSON.
+    Http,
+    /// KServe v2 over gRPC.
+    Grpc,
+}
+
+impl Protocol {
+    fn label(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// Records one answered inference request. `model` is the label: only names
+/// of models in the repository, so a client cannot grow the label set.
+pub fn record_request<T>(protocol: Protocol, model: &str, started: Instant, result: &Result<T, Error>) {
+    let code = match result {
+        Ok(_) => "ok",
+        Err(e) => e.kind().as_str(),
+    };
+    // Label strings are copied per request: the recorder owns its keys.
+    metrics::counter!(names::REQUESTS, "model" => model.to_string(), "protocol" => protocol.label(), "code" => code)
+        .increment(1);
+    metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol.label())
+        .record(started.elapsed().as_secs_f64());
+}
