@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Drives a running tickserve with Triton's official Python clients (HTTP and gRPC).
+
+    python tests/e2e_tritonclient.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \
+        --repository config/models
+
+Checks server and model metadata, then runs every model of the repository with
+1, 3, 64, 65 and 200 rows over HTTP (binary tensors and JSON) and gRPC, and
+compares every output with onnxruntime (Python) on the same inputs: equal within
+1e-5 relative. Exits non-zero on the first mismatch. Started by the Rust test
+crates/tickserve-server/tests/tritonclient.rs.
+"""
+import argparse
+import pathlib
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+ROWS = [1, 3, 64, 65, 200]
+RTOL = 1e-5
+ATOL = 1e-7  # only for reference values that are exactly or nearly zero
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def compare(got, want, what):
+    check(got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}")
+    check(got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}")
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    bound = RTOL * np.abs(want.astype(np.float64)) + ATOL
+    worst = float(np.max(err / bound)) if err.size else 0.0
+    check(np.all(err <= bound), f"{what}: max error {err.max()} over bound (worst ratio {worst:.2f})")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--http", required=True)
+    p.add_argument("--grpc", required=True)
+    p.add_argument("--repository", required=True, type=pathlib.Path)
+    args = p.parse_args()
+
+    h = httpclient.InferenceServerClient(args.http)
+    g = grpcclient.InferenceServerClient(args.grpc)
+    check(h.is_server_live() and h.is_server_ready(), "HTTP live/ready")
+    check(g.is_server_live() and g.is_server_ready(), "gRPC live/ready")
+    check(h.get_server_metadata()["name"] == "tickserve", "HTTP server metadata")
+    check(g.get_server_metadata().name == "tickserve", "gRPC server metadata")
+
+    rng = np.random.default_rng(1234)
+    models = sorted(d.name for d in args.repository.iterdir() if d.is_dir())
+    check(len(models) >= 10, f"sample repository has every model: {models}")
+    for name in models:
+        version = max(int(v.name) for v in (args.repository / name).iterdir() if v.name.isdigit())
+        session = ort.InferenceSession(str(args.repository / name / str(version) / "model.onnx"))
+        ins, outs = session.get_inputs(), session.get_outputs()
+
+        hm = h.get_model_metadata(name)
+        gm = g.get_model_metadata(name)
+        check(h.is_model_ready(name) and g.is_model_ready(name), f"{name} ready")
+        check([i["name"] for i in hm["inputs"]] == [i.name for i in ins], f"{name} HTTP input names")
+        check([o.name for o in gm.outputs] == [o.name for o in outs], f"{name} gRPC output names")
+        check(hm["inputs"][0]["datatype"] == "FP32" and gm.inputs[0].datatype == "FP32", f"{name} datatype")
+        dims = [int(d) for d in hm["inputs"][0]["shape"][1:]]
+        check(list(gm.inputs[0].shape) == [-1] + dims, f"{name} gRPC shape {gm.inputs[0].shape}")
+        check(int(h.get_model_config(name)["max_batch_size"]) >= 200, f"{name} config")
+
+        for rows in ROWS:
+            x = rng.standard_normal([rows] + dims).astype(np.float32)
+            want = session.run(None, {ins[0].name: x})
+            for binary in (True, False):
+                i = httpclient.InferInput(ins[0].name, list(x.shape), "FP32")
+                i.set_data_from_numpy(x, binary_data=binary)
+                requested = [httpclient.InferRequestedOutput(o.name, binary_data=binary) for o in outs]
+                r = h.infer(name, [i], outputs=requested)
+                for o, w in zip(outs, want):
+                    compare(r.as_numpy(o.name), w, f"{name} HTTP binary={binary} rows={rows} {o.name}")
+            i = grpcclient.InferInput(ins[0].name, list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            r = g.infer(name, [i])
+            for o, w in zip(outs, want):
+                compare(r.as_numpy(o.name), w, f"{name} gRPC rows={rows} {o.name}")
+        print(f"ok {name}: rows {ROWS} over HTTP (binary, JSON) and gRPC match onnxruntime")
+    print("all models match")
+
+
+if __name__ == "__main__":
+    main()
