@@ -200,15 +200,15 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
 impl ServerConfig {
     /// Reads a server configuration file.
     pub fn load(path: &Path) -> Result<ServerConfig, String> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
         let d = &self.model_defaults;
-        crate::Buckets::new(&d.buckets, None).map_err(|e| format!("model_defaults.buckets: {e}"))?;
+        crate::Buckets::new(&d.buckets, None)
+            .map_err(|e| format!("model_defaults.buckets: {e}"))?;
         if d.max_request_rows == 0 {
             return Err("model_defaults.max_request_rows must be positive".into());
         }

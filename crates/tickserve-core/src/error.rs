@@ -67,7 +67,9 @@ pub enum Error {
         limit: usize,
     },
     /// The request body is larger than the server accepts.
-    #[error("request body of {got} bytes is over the limit of {limit} bytes (server.max_request_bytes)")]
+    #[error(
+        "request body of {got} bytes is over the limit of {limit} bytes (server.max_request_bytes)"
+    )]
     PayloadTooLarge {
         /// Bytes received (at least).
         got: usize,
@@ -83,7 +85,9 @@ pub enum Error {
         capacity: usize,
     },
     /// The request's deadline passed before it was computed; it never ran.
-    #[error("model '{model}': deadline exceeded after waiting {waited:?}; the request was not computed")]
+    #[error(
+        "model '{model}': deadline exceeded after waiting {waited:?}; the request was not computed"
+    )]
     DeadlineExceeded {
         /// The model asked for.
         model: String,
@@ -200,9 +204,9 @@ impl Error {
         match self {
             Error::ModelNotFound { .. } => ErrorKind::NotFound,
             Error::ModelNotReady { .. } | Error::ShuttingDown => ErrorKind::Unavailable,
-            Error::InvalidInput { .. } | Error::InvalidRequest { .. } | Error::TooManyRows { .. } => {
-                ErrorKind::InvalidArgument
-            }
+            Error::InvalidInput { .. }
+            | Error::InvalidRequest { .. }
+            | Error::TooManyRows { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
             Error::QueueFull { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
@@ -252,7 +256,11 @@ mod tests {
             (ErrorKind::Internal, 13, 500),
         ];
         for (kind, grpc, http) in table {
-            assert_eq!((kind.grpc_code(), kind.http_status()), (grpc, http), "{kind:?}");
+            assert_eq!(
+                (kind.grpc_code(), kind.http_status()),
+                (grpc, http),
+                "{kind:?}"
+            );
         }
     }
 
@@ -268,6 +276,9 @@ mod tests {
             version: Some("9".into()),
             known: "versions: 1, 2".into(),
         };
-        assert_eq!(e.to_string(), "model 'm' version 9: not found (versions: 1, 2)");
+        assert_eq!(
+            e.to_string(),
+            "model 'm' version 9: not found (versions: 1, 2)"
+        );
     }
 }

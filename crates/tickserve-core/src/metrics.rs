@@ -32,13 +32,29 @@ pub fn describe() {
         Unit::Count,
         "Graph compilations by model, bucket and device; flat once models are ready."
     );
-    describe_counter!(REQUESTS, Unit::Count, "Inference requests answered, by model, protocol and code.");
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Inference requests answered, by model, protocol and code."
+    );
     describe_histogram!(
         REQUEST_DURATION,
         Unit::Seconds,
         "Time from a request's decode to its response, by model and protocol."
     );
-    describe_histogram!(QUEUE_DURATION, Unit::Seconds, "Time a request waited before its first run.");
-    describe_histogram!(COMPUTE_DURATION, Unit::Seconds, "Engine run time per bucket.");
-    describe_gauge!(MODEL_READY, Unit::Count, "1 when a model version is ready to serve.");
+    describe_histogram!(
+        QUEUE_DURATION,
+        Unit::Seconds,
+        "Time a request waited before its first run."
+    );
+    describe_histogram!(
+        COMPUTE_DURATION,
+        Unit::Seconds,
+        "Engine run time per bucket."
+    );
+    describe_gauge!(
+        MODEL_READY,
+        Unit::Count,
+        "1 when a model version is ready to serve."
+    );
 }

@@ -198,15 +198,16 @@ fn check_tensor(
             ),
         ));
     }
-    if limits.nan_policy == NanPolicy::Reject && spec.datatype.is_float() {
-        if let Some((index, value)) = first_non_finite(spec.datatype.size(), &tensor.data) {
-            return Err(Error::input(
-                model,
-                name,
-                "finite values (the model's nan_policy is \"reject\")",
-                format!("{value} at element {index}"),
-            ));
-        }
+    if limits.nan_policy == NanPolicy::Reject
+        && spec.datatype.is_float()
+        && let Some((index, value)) = first_non_finite(spec.datatype.size(), &tensor.data)
+    {
+        return Err(Error::input(
+            model,
+            name,
+            "finite values (the model's nan_policy is \"reject\")",
+            format!("{value} at element {index}"),
+        ));
     }
     Ok(rows)
 }
@@ -286,13 +287,19 @@ mod tests {
     #[test]
     fn refuses_with_named_problems() {
         let cases: Vec<(InferRequest, &str)> = vec![
-            (request(vec![1, 3], &[1.0; 3]), "expected shape [batch, 2], got shape [1, 3]"),
+            (
+                request(vec![1, 3], &[1.0; 3]),
+                "expected shape [batch, 2], got shape [1, 3]",
+            ),
             (request(vec![2], &[1.0; 2]), "rank 2"),
             (request(vec![0, 2], &[]), "every dimension positive"),
             (request(vec![2, 2], &[1.0; 3]), "got 12 bytes"),
             (request(vec![5, 2], &[1.0; 10]), "more than the limit of 4"),
             (request(vec![1, 2], &[1.0, f32::NAN]), "NaN at element 1"),
-            (request(vec![1, 2], &[f32::INFINITY, 1.0]), "inf at element 0"),
+            (
+                request(vec![1, 2], &[f32::INFINITY, 1.0]),
+                "inf at element 0",
+            ),
         ];
         for (req, needle) in cases {
             let err = validate(&req, &signature(), &LIMITS).unwrap_err();
@@ -307,22 +314,54 @@ mod tests {
             nan_policy: NanPolicy::Allow,
             ..LIMITS
         };
-        assert!(validate(&request(vec![1, 2], &[f32::NAN, 1.0]), &signature(), &limits).is_ok());
+        assert!(
+            validate(
+                &request(vec![1, 2], &[f32::NAN, 1.0]),
+                &signature(),
+                &limits
+            )
+            .is_ok()
+        );
     }
 
     #[test]
     fn unknown_missing_duplicate_inputs_and_outputs() {
         let mut req = request(vec![1, 2], &[1.0; 2]);
         req.inputs.push(req.inputs[0].clone());
-        assert!(validate(&req, &signature(), &LIMITS).unwrap_err().to_string().contains("more than once"));
+        assert!(
+            validate(&req, &signature(), &LIMITS)
+                .unwrap_err()
+                .to_string()
+                .contains("more than once")
+        );
         req.inputs[1].name = "z".into();
-        assert!(validate(&req, &signature(), &LIMITS).unwrap_err().to_string().contains("input 'z'"));
+        assert!(
+            validate(&req, &signature(), &LIMITS)
+                .unwrap_err()
+                .to_string()
+                .contains("input 'z'")
+        );
         req.inputs.clear();
-        assert!(validate(&req, &signature(), &LIMITS).unwrap_err().to_string().contains("no such input"));
+        assert!(
+            validate(&req, &signature(), &LIMITS)
+                .unwrap_err()
+                .to_string()
+                .contains("no such input")
+        );
         let mut req = request(vec![1, 2], &[1.0; 2]);
         req.outputs = Some(vec!["w".into()]);
-        assert!(validate(&req, &signature(), &LIMITS).unwrap_err().to_string().contains("unknown output 'w'"));
+        assert!(
+            validate(&req, &signature(), &LIMITS)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown output 'w'")
+        );
         req.inputs[0].datatype = DataType::Fp64;
-        assert!(validate(&req, &signature(), &LIMITS).unwrap_err().to_string().contains("expected datatype FP32, got FP64"));
+        assert!(
+            validate(&req, &signature(), &LIMITS)
+                .unwrap_err()
+                .to_string()
+                .contains("expected datatype FP32, got FP64")
+        );
     }
 }

@@ -60,7 +60,10 @@ impl OrtEngine {
             ));
         }
         let builder = ort::init_from(library).map_err(|e| {
-            format!("could not load the ONNX Runtime library {}: {e}", library.display())
+            format!(
+                "could not load the ONNX Runtime library {}: {e}",
+                library.display()
+            )
         })?;
         let environment = builder
             .with_name("tickserve")
@@ -118,13 +121,13 @@ impl OrtEngine {
     }
 
     fn session(&self, bytes: &[u8]) -> ort::Result<Session> {
-        Ok(Session::builder(&self.environment)?
+        Session::builder(&self.environment)?
             .with_optimization_level(GraphOptimizationLevel::All)?
             .with_intra_threads(self.options.intra_op_threads)?
             .with_inter_threads(1)?
             .with_parallel_execution(false)?
             .with_intra_op_spinning(false)?
-            .commit_from_memory(bytes)?)
+            .commit_from_memory(bytes)
     }
 }
 
@@ -153,7 +156,12 @@ impl BucketSession {
         }
         // A first run with outputs on ONNX Runtime's allocator tells the output shapes
         // (the file may leave non-batch output dimensions symbolic).
-        let cpu = MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?;
+        let cpu = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )?;
         for (name, _, _) in &signature.outputs {
             binding.bind_output_to_device(name.as_str(), &cpu)?;
         }
@@ -166,7 +174,9 @@ impl BucketSession {
                 let dims: Vec<i64> = match value.dtype() {
                     ort::value::ValueType::Tensor { shape, .. } => shape.iter().copied().collect(),
                     other => {
-                        return Err(ort::Error::new(format!("output '{name}' is {other}, not a tensor")));
+                        return Err(ort::Error::new(format!(
+                            "output '{name}' is {other}, not a tensor"
+                        )));
                     }
                 };
                 output_shapes.push(dims);
@@ -183,7 +193,10 @@ impl BucketSession {
             }
             let dims: Vec<usize> = shape[1..].iter().map(|&d| d as usize).collect();
             if declared.len() != dims.len()
-                || declared.iter().zip(&dims).any(|(d, got)| d.is_some_and(|d| d != *got))
+                || declared
+                    .iter()
+                    .zip(&dims)
+                    .any(|(d, got)| d.is_some_and(|d| d != *got))
             {
                 return Err(ort::Error::new(format!(
                     "output '{name}' has dimensions {dims:?} after the batch; the model declares {declared:?}"
@@ -245,7 +258,9 @@ impl CompiledModel for OrtModel {
 
     fn output(&self, bucket: usize, output: usize) -> &[u8] {
         let len = self.buckets.sizes()[bucket] * self.signature.outputs[output].row_bytes();
-        let ptr = self.sessions[bucket].outputs[output].data_ptr().cast::<u8>();
+        let ptr = self.sessions[bucket].outputs[output]
+            .data_ptr()
+            .cast::<u8>();
         // SAFETY: the tensor was allocated on the CPU with shape [bucket size, dims...]
         // of this output's datatype (checked at compile), `len` bytes; `&self` keeps
         // `run` (which writes it) from running while the slice lives.

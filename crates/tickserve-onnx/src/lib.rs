@@ -80,7 +80,10 @@ impl OnnxModel {
 
     fn graph(&self) -> &proto::GraphProto {
         // `parse` refuses models without a graph.
-        self.model.graph.as_ref().expect("parse checked the graph is present")
+        self.model
+            .graph
+            .as_ref()
+            .expect("parse checked the graph is present")
     }
 
     /// The graph's real inputs: graph inputs that are not initializers.
@@ -176,15 +179,25 @@ impl OnnxModel {
             .map(|t| t.name().to_string())
             .collect();
         if let Some(graph) = model.graph.as_mut() {
-            for value in graph.input.iter_mut().filter(|v| !weights.contains(v.name())) {
+            for value in graph
+                .input
+                .iter_mut()
+                .filter(|v| !weights.contains(v.name()))
+            {
                 if let Some(spec) = signature.inputs.iter().find(|s| s.name == value.name()) {
-                    let dims = std::iter::once(Some(batch)).chain(spec.dims.iter().map(|&d| Some(d)));
+                    let dims =
+                        std::iter::once(Some(batch)).chain(spec.dims.iter().map(|&d| Some(d)));
                     set_dims(value, dims);
                 }
             }
             for value in graph.output.iter_mut() {
-                if let Some((_, _, out_dims)) = signature.outputs.iter().find(|o| o.0 == value.name()) {
-                    set_dims(value, std::iter::once(Some(batch)).chain(out_dims.iter().copied()));
+                if let Some((_, _, out_dims)) =
+                    signature.outputs.iter().find(|o| o.0 == value.name())
+                {
+                    set_dims(
+                        value,
+                        std::iter::once(Some(batch)).chain(out_dims.iter().copied()),
+                    );
                 }
             }
         }
@@ -218,7 +231,9 @@ fn tensor_type(value: &proto::ValueInfoProto) -> Result<(DataType, Vec<Dim>), St
     let name = value.name();
     let Some(TypeValue::TensorType(tensor)) = value.r#type.as_ref().and_then(|t| t.value.as_ref())
     else {
-        return Err(format!("'{name}' is not a tensor; tickserve serves tensor inputs and outputs only"));
+        return Err(format!(
+            "'{name}' is not a tensor; tickserve serves tensor inputs and outputs only"
+        ));
     };
     let datatype = element_type(tensor.elem_type()).ok_or_else(|| {
         format!(
@@ -228,7 +243,9 @@ fn tensor_type(value: &proto::ValueInfoProto) -> Result<(DataType, Vec<Dim>), St
         )
     })?;
     let Some(shape) = tensor.shape.as_ref() else {
-        return Err(format!("'{name}' has no declared shape; tickserve needs a fixed rank"));
+        return Err(format!(
+            "'{name}' has no declared shape; tickserve needs a fixed rank"
+        ));
     };
     let dims: Vec<Dim> = shape
         .dim
@@ -247,7 +264,11 @@ fn tensor_type(value: &proto::ValueInfoProto) -> Result<(DataType, Vec<Dim>), St
     Ok((datatype, dims))
 }
 
-fn resolve_input_dims(name: &str, dims: &[Dim], config: &ModelConfig) -> Result<Vec<usize>, String> {
+fn resolve_input_dims(
+    name: &str,
+    dims: &[Dim],
+    config: &ModelConfig,
+) -> Result<Vec<usize>, String> {
     if let Dim::Fixed(b) = dims[0] {
         return Err(format!(
             "input '{name}' has a fixed batch dimension of {b}; tickserve compiles one graph per \
@@ -334,11 +355,15 @@ mod tests {
 
     #[test]
     fn reads_sample_signatures() {
-        let sig = sample("alpha_mlp").signature(&ModelConfig::default()).unwrap();
+        let sig = sample("alpha_mlp")
+            .signature(&ModelConfig::default())
+            .unwrap();
         assert_eq!(sig.inputs[0].name, "features");
         assert_eq!(sig.inputs[0].dims, vec![50]);
         assert_eq!(sig.outputs[0].2, vec![Some(3)]);
-        let sig = sample("seq_lstm").signature(&ModelConfig::default()).unwrap();
+        let sig = sample("seq_lstm")
+            .signature(&ModelConfig::default())
+            .unwrap();
         assert_eq!(sig.inputs[0].dims, vec![30, 8]);
         assert!(!sample("seq_lstm").is_tree_ensemble());
         assert!(sample("seq_lstm").operators().contains(&"LSTM".to_string()));

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::config::{ModelConfig, ModelDefaults};
 use tickserve_core::validate::ValidRequest;
-use tickserve_core::{CompiledModel, Error, InferResponse, OutputTensor, Signature, metrics as names};
+use tickserve_core::{
+    CompiledModel, Error, InferResponse, OutputTensor, Signature, metrics as names,
+};
 use tickserve_engine_ort::{CompileRequest, OrtEngine};
 use tickserve_onnx::OnnxModel;
 use tokio::sync::oneshot;
@@ -69,40 +71,48 @@ pub struct Loaded {
     pub stats: Arc<ModelStats>,
 }
 
+/// Where an executor reports, once, whether its model loaded.
+pub type LoadReport = Receiver<Result<Loaded, String>>;
+
 /// Starts the executor thread for `spec`. The thread loads the model and
 /// reports on the returned receiver; on success it then serves `queue`.
 pub fn spawn(
     spec: LoadSpec,
     engine: OrtEngine,
     queue: Receiver<Job>,
-) -> std::io::Result<(JoinHandle<()>, Receiver<Result<Loaded, String>>)> {
+) -> std::io::Result<(JoinHandle<()>, LoadReport)> {
     let (report_tx, report_rx) = std::sync::mpsc::sync_channel(1);
     let thread_name = format!("exec-{}-{}", spec.name, spec.version);
-    let handle = std::thread::Builder::new().name(thread_name).spawn(move || {
-        let started = Instant::now();
-        match load(&spec, &engine) {
-            Ok((model, settings)) => {
-                let stats = Arc::new(ModelStats::new(settings.buckets.sizes().len()));
-                let loaded = Loaded {
-                    signature: model.signature().clone(),
-                    settings,
-                    device: model.device().to_string(),
-                    load_time: started.elapsed(),
-                    stats: Arc::clone(&stats),
-                };
-                let _ = report_tx.send(Ok(loaded));
-                drop(report_tx);
-                Executor::new(spec.name, spec.version.to_string(), model, stats).serve(queue);
+    let handle = std::thread::Builder::new()
+        .name(thread_name)
+        .spawn(move || {
+            let started = Instant::now();
+            match load(&spec, &engine) {
+                Ok((model, settings)) => {
+                    let stats = Arc::new(ModelStats::new(settings.buckets.sizes().len()));
+                    let loaded = Loaded {
+                        signature: model.signature().clone(),
+                        settings,
+                        device: model.device().to_string(),
+                        load_time: started.elapsed(),
+                        stats: Arc::clone(&stats),
+                    };
+                    let _ = report_tx.send(Ok(loaded));
+                    drop(report_tx);
+                    Executor::new(spec.name, spec.version.to_string(), model, stats).serve(queue);
+                }
+                Err(e) => {
+                    let _ = report_tx.send(Err(e));
+                }
             }
-            Err(e) => {
-                let _ = report_tx.send(Err(e));
-            }
-        }
-    })?;
+        })?;
     Ok((handle, report_rx))
 }
 
-fn load(spec: &LoadSpec, engine: &OrtEngine) -> Result<(Box<dyn CompiledModel>, ModelSettings), String> {
+fn load(
+    spec: &LoadSpec,
+    engine: &OrtEngine,
+) -> Result<(Box<dyn CompiledModel>, ModelSettings), String> {
     let bytes = std::fs::read(&spec.onnx_path)
         .map_err(|e| format!("cannot read {}: {e}", spec.onnx_path.display()))?;
     let onnx = OnnxModel::parse(&bytes)?;
@@ -134,7 +144,12 @@ struct Executor {
 }
 
 impl Executor {
-    fn new(name: String, version: String, model: Box<dyn CompiledModel>, stats: Arc<ModelStats>) -> Self {
+    fn new(
+        name: String,
+        version: String,
+        model: Box<dyn CompiledModel>,
+        stats: Arc<ModelStats>,
+    ) -> Self {
         let signature = model.signature();
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();

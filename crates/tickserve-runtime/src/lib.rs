@@ -158,7 +158,11 @@ impl Runtime {
             let ready = matches!(state, VersionState::Ready(_));
             metrics::gauge!(names::MODEL_READY, "model" => name.clone(), "version" => version.to_string())
                 .set(if ready { 1.0 } else { 0.0 });
-            models.entry(name).or_default().versions.insert(version, state);
+            models
+                .entry(name)
+                .or_default()
+                .versions
+                .insert(version, state);
         }
         Ok(Runtime { models, executors })
     }
@@ -171,7 +175,10 @@ impl Runtime {
     /// True when every model version loaded.
     pub fn all_ready(&self) -> bool {
         self.models.values().all(|m| {
-            m.error.is_none() && m.versions.values().all(|s| matches!(s, VersionState::Ready(_)))
+            m.error.is_none()
+                && m.versions
+                    .values()
+                    .all(|s| matches!(s, VersionState::Ready(_)))
         })
     }
 
@@ -182,7 +189,10 @@ impl Runtime {
             version: version.map(str::to_string),
             known,
         };
-        let entry = self.models.get(name).ok_or_else(|| not_found(String::new()))?;
+        let entry = self
+            .models
+            .get(name)
+            .ok_or_else(|| not_found(String::new()))?;
         let found = match version {
             None | Some("") => entry.default_version(),
             Some(v) => v

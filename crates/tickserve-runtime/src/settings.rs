@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use tickserve_core::Buckets;
 use tickserve_core::config::{ModelConfig, ModelDefaults, NanPolicy, Placement};
 use tickserve_core::validate::Limits;
-use tickserve_core::Buckets;
 
 /// Settings of one model, fixed at load.
 #[derive(Debug, Clone)]
@@ -36,7 +36,8 @@ impl ModelSettings {
             }
         }
         let sizes = config.buckets.as_deref().unwrap_or(&defaults.buckets);
-        let buckets = Buckets::new(sizes, config.max_batch_size).map_err(|e| format!("buckets: {e}"))?;
+        let buckets =
+            Buckets::new(sizes, config.max_batch_size).map_err(|e| format!("buckets: {e}"))?;
         let max_request_rows = config.max_request_rows.unwrap_or(defaults.max_request_rows);
         let queue_capacity = config.queue_capacity.unwrap_or(defaults.queue_capacity);
         if max_request_rows == 0 || queue_capacity == 0 {

@@ -75,7 +75,8 @@ impl ModelStats {
 
     /// Marks a request of `rows` rows answered now.
     pub fn answered(&self, rows: usize) {
-        self.inference_count.fetch_add(rows as u64, Ordering::Relaxed);
+        self.inference_count
+            .fetch_add(rows as u64, Ordering::Relaxed);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)

@@ -172,7 +172,10 @@ fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
     let mut failures = Vec::new();
     for (name, model) in runtime.models() {
         if let Some(error) = &model.error {
-            println!("{name:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {error}", "-", "FAILED", "-", "-", "-");
+            println!(
+                "{name:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {error}",
+                "-", "FAILED", "-", "-", "-"
+            );
             failures.push(format!("{name}: {error}"));
         }
         for (version, state) in &model.versions {
@@ -187,7 +190,10 @@ fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
                 ),
                 VersionState::Failed(reason) => {
                     let first_line = reason.lines().next().unwrap_or_default();
-                    println!("{name:<20} {version:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {first_line}", "FAILED", "-", "-", "-");
+                    println!(
+                        "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {first_line}",
+                        "FAILED", "-", "-", "-"
+                    );
                     failures.push(format!("{name} version {version}: {reason}"));
                 }
             }

@@ -29,7 +29,12 @@ pub const SERVER_NAME: &str = "tickserve";
 /// The server's version in metadata responses.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Protocol extensions tickserve serves, as reported by server metadata.
-pub const EXTENSIONS: [&str; 4] = ["binary_tensor_data", "model_configuration", "parameters", "statistics"];
+pub const EXTENSIONS: [&str; 4] = [
+    "binary_tensor_data",
+    "model_configuration",
+    "parameters",
+    "statistics",
+];
 /// The platform reported for ONNX models (Triton's name for it).
 pub const PLATFORM: &str = "onnxruntime_onnx";
 
@@ -89,7 +94,11 @@ impl Server {
         let http_addr = http_listener.local_addr()?;
         let grpc_addr = grpc_listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
-        let http_task = tokio::spawn(http::serve(http_listener, Arc::clone(&shared), stopped.clone()));
+        let http_task = tokio::spawn(http::serve(
+            http_listener,
+            Arc::clone(&shared),
+            stopped.clone(),
+        ));
         let grpc_task = tokio::spawn(grpc::serve(grpc_listener, Arc::clone(&shared), stopped));
         Ok(Server {
             http_addr,

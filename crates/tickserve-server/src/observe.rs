@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tickserve_core::metrics as names;
 use tickserve_core::Error;
+use tickserve_core::metrics as names;
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -51,7 +51,12 @@ impl Protocol {
 
 /// Records one answered inference request. `model` is the label: only names
 /// of models in the repository, so a client cannot grow the label set.
-pub fn record_request<T>(protocol: Protocol, model: &str, started: Instant, result: &Result<T, Error>) {
+pub fn record_request<T>(
+    protocol: Protocol,
+    model: &str,
+    started: Instant,
+    result: &Result<T, Error>,
+) {
     let code = match result {
         Ok(_) => "ok",
         Err(e) => e.kind().as_str(),

@@ -2,12 +2,21 @@
 //! model and bucket at load, and does not move while every row count from 1 to
 //! 3× the largest bucket is served.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use tickserve_core::metrics::GRAPH_COMPILATIONS;
 
 async fn metrics(client: &reqwest::Client, base: &str) -> String {
-    client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap()
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,10 +36,14 @@ async fn serving_compiles_nothing() {
             tickserve_runtime::VersionState::Failed(e) => panic!("sample model failed: {e}"),
         })
         .sum();
-    assert_eq!(at_ready, buckets as f64, "one compilation per model and bucket");
+    assert_eq!(
+        at_ready, buckets as f64,
+        "one compilation per model and bucket"
+    );
 
     for (name, model) in &models {
-        let Some((_, tickserve_runtime::VersionState::Ready(handle))) = model.default_version() else {
+        let Some((_, tickserve_runtime::VersionState::Ready(handle))) = model.default_version()
+        else {
             unreachable!()
         };
         let spec = &handle.signature.inputs[0];

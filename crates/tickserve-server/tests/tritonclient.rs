@@ -1,6 +1,8 @@
 //! Triton's official Python clients against a real server on loopback: metadata
 //! and inference on every sample model, compared with onnxruntime (Python).
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,7 +23,10 @@ async fn tritonclient_http_and_grpc_match_onnxruntime() {
         String::from_utf8_lossy(&output.stderr)
     );
     println!("{text}");
-    assert!(output.status.success(), "tritonclient check failed:\n{text}");
+    assert!(
+        output.status.success(),
+        "tritonclient check failed:\n{text}"
+    );
     assert!(text.contains("all models match"));
     server.shutdown().await.expect("clean shutdown");
 }

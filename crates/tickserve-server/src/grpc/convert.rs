@@ -46,7 +46,9 @@ pub fn decode(
                 ));
             }
             (Some(bytes), _) => bytes,
-            (None, Some(contents)) => typed_to_bytes(&model, &input.name, datatype, &contents)?.into(),
+            (None, Some(contents)) => {
+                typed_to_bytes(&model, &input.name, datatype, &contents)?.into()
+            }
             (None, None) => bytes::Bytes::new(),
         };
         inputs.push(InputTensor {
@@ -56,18 +58,22 @@ pub fn decode(
             data,
         });
     }
-    let param_timeout = request.parameters.get("timeout").and_then(|p| match p.parameter_choice {
-        Some(pb::infer_parameter::ParameterChoice::Int64Param(us)) if us > 0 => {
-            Some(Duration::from_micros(us as u64))
-        }
-        _ => None,
-    });
+    let param_timeout = request
+        .parameters
+        .get("timeout")
+        .and_then(|p| match p.parameter_choice {
+            Some(pb::infer_parameter::ParameterChoice::Int64Param(us)) if us > 0 => {
+                Some(Duration::from_micros(us as u64))
+            }
+            _ => None,
+        });
     let deadline = [timeout, param_timeout]
         .into_iter()
         .flatten()
         .min()
         .map(|t| Instant::now() + t);
-    let outputs = (!request.outputs.is_empty()).then(|| request.outputs.into_iter().map(|o| o.name).collect());
+    let outputs = (!request.outputs.is_empty())
+        .then(|| request.outputs.into_iter().map(|o| o.name).collect());
     let version = (!request.model_version.is_empty()).then_some(request.model_version);
     Ok((
         InferRequest {
@@ -110,7 +116,12 @@ fn typed_to_bytes(
         let mut out = Vec::with_capacity(values.len() * datatype.size());
         for (i, &v) in values.iter().enumerate() {
             let t = T::try_from(v).map_err(|_| {
-                Error::input(model, input, format!("{datatype} values"), format!("{v} (out of range) at element {i}"))
+                Error::input(
+                    model,
+                    input,
+                    format!("{datatype} values"),
+                    format!("{v} (out of range) at element {i}"),
+                )
             })?;
             out.extend(to_le(t));
         }
@@ -127,16 +138,48 @@ fn typed_to_bytes(
     };
     let out = match datatype {
         DataType::Bool => c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
-        DataType::Int8 => narrow(&c.int_contents, model, input, datatype, |v: i8| v.to_le_bytes().to_vec())?,
-        DataType::Int16 => narrow(&c.int_contents, model, input, datatype, |v: i16| v.to_le_bytes().to_vec())?,
-        DataType::Int32 => c.int_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DataType::Int64 => c.int64_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DataType::Uint8 => narrow(&c.uint_contents, model, input, datatype, |v: u8| v.to_le_bytes().to_vec())?,
-        DataType::Uint16 => narrow(&c.uint_contents, model, input, datatype, |v: u16| v.to_le_bytes().to_vec())?,
-        DataType::Uint32 => c.uint_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DataType::Uint64 => c.uint64_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DataType::Fp32 => c.fp32_contents.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DataType::Fp64 => c.fp64_contents.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        DataType::Int8 => narrow(&c.int_contents, model, input, datatype, |v: i8| {
+            v.to_le_bytes().to_vec()
+        })?,
+        DataType::Int16 => narrow(&c.int_contents, model, input, datatype, |v: i16| {
+            v.to_le_bytes().to_vec()
+        })?,
+        DataType::Int32 => c
+            .int_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Int64 => c
+            .int64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Uint8 => narrow(&c.uint_contents, model, input, datatype, |v: u8| {
+            v.to_le_bytes().to_vec()
+        })?,
+        DataType::Uint16 => narrow(&c.uint_contents, model, input, datatype, |v: u16| {
+            v.to_le_bytes().to_vec()
+        })?,
+        DataType::Uint32 => c
+            .uint_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Uint64 => c
+            .uint64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Fp32 => c
+            .fp32_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DataType::Fp64 => c
+            .fp64_contents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>(),
     };
     if out.is_empty() && !contents_empty(c) {
         return Err(Error::input(
@@ -243,12 +286,19 @@ mod tests {
             ..Default::default()
         };
         let err = typed_to_bytes("m", "x", DataType::Fp32, &c).unwrap_err();
-        assert!(err.to_string().contains("expected FP32 data in contents.fp32_contents"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("expected FP32 data in contents.fp32_contents"),
+            "{err}"
+        );
         let c = pb::InferTensorContents {
             int_contents: vec![1, 200],
             ..Default::default()
         };
         let err = typed_to_bytes("m", "x", DataType::Int8, &c).unwrap_err();
-        assert!(err.to_string().contains("200 (out of range) at element 1"), "{err}");
+        assert!(
+            err.to_string().contains("200 (out of range) at element 1"),
+            "{err}"
+        );
     }
 }

@@ -30,12 +30,17 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let limit = shared.max_request_bytes;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<GrpcInferenceServiceServer<InferenceService>>().await;
+    health
+        .set_serving::<GrpcInferenceServiceServer<InferenceService>>()
+        .await;
     let service = GrpcInferenceServiceServer::new(InferenceService { shared })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_invalid_argument,
+        ))
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {
@@ -48,13 +53,37 @@ pub async fn serve(
     Ok(())
 }
 
+/// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE
+/// before any handler runs; tickserve answers every bad request with
+/// INVALID_ARGUMENT, so that status is rewritten (its message, which names the
+/// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
+fn oversized_is_invalid_argument(
+    mut response: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = response.headers_mut();
+    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == out_of_range.as_bytes())
+    {
+        let invalid = (tonic::Code::InvalidArgument as i32).to_string();
+        if let Ok(value) = http::HeaderValue::from_str(&invalid) {
+            headers.insert("grpc-status", value);
+        }
+    }
+    response
+}
+
 /// The v2 inference service over the shared runtime.
 pub struct InferenceService {
     shared: Arc<Shared>,
 }
 
 fn status(error: &Error) -> Status {
-    Status::new(tonic::Code::from(error.kind().grpc_code()), error.to_string())
+    Status::new(
+        tonic::Code::from(error.kind().grpc_code()),
+        error.to_string(),
+    )
 }
 
 fn optional(version: &str) -> Option<&str> {
@@ -82,8 +111,8 @@ fn tensor_metadata(specs: &[TensorSpec]) -> Vec<pb::model_metadata_response::Ten
 }
 
 fn config_type(datatype: tickserve_core::DataType) -> i32 {
-    use tickserve_core::DataType as D;
     use pb::DataType as P;
+    use tickserve_core::DataType as D;
     (match datatype {
         D::Bool => P::TypeBool,
         D::Uint8 => P::TypeUint8,
@@ -220,7 +249,10 @@ impl GrpcInferenceService for InferenceService {
             let (request, raw) = convert::decode(request, timeout, |model, input, got| {
                 runtime.datatype_error(model, input, got)
             })?;
-            runtime.infer(request).await.map(|r| convert::encode(r, raw))
+            runtime
+                .infer(request)
+                .await
+                .map(|r| convert::encode(r, raw))
         }
         .await;
         observe::record_request(Protocol::Grpc, label, started, &result);
@@ -268,7 +300,13 @@ impl GrpcInferenceService for InferenceService {
                     kind: pb::model_instance_group::Kind::Cpu as i32,
                 }],
                 dynamic_batching: Some(pb::ModelDynamicBatching {
-                    preferred_batch_size: handle.settings.buckets.sizes().iter().map(|&s| s as i32).collect(),
+                    preferred_batch_size: handle
+                        .settings
+                        .buckets
+                        .sizes()
+                        .iter()
+                        .map(|&s| s as i32)
+                        .collect(),
                     max_queue_delay_microseconds: 0,
                 }),
                 parameters: Default::default(),

@@ -140,10 +140,14 @@ pub fn decode(
                 .iter()
                 .map(|o| param_bool(o.parameters.as_ref(), "binary_data").unwrap_or(binary_default))
                 .collect();
-            (Some(list.into_iter().map(|o| o.name).collect()), Some(flags))
+            (
+                Some(list.into_iter().map(|o| o.name).collect()),
+                Some(flags),
+            )
         }
     };
-    let deadline = param_u64(params, "timeout").map(|us| Instant::now() + Duration::from_micros(us));
+    let deadline =
+        param_u64(params, "timeout").map(|us| Instant::now() + Duration::from_micros(us));
     Ok(Decoded {
         request: InferRequest {
             model: model.to_string(),
@@ -167,7 +171,12 @@ fn param_bool(params: Option<&Map<String, Value>>, key: &str) -> Option<bool> {
 }
 
 /// Converts JSON tensor data (flat or nested) into little-endian bytes.
-fn json_to_bytes(model: &str, input: &str, datatype: DataType, value: &Value) -> Result<Vec<u8>, Error> {
+fn json_to_bytes(
+    model: &str,
+    input: &str,
+    datatype: DataType,
+    value: &Value,
+) -> Result<Vec<u8>, Error> {
     let mut out = Vec::new();
     let mut stack = vec![value];
     let mut index = 0usize;
@@ -177,7 +186,12 @@ fn json_to_bytes(model: &str, input: &str, datatype: DataType, value: &Value) ->
             Value::Array(items) => stack.extend(items.iter().rev()),
             scalar => {
                 push_scalar(&mut out, datatype, scalar).map_err(|what| {
-                    Error::input(model, input, format!("{datatype} values"), format!("{what} at element {index}"))
+                    Error::input(
+                        model,
+                        input,
+                        format!("{datatype} values"),
+                        format!("{what} at element {index}"),
+                    )
                 })?;
                 index += 1;
             }
@@ -338,7 +352,8 @@ mod tests {
     #[test]
     fn nested_and_flat_data_decode_alike() {
         let flat = br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[1,2,3,4]}]}"#;
-        let nested = br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4]]}]}"#;
+        let nested =
+            br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4]]}]}"#;
         let a = decode("m", None, &bytes::Bytes::from_static(flat), None, no_type).unwrap();
         let b = decode("m", None, &bytes::Bytes::from_static(nested), None, no_type).unwrap();
         assert_eq!(a.request.inputs[0].data, b.request.inputs[0].data);
@@ -348,8 +363,14 @@ mod tests {
     #[test]
     fn out_of_range_integers_are_refused() {
         let body = br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#;
-        let err = decode("m", None, &bytes::Bytes::from_static(body), None, no_type).err().unwrap();
-        assert!(err.to_string().contains("expected INT8 values, got 300 (out of range) at element 0"), "{err}");
+        let err = decode("m", None, &bytes::Bytes::from_static(body), None, no_type)
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .contains("expected INT8 values, got 300 (out of range) at element 0"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -373,7 +394,10 @@ mod tests {
         };
         let e = encode(&response, &[true]);
         let n = e.header_length.unwrap();
-        assert!(String::from_utf8_lossy(&e.body[..n]).contains(r#""parameters":{"binary_data_size":4}"#));
+        assert!(
+            String::from_utf8_lossy(&e.body[..n])
+                .contains(r#""parameters":{"binary_data_size":4}"#)
+        );
         assert_eq!(&e.body[n..], &5f32.to_le_bytes());
         let e = encode(&response, &[false]);
         assert_eq!(

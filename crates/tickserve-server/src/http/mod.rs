@@ -52,11 +52,20 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
-        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(model_ready),
+        )
         .route("/v2/models/{model}/config", get(model_config))
-        .route("/v2/models/{model}/versions/{version}/config", get(model_config))
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(model_config),
+        )
         .route("/v2/models/{model}/stats", get(model_stats))
-        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
+        .route(
+            "/v2/models/{model}/versions/{version}/stats",
+            get(model_stats),
+        )
         .route("/v2/models/{model}/infer", post(infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer))
         .route("/metrics", get(|| async { observe::render() }))
@@ -69,9 +78,21 @@ struct ModelPath {
     version: Option<String>,
 }
 
-fn error_response(error: &Error) -> Response {
-    let status = StatusCode::from_u16(error.kind().http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(json!({ "error": error.to_string() }))).into_response()
+/// An error as an HTTP response: `{"error": "..."}` with its kind's status.
+struct HttpError(Error);
+
+impl From<Error> for HttpError {
+    fn from(e: Error) -> Self {
+        HttpError(e)
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.0.kind().http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(json!({ "error": self.0.to_string() }))).into_response()
+    }
 }
 
 async fn server_ready(State(shared): State<Arc<Shared>>) -> StatusCode {
@@ -86,18 +107,15 @@ async fn server_metadata() -> axum::Json<Value> {
     axum::Json(json!({ "name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS }))
 }
 
-fn lookup<'a>(shared: &'a Shared, path: &ModelPath) -> Result<&'a Arc<ModelHandle>, Response> {
-    shared
-        .runtime
-        .model(&path.model, path.version.as_deref())
-        .map_err(|e| error_response(&e))
+fn lookup<'a>(shared: &'a Shared, path: &ModelPath) -> Result<&'a Arc<ModelHandle>, HttpError> {
+    Ok(shared.runtime.model(&path.model, path.version.as_deref())?)
 }
 
-async fn model_metadata(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
-    let handle = match lookup(&shared, &path) {
-        Ok(h) => h,
-        Err(r) => return r,
-    };
+async fn model_metadata(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+) -> Result<Response, HttpError> {
+    let handle = lookup(&shared, &path)?;
     let models = shared.runtime.models();
     let tensors = |specs: &[tickserve_core::TensorSpec]| -> Vec<Value> {
         specs
@@ -105,14 +123,14 @@ async fn model_metadata(State(shared): State<Arc<Shared>>, Path(path): Path<Mode
             .map(|t| json!({ "name": t.name, "datatype": t.datatype.as_str(), "shape": t.protocol_shape() }))
             .collect()
     };
-    axum::Json(json!({
+    Ok(axum::Json(json!({
         "name": handle.name,
         "versions": models.get(handle.name.as_str()).map(|m| ready_versions(m)).unwrap_or_default(),
         "platform": PLATFORM,
         "inputs": tensors(&handle.signature.inputs),
         "outputs": tensors(&handle.signature.outputs),
     }))
-    .into_response()
+    .into_response())
 }
 
 /// The versions of a model that are ready, as strings.
@@ -125,26 +143,30 @@ pub fn ready_versions(model: &ModelVersions) -> Vec<String> {
         .collect()
 }
 
-async fn model_ready(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
-    match lookup(&shared, &path) {
-        Ok(_) if shared.ready() => StatusCode::OK.into_response(),
-        Ok(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-        Err(r) => r,
-    }
+async fn model_ready(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+) -> Result<StatusCode, HttpError> {
+    lookup(&shared, &path)?;
+    Ok(if shared.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    })
 }
 
-async fn model_config(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
-    let handle = match lookup(&shared, &path) {
-        Ok(h) => h,
-        Err(r) => return r,
-    };
+async fn model_config(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+) -> Result<Response, HttpError> {
+    let handle = lookup(&shared, &path)?;
     let tensors = |specs: &[tickserve_core::TensorSpec]| -> Vec<Value> {
         specs
             .iter()
             .map(|t| json!({ "name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims }))
             .collect()
     };
-    axum::Json(json!({
+    Ok(axum::Json(json!({
         "name": handle.name,
         "platform": PLATFORM,
         "backend": "onnxruntime",
@@ -157,7 +179,7 @@ async fn model_config(State(shared): State<Arc<Shared>>, Path(path): Path<ModelP
         },
         "instance_group": [{ "name": handle.name, "kind": "KIND_CPU", "count": 1 }],
     }))
-    .into_response()
+    .into_response())
 }
 
 fn stats_json(handle: &ModelHandle) -> Value {
@@ -184,11 +206,12 @@ fn stats_json(handle: &ModelHandle) -> Value {
     })
 }
 
-async fn model_stats(State(shared): State<Arc<Shared>>, Path(path): Path<ModelPath>) -> Response {
-    match lookup(&shared, &path) {
-        Ok(h) => axum::Json(json!({ "model_stats": [stats_json(h)] })).into_response(),
-        Err(r) => r,
-    }
+async fn model_stats(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+) -> Result<axum::Json<Value>, HttpError> {
+    let handle = lookup(&shared, &path)?;
+    Ok(axum::Json(json!({ "model_stats": [stats_json(handle)] })))
 }
 
 async fn all_stats(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
@@ -217,7 +240,7 @@ async fn infer(
     observe::record_request(Protocol::Http, label, started, &result);
     match result {
         Ok(response) => response,
-        Err(e) => error_response(&e),
+        Err(e) => HttpError(e).into_response(),
     }
 }
 
@@ -238,19 +261,33 @@ async fn infer_inner(
     if let Some(len) = declared.filter(|&len| len > limit) {
         return Err(Error::PayloadTooLarge { got: len, limit });
     }
-    let body = axum::body::to_bytes(body, limit).await.map_err(|_| Error::PayloadTooLarge {
-        got: limit + 1,
-        limit,
-    })?;
+    let body = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| Error::PayloadTooLarge {
+            got: limit + 1,
+            limit,
+        })?;
     let header_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
-        Some(v) => Some(v.to_str().ok().and_then(|s| s.parse::<usize>().ok()).ok_or_else(|| {
-            Error::request(&path.model, format!("the {} header is not a byte count", codec::HEADER_LENGTH))
-        })?),
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .ok_or_else(|| {
+                    Error::request(
+                        &path.model,
+                        format!("the {} header is not a byte count", codec::HEADER_LENGTH),
+                    )
+                })?,
+        ),
     };
-    let decoded = codec::decode(&path.model, path.version, &body, header_length, |input, got| {
-        shared.runtime.datatype_error(&path.model, input, got)
-    })?;
+    let decoded = codec::decode(
+        &path.model,
+        path.version,
+        &body,
+        header_length,
+        |input, got| shared.runtime.datatype_error(&path.model, input, got),
+    )?;
     let response = shared.runtime.infer(decoded.request).await?;
     let binary: Vec<bool> = match decoded.binary_outputs {
         Some(flags) => flags,
@@ -261,11 +298,17 @@ async fn infer_inner(
     let h = reply.headers_mut();
     match encoded.header_length {
         Some(n) => {
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
             h.insert(codec::HEADER_LENGTH, HeaderValue::from(n));
         }
         None => {
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
         }
     }
     Ok(reply)

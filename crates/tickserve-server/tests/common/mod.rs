@@ -9,13 +9,20 @@ use tickserve_server::Server;
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// The project's Python, with onnxruntime and tritonclient (scripts/setup.sh).
 pub fn python() -> PathBuf {
     let python = root().join(".venv/bin/python");
-    assert!(python.exists(), "{} is missing: run scripts/setup.sh", python.display());
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup.sh",
+        python.display()
+    );
     python
 }
 
@@ -32,7 +39,9 @@ pub fn config(repository: &Path) -> ServerConfig {
 
 /// Starts a real server on `config`.
 pub async fn start(config: &ServerConfig) -> Server {
-    Server::start(config).await.expect("server starts (run scripts/setup.sh first)")
+    Server::start(config)
+        .await
+        .expect("server starts (run scripts/setup.sh first)")
 }
 
 /// A repository of the test fixtures (scripts/make_models.py --fixtures) plus
@@ -48,7 +57,11 @@ pub fn fixture_repository() -> tempfile::TempDir {
     assert!(status.success(), "make_models.py --fixtures failed");
     let alpha = dir.path().join("alpha_mlp/1");
     std::fs::create_dir_all(&alpha).unwrap();
-    std::fs::copy(root().join("config/models/alpha_mlp/1/model.onnx"), alpha.join("model.onnx")).unwrap();
+    std::fs::copy(
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        alpha.join("model.onnx"),
+    )
+    .unwrap();
     dir
 }
 
