@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what it needs (scripts/setup.sh),
+# checks formatting and lints, regenerates the sample models to prove the script is
+# deterministic, and runs every test (unit and integration, real servers on loopback
+# driven by Triton's Python clients). CI (.ci/run) runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+export TICKSERVE_ONNXRUNTIME_LIBRARY="$PWD/.local/lib/libonnxruntime.so.1.31.1"
+
+echo "== sample models are what scripts/make_models.py writes"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+.venv/bin/python scripts/make_models.py "$tmp/models"
+diff -r "$tmp/models" config/models --exclude=model.toml
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked
