@@ -9,6 +9,7 @@
 //! `&mut self`, so a model's sessions belong to one thread.
 
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use ort::environment::Environment;
@@ -50,8 +51,21 @@ pub struct CompileRequest<'a> {
 }
 
 impl OrtEngine {
-    /// Loads ONNX Runtime from `library` and creates its environment.
+    /// Loads ONNX Runtime from `library` and creates its environment, once per
+    /// process: ONNX Runtime allows one environment per process, so later calls
+    /// (a second server in a test, a benchmark with other options) share the
+    /// first one's library and environment and keep only their own options.
     pub fn new(library: &Path, options: OrtOptions) -> Result<OrtEngine, String> {
+        static ENVIRONMENT: Mutex<Option<Environment>> = Mutex::new(None);
+        let mut shared = ENVIRONMENT
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(environment) = shared.as_ref() {
+            return Ok(OrtEngine {
+                environment: environment.clone(),
+                options,
+            });
+        }
         if !library.exists() {
             return Err(format!(
                 "the ONNX Runtime library {} does not exist; run scripts/setup.sh, or set \
@@ -70,6 +84,7 @@ impl OrtEngine {
             .with_telemetry(false)
             .build()
             .map_err(|e| format!("could not create the ONNX Runtime environment: {e}"))?;
+        *shared = Some(environment.clone());
         Ok(OrtEngine {
             environment,
             options,

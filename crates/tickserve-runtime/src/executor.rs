@@ -9,8 +9,8 @@
 //! its answer on the job's oneshot channel; a caller that left is not an error.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,26 @@ pub struct Loaded {
 }
 
 /// Where an executor reports, once, whether its model loaded.
-pub type LoadReport = Receiver<Result<Loaded, String>>;
+pub type LoadReport = Receiver<Result<(Loaded, Arc<Mutex<Executor>>), String>>;
+
+/// The executor thread's loop: answers queued jobs until every sender is gone.
+fn serve(executor: &Mutex<Executor>, queue: Receiver<Job>) {
+    while let Ok(job) = queue.recv() {
+        let mut executor = executor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        executor
+            .stats
+            .queued
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        if job.reply.is_closed() {
+            continue; // the caller left: nothing to compute for
+        }
+        let result = executor.answer(&job.request, job.id, job.admitted, job.deadline);
+        drop(executor);
+        let _ = job.reply.send(result);
+    }
+}
 
 /// Starts the executor thread for `spec`. The thread loads the model and
 /// reports on the returned receiver; on success it then serves `queue`.
@@ -97,9 +116,15 @@ pub fn spawn(
                         load_time: started.elapsed(),
                         stats: Arc::clone(&stats),
                     };
-                    let _ = report_tx.send(Ok(loaded));
+                    let executor = Arc::new(Mutex::new(Executor::new(
+                        spec.name,
+                        spec.version.to_string(),
+                        model,
+                        stats,
+                    )));
+                    let _ = report_tx.send(Ok((loaded, Arc::clone(&executor))));
                     drop(report_tx);
-                    Executor::new(spec.name, spec.version.to_string(), model, stats).serve(queue);
+                    serve(&executor, queue);
                 }
                 Err(e) => {
                     let _ = report_tx.send(Err(e));
@@ -127,8 +152,9 @@ fn load(
     Ok((Box::new(model), settings))
 }
 
-/// The serving half of an executor thread.
-struct Executor {
+/// A loaded model and what serving it needs: its compiled buckets, its
+/// statistics and its metric handles.
+pub struct Executor {
     name: String,
     version: String,
     model: Box<dyn CompiledModel>,
@@ -141,6 +167,15 @@ struct Executor {
     /// Metric handles, made once: `compute[bucket]`.
     compute: Vec<metrics::Histogram>,
     queue_wait: metrics::Histogram,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("model", &self.name)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Executor {
@@ -176,34 +211,36 @@ impl Executor {
         }
     }
 
-    fn serve(mut self, queue: Receiver<Job>) {
-        while let Ok(job) = queue.recv() {
-            let started = Instant::now();
-            let waited = started - job.admitted;
-            self.queue_wait.record(waited.as_secs_f64());
-            self.stats.queue.record(waited);
-            if job.deadline.is_some_and(|d| started >= d) {
-                let _ = job.reply.send(Err(Error::DeadlineExceeded {
-                    model: self.name.clone(),
-                    waited,
-                }));
-                self.stats.fail.record(started.elapsed());
-                continue;
-            }
-            if job.reply.is_closed() {
-                continue; // the caller left: nothing to compute for
-            }
-            let rows = job.request.rows;
-            let result = self.run(&job.request, job.id);
-            match &result {
-                Ok(_) => {
-                    self.stats.success.record(started.elapsed());
-                    self.stats.answered(rows);
-                }
-                Err(_) => self.stats.fail.record(started.elapsed()),
-            }
-            let _ = job.reply.send(result);
+    /// Answers one request: refuses it if its deadline passed while it
+    /// waited, otherwise runs it. Called by the executor thread for queued
+    /// jobs and by the caller's own thread when the executor was idle.
+    pub fn answer(
+        &mut self,
+        request: &ValidRequest,
+        id: String,
+        admitted: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<InferResponse, Error> {
+        let started = Instant::now();
+        let waited = started - admitted;
+        self.queue_wait.record(waited.as_secs_f64());
+        self.stats.queue.record(waited);
+        if deadline.is_some_and(|d| started >= d) {
+            self.stats.fail.record(started.elapsed());
+            return Err(Error::DeadlineExceeded {
+                model: self.name.clone(),
+                waited,
+            });
         }
+        let result = self.run(request, id);
+        match &result {
+            Ok(_) => {
+                self.stats.success.record(started.elapsed());
+                self.stats.answered(request.rows);
+            }
+            Err(_) => self.stats.fail.record(started.elapsed()),
+        }
+        result
     }
 
     /// Runs every row of `request` through the buckets and gathers the outputs asked for.

@@ -4,7 +4,7 @@
 //! locks); front ends read them for `/v2/models/{m}/stats` and the gRPC
 //! ModelStatistics RPC.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A count and a total duration.
@@ -54,6 +54,9 @@ pub struct ModelStats {
     pub execution_count: AtomicU64,
     /// Milliseconds since the epoch of the last answered request.
     pub last_inference_ms: AtomicU64,
+    /// Requests in the executor's queue: raised by the caller before it
+    /// queues one, lowered by the executor thread when it takes one.
+    pub queued: AtomicUsize,
 }
 
 impl ModelStats {
@@ -70,6 +73,7 @@ impl ModelStats {
             inference_count: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
             last_inference_ms: AtomicU64::new(0),
+            queued: AtomicUsize::new(0),
         }
     }
 

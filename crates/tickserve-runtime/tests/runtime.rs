@@ -116,3 +116,51 @@ async fn refusals_name_the_problem() {
     ));
     runtime.shutdown();
 }
+
+/// Concurrent callers, some run inline and some queued to the executor thread:
+/// each gets exactly the answer for its own rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_callers_get_their_own_rows() {
+    let runtime = std::sync::Arc::new(sample_runtime());
+    let x = features(150, 16, 3);
+    let mut reference = Vec::new();
+    for r in 0..150 {
+        let out = runtime
+            .infer(request(
+                "tick_003",
+                "features",
+                vec![1, 16],
+                &x[r * 16..(r + 1) * 16],
+            ))
+            .await
+            .unwrap();
+        reference.extend(floats(&out.outputs[0].data));
+    }
+    let mut tasks = Vec::new();
+    for caller in 0..48usize {
+        let runtime = std::sync::Arc::clone(&runtime);
+        let x = x.clone();
+        let reference = reference.clone();
+        tasks.push(tokio::spawn(async move {
+            let start = (caller * 37) % 100;
+            let rows = 1 + (caller * 53) % (150 - start);
+            let out = runtime
+                .infer(request(
+                    "tick_003",
+                    "features",
+                    vec![rows as i64, 16],
+                    &x[start * 16..(start + rows) * 16],
+                ))
+                .await
+                .unwrap();
+            assert_eq!(
+                floats(&out.outputs[0].data),
+                reference[start..start + rows],
+                "caller {caller}"
+            );
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -38,6 +38,9 @@ pub const EXTENSIONS: [&str; 4] = [
 /// The platform reported for ONNX models (Triton's name for it).
 pub const PLATFORM: &str = "onnxruntime_onnx";
 
+/// How long shutdown waits for open connections to finish before closing them.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What both front ends share.
 pub struct Shared {
     /// The loaded models.
@@ -127,8 +130,19 @@ impl Server {
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.shared.accepting.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
-        self.http_task.await.context("HTTP front end panicked")??;
-        self.grpc_task.await.context("gRPC front end panicked")??;
+        // Connections that stay open (an idle HTTP/2 client that does not
+        // close after GOAWAY) must not keep the process alive past the grace period.
+        for (name, mut task) in [("HTTP", self.http_task), ("gRPC", self.grpc_task)] {
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+                Ok(result) => result.with_context(|| format!("{name} front end panicked"))??,
+                Err(_) => {
+                    tracing::warn!(
+                        "{name} front end still had open connections after {SHUTDOWN_GRACE:?}; closing them"
+                    );
+                    task.abort();
+                }
+            }
+        }
         if let Ok(shared) = Arc::try_unwrap(self.shared) {
             tokio::task::spawn_blocking(move || shared.runtime.shutdown()).await?;
         }
