@@ -86,6 +86,11 @@ def main():
             r = g.infer(name, [i])
             for o, w in zip(outs, want):
                 compare(r.as_numpy(o.name), w, f"{name} gRPC rows={rows} {o.name}")
+        stats = h.get_inference_statistics(name)["model_stats"][0]["inference_stats"]
+        counts = {k: stats[k]["count"] for k in ("success", "compute_input", "compute_infer", "compute_output")}
+        check(len(set(counts.values())) == 1 and counts["success"] == 3 * len(ROWS), f"{name} stats {counts}")
+        gstats = g.get_inference_statistics(name).model_stats[0]
+        check(gstats.inference_count == 3 * sum(ROWS), f"{name} gRPC inference_count {gstats.inference_count}")
         print(f"ok {name}: rows {ROWS} over HTTP (binary, JSON) and gRPC match onnxruntime")
     print("all models match")
 

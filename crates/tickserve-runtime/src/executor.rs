@@ -24,7 +24,7 @@ use tickserve_onnx::OnnxModel;
 use tokio::sync::oneshot;
 
 use crate::settings::ModelSettings;
-use crate::stats::ModelStats;
+use crate::stats::{ModelStats, RequestCost};
 
 /// One admitted request, queued for its model's executor.
 #[derive(Debug)]
@@ -222,29 +222,33 @@ impl Executor {
         deadline: Option<Instant>,
     ) -> Result<InferResponse, Error> {
         let started = Instant::now();
-        let waited = started - admitted;
-        self.queue_wait.record(waited.as_secs_f64());
-        self.stats.queue.record(waited);
-        if deadline.is_some_and(|d| started >= d) {
-            self.stats.fail.record(started.elapsed());
-            return Err(Error::DeadlineExceeded {
+        let mut cost = RequestCost {
+            waited: started - admitted,
+            rows: request.rows,
+            ..RequestCost::default()
+        };
+        self.queue_wait.record(cost.waited.as_secs_f64());
+        let result = if deadline.is_some_and(|d| started >= d) {
+            Err(Error::DeadlineExceeded {
                 model: self.name.clone(),
-                waited,
-            });
-        }
-        let result = self.run(request, id);
-        match &result {
-            Ok(_) => {
-                self.stats.success.record(started.elapsed());
-                self.stats.answered(request.rows);
-            }
-            Err(_) => self.stats.fail.record(started.elapsed()),
-        }
+                waited: cost.waited,
+            })
+        } else {
+            self.run(request, id, &mut cost)
+        };
+        cost.ok = result.is_ok();
+        cost.total = started.elapsed();
+        self.stats.record_request(&cost);
         result
     }
 
     /// Runs every row of `request` through the buckets and gathers the outputs asked for.
-    fn run(&mut self, request: &ValidRequest, id: String) -> Result<InferResponse, Error> {
+    fn run(
+        &mut self,
+        request: &ValidRequest,
+        id: String,
+        cost: &mut RequestCost,
+    ) -> Result<InferResponse, Error> {
         let signature = self.model.signature();
         // One allocation per output per request: the response owns its bytes.
         let mut outputs: Vec<OutputTensor> = request
@@ -273,7 +277,7 @@ impl Executor {
                 buffer[..used].copy_from_slice(&data[from..from + used]);
                 buffer[used..].fill(0);
             }
-            self.stats.compute_input.record(copy_started.elapsed());
+            cost.input += copy_started.elapsed();
             let run_started = Instant::now();
             self.model.run(bucket).map_err(|message| Error::Internal {
                 model: self.name.clone(),
@@ -281,18 +285,15 @@ impl Executor {
             })?;
             let run_time = run_started.elapsed();
             self.compute[bucket].record(run_time.as_secs_f64());
-            self.stats.compute_infer.record(run_time);
-            self.stats.per_bucket[bucket].record(run_time);
-            self.stats
-                .execution_count
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cost.infer += run_time;
+            self.stats.record_run(bucket, run_time);
             let copy_started = Instant::now();
             for (out, &o) in outputs.iter_mut().zip(&request.outputs) {
                 let used = rows * self.output_row_bytes[o];
                 out.data
                     .extend_from_slice(&self.model.output(bucket, o)[..used]);
             }
-            self.stats.compute_output.record(copy_started.elapsed());
+            cost.output += copy_started.elapsed();
             first_row += rows;
         }
         Ok(InferResponse {

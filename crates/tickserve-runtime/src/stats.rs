@@ -1,59 +1,79 @@
 //! Cumulative per-model statistics, as Triton's ModelStatistics reports them.
 //!
-//! Executors add to them after each request and run (relaxed atomics, no
-//! locks); front ends read them for `/v2/models/{m}/stats` and the gRPC
-//! ModelStatistics RPC.
+//! Executors record each request once, when it is answered, and each bucket
+//! run; front ends read a consistent [`Snapshot`] for `/v2/models/{m}/stats`
+//! and the gRPC ModelStatistics RPC. One short uncontended lock per record
+//! keeps the counts of one request consistent with each other, which
+//! perf_analyzer checks.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A count and a total duration.
-#[derive(Debug, Default)]
-pub struct DurationStat {
-    count: AtomicU64,
-    nanos: AtomicU64,
+/// A count and a total duration in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// How many times.
+    pub count: u64,
+    /// Total nanoseconds.
+    pub ns: u64,
 }
 
-impl DurationStat {
-    /// Adds one occurrence lasting `elapsed`.
-    pub fn record(&self, elapsed: Duration) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.nanos
-            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+impl Stat {
+    fn add(&mut self, elapsed: Duration) {
+        self.count += 1;
+        self.ns += elapsed.as_nanos() as u64;
     }
+}
 
-    /// `(count, total nanoseconds)`.
-    pub fn read(&self) -> (u64, u64) {
-        (
-            self.count.load(Ordering::Relaxed),
-            self.nanos.load(Ordering::Relaxed),
-        )
-    }
+/// The statistics of one model version at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Requests answered with a prediction, and their time in the executor.
+    pub success: Stat,
+    /// Requests that failed after admission (deadline, engine error).
+    pub fail: Stat,
+    /// Time requests waited before they were taken up.
+    pub queue: Stat,
+    /// Time copying rows into bucket buffers, per request.
+    pub compute_input: Stat,
+    /// Engine run time, per request.
+    pub compute_infer: Stat,
+    /// Time copying rows out of bucket buffers, per request.
+    pub compute_output: Stat,
+    /// Engine runs and their time, per bucket (index: bucket index).
+    pub batches: Vec<Stat>,
+    /// Rows answered.
+    pub inference_count: u64,
+    /// Engine runs.
+    pub execution_count: u64,
+    /// Milliseconds since the epoch of the last answered request.
+    pub last_inference_ms: u64,
+}
+
+/// What answering one request cost.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestCost {
+    /// Time from admission to being taken up.
+    pub waited: Duration,
+    /// Time from being taken up to the answer.
+    pub total: Duration,
+    /// Copying rows in, over all its runs.
+    pub input: Duration,
+    /// Engine time, over all its runs.
+    pub infer: Duration,
+    /// Copying rows out, over all its runs.
+    pub output: Duration,
+    /// Rows in the request.
+    pub rows: usize,
+    /// Whether it was computed and answered with a prediction.
+    pub ok: bool,
 }
 
 /// Statistics of one model version.
 #[derive(Debug)]
 pub struct ModelStats {
-    /// Requests answered with a prediction, and their time in the executor.
-    pub success: DurationStat,
-    /// Requests that failed after admission.
-    pub fail: DurationStat,
-    /// Time requests waited before their first run.
-    pub queue: DurationStat,
-    /// Time copying rows into bucket buffers.
-    pub compute_input: DurationStat,
-    /// Engine run time.
-    pub compute_infer: DurationStat,
-    /// Time copying rows out of bucket buffers.
-    pub compute_output: DurationStat,
-    /// Runs per bucket, with their engine time (index: bucket index).
-    pub per_bucket: Vec<DurationStat>,
-    /// Rows answered.
-    pub inference_count: AtomicU64,
-    /// Engine runs.
-    pub execution_count: AtomicU64,
-    /// Milliseconds since the epoch of the last answered request.
-    pub last_inference_ms: AtomicU64,
+    counters: Mutex<Snapshot>,
     /// Requests in the executor's queue: raised by the caller before it
     /// queues one, lowered by the executor thread when it takes one.
     pub queued: AtomicUsize,
@@ -63,28 +83,52 @@ impl ModelStats {
     /// Empty statistics for a model with `buckets` buckets.
     pub fn new(buckets: usize) -> ModelStats {
         ModelStats {
-            success: DurationStat::default(),
-            fail: DurationStat::default(),
-            queue: DurationStat::default(),
-            compute_input: DurationStat::default(),
-            compute_infer: DurationStat::default(),
-            compute_output: DurationStat::default(),
-            per_bucket: (0..buckets).map(|_| DurationStat::default()).collect(),
-            inference_count: AtomicU64::new(0),
-            execution_count: AtomicU64::new(0),
-            last_inference_ms: AtomicU64::new(0),
+            counters: Mutex::new(Snapshot {
+                batches: vec![Stat::default(); buckets],
+                ..Snapshot::default()
+            }),
             queued: AtomicUsize::new(0),
         }
     }
 
-    /// Marks a request of `rows` rows answered now.
-    pub fn answered(&self, rows: usize) {
-        self.inference_count
-            .fetch_add(rows as u64, Ordering::Relaxed);
-        let now = SystemTime::now()
+    fn counters(&self) -> std::sync::MutexGuard<'_, Snapshot> {
+        // Plain counters stay valid even if a holder panicked.
+        self.counters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records one engine run of bucket `bucket`.
+    pub fn record_run(&self, bucket: usize, elapsed: Duration) {
+        let mut c = self.counters();
+        if let Some(stat) = c.batches.get_mut(bucket) {
+            stat.add(elapsed);
+        }
+        c.execution_count += 1;
+    }
+
+    /// Records one answered (or refused after admission) request.
+    pub fn record_request(&self, cost: &RequestCost) {
+        let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
-        self.last_inference_ms.store(now, Ordering::Relaxed);
+        let mut c = self.counters();
+        c.queue.add(cost.waited);
+        if cost.ok {
+            c.success.add(cost.waited + cost.total);
+            c.compute_input.add(cost.input);
+            c.compute_infer.add(cost.infer);
+            c.compute_output.add(cost.output);
+            c.inference_count += cost.rows as u64;
+            c.last_inference_ms = now_ms;
+        } else {
+            c.fail.add(cost.waited + cost.total);
+        }
+    }
+
+    /// A consistent copy of every counter.
+    pub fn snapshot(&self) -> Snapshot {
+        self.counters().clone()
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tickserve_core::{Error, TensorSpec};
+use tickserve_runtime::stats::Stat;
 use tickserve_runtime::{ModelHandle, VersionState};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -129,33 +130,34 @@ fn config_type(datatype: tickserve_core::DataType) -> i32 {
 }
 
 fn model_statistics(handle: &ModelHandle) -> pb::ModelStatistics {
-    use std::sync::atomic::Ordering::Relaxed;
-    let d = |stat: &tickserve_runtime::stats::DurationStat| {
-        let (count, ns) = stat.read();
-        Some(pb::StatisticDuration { count, ns })
+    let s = handle.stats.snapshot();
+    let d = |stat: Stat| {
+        Some(pb::StatisticDuration {
+            count: stat.count,
+            ns: stat.ns,
+        })
     };
-    let s = &handle.stats;
     pb::ModelStatistics {
         name: handle.name.clone(),
         version: handle.version.clone(),
-        last_inference: s.last_inference_ms.load(Relaxed),
-        inference_count: s.inference_count.load(Relaxed),
-        execution_count: s.execution_count.load(Relaxed),
+        last_inference: s.last_inference_ms,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
         inference_stats: Some(pb::InferStatistics {
-            success: d(&s.success),
-            fail: d(&s.fail),
-            queue: d(&s.queue),
-            compute_input: d(&s.compute_input),
-            compute_infer: d(&s.compute_infer),
-            compute_output: d(&s.compute_output),
+            success: d(s.success),
+            fail: d(s.fail),
+            queue: d(s.queue),
+            compute_input: d(s.compute_input),
+            compute_infer: d(s.compute_infer),
+            compute_output: d(s.compute_output),
         }),
         batch_stats: handle
             .settings
             .buckets
             .sizes()
             .iter()
-            .zip(&s.per_bucket)
-            .map(|(&size, stat)| pb::InferBatchStatistics {
+            .zip(&s.batches)
+            .map(|(&size, &stat)| pb::InferBatchStatistics {
                 batch_size: size as u64,
                 compute_input: None,
                 compute_infer: d(stat),

@@ -18,6 +18,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tickserve_core::Error;
+use tickserve_runtime::stats::Stat;
 use tickserve_runtime::{ModelHandle, ModelVersions, VersionState};
 use tokio::sync::watch;
 
@@ -183,25 +184,21 @@ async fn model_config(
 }
 
 fn stats_json(handle: &ModelHandle) -> Value {
-    let s = &handle.stats;
-    let d = |stat: &tickserve_runtime::stats::DurationStat| {
-        let (count, ns) = stat.read();
-        json!({ "count": count, "ns": ns })
-    };
-    use std::sync::atomic::Ordering::Relaxed;
+    let s = handle.stats.snapshot();
+    let d = |stat: Stat| json!({ "count": stat.count, "ns": stat.ns });
     json!({
         "name": handle.name,
         "version": handle.version,
-        "last_inference": s.last_inference_ms.load(Relaxed),
-        "inference_count": s.inference_count.load(Relaxed),
-        "execution_count": s.execution_count.load(Relaxed),
+        "last_inference": s.last_inference_ms,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
         "inference_stats": {
-            "success": d(&s.success), "fail": d(&s.fail), "queue": d(&s.queue),
-            "compute_input": d(&s.compute_input), "compute_infer": d(&s.compute_infer),
-            "compute_output": d(&s.compute_output),
+            "success": d(s.success), "fail": d(s.fail), "queue": d(s.queue),
+            "compute_input": d(s.compute_input), "compute_infer": d(s.compute_infer),
+            "compute_output": d(s.compute_output),
         },
-        "batch_stats": handle.settings.buckets.sizes().iter().zip(&s.per_bucket).map(|(size, stat)| json!({
-            "batch_size": size, "compute_infer": d(stat),
+        "batch_stats": handle.settings.buckets.sizes().iter().zip(&s.batches).map(|(size, stat)| json!({
+            "batch_size": size, "compute_infer": d(*stat),
         })).collect::<Vec<_>>(),
     })
 }

