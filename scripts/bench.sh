@@ -36,7 +36,8 @@ for r in csv.DictReader(open(sys.argv[1])):
     print(r["Concurrency"], r["Inferences/Second"], r["p50 latency"], r["p99 latency"])
 PY
   while read -r c tput p50 p99; do
-    row "perf_analyzer $proto${proto/http/ (binary tensors)}" "$c" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$tput")"
+    label="perf_analyzer gRPC (raw tensors)"; [ $proto = http ] && label="perf_analyzer HTTP (binary tensors)"
+    row "$label" "$c" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$tput")"
   done < "$out/pa_$proto.rows"
 done
 
@@ -51,7 +52,8 @@ d = m["http_req_duration" if sys.argv[2] == "http" else "grpc_req_duration"]
 print(d["med"] * 1000, d["p(99)"] * 1000, m["iterations"]["rate"])
 PY
 )
-    row "k6 $proto${proto/http/ (JSON)}" "$vus" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$rate")"
+    label="k6 gRPC (raw tensors)"; [ $proto = http ] && label="k6 HTTP (JSON)"
+    row "$label" "$vus" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$rate")"
   done
 done
 kill $server; wait $server 2>/dev/null || true; trap - EXIT
