@@ -77,6 +77,15 @@ impl ModelVersions {
     pub fn default_version(&self) -> Option<(u64, &VersionState)> {
         self.versions.iter().next_back().map(|(v, s)| (*v, s))
     }
+
+    /// The versions that are ready, as the protocol spells them, ascending.
+    pub fn ready_versions(&self) -> Vec<String> {
+        self.versions
+            .iter()
+            .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+            .map(|(v, _)| v.to_string())
+            .collect()
+    }
 }
 
 /// The loaded repository and its executors.
@@ -175,6 +184,16 @@ impl Runtime {
     /// Every model, by name (sorted).
     pub fn models(&self) -> BTreeMap<&str, &ModelVersions> {
         self.models.iter().map(|(k, v)| (k.as_str(), v)).collect()
+    }
+
+    /// Every ready model version, by model name then version.
+    pub fn ready_handles(&self) -> impl Iterator<Item = &Arc<ModelHandle>> {
+        self.models().into_values().flat_map(|m| {
+            m.versions.values().filter_map(|s| match s {
+                VersionState::Ready(h) => Some(h),
+                VersionState::Failed(_) => None,
+            })
+        })
     }
 
     /// True when every model version loaded.

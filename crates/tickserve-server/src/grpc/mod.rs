@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tickserve_core::{Error, TensorSpec};
+use tickserve_runtime::ModelHandle;
 use tickserve_runtime::stats::Stat;
-use tickserve_runtime::{ModelHandle, VersionState};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -220,7 +220,7 @@ impl GrpcInferenceService for InferenceService {
             .runtime
             .models()
             .get(handle.name.as_str())
-            .map(|m| crate::http::ready_versions(m))
+            .map(|m| m.ready_versions())
             .unwrap_or_default();
         Ok(Response::new(pb::ModelMetadataResponse {
             name: handle.name.clone(),
@@ -324,13 +324,8 @@ impl GrpcInferenceService for InferenceService {
         let model_stats = if r.name.is_empty() {
             self.shared
                 .runtime
-                .models()
-                .values()
-                .flat_map(|m| m.versions.values())
-                .filter_map(|s| match s {
-                    VersionState::Ready(h) => Some(model_statistics(h)),
-                    VersionState::Failed(_) => None,
-                })
+                .ready_handles()
+                .map(|h| model_statistics(h))
                 .collect()
         } else {
             vec![model_statistics(self.model(&r.name, &r.version)?)]

@@ -18,8 +18,8 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tickserve_core::Error;
+use tickserve_runtime::ModelHandle;
 use tickserve_runtime::stats::Stat;
-use tickserve_runtime::{ModelHandle, ModelVersions, VersionState};
 use tokio::sync::watch;
 
 use crate::observe::{self, Protocol};
@@ -126,22 +126,12 @@ async fn model_metadata(
     };
     Ok(axum::Json(json!({
         "name": handle.name,
-        "versions": models.get(handle.name.as_str()).map(|m| ready_versions(m)).unwrap_or_default(),
+        "versions": models.get(handle.name.as_str()).map(|m| m.ready_versions()).unwrap_or_default(),
         "platform": PLATFORM,
         "inputs": tensors(&handle.signature.inputs),
         "outputs": tensors(&handle.signature.outputs),
     }))
     .into_response())
-}
-
-/// The versions of a model that are ready, as strings.
-pub fn ready_versions(model: &ModelVersions) -> Vec<String> {
-    model
-        .versions
-        .iter()
-        .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
-        .map(|(v, _)| v.to_string())
-        .collect()
 }
 
 async fn model_ready(
@@ -214,13 +204,8 @@ async fn model_stats(
 async fn all_stats(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
     let stats: Vec<Value> = shared
         .runtime
-        .models()
-        .values()
-        .flat_map(|m| m.versions.values())
-        .filter_map(|s| match s {
-            VersionState::Ready(h) => Some(stats_json(h)),
-            VersionState::Failed(_) => None,
-        })
+        .ready_handles()
+        .map(|h| stats_json(h))
         .collect();
     axum::Json(json!({ "model_stats": stats }))
 }
