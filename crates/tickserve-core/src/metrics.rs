@@ -15,6 +15,10 @@ pub const REQUEST_DURATION: &str = "tickserve_request_duration_seconds";
 pub const QUEUE_DURATION: &str = "tickserve_queue_duration_seconds";
 /// Engine run time per bucket, labelled `model`, `bucket`, `device`.
 pub const COMPUTE_DURATION: &str = "tickserve_compute_duration_seconds";
+/// Rows in each engine run (requests batched together), labelled `model`.
+pub const BATCH_ROWS: &str = "tickserve_batch_rows";
+/// Zero rows padding each engine run up to its bucket, labelled `model`.
+pub const PADDED_ROWS: &str = "tickserve_padded_rows";
 /// Model readiness (1 ready, 0 not), labelled `model`, `version`.
 pub const MODEL_READY: &str = "tickserve_model_ready";
 
@@ -23,6 +27,9 @@ pub const DURATION_BUCKETS: [f64; 16] = [
     10e-6, 25e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3,
     25e-3, 50e-3, 100e-3,
 ];
+
+/// Histogram buckets for row counts (batch rows, padded rows).
+pub const ROW_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 /// Registers every metric's description and unit with the installed recorder.
 pub fn describe() {

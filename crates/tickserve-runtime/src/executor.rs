@@ -23,6 +23,7 @@ use tickserve_engine_ort::{CompileRequest, OrtEngine};
 use tickserve_onnx::OnnxModel;
 use tokio::sync::oneshot;
 
+use crate::gather::{Gatherer, Rows};
 use crate::settings::ModelSettings;
 use crate::stats::{ModelStats, RequestCost};
 
@@ -74,22 +75,29 @@ pub struct Loaded {
 /// Where an executor reports, once, whether its model loaded.
 pub type LoadReport = Receiver<Result<(Loaded, Arc<Mutex<Executor>>), String>>;
 
-/// The executor thread's loop: answers queued jobs until every sender is gone.
-fn serve(executor: &Mutex<Executor>, queue: Receiver<Job>) {
-    while let Ok(job) = queue.recv() {
+impl Rows for Job {
+    fn rows(&self) -> usize {
+        self.request.rows
+    }
+}
+
+/// The executor thread's loop: takes batches of queued jobs (see
+/// [`Gatherer`]) and answers them, until every sender is gone.
+fn serve(executor: &Mutex<Executor>, queue: Receiver<Job>, largest: usize) {
+    let mut gatherer = Gatherer::new(largest);
+    let mut batch: Vec<Job> = Vec::with_capacity(largest);
+    while gatherer.next_batch(|| queue.recv().ok(), || queue.try_recv().ok(), &mut batch) {
         let mut executor = executor
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // These jobs leave the queue now (a carried one stays counted).
         executor
             .stats
             .queued
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        if job.reply.is_closed() {
-            continue; // the caller left: nothing to compute for
-        }
-        let result = executor.answer(&job.request, job.id, job.admitted, job.deadline);
-        drop(executor);
-        let _ = job.reply.send(result);
+            .fetch_sub(batch.len(), std::sync::atomic::Ordering::AcqRel);
+        // A caller that left has nothing to compute for.
+        batch.retain(|job| !job.reply.is_closed());
+        executor.answer_batch(&mut batch);
     }
 }
 
@@ -116,6 +124,7 @@ pub fn spawn(
                         load_time: started.elapsed(),
                         stats: Arc::clone(&stats),
                     };
+                    let largest = loaded.settings.buckets.largest();
                     let executor = Arc::new(Mutex::new(Executor::new(
                         spec.name,
                         spec.version.to_string(),
@@ -124,7 +133,7 @@ pub fn spawn(
                     )));
                     let _ = report_tx.send(Ok((loaded, Arc::clone(&executor))));
                     drop(report_tx);
-                    serve(&executor, queue);
+                    serve(&executor, queue, largest);
                 }
                 Err(e) => {
                     let _ = report_tx.send(Err(e));
@@ -167,6 +176,8 @@ pub struct Executor {
     /// Metric handles, made once: `compute[bucket]`.
     compute: Vec<metrics::Histogram>,
     queue_wait: metrics::Histogram,
+    batch_rows: metrics::Histogram,
+    padded_rows: metrics::Histogram,
 }
 
 impl std::fmt::Debug for Executor {
@@ -198,6 +209,8 @@ impl Executor {
             })
             .collect();
         let queue_wait = metrics::histogram!(names::QUEUE_DURATION, "model" => name.clone());
+        let batch_rows = metrics::histogram!(names::BATCH_ROWS, "model" => name.clone());
+        let padded_rows = metrics::histogram!(names::PADDED_ROWS, "model" => name.clone());
         Executor {
             name,
             version,
@@ -208,6 +221,8 @@ impl Executor {
             output_row_bytes,
             compute,
             queue_wait,
+            batch_rows,
+            padded_rows,
         }
     }
 
@@ -240,6 +255,140 @@ impl Executor {
         cost.total = started.elapsed();
         self.stats.record_request(&cost);
         result
+    }
+
+    /// Answers a batch of queued jobs, emptying `jobs`: expired ones get
+    /// DEADLINE_EXCEEDED without being computed; the rest run together in one
+    /// bucket run (or, for a lone job larger than the largest bucket, split).
+    pub fn answer_batch(&mut self, jobs: &mut Vec<Job>) {
+        if jobs.len() <= 1 {
+            if let Some(job) = jobs.pop() {
+                let result = self.answer(&job.request, job.id, job.admitted, job.deadline);
+                let _ = job.reply.send(result);
+            }
+            return;
+        }
+        let started = Instant::now();
+        let mut costs: Vec<RequestCost> = Vec::with_capacity(jobs.len());
+        let mut live: Vec<Job> = Vec::with_capacity(jobs.len());
+        for job in jobs.drain(..) {
+            let cost = RequestCost {
+                waited: started - job.admitted,
+                rows: job.request.rows,
+                ..RequestCost::default()
+            };
+            self.queue_wait.record(cost.waited.as_secs_f64());
+            if job.deadline.is_some_and(|d| started >= d) {
+                self.stats.record_request(&RequestCost {
+                    total: started.elapsed(),
+                    ..cost
+                });
+                let _ = job.reply.send(Err(Error::DeadlineExceeded {
+                    model: self.name.clone(),
+                    waited: cost.waited,
+                }));
+            } else {
+                costs.push(cost);
+                live.push(job);
+            }
+        }
+        if live.is_empty() {
+            return;
+        }
+        let mut batch_cost = RequestCost::default();
+        let result = {
+            let requests: Vec<&ValidRequest> = live.iter().map(|j| &j.request).collect();
+            self.run_together(&requests, &mut batch_cost)
+        };
+        let answers: Vec<Result<Vec<OutputTensor>, Error>> = match result {
+            Ok(outputs) => outputs.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e); live.len()],
+        };
+        for ((job, mut cost), outputs) in live.into_iter().zip(costs).zip(answers) {
+            cost.input = batch_cost.input;
+            cost.infer = batch_cost.infer;
+            cost.output = batch_cost.output;
+            cost.ok = outputs.is_ok();
+            cost.total = started.elapsed();
+            self.stats.record_request(&cost);
+            let _ = job.reply.send(outputs.map(|outputs| InferResponse {
+                model: self.name.clone(),
+                version: self.version.clone(),
+                id: job.id,
+                outputs,
+            }));
+        }
+    }
+
+    /// Runs several requests whose rows fit together in one bucket as one
+    /// bucket run: their rows follow each other in the bucket's buffers, the
+    /// rest is zero padding, and each gets back only its own output rows.
+    fn run_together(
+        &mut self,
+        requests: &[&ValidRequest],
+        cost: &mut RequestCost,
+    ) -> Result<Vec<Vec<OutputTensor>>, Error> {
+        let total: usize = requests.iter().map(|r| r.rows).sum();
+        let bucket = self
+            .buckets
+            .index_for(total)
+            .ok_or_else(|| Error::Internal {
+                model: self.name.clone(),
+                message: format!("a batch of {total} rows does not fit the largest bucket"),
+            })?;
+        let copy_started = Instant::now();
+        for input in 0..self.input_row_bytes.len() {
+            let row_bytes = self.input_row_bytes[input];
+            let buffer = self.model.input_mut(bucket, input);
+            let mut at = 0;
+            for request in requests {
+                let data = &request.inputs[input];
+                buffer[at..at + data.len()].copy_from_slice(data);
+                at += data.len();
+            }
+            buffer[at..].fill(0);
+            debug_assert_eq!(at, total * row_bytes);
+        }
+        cost.input = copy_started.elapsed();
+        let run_started = Instant::now();
+        self.model.run(bucket).map_err(|message| Error::Internal {
+            model: self.name.clone(),
+            message,
+        })?;
+        cost.infer = run_started.elapsed();
+        self.compute[bucket].record(cost.infer.as_secs_f64());
+        self.stats.record_run(bucket, cost.infer);
+        self.batch_rows.record(total as f64);
+        self.padded_rows
+            .record((self.buckets.sizes()[bucket] - total) as f64);
+        let copy_started = Instant::now();
+        let signature = self.model.signature();
+        let mut first_row = 0;
+        let mut all = Vec::with_capacity(requests.len());
+        for request in requests {
+            let outputs = request
+                .outputs
+                .iter()
+                .map(|&o| {
+                    let spec = &signature.outputs[o];
+                    let row_bytes = self.output_row_bytes[o];
+                    let from = first_row * row_bytes;
+                    OutputTensor {
+                        name: spec.name.clone(),
+                        datatype: spec.datatype,
+                        shape: std::iter::once(request.rows as i64)
+                            .chain(spec.dims.iter().map(|&d| d as i64))
+                            .collect(),
+                        data: self.model.output(bucket, o)[from..from + request.rows * row_bytes]
+                            .to_vec(),
+                    }
+                })
+                .collect();
+            all.push(outputs);
+            first_row += request.rows;
+        }
+        cost.output = copy_started.elapsed();
+        Ok(all)
     }
 
     /// Runs every row of `request` through the buckets and gathers the outputs asked for.
@@ -287,6 +436,9 @@ impl Executor {
             self.compute[bucket].record(run_time.as_secs_f64());
             cost.infer += run_time;
             self.stats.record_run(bucket, run_time);
+            self.batch_rows.record(rows as f64);
+            self.padded_rows
+                .record((self.buckets.sizes()[bucket] - rows) as f64);
             let copy_started = Instant::now();
             for (out, &o) in outputs.iter_mut().zip(&request.outputs) {
                 let used = rows * self.output_row_bytes[o];

@@ -8,6 +8,7 @@
 //! model's bounded queue (a full queue answers at once), and awaits the answer.
 
 pub mod executor;
+pub mod gather;
 pub mod repository;
 pub mod settings;
 pub mod stats;

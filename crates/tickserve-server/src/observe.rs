@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tickserve_core::Error;
 use tickserve_core::metrics as names;
 
@@ -17,6 +17,13 @@ pub fn install_recorder() -> &'static PrometheusHandle {
         let recorder = PrometheusBuilder::new()
             .set_buckets(&names::DURATION_BUCKETS)
             .expect("the duration bucket list is a non-empty constant")
+            .set_buckets_for_metric(Matcher::Full(names::BATCH_ROWS.into()), &names::ROW_BUCKETS)
+            .expect("the row bucket list is a non-empty constant")
+            .set_buckets_for_metric(
+                Matcher::Full(names::PADDED_ROWS.into()),
+                &names::ROW_BUCKETS,
+            )
+            .expect("the row bucket list is a non-empty constant")
             .build_recorder();
         let handle = recorder.handle();
         // Fails only if another recorder was installed first; then ours just renders nothing.
