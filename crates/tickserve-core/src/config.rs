@@ -97,8 +97,9 @@ pub struct ModelDefaults {
     pub buckets: Vec<usize>,
     /// The most rows one request may carry.
     pub max_request_rows: usize,
-    /// The most requests waiting for one model.
-    pub queue_capacity: usize,
+    /// The most rows waiting for one model's executor; a request that would
+    /// go over is answered RESOURCE_EXHAUSTED / 429 at once.
+    pub max_queue_rows: usize,
 }
 
 impl Default for ModelDefaults {
@@ -106,7 +107,7 @@ impl Default for ModelDefaults {
         ModelDefaults {
             buckets: DEFAULT_BUCKETS.to_vec(),
             max_request_rows: 1024,
-            queue_capacity: 1024,
+            max_queue_rows: 4096,
         }
     }
 }
@@ -162,8 +163,8 @@ pub struct ModelConfig {
     /// The most rows one request may carry; larger requests run as several
     /// bucket runs up to this limit.
     pub max_request_rows: Option<usize>,
-    /// The most requests waiting for this model.
-    pub queue_capacity: Option<usize>,
+    /// The most rows waiting for this model's executor.
+    pub max_queue_rows: Option<usize>,
     /// Where the model runs: `"cpu"` or `"auto"`.
     pub device: Option<Placement>,
     /// NaN/infinity policy (default: `reject`, `allow` for tree ensembles).
@@ -212,8 +213,8 @@ impl ServerConfig {
         if d.max_request_rows == 0 {
             return Err("model_defaults.max_request_rows must be positive".into());
         }
-        if d.queue_capacity == 0 {
-            return Err("model_defaults.queue_capacity must be positive".into());
+        if d.max_queue_rows < d.max_request_rows {
+            return Err("model_defaults.max_queue_rows must be at least max_request_rows".into());
         }
         if self.runtime.intra_op_threads == 0 {
             return Err("runtime.intra_op_threads must be positive".into());
@@ -236,7 +237,7 @@ mod tests {
             buckets = [1, 2, 4]
             max_batch_size = 4
             max_request_rows = 8
-            queue_capacity = 16
+            max_queue_rows = 16
             device = "cpu"
             nan_policy = "allow"
             timeout = "250us"

@@ -76,13 +76,19 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
-    /// The model's queue is full; the request was not admitted.
-    #[error("model '{model}': queue is full ({capacity} requests waiting); retry later")]
+    /// The model's queue cannot take the request's rows; it was not admitted.
+    #[error(
+        "model '{model}': queue is full ({queued} rows waiting, limit {limit}; this request has {rows}); retry later"
+    )]
     QueueFull {
         /// The model asked for.
         model: String,
-        /// The queue's capacity.
-        capacity: usize,
+        /// Rows waiting when the request came.
+        queued: usize,
+        /// The request's rows.
+        rows: usize,
+        /// The model's `max_queue_rows`.
+        limit: usize,
     },
     /// The request's deadline passed before it was computed; it never ran.
     #[error(

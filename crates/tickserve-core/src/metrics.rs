@@ -19,6 +19,11 @@ pub const COMPUTE_DURATION: &str = "tickserve_compute_duration_seconds";
 pub const BATCH_ROWS: &str = "tickserve_batch_rows";
 /// Zero rows padding each engine run up to its bucket, labelled `model`.
 pub const PADDED_ROWS: &str = "tickserve_padded_rows";
+/// Rows waiting in a model's queue, labelled `model`.
+pub const QUEUE_ROWS: &str = "tickserve_queue_rows";
+/// Requests refused by load shedding, labelled `model`, `reason`
+/// (`queue_full`, `deadline_exceeded`).
+pub const REJECTIONS: &str = "tickserve_rejections_total";
 /// Model readiness (1 ready, 0 not), labelled `model`, `version`.
 pub const MODEL_READY: &str = "tickserve_model_ready";
 
@@ -58,6 +63,12 @@ pub fn describe() {
         COMPUTE_DURATION,
         Unit::Seconds,
         "Engine run time per bucket."
+    );
+    describe_gauge!(QUEUE_ROWS, Unit::Count, "Rows waiting in a model's queue.");
+    describe_counter!(
+        REJECTIONS,
+        Unit::Count,
+        "Requests refused by load shedding, by model and reason."
     );
     describe_gauge!(
         MODEL_READY,

@@ -90,11 +90,11 @@ fn serve(executor: &Mutex<Executor>, queue: Receiver<Job>, largest: usize) {
         let mut executor = executor
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // These jobs leave the queue now (a carried one stays counted).
+        // These rows leave the queue now (a carried job's stay counted).
         executor
             .stats
-            .queued
-            .fetch_sub(batch.len(), std::sync::atomic::Ordering::AcqRel);
+            .queue
+            .leave(batch.iter().map(|job| job.request.rows).sum());
         // A caller that left has nothing to compute for.
         batch.retain(|job| !job.reply.is_closed());
         executor.answer_batch(&mut batch);
@@ -116,7 +116,8 @@ pub fn spawn(
             let started = Instant::now();
             match load(&spec, &engine) {
                 Ok((model, settings)) => {
-                    let stats = Arc::new(ModelStats::new(settings.buckets.sizes().len()));
+                    let stats =
+                        Arc::new(ModelStats::new(&spec.name, settings.buckets.sizes().len()));
                     let loaded = Loaded {
                         signature: model.signature().clone(),
                         settings,
@@ -244,6 +245,7 @@ impl Executor {
         };
         self.queue_wait.record(cost.waited.as_secs_f64());
         let result = if deadline.is_some_and(|d| started >= d) {
+            self.stats.queue.expired();
             Err(Error::DeadlineExceeded {
                 model: self.name.clone(),
                 waited: cost.waited,
@@ -279,6 +281,7 @@ impl Executor {
             };
             self.queue_wait.record(cost.waited.as_secs_f64());
             if job.deadline.is_some_and(|d| started >= d) {
+                self.stats.queue.expired();
                 self.stats.record_request(&RequestCost {
                     total: started.elapsed(),
                     ..cost

@@ -14,7 +14,6 @@ pub mod settings;
 pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -137,8 +136,8 @@ impl Runtime {
                     defaults: config.model_defaults.clone(),
                 };
                 let capacity = model_config
-                    .queue_capacity
-                    .unwrap_or(config.model_defaults.queue_capacity);
+                    .max_queue_rows
+                    .unwrap_or(config.model_defaults.max_queue_rows);
                 let (queue_tx, queue_rx) = std::sync::mpsc::sync_channel(capacity);
                 match executor::spawn(spec, engine.clone(), queue_rx) {
                     Ok((thread, report)) => {
@@ -285,11 +284,22 @@ impl Runtime {
         // that needs several bucket runs goes to the executor thread, so it does
         // not hold an async worker thread for long.
         if valid.rows <= handle.settings.buckets.largest()
-            && handle.stats.queued.load(Ordering::Acquire) == 0
+            && handle.stats.queue.rows() == 0
             && let Ok(mut executor) = handle.executor.try_lock()
         {
             return executor.answer(&valid, request.id, admitted, deadline);
         }
+        let rows = valid.rows;
+        handle
+            .stats
+            .queue
+            .admit(rows, handle.settings.max_queue_rows)
+            .map_err(|queued| Error::QueueFull {
+                model: handle.name.clone(),
+                queued,
+                rows,
+                limit: handle.settings.max_queue_rows,
+            })?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             request: valid,
@@ -298,19 +308,18 @@ impl Runtime {
             deadline,
             reply,
         };
-        handle.stats.queued.fetch_add(1, Ordering::AcqRel);
+        // The channel holds at least max_queue_rows jobs (each has a row), so
+        // after admission only a stopped executor can refuse the send.
         handle.queue.try_send(job).map_err(|e| {
-            handle.stats.queued.fetch_sub(1, Ordering::AcqRel);
-            match e {
-                TrySendError::Full(_) => Error::QueueFull {
-                    model: handle.name.clone(),
-                    capacity: handle.settings.queue_capacity,
-                },
-                TrySendError::Disconnected(_) => Error::ModelNotReady {
-                    model: handle.name.clone(),
-                    version: handle.version.clone(),
-                    reason: "its executor has stopped".to_string(),
-                },
+            handle.stats.queue.leave(rows);
+            let reason = match e {
+                TrySendError::Full(_) => "its queue channel is full",
+                TrySendError::Disconnected(_) => "its executor has stopped",
+            };
+            Error::ModelNotReady {
+                model: handle.name.clone(),
+                version: handle.version.clone(),
+                reason: reason.to_string(),
             }
         })?;
         answer.await.unwrap_or_else(|_| {

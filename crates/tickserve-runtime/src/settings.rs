@@ -14,8 +14,8 @@ pub struct ModelSettings {
     pub buckets: Buckets,
     /// Request limits checked at the edge.
     pub limits: Limits,
-    /// The most requests waiting.
-    pub queue_capacity: usize,
+    /// The most rows waiting for the executor.
+    pub max_queue_rows: usize,
     /// Deadline for requests that bring none.
     pub default_timeout: Option<Duration>,
 }
@@ -39,9 +39,14 @@ impl ModelSettings {
         let buckets =
             Buckets::new(sizes, config.max_batch_size).map_err(|e| format!("buckets: {e}"))?;
         let max_request_rows = config.max_request_rows.unwrap_or(defaults.max_request_rows);
-        let queue_capacity = config.queue_capacity.unwrap_or(defaults.queue_capacity);
-        if max_request_rows == 0 || queue_capacity == 0 {
-            return Err("max_request_rows and queue_capacity must be positive".to_string());
+        let max_queue_rows = config.max_queue_rows.unwrap_or(defaults.max_queue_rows);
+        if max_request_rows == 0 {
+            return Err("max_request_rows must be positive".to_string());
+        }
+        if max_queue_rows < max_request_rows {
+            return Err(format!(
+                "max_queue_rows ({max_queue_rows}) must be at least max_request_rows ({max_request_rows})"
+            ));
         }
         let default_nan = if tree_ensemble {
             NanPolicy::Allow
@@ -54,7 +59,7 @@ impl ModelSettings {
                 max_request_rows,
                 nan_policy: config.nan_policy.unwrap_or(default_nan),
             },
-            queue_capacity,
+            max_queue_rows,
             default_timeout: config.timeout,
         })
     }

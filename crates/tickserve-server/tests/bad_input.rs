@@ -48,6 +48,24 @@ impl Http {
         (response.status().as_u16(), response.text().await.unwrap())
     }
 
+    async fn post_with_header(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        name: &str,
+        value: &str,
+    ) -> (u16, String) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header(name, value)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
     async fn good(&self) {
         let body = serde_json::to_vec(&alpha(json!([1, 50]), row(50))).unwrap();
         let (status, text) = self.post("/v2/models/alpha_mlp/infer", body, None).await;
@@ -310,6 +328,45 @@ async fn http_bad_input_is_refused_clearly() {
         &["input 'mask'", "expected BOOL values, got 1"],
     )
     .await;
+
+    // Deadlines: a bad header is refused; one that has passed before the run
+    // is answered 504 and the request is never computed.
+    let runs = |s: &tickserve_server::Server| {
+        s.shared()
+            .runtime
+            .model("alpha_mlp", None)
+            .unwrap()
+            .stats
+            .snapshot()
+            .execution_count
+    };
+    let body = json(alpha(json!([1, 50]), row(50)));
+    let (status, text) = http
+        .post_with_header(infer, body.clone(), "tickserve-timeout", "soon")
+        .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("tickserve-timeout header must be a duration"),
+        "{text}"
+    );
+    let before = runs(&server);
+    let (status, text) = http
+        .post_with_header(infer, body.clone(), "tickserve-timeout", "1ns")
+        .await;
+    assert_eq!(status, 504, "{text}");
+    assert!(
+        text.contains("deadline exceeded") && text.contains("not computed"),
+        "{text}"
+    );
+    assert_eq!(
+        runs(&server),
+        before,
+        "an expired request never reaches the engine"
+    );
+    let (status, _) = http
+        .post_with_header(infer, body, "tickserve-timeout", "1s")
+        .await;
+    assert_eq!(status, 200);
 
     // Tree ensembles read NaN as a missing value: allowed by default.
     let (body, n) = binary_body(

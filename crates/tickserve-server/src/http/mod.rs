@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tickserve_core::Error;
+use tickserve_core::{Error, ErrorKind};
 use tickserve_runtime::ModelHandle;
 use tickserve_runtime::stats::Stat;
 use tokio::sync::watch;
@@ -73,6 +73,52 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// How much of an oversized body is read and dropped before the 413 goes out.
+/// Closing a connection with unread request bytes makes the kernel reset it,
+/// and the client then sees a reset instead of the 413; bodies up to this many
+/// times the limit are drained so the client reads the answer.
+const DRAIN_FACTOR: usize = 4;
+
+/// Reads a request body of at most `limit` bytes. An oversized body is
+/// answered 413; it is drained first unless it is far too large.
+async fn read_body(
+    model: &str,
+    body: Body,
+    limit: usize,
+    declared: Option<usize>,
+) -> Result<bytes::Bytes, Error> {
+    use http_body_util::BodyExt;
+    let cap = limit.saturating_mul(DRAIN_FACTOR);
+    if let Some(len) = declared.filter(|&len| len > cap) {
+        return Err(Error::PayloadTooLarge { got: len, limit });
+    }
+    let mut body = body;
+    // One allocation per request, sized from Content-Length when it fits.
+    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| Error::request(model, format!("cannot read the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if seen <= limit {
+            buffer.extend_from_slice(&data);
+        } else if seen > cap {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(Error::PayloadTooLarge { got: seen, limit });
+    }
+    Ok(buffer.freeze())
+}
+
+/// The request header that sets a deadline on an HTTP inference request, as a
+/// duration (`2ms`, `250us`); with the `timeout` parameter too, the earlier wins.
+pub const TIMEOUT_HEADER: &str = "tickserve-timeout";
+
 #[derive(Deserialize)]
 struct ModelPath {
     model: String,
@@ -90,9 +136,18 @@ impl From<Error> for HttpError {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0.kind().http_status())
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(json!({ "error": self.0.to_string() }))).into_response()
+        let kind = self.0.kind();
+        let status =
+            StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response =
+            (status, axum::Json(json!({ "error": self.0.to_string() }))).into_response();
+        if kind == ErrorKind::ResourceExhausted {
+            // Shedding is momentary: a client may come back in a second.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -240,15 +295,7 @@ async fn infer_inner(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if let Some(len) = declared.filter(|&len| len > limit) {
-        return Err(Error::PayloadTooLarge { got: len, limit });
-    }
-    let body = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| Error::PayloadTooLarge {
-            got: limit + 1,
-            limit,
-        })?;
+    let body = read_body(&path.model, body, limit, declared).await?;
     let header_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
         Some(v) => Some(
@@ -263,13 +310,38 @@ async fn infer_inner(
                 })?,
         ),
     };
-    let decoded = codec::decode(
+    let header_timeout = match headers.get(TIMEOUT_HEADER) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| humantime::parse_duration(s.trim()).ok())
+                .ok_or_else(|| {
+                    Error::request(
+                        &path.model,
+                        format!(
+                            "the {TIMEOUT_HEADER} header must be a duration like \"2ms\" or \"250us\"; got {v:?}"
+                        ),
+                    )
+                })?,
+        ),
+    };
+    let mut decoded = codec::decode(
         &path.model,
         path.version,
         &body,
         header_length,
         |input, got| shared.runtime.datatype_error(&path.model, input, got),
     )?;
+    if let Some(timeout) = header_timeout {
+        let by_header = Instant::now() + timeout;
+        decoded.request.deadline = Some(
+            decoded
+                .request
+                .deadline
+                .map_or(by_header, |d| d.min(by_header)),
+        );
+    }
     let response = shared.runtime.infer(decoded.request).await?;
     let binary: Vec<bool> = match decoded.binary_outputs {
         Some(flags) => flags,
