@@ -100,6 +100,12 @@ pub struct ModelDefaults {
     /// The most rows waiting for one model's executor; a request that would
     /// go over is answered RESOURCE_EXHAUSTED / 429 at once.
     pub max_queue_rows: usize,
+    /// How long a queued request may wait for others to join its batch
+    /// (`"0us"`: not at all; an idle executor never waits).
+    #[serde(deserialize_with = "duration")]
+    pub max_queue_delay: Duration,
+    /// Executors (threads, each with its own compiled sessions) per model.
+    pub executors: usize,
 }
 
 impl Default for ModelDefaults {
@@ -108,6 +114,8 @@ impl Default for ModelDefaults {
             buckets: DEFAULT_BUCKETS.to_vec(),
             max_request_rows: 1024,
             max_queue_rows: 4096,
+            max_queue_delay: Duration::ZERO,
+            executors: 1,
         }
     }
 }
@@ -165,6 +173,11 @@ pub struct ModelConfig {
     pub max_request_rows: Option<usize>,
     /// The most rows waiting for this model's executor.
     pub max_queue_rows: Option<usize>,
+    /// How long a queued request may wait for others to join its batch.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub max_queue_delay: Option<Duration>,
+    /// Executors for this model.
+    pub executors: Option<usize>,
     /// Where the model runs: `"cpu"` or `"auto"`.
     pub device: Option<Placement>,
     /// NaN/infinity policy (default: `reject`, `allow` for tree ensembles).
@@ -192,9 +205,12 @@ impl ModelConfig {
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
-        .map(Some)
         .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))
 }
 
@@ -212,6 +228,9 @@ impl ServerConfig {
             .map_err(|e| format!("model_defaults.buckets: {e}"))?;
         if d.max_request_rows == 0 {
             return Err("model_defaults.max_request_rows must be positive".into());
+        }
+        if d.executors == 0 {
+            return Err("model_defaults.executors must be positive".into());
         }
         if d.max_queue_rows < d.max_request_rows {
             return Err("model_defaults.max_queue_rows must be at least max_request_rows".into());
@@ -238,6 +257,8 @@ mod tests {
             max_batch_size = 4
             max_request_rows = 8
             max_queue_rows = 16
+            max_queue_delay = "100us"
+            executors = 2
             device = "cpu"
             nan_policy = "allow"
             timeout = "250us"
@@ -249,6 +270,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.timeout, Some(Duration::from_micros(250)));
+        assert_eq!(c.max_queue_delay, Some(Duration::from_micros(100)));
+        assert_eq!(c.executors, Some(2));
         assert_eq!(c.dimensions["seq"], 30);
         assert_eq!(c.inputs["window"].dims, vec![30, 8]);
         assert_eq!(c.nan_policy, Some(NanPolicy::Allow));

@@ -1,15 +1,17 @@
-//! Executors: one OS thread per model version that loads the model, compiles
-//! it for every bucket, owns the compiled sessions, and runs requests.
+//! Executors: OS threads that each load a model version, compile it for every
+//! bucket, own the compiled sessions, and run batches of requests.
 //!
-//! The loader calls [`spawn`]; the thread reports its load outcome once on the
-//! returned channel, then serves [`Job`]s from the model's queue until every
-//! sender is dropped. A job's rows are copied into the chosen bucket's input
-//! buffers (zero-padded), run, and copied out of its output buffers; a request
-//! larger than the largest bucket runs as several bucket runs. The caller gets
-//! its answer on the job's oneshot channel; a caller that left is not an error.
+//! The loader calls [`spawn`] once per executor of a model version; each thread
+//! reports its load outcome once, then takes batches from the model's shared
+//! [`Intake`] (the channel callers send to, and the [`BatchQueue`] policy over
+//! it) until the channel closes and the queue is empty. A batch's rows are
+//! copied one request after another into the chosen bucket's input buffers
+//! (zero-padded), run, and copied back out to each caller; a request larger
+//! than the largest bucket runs alone, as several bucket runs. Each caller gets
+//! its answer on its job's oneshot channel; a caller that left is not an error.
 
 use std::path::PathBuf;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,7 +25,7 @@ use tickserve_engine_ort::{CompileRequest, OrtEngine};
 use tickserve_onnx::OnnxModel;
 use tokio::sync::oneshot;
 
-use crate::gather::{Gatherer, Rows};
+use crate::gather::{BatchQueue, Decision, Queued};
 use crate::settings::ModelSettings;
 use crate::stats::{ModelStats, RequestCost};
 
@@ -75,49 +77,128 @@ pub struct Loaded {
 /// Where an executor reports, once, whether its model loaded.
 pub type LoadReport = Receiver<Result<(Loaded, Arc<Mutex<Executor>>), String>>;
 
-impl Rows for Job {
+impl Queued for Job {
     fn rows(&self) -> usize {
         self.request.rows
     }
-}
-
-/// The executor thread's loop: takes batches of queued jobs (see
-/// [`Gatherer`]) and answers them, until every sender is gone.
-fn serve(executor: &Mutex<Executor>, queue: Receiver<Job>, largest: usize) {
-    let mut gatherer = Gatherer::new(largest);
-    let mut batch: Vec<Job> = Vec::with_capacity(largest);
-    while gatherer.next_batch(|| queue.recv().ok(), || queue.try_recv().ok(), &mut batch) {
-        let mut executor = executor
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // These rows leave the queue now (a carried job's stay counted).
-        executor
-            .stats
-            .queue
-            .leave(batch.iter().map(|job| job.request.rows).sum());
-        // A caller that left has nothing to compute for.
-        batch.retain(|job| !job.reply.is_closed());
-        executor.answer_batch(&mut batch);
+    fn admitted(&self) -> Instant {
+        self.admitted
+    }
+    fn deadline(&self) -> Option<Instant> {
+        self.deadline
     }
 }
 
-/// Starts the executor thread for `spec`. The thread loads the model and
-/// reports on the returned receiver; on success it then serves `queue`.
+/// The queue side that every executor thread of a model version shares: the
+/// channel callers send admitted jobs to, and the batching policy over what
+/// has arrived. The executor that holds the lock is the one waiting for the
+/// next batch; the others wait for the lock.
+#[derive(Debug)]
+pub struct Intake {
+    channel: Receiver<Job>,
+    queue: BatchQueue<Job>,
+    /// Set once every sender is gone: what is queued goes at once, then the
+    /// executors stop.
+    closing: bool,
+}
+
+impl Intake {
+    /// An intake over `channel` with the model's batching settings.
+    pub fn new(channel: Receiver<Job>, largest: usize, max_delay: Duration) -> Intake {
+        Intake {
+            channel,
+            queue: BatchQueue::new(largest, max_delay),
+            closing: false,
+        }
+    }
+
+    /// Waits until a batch is due and moves it into `batch`, and any expired
+    /// jobs into `expired`. Returns false once the channel is closed and
+    /// nothing is left.
+    fn next(&mut self, batch: &mut Vec<Job>, expired: &mut Vec<Job>) -> bool {
+        loop {
+            while let Ok(job) = self.channel.try_recv() {
+                self.queue.push(job);
+            }
+            let now = Instant::now();
+            self.queue.take_expired(now, expired);
+            if !expired.is_empty() {
+                return true; // answer them now, then come back
+            }
+            match self.queue.decide(now, self.closing) {
+                Decision::Run(count) => {
+                    self.queue.take(count, batch);
+                    return true;
+                }
+                Decision::WaitUntil(due) => {
+                    match self
+                        .channel
+                        .recv_timeout(due.saturating_duration_since(now))
+                    {
+                        Ok(job) => self.queue.push(job),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => self.closing = true,
+                    }
+                }
+                Decision::Empty if self.closing => return false,
+                Decision::Empty => match self.channel.recv() {
+                    Ok(job) => self.queue.push(job),
+                    Err(_) => self.closing = true,
+                },
+            }
+        }
+    }
+}
+
+/// An executor thread's loop: takes the next batch from the shared intake and
+/// answers it, until the intake is closed and empty.
+fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
+    let mut batch: Vec<Job> = Vec::new();
+    let mut expired: Vec<Job> = Vec::new();
+    loop {
+        let more = intake
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .next(&mut batch, &mut expired);
+        let mut executor = executor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let leaving = batch
+            .iter()
+            .chain(&expired)
+            .map(|job| job.request.rows)
+            .sum();
+        executor.stats.queue.leave(leaving);
+        for job in expired.drain(..) {
+            executor.refuse_expired(job);
+        }
+        // A caller that left has nothing to compute for.
+        batch.retain(|job| !job.reply.is_closed());
+        executor.answer_batch(&mut batch);
+        if !more {
+            return;
+        }
+    }
+}
+
+/// Starts an executor thread for `spec`: it loads and compiles the model,
+/// reports on the returned receiver, and on success serves batches from
+/// `intake`, recording into `stats`.
 pub fn spawn(
     spec: LoadSpec,
     engine: OrtEngine,
-    queue: Receiver<Job>,
+    stats: Arc<ModelStats>,
+    intake: Arc<Mutex<Intake>>,
+    index: usize,
 ) -> std::io::Result<(JoinHandle<()>, LoadReport)> {
     let (report_tx, report_rx) = std::sync::mpsc::sync_channel(1);
-    let thread_name = format!("exec-{}-{}", spec.name, spec.version);
+    let thread_name = format!("exec-{}-{}-{index}", spec.name, spec.version);
     let handle = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
             let started = Instant::now();
             match load(&spec, &engine) {
                 Ok((model, settings)) => {
-                    let stats =
-                        Arc::new(ModelStats::new(&spec.name, settings.buckets.sizes().len()));
                     let loaded = Loaded {
                         signature: model.signature().clone(),
                         settings,
@@ -125,7 +206,6 @@ pub fn spawn(
                         load_time: started.elapsed(),
                         stats: Arc::clone(&stats),
                     };
-                    let largest = loaded.settings.buckets.largest();
                     let executor = Arc::new(Mutex::new(Executor::new(
                         spec.name,
                         spec.version.to_string(),
@@ -134,7 +214,7 @@ pub fn spawn(
                     )));
                     let _ = report_tx.send(Ok((loaded, Arc::clone(&executor))));
                     drop(report_tx);
-                    serve(&executor, queue, largest);
+                    serve(&executor, &intake);
                 }
                 Err(e) => {
                     let _ = report_tx.send(Err(e));
@@ -259,6 +339,22 @@ impl Executor {
         result
     }
 
+    /// Answers DEADLINE_EXCEEDED to a job whose deadline passed in the queue;
+    /// it is never computed.
+    pub fn refuse_expired(&mut self, job: Job) {
+        let waited = job.admitted.elapsed();
+        self.stats.queue.expired();
+        self.stats.record_request(&RequestCost {
+            waited,
+            rows: job.request.rows,
+            ..RequestCost::default()
+        });
+        let _ = job.reply.send(Err(Error::DeadlineExceeded {
+            model: self.name.clone(),
+            waited,
+        }));
+    }
+
     /// Answers a batch of queued jobs, emptying `jobs`: expired ones get
     /// DEADLINE_EXCEEDED without being computed; the rest run together in one
     /// bucket run (or, for a lone job larger than the largest bucket, split).
@@ -274,26 +370,19 @@ impl Executor {
         let mut costs: Vec<RequestCost> = Vec::with_capacity(jobs.len());
         let mut live: Vec<Job> = Vec::with_capacity(jobs.len());
         for job in jobs.drain(..) {
+            // The deadline may pass between the queue's check and this run.
+            if job.deadline.is_some_and(|d| started >= d) {
+                self.refuse_expired(job);
+                continue;
+            }
             let cost = RequestCost {
                 waited: started - job.admitted,
                 rows: job.request.rows,
                 ..RequestCost::default()
             };
             self.queue_wait.record(cost.waited.as_secs_f64());
-            if job.deadline.is_some_and(|d| started >= d) {
-                self.stats.queue.expired();
-                self.stats.record_request(&RequestCost {
-                    total: started.elapsed(),
-                    ..cost
-                });
-                let _ = job.reply.send(Err(Error::DeadlineExceeded {
-                    model: self.name.clone(),
-                    waited: cost.waited,
-                }));
-            } else {
-                costs.push(cost);
-                live.push(job);
-            }
+            costs.push(cost);
+            live.push(job);
         }
         if live.is_empty() {
             return;

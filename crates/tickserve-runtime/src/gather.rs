@@ -1,126 +1,286 @@
-//! The batching policy, as a plain struct: which queued requests run together.
+//! The batching policy, as a plain struct: which queued requests run together,
+//! and when.
 //!
-//! Latency first: a request that finds its executor idle runs at once, alone
-//! (the caller's thread runs it; see `Runtime::infer`). Requests that arrive
-//! while the executor is busy wait in its queue; when the executor is free it
-//! takes them in arrival order, as many as fit together in the largest bucket,
-//! and runs them as one batch. A request too large for one bucket runs alone,
-//! split across bucket runs. The executor thread drives a [`Gatherer`]; it is
-//! kept apart from channels and threads so that the policy is tested alone.
+//! Latency first: a request that finds an executor idle with nothing queued runs
+//! at once, alone (its caller's thread runs it; see `Runtime::infer`). Requests
+//! that arrive while every executor is busy wait in the model's queue. When an
+//! executor is free, [`BatchQueue::decide`] picks the next batch: the oldest
+//! requests, in arrival order, as many as fit together in the largest bucket.
+//! The batch goes at once when the largest bucket is full, when the next request
+//! would not fit anyway, or when the oldest request has waited `max_queue_delay`
+//! (0, the default, means at once); otherwise the executor waits for company
+//! until then. A request larger than the largest bucket goes alone, split across
+//! bucket runs. Requests whose deadline has passed are taken out and refused
+//! without being computed. While the queue closes (shutdown), everything left
+//! goes at once.
+//!
+//! The struct holds no channel, thread or clock: time comes in as `now`, so the
+//! policy is tested exactly, case by case, in the tests below.
 
-/// Something with a row count (a queued request).
-pub trait Rows {
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// What the policy needs to know about a queued request.
+pub trait Queued {
     /// Rows it carries.
     fn rows(&self) -> usize;
+    /// When it was admitted.
+    fn admitted(&self) -> Instant;
+    /// When its answer stops being useful.
+    fn deadline(&self) -> Option<Instant>;
 }
 
-/// Forms batches from a queue, carrying over a request that did not fit.
+/// What an executor that is free should do next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Run this many requests from the front of the queue, together.
+    Run(usize),
+    /// Wait for more requests until this instant, then decide again.
+    WaitUntil(Instant),
+    /// The queue is empty: wait for a request.
+    Empty,
+}
+
+/// A model's queue of admitted requests, in arrival order.
 #[derive(Debug)]
-pub struct Gatherer<J> {
+pub struct BatchQueue<J> {
+    entries: VecDeque<J>,
     largest: usize,
-    /// A request taken from the queue that did not fit the last batch; it
-    /// opens the next one, so arrival order is kept.
-    carry: Option<J>,
+    max_delay: Duration,
 }
 
-impl<J: Rows> Gatherer<J> {
-    /// A gatherer for a model whose largest bucket holds `largest` rows.
-    pub fn new(largest: usize) -> Self {
-        Gatherer {
+impl<J: Queued> BatchQueue<J> {
+    /// A queue for a model whose largest bucket holds `largest` rows.
+    pub fn new(largest: usize, max_delay: Duration) -> Self {
+        BatchQueue {
+            entries: VecDeque::new(),
             largest,
-            carry: None,
+            max_delay,
         }
     }
 
-    /// True when a request is carried over to the next batch.
-    pub fn carrying(&self) -> bool {
-        self.carry.is_some()
+    /// Adds an admitted request at the back.
+    pub fn push(&mut self, job: J) {
+        self.entries.push_back(job);
     }
 
-    /// Fills `batch` (which must be empty) with the next batch: the carried
-    /// request or else the next one from `wait` (which may block), then
-    /// whatever `ready` gives at once while the rows fit in the largest
-    /// bucket. Returns false, with `batch` empty, when `wait` says the queue
-    /// is closed and nothing is carried.
-    pub fn next_batch(
-        &mut self,
-        wait: impl FnOnce() -> Option<J>,
-        mut ready: impl FnMut() -> Option<J>,
-        batch: &mut Vec<J>,
-    ) -> bool {
-        debug_assert!(batch.is_empty());
-        let Some(first) = self.carry.take().or_else(wait) else {
-            return false;
-        };
-        let mut rows = first.rows();
-        batch.push(first);
-        while rows < self.largest {
-            let Some(next) = ready() else { break };
-            if rows + next.rows() > self.largest {
-                self.carry = Some(next);
-                break;
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Takes out every request whose deadline is at or before `now`, into `expired`.
+    pub fn take_expired(&mut self, now: Instant, expired: &mut Vec<J>) {
+        if self
+            .entries
+            .iter()
+            .all(|j| j.deadline().is_none_or(|d| d > now))
+        {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(self.entries.len());
+        for job in self.entries.drain(..) {
+            if job.deadline().is_some_and(|d| d <= now) {
+                expired.push(job);
+            } else {
+                kept.push_back(job);
             }
-            rows += next.rows();
-            batch.push(next);
         }
-        true
+        self.entries = kept;
+    }
+
+    /// Decides what a free executor does at `now`; `closing` sends whatever
+    /// is queued without waiting for company.
+    pub fn decide(&self, now: Instant, closing: bool) -> Decision {
+        let Some(oldest) = self.entries.front() else {
+            return Decision::Empty;
+        };
+        if oldest.rows() >= self.largest {
+            return Decision::Run(1);
+        }
+        let mut rows = 0;
+        let mut count = 0;
+        for job in &self.entries {
+            if rows + job.rows() > self.largest {
+                // The next request cannot join: waiting would not fill the bucket more.
+                return Decision::Run(count);
+            }
+            rows += job.rows();
+            count += 1;
+        }
+        let due = oldest.admitted() + self.max_delay;
+        if rows == self.largest || closing || now >= due {
+            Decision::Run(count)
+        } else {
+            Decision::WaitUntil(due)
+        }
+    }
+
+    /// Takes the first `count` requests out, into `batch`.
+    pub fn take(&mut self, count: usize, batch: &mut Vec<J>) {
+        batch.extend(self.entries.drain(..count.min(self.entries.len())));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::VecDeque;
 
-    impl Rows for usize {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Req {
+        rows: usize,
+        at: Instant,
+        deadline: Option<Instant>,
+    }
+
+    impl Queued for Req {
         fn rows(&self) -> usize {
-            *self
+            self.rows
+        }
+        fn admitted(&self) -> Instant {
+            self.at
+        }
+        fn deadline(&self) -> Option<Instant> {
+            self.deadline
         }
     }
 
-    /// Runs the gatherer over `arrivals` (all queued at once) and returns the batches.
-    fn batches(largest: usize, arrivals: &[usize]) -> Vec<Vec<usize>> {
-        let mut queue: VecDeque<usize> = arrivals.iter().copied().collect();
-        let mut g = Gatherer::new(largest);
-        let mut out = Vec::new();
-        loop {
-            let mut batch = Vec::new();
-            let q = std::cell::RefCell::new(&mut queue);
-            if !g.next_batch(
-                || q.borrow_mut().pop_front(),
-                || q.borrow_mut().pop_front(),
-                &mut batch,
-            ) {
-                return out;
-            }
-            out.push(batch);
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    fn req(rows: usize, at: Instant) -> Req {
+        Req {
+            rows,
+            at,
+            deadline: None,
         }
     }
 
     #[test]
-    fn a_lone_request_runs_alone() {
-        assert_eq!(batches(64, &[1]), vec![vec![1]]);
+    fn an_empty_queue_waits_for_a_request() {
+        let q: BatchQueue<Req> = BatchQueue::new(64, us(0));
+        assert_eq!(q.decide(Instant::now(), false), Decision::Empty);
     }
 
     #[test]
-    fn queued_requests_run_together_up_to_the_largest_bucket() {
-        assert_eq!(batches(64, &[1; 5]), vec![vec![1; 5]]);
-        assert_eq!(batches(8, &[3, 3, 3, 1]), vec![vec![3, 3], vec![3, 1]]);
-        // A full bucket closes the batch.
-        assert_eq!(batches(4, &[2, 2, 1]), vec![vec![2, 2], vec![1]]);
+    fn with_no_delay_a_free_executor_runs_what_is_queued_at_once() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(0));
+        q.push(req(1, t0));
+        assert_eq!(q.decide(t0, false), Decision::Run(1));
+        q.push(req(3, t0));
+        assert_eq!(q.decide(t0, false), Decision::Run(2));
     }
 
     #[test]
-    fn large_requests_run_alone_and_order_is_kept() {
+    fn max_queue_delay_is_respected() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(250));
+        q.push(req(1, t0));
+        q.push(req(2, t0 + us(100)));
+        // The oldest has waited less than 250 µs: wait for company until then.
         assert_eq!(
-            batches(64, &[10, 100, 5]),
-            vec![vec![10], vec![100], vec![5]]
+            q.decide(t0 + us(100), false),
+            Decision::WaitUntil(t0 + us(250))
         );
-        let arrivals = [5, 60, 3, 2, 64, 1, 70, 7];
-        let flat: Vec<usize> = batches(64, &arrivals).concat();
-        assert_eq!(flat, arrivals, "every request once, in arrival order");
-        for b in batches(64, &arrivals) {
-            assert!(b.len() == 1 || b.iter().sum::<usize>() <= 64, "{b:?}");
+        assert_eq!(
+            q.decide(t0 + us(249), false),
+            Decision::WaitUntil(t0 + us(250))
+        );
+        // Not a microsecond longer.
+        assert_eq!(q.decide(t0 + us(250), false), Decision::Run(2));
+    }
+
+    #[test]
+    fn a_full_bucket_goes_early() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(8, us(1_000));
+        q.push(req(5, t0));
+        assert_eq!(q.decide(t0, false), Decision::WaitUntil(t0 + us(1_000)));
+        q.push(req(3, t0));
+        assert_eq!(
+            q.decide(t0, false),
+            Decision::Run(2),
+            "8 of 8 rows: no reason to wait"
+        );
+        q.push(req(1, t0));
+        assert_eq!(
+            q.decide(t0, false),
+            Decision::Run(2),
+            "the third does not fit: it opens the next batch"
+        );
+    }
+
+    #[test]
+    fn a_request_that_cannot_join_sends_the_batch_at_once() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(1_000));
+        q.push(req(40, t0));
+        q.push(req(30, t0));
+        assert_eq!(q.decide(t0, false), Decision::Run(1));
+    }
+
+    #[test]
+    fn a_request_larger_than_the_largest_bucket_goes_alone() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(1_000));
+        q.push(req(200, t0));
+        q.push(req(1, t0));
+        assert_eq!(q.decide(t0, false), Decision::Run(1));
+    }
+
+    #[test]
+    fn expired_requests_are_taken_out_before_they_run() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(0));
+        q.push(Req {
+            rows: 1,
+            at: t0,
+            deadline: Some(t0 + us(10)),
+        });
+        q.push(req(2, t0));
+        q.push(Req {
+            rows: 4,
+            at: t0,
+            deadline: Some(t0 + us(500)),
+        });
+        let mut expired = Vec::new();
+        q.take_expired(t0 + us(10), &mut expired);
+        assert_eq!(expired.iter().map(|r| r.rows).collect::<Vec<_>>(), vec![1]);
+        let mut batch = Vec::new();
+        match q.decide(t0 + us(10), false) {
+            Decision::Run(n) => q.take(n, &mut batch),
+            other => panic!("{other:?}"),
         }
+        assert_eq!(batch.iter().map(|r| r.rows).collect::<Vec<_>>(), vec![2, 4]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn closing_drains_without_waiting() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(10_000));
+        q.push(req(1, t0));
+        assert_eq!(q.decide(t0, true), Decision::Run(1));
+    }
+
+    #[test]
+    fn every_request_runs_once_in_arrival_order() {
+        let t0 = Instant::now();
+        let arrivals = [5, 60, 3, 2, 64, 1, 70, 7, 33, 31, 1];
+        let mut q = BatchQueue::new(64, us(0));
+        for &rows in &arrivals {
+            q.push(req(rows, t0));
+        }
+        let mut ran = Vec::new();
+        while let Decision::Run(n) = q.decide(t0, false) {
+            let mut batch = Vec::new();
+            q.take(n, &mut batch);
+            let rows: usize = batch.iter().map(|r| r.rows).sum();
+            assert!(batch.len() == 1 || rows <= 64, "{batch:?}");
+            ran.extend(batch.iter().map(|r| r.rows));
+        }
+        assert_eq!(ran, arrivals);
     }
 }

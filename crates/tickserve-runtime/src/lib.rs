@@ -25,7 +25,7 @@ use tickserve_core::{DataType, Error, InferRequest, InferResponse, Signature, me
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tokio::sync::oneshot;
 
-use crate::executor::{Executor, Job, LoadSpec};
+use crate::executor::{Executor, Intake, Job, LoadSpec};
 pub use crate::settings::ModelSettings;
 pub use crate::stats::ModelStats;
 
@@ -49,9 +49,9 @@ pub struct ModelHandle {
     /// The executor's queue. Sent to by [`Runtime::infer`], received by the
     /// executor thread; dropping every sender stops the thread.
     queue: SyncSender<Job>,
-    /// The executor itself: locked by its thread for each queued job, and by a
+    /// The executors: each locked by its own thread for each batch, and by a
     /// caller that finds it idle with nothing queued, to run at once.
-    executor: Arc<Mutex<Executor>>,
+    executors: Vec<Arc<Mutex<Executor>>>,
 }
 
 /// The state of one model version.
@@ -127,6 +127,16 @@ impl Runtime {
                     entry.dir.display()
                 ));
             }
+            // Settings that shape the queue come from configuration alone; each
+            // executor resolves the rest (the NaN default) from the ONNX file.
+            let queue_settings =
+                match ModelSettings::resolve(&model_config, &config.model_defaults, false) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        slot.error = Some(e);
+                        continue;
+                    }
+                };
             for (version, onnx_path) in entry.versions {
                 let spec = LoadSpec {
                     name: entry.name.clone(),
@@ -135,27 +145,56 @@ impl Runtime {
                     config: model_config.clone(),
                     defaults: config.model_defaults.clone(),
                 };
-                let capacity = model_config
-                    .max_queue_rows
-                    .unwrap_or(config.model_defaults.max_queue_rows);
-                let (queue_tx, queue_rx) = std::sync::mpsc::sync_channel(capacity);
-                match executor::spawn(spec, engine.clone(), queue_rx) {
-                    Ok((thread, report)) => {
-                        executors.push(thread);
-                        pending.push((entry.name.clone(), version, queue_tx, report));
-                    }
-                    Err(e) => {
-                        slot.versions.insert(
-                            version,
-                            VersionState::Failed(format!("cannot start executor thread: {e}")),
-                        );
+                // Every job has at least one row: the channel never fills before the row limit.
+                let (queue_tx, queue_rx) =
+                    std::sync::mpsc::sync_channel(queue_settings.max_queue_rows);
+                let intake = Arc::new(Mutex::new(Intake::new(
+                    queue_rx,
+                    queue_settings.buckets.largest(),
+                    queue_settings.max_queue_delay,
+                )));
+                let stats = Arc::new(ModelStats::new(
+                    &entry.name,
+                    queue_settings.buckets.sizes().len(),
+                ));
+                let mut reports = Vec::with_capacity(queue_settings.executors);
+                let mut spawn_error = None;
+                for index in 0..queue_settings.executors {
+                    match executor::spawn(
+                        spec.clone(),
+                        engine.clone(),
+                        Arc::clone(&stats),
+                        Arc::clone(&intake),
+                        index,
+                    ) {
+                        Ok((thread, report)) => {
+                            executors.push(thread);
+                            reports.push(report);
+                        }
+                        Err(e) => spawn_error = Some(format!("cannot start executor thread: {e}")),
                     }
                 }
+                pending.push((entry.name.clone(), version, queue_tx, reports, spawn_error));
             }
         }
-        for (name, version, queue, report) in pending {
-            let state = match report.recv() {
-                Ok(Ok((loaded, executor))) => VersionState::Ready(Arc::new(ModelHandle {
+        for (name, version, queue, reports, spawn_error) in pending {
+            let mut loaded_executors = Vec::with_capacity(reports.len());
+            let mut first = None;
+            let mut failure = spawn_error;
+            for report in reports {
+                match report.recv() {
+                    Ok(Ok((loaded, executor))) => {
+                        loaded_executors.push(executor);
+                        first.get_or_insert(loaded);
+                    }
+                    Ok(Err(reason)) => failure = Some(reason),
+                    Err(_) => failure = Some("an executor thread stopped while loading".into()),
+                }
+            }
+            // On failure `queue` drops here: the loaded executors see the channel
+            // close and stop.
+            let state = match (failure, first) {
+                (None, Some(loaded)) => VersionState::Ready(Arc::new(ModelHandle {
                     name: name.clone(),
                     version: version.to_string(),
                     signature: loaded.signature,
@@ -164,10 +203,10 @@ impl Runtime {
                     load_time: loaded.load_time,
                     stats: loaded.stats,
                     queue,
-                    executor,
+                    executors: loaded_executors,
                 })),
-                Ok(Err(reason)) => VersionState::Failed(reason),
-                Err(_) => VersionState::Failed("the executor thread stopped while loading".into()),
+                (Some(reason), _) => VersionState::Failed(reason),
+                (None, None) => VersionState::Failed("no executor loaded".into()),
             };
             let ready = matches!(state, VersionState::Ready(_));
             metrics::gauge!(names::MODEL_READY, "model" => name.clone(), "version" => version.to_string())
@@ -283,11 +322,12 @@ impl Runtime {
         // keep their turn: with anything queued, this one queues too. A request
         // that needs several bucket runs goes to the executor thread, so it does
         // not hold an async worker thread for long.
-        if valid.rows <= handle.settings.buckets.largest()
-            && handle.stats.queue.rows() == 0
-            && let Ok(mut executor) = handle.executor.try_lock()
-        {
-            return executor.answer(&valid, request.id, admitted, deadline);
+        if valid.rows <= handle.settings.buckets.largest() && handle.stats.queue.rows() == 0 {
+            for executor in &handle.executors {
+                if let Ok(mut executor) = executor.try_lock() {
+                    return executor.answer(&valid, request.id, admitted, deadline);
+                }
+            }
         }
         let rows = valid.rows;
         handle

@@ -16,6 +16,10 @@ pub struct ModelSettings {
     pub limits: Limits,
     /// The most rows waiting for the executor.
     pub max_queue_rows: usize,
+    /// How long a queued request may wait for company.
+    pub max_queue_delay: Duration,
+    /// Executor threads, each with its own compiled sessions.
+    pub executors: usize,
     /// Deadline for requests that bring none.
     pub default_timeout: Option<Duration>,
 }
@@ -40,6 +44,10 @@ impl ModelSettings {
             Buckets::new(sizes, config.max_batch_size).map_err(|e| format!("buckets: {e}"))?;
         let max_request_rows = config.max_request_rows.unwrap_or(defaults.max_request_rows);
         let max_queue_rows = config.max_queue_rows.unwrap_or(defaults.max_queue_rows);
+        let executors = config.executors.unwrap_or(defaults.executors);
+        if executors == 0 {
+            return Err("executors must be positive".to_string());
+        }
         if max_request_rows == 0 {
             return Err("max_request_rows must be positive".to_string());
         }
@@ -60,6 +68,8 @@ impl ModelSettings {
                 nan_policy: config.nan_policy.unwrap_or(default_nan),
             },
             max_queue_rows,
+            max_queue_delay: config.max_queue_delay.unwrap_or(defaults.max_queue_delay),
+            executors,
             default_timeout: config.timeout,
         })
     }

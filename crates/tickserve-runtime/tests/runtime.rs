@@ -14,9 +14,14 @@ fn root() -> PathBuf {
 }
 
 fn sample_runtime() -> Runtime {
+    runtime_with(|_| {})
+}
+
+fn runtime_with(adjust: impl FnOnce(&mut ServerConfig)) -> Runtime {
     let mut config = ServerConfig::default();
     config.repository.path = root().join("config/models");
     config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
+    adjust(&mut config);
     Runtime::load(&config).expect("the engine starts (run scripts/setup.sh first)")
 }
 
@@ -187,7 +192,26 @@ impl Xorshift {
 /// answer for its own rows — nothing lost, duplicated, mixed or padded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batched_callers_get_exactly_their_unbatched_rows() {
-    let runtime = std::sync::Arc::new(sample_runtime());
+    batching_property(sample_runtime()).await;
+}
+
+/// The same with two executors sharing the model's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_executors_batch_correctly() {
+    batching_property(runtime_with(|c| c.model_defaults.executors = 2)).await;
+}
+
+/// The same with requests waiting up to 200 µs for company.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_delay_batches_correctly() {
+    batching_property(runtime_with(|c| {
+        c.model_defaults.max_queue_delay = std::time::Duration::from_micros(200)
+    }))
+    .await;
+}
+
+async fn batching_property(runtime: Runtime) {
+    let runtime = std::sync::Arc::new(runtime);
     let pool_rows = 400;
     let x = features(pool_rows, 50, 11);
     let mut reference = Vec::new();

@@ -38,8 +38,12 @@ pub const EXTENSIONS: [&str; 4] = [
 /// The platform reported for ONNX models (Triton's name for it).
 pub const PLATFORM: &str = "onnxruntime_onnx";
 
-/// How long shutdown waits for open connections to finish before closing them.
+/// How long shutdown waits for queued requests, and then for open
+/// connections, before stopping regardless.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often shutdown looks whether the queues are empty.
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// What both front ends share.
 pub struct Shared {
@@ -128,7 +132,26 @@ impl Server {
 
     /// Stops admitting requests, stops both front ends, and stops the executors.
     pub async fn shutdown(self) -> anyhow::Result<()> {
+        // 1. Admit nothing new: readiness turns false and new inference requests
+        //    are answered UNAVAILABLE / 503 while connections stay open.
         self.shared.accepting.store(false, Ordering::Relaxed);
+        // 2. Let every model's queue empty (within the grace period), so that
+        //    what was admitted is answered before any connection closes.
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while self
+                .shared
+                .runtime
+                .ready_handles()
+                .any(|h| h.stats.queue.rows() > 0)
+            {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("queues still held requests after {SHUTDOWN_GRACE:?}; stopping anyway");
+        }
+        // 3. Stop the front ends; each finishes the requests it is answering.
         let _ = self.stop.send(true);
         // Connections that stay open (an idle HTTP/2 client that does not
         // close after GOAWAY) must not keep the process alive past the grace period.
