@@ -531,6 +531,40 @@ async fn grpc_bad_input_is_refused_clearly() {
         vec!["too large", "65536"],
     ));
 
+    // A deadline that passed before the request ran: DEADLINE_EXCEEDED, never computed.
+    let runs = || {
+        server
+            .shared()
+            .runtime
+            .model("alpha_mlp", None)
+            .unwrap()
+            .stats
+            .snapshot()
+            .execution_count
+    };
+    let before = runs();
+    let mut expired = tonic::Request::new(good.clone());
+    expired
+        .metadata_mut()
+        .insert("grpc-timeout", "1n".parse().unwrap());
+    let status = client.model_infer(expired).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::DeadlineExceeded,
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("not computed"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        runs(),
+        before,
+        "an expired request never reaches the engine"
+    );
+
     for (request, code, needles) in cases {
         let status = client.model_infer(request).await.unwrap_err();
         assert_eq!(status.code(), code, "{}", status.message());

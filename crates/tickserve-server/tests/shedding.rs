@@ -15,10 +15,11 @@ async fn a_full_queue_answers_429_at_once() {
         model.join("1/model.onnx"),
     )
     .unwrap();
-    // Room for one 64-row request in the queue.
+    // Room for one 64-row request in the queue; buckets up to 8 rows, so every
+    // request needs eight runs and goes through the queue (none runs at once).
     std::fs::write(
         model.join("model.toml"),
-        "max_request_rows = 64\nmax_queue_rows = 64\n",
+        "buckets = [1, 2, 4, 8]\nmax_request_rows = 64\nmax_queue_rows = 64\n",
     )
     .unwrap();
     let server = common::start(&common::config(repository.path())).await;

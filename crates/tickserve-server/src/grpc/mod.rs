@@ -37,14 +37,22 @@ pub async fn serve(
     let service = GrpcInferenceServiceServer::new(InferenceService { shared })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .layer(tower::util::MapResponseLayer::new(
-            oversized_is_invalid_argument,
-        ))
-        .add_service(health_service)
+    // Served by hyper through axum rather than tonic's transport: tonic's
+    // transport answers a `grpc-timeout` that runs out with CANCELLED before the
+    // handler runs; tickserve applies the deadline itself (it is checked when
+    // the request is dispatched) and answers DEADLINE_EXCEEDED.
+    let router = tonic::service::Routes::new(health_service)
         .add_service(service)
-        .serve_with_incoming_shutdown(incoming, async move {
+        .into_axum_router()
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_invalid_argument::<axum::body::Body>,
+        ));
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
             let _ = stop.wait_for(|stopped| *stopped).await;
             health
                 .set_not_serving::<GrpcInferenceServiceServer<InferenceService>>()
@@ -58,9 +66,7 @@ pub async fn serve(
 /// before any handler runs; tickserve answers every bad request with
 /// INVALID_ARGUMENT, so that status is rewritten (its message, which names the
 /// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
-fn oversized_is_invalid_argument(
-    mut response: http::Response<tonic::body::Body>,
-) -> http::Response<tonic::body::Body> {
+fn oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
     let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
     if headers
