@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::config::{ModelConfig, ModelDefaults};
 use tickserve_core::validate::ValidRequest;
 use tickserve_core::{
-    CompiledModel, Error, InferResponse, OutputTensor, Signature, metrics as names,
+    CompiledModel, Error, InferResponse, OutputTensor, Signature, TensorSpec, metrics as names,
 };
 use tickserve_engine_ort::{CompileRequest, OrtEngine};
 use tickserve_onnx::OnnxModel;
@@ -462,18 +462,13 @@ impl Executor {
                 .outputs
                 .iter()
                 .map(|&o| {
-                    let spec = &signature.outputs[o];
-                    let row_bytes = self.output_row_bytes[o];
-                    let from = first_row * row_bytes;
-                    OutputTensor {
-                        name: spec.name.clone(),
-                        datatype: spec.datatype,
-                        shape: std::iter::once(request.rows as i64)
-                            .chain(spec.dims.iter().map(|&d| d as i64))
-                            .collect(),
-                        data: self.model.output(bucket, o)[from..from + request.rows * row_bytes]
-                            .to_vec(),
-                    }
+                    let len = request.rows * self.output_row_bytes[o];
+                    let from = first_row * self.output_row_bytes[o];
+                    let mut tensor = output_tensor(&signature.outputs[o], request.rows, len);
+                    tensor
+                        .data
+                        .extend_from_slice(&self.model.output(bucket, o)[from..from + len]);
+                    tensor
                 })
                 .collect();
             all.push(outputs);
@@ -491,20 +486,15 @@ impl Executor {
         cost: &mut RequestCost,
     ) -> Result<InferResponse, Error> {
         let signature = self.model.signature();
-        // One allocation per output per request: the response owns its bytes.
         let mut outputs: Vec<OutputTensor> = request
             .outputs
             .iter()
             .map(|&o| {
-                let spec = &signature.outputs[o];
-                OutputTensor {
-                    name: spec.name.clone(),
-                    datatype: spec.datatype,
-                    shape: std::iter::once(request.rows as i64)
-                        .chain(spec.dims.iter().map(|&d| d as i64))
-                        .collect(),
-                    data: Vec::with_capacity(request.rows * self.output_row_bytes[o]),
-                }
+                output_tensor(
+                    &signature.outputs[o],
+                    request.rows,
+                    request.rows * self.output_row_bytes[o],
+                )
             })
             .collect();
         let mut first_row = 0;
@@ -546,5 +536,18 @@ impl Executor {
             id,
             outputs,
         })
+    }
+}
+
+/// An empty output tensor for `rows` rows of `spec`, with room for `bytes`.
+/// One allocation per output per request: the response owns its bytes.
+fn output_tensor(spec: &TensorSpec, rows: usize, bytes: usize) -> OutputTensor {
+    OutputTensor {
+        name: spec.name.clone(),
+        datatype: spec.datatype,
+        shape: std::iter::once(rows as i64)
+            .chain(spec.dims.iter().map(|&d| d as i64))
+            .collect(),
+        data: Vec::with_capacity(bytes),
     }
 }
