@@ -20,5 +20,5 @@ pub use buckets::Buckets;
 pub use datatype::DataType;
 pub use engine::CompiledModel;
 pub use error::{Error, ErrorKind};
-pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor};
+pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor, Timing};
 pub use signature::{Signature, TensorSpec};

@@ -24,6 +24,10 @@ pub const QUEUE_ROWS: &str = "tickserve_queue_rows";
 /// Requests refused by load shedding, labelled `model`, `reason`
 /// (`queue_full`, `deadline_exceeded`).
 pub const REJECTIONS: &str = "tickserve_rejections_total";
+/// Resident memory of the server process, in bytes (read at each scrape).
+pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";
+/// CPU time of the server process, user plus system, in seconds (read at each scrape).
+pub const PROCESS_CPU: &str = "tickserve_process_cpu_seconds_total";
 /// Model readiness (1 ready, 0 not), labelled `model`, `version`.
 pub const MODEL_READY: &str = "tickserve_model_ready";
 
@@ -63,6 +67,16 @@ pub fn describe() {
         COMPUTE_DURATION,
         Unit::Seconds,
         "Engine run time per bucket."
+    );
+    describe_gauge!(
+        PROCESS_RESIDENT_MEMORY,
+        Unit::Bytes,
+        "Resident memory of the server process."
+    );
+    describe_counter!(
+        PROCESS_CPU,
+        Unit::Seconds,
+        "CPU time of the server process, user plus system."
     );
     describe_gauge!(QUEUE_ROWS, Unit::Count, "Rows waiting in a model's queue.");
     describe_counter!(

@@ -4,7 +4,7 @@
 //! [`bytes::Bytes`] so that gRPC `raw_input_contents` arrive without a copy and
 //! are copied once, into the bucket buffer.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -64,4 +64,15 @@ pub struct InferResponse {
     pub id: String,
     /// The outputs asked for, in the order asked (model order when all).
     pub outputs: Vec<OutputTensor>,
+    /// Where the time went, reported back to the client.
+    pub timing: Timing,
+}
+
+/// Time a request spent in the server, by stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Waiting in the model's queue.
+    pub queue: Duration,
+    /// Copying rows in, running the engine, copying rows out.
+    pub compute: Duration,
 }

@@ -408,6 +408,7 @@ impl Executor {
                 version: self.version.clone(),
                 id: job.id,
                 outputs,
+                timing: cost.timing(),
             }));
         }
     }
@@ -535,6 +536,7 @@ impl Executor {
             version: self.version.clone(),
             id,
             outputs,
+            timing: cost.timing(),
         })
     }
 }

@@ -140,6 +140,17 @@ mod tests {
     }
 }
 
+impl RequestCost {
+    /// The queue and compute times reported to the client. Set once the
+    /// request has been computed (the split path fills the compute parts as it runs).
+    pub fn timing(&self) -> tickserve_core::Timing {
+        tickserve_core::Timing {
+            queue: self.waited,
+            compute: self.input + self.infer + self.output,
+        }
+    }
+}
+
 /// Statistics of one model version.
 #[derive(Debug)]
 pub struct ModelStats {

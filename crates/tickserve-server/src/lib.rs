@@ -35,6 +35,13 @@ pub const EXTENSIONS: [&str; 4] = [
     "parameters",
     "statistics",
 ];
+/// Response header (HTTP) and metadata key (gRPC): microseconds the request
+/// waited in the model's queue.
+pub const QUEUE_TIME_HEADER: &str = "tickserve-queue-us";
+/// Response header (HTTP) and metadata key (gRPC): microseconds of compute
+/// (rows in, engine runs, rows out).
+pub const COMPUTE_TIME_HEADER: &str = "tickserve-compute-us";
+
 /// The platform reported for ONNX models (Triton's name for it).
 pub const PLATFORM: &str = "onnxruntime_onnx";
 

@@ -33,9 +33,40 @@ pub fn install_recorder() -> &'static PrometheusHandle {
     })
 }
 
-/// The Prometheus text exposition of every metric.
+/// The Prometheus text exposition of every metric, with the process metrics
+/// read just before.
 pub fn render() -> String {
+    record_process();
     install_recorder().render()
+}
+
+/// Reads the process's resident memory and CPU time from `/proc/self` (Linux;
+/// elsewhere the two metrics are simply not updated).
+fn record_process() {
+    if let Some(kib) = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+    {
+        metrics::gauge!(names::PROCESS_RESIDENT_MEMORY).set(kib * 1024.0);
+    }
+    // Fields 14 and 15 of /proc/self/stat (after the parenthesised command name):
+    // user and system time in clock ticks of USER_HZ, 100 on Linux.
+    const USER_HZ: f64 = 100.0;
+    if let Some(ticks) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let after_name = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after_name.split_whitespace().collect();
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+    {
+        metrics::counter!(names::PROCESS_CPU).absolute((ticks as f64 / USER_HZ) as u64);
+    }
 }
 
 /// Which front end answered.

@@ -13,7 +13,10 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::observe::{self, Protocol};
-use crate::{EXTENSIONS, PLATFORM, SERVER_NAME, SERVER_VERSION, Shared};
+use crate::{
+    COMPUTE_TIME_HEADER, EXTENSIONS, PLATFORM, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION,
+    Shared,
+};
 
 /// The protocol's generated types, server and client.
 #[allow(missing_docs, clippy::all)]
@@ -257,14 +260,22 @@ impl GrpcInferenceService for InferenceService {
             let (request, raw) = convert::decode(request, timeout, |model, input, got| {
                 runtime.datatype_error(model, input, got)
             })?;
-            runtime
-                .infer(request)
-                .await
-                .map(|r| convert::encode(r, raw))
+            runtime.infer(request).await.map(|r| {
+                let timing = r.timing;
+                (convert::encode(r, raw), timing)
+            })
         }
         .await;
         observe::record_request(Protocol::Grpc, label, started, &result);
-        result.map(Response::new).map_err(|e| status(&e))
+        let (message, timing) = result.map_err(|e| status(&e))?;
+        let mut response = Response::new(message);
+        let metadata = response.metadata_mut();
+        metadata.insert(QUEUE_TIME_HEADER, (timing.queue.as_micros() as u64).into());
+        metadata.insert(
+            COMPUTE_TIME_HEADER,
+            (timing.compute.as_micros() as u64).into(),
+        );
+        Ok(response)
     }
 
     async fn model_config(

@@ -391,6 +391,7 @@ mod tests {
                 shape: vec![1, 1],
                 data: 5f32.to_le_bytes().to_vec(),
             }],
+            timing: Default::default(),
         };
         let e = encode(&response, &[true]);
         let n = e.header_length.unwrap();

@@ -23,7 +23,10 @@ use tickserve_runtime::stats::Stat;
 use tokio::sync::watch;
 
 use crate::observe::{self, Protocol};
-use crate::{EXTENSIONS, PLATFORM, SERVER_NAME, SERVER_VERSION, Shared};
+use crate::{
+    COMPUTE_TIME_HEADER, EXTENSIONS, PLATFORM, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION,
+    Shared,
+};
 
 /// Serves HTTP on `listener` until `stop` turns true.
 pub async fn serve(
@@ -350,6 +353,14 @@ async fn infer_inner(
     let encoded = codec::encode(&response, &binary);
     let mut reply = Response::new(Body::from(encoded.body));
     let h = reply.headers_mut();
+    h.insert(
+        QUEUE_TIME_HEADER,
+        HeaderValue::from(response.timing.queue.as_micros() as u64),
+    );
+    h.insert(
+        COMPUTE_TIME_HEADER,
+        HeaderValue::from(response.timing.compute.as_micros() as u64),
+    );
     match encoded.header_length {
         Some(n) => {
             h.insert(
