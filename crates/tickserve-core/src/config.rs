@@ -39,6 +39,9 @@ pub struct ListenConfig {
     pub grpc_port: u16,
     /// Largest request body (HTTP) or message (gRPC) accepted, in bytes.
     pub max_request_bytes: usize,
+    /// Inference requests in flight across the server (both protocols) beyond
+    /// which a new one is answered RESOURCE_EXHAUSTED / 429 at once; 0: no limit.
+    pub max_inflight: usize,
 }
 
 impl Default for ListenConfig {
@@ -48,6 +51,7 @@ impl Default for ListenConfig {
             http_port: 8000,
             grpc_port: 8001,
             max_request_bytes: 16 * 1024 * 1024,
+            max_inflight: 0,
         }
     }
 }

@@ -90,6 +90,12 @@ pub enum Error {
         /// The model's `max_queue_rows`.
         limit: usize,
     },
+    /// The server has `limit` inference requests in flight; this one was not admitted.
+    #[error("server is at its limit of {limit} requests in flight; retry later")]
+    Overloaded {
+        /// The server's `max_inflight`.
+        limit: usize,
+    },
     /// The request's deadline passed before it was computed; it never ran.
     #[error(
         "model '{model}': deadline exceeded after waiting {waited:?}; the request was not computed"
@@ -214,7 +220,7 @@ impl Error {
             | Error::InvalidRequest { .. }
             | Error::TooManyRows { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
-            Error::QueueFull { .. } => ErrorKind::ResourceExhausted,
+            Error::QueueFull { .. } | Error::Overloaded { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
         }

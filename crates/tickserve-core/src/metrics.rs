@@ -22,7 +22,7 @@ pub const PADDED_ROWS: &str = "tickserve_padded_rows";
 /// Rows waiting in a model's queue, labelled `model`.
 pub const QUEUE_ROWS: &str = "tickserve_queue_rows";
 /// Requests refused by load shedding, labelled `model`, `reason`
-/// (`queue_full`, `deadline_exceeded`).
+/// (`queue_full`, `deadline_exceeded`, `inflight_limit`).
 pub const REJECTIONS: &str = "tickserve_rejections_total";
 /// Resident memory of the server process, in bytes (read at each scrape).
 pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";

@@ -60,9 +60,36 @@ pub struct Shared {
     pub accepting: AtomicBool,
     /// Largest request body or message, in bytes.
     pub max_request_bytes: usize,
+    /// Inference requests being answered now, both protocols together.
+    pub inflight: std::sync::atomic::AtomicUsize,
+    /// The most requests in flight (0: no limit).
+    pub max_inflight: usize,
+}
+
+/// One admitted inference request; dropping it lets another in.
+pub struct InflightSlot<'a>(&'a Shared);
+
+impl Drop for InflightSlot<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {
+    /// Admits one more inference request, or refuses it at once when the
+    /// server already has `max_inflight` in flight (edge load shedding: it
+    /// bounds the work in the server, however the load splits over models).
+    pub fn admit(&self) -> Result<InflightSlot<'_>, tickserve_core::Error> {
+        let before = self.inflight.fetch_add(1, Ordering::AcqRel);
+        if self.max_inflight > 0 && before >= self.max_inflight {
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            return Err(tickserve_core::Error::Overloaded {
+                limit: self.max_inflight,
+            });
+        }
+        Ok(InflightSlot(self))
+    }
+
     /// Server readiness: accepting requests.
     pub fn ready(&self) -> bool {
         self.accepting.load(Ordering::Relaxed)
@@ -97,6 +124,8 @@ impl Server {
             runtime,
             accepting: AtomicBool::new(true),
             max_request_bytes: config.server.max_request_bytes,
+            inflight: std::sync::atomic::AtomicUsize::new(0),
+            max_inflight: config.server.max_inflight,
         });
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))

@@ -104,4 +104,8 @@ pub fn record_request<T>(
         .increment(1);
     metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol.label())
         .record(started.elapsed().as_secs_f64());
+    if let Err(Error::Overloaded { .. }) = result {
+        metrics::counter!(names::REJECTIONS, "model" => model.to_string(), "reason" => "inflight_limit")
+            .increment(1);
+    }
 }

@@ -80,3 +80,50 @@ async fn a_full_queue_answers_429_at_once() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// Edge shedding: with `server.max_inflight` requests being answered, the next
+/// is refused at once with 429, whatever model it is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inflight_limit_answers_429_at_once() {
+    let repository = common::root().join("config/models");
+    let mut config = common::config(&repository);
+    config.server.max_inflight = 1;
+    let server = common::start(&config).await;
+    let url = format!("http://{}/v2/models/seq_lstm/infer", server.http_addr);
+    let rows = 256usize;
+    let header = serde_json::json!({"inputs": [{"name": "window", "datatype": "FP32",
+        "shape": [rows, 30, 8], "parameters": {"binary_data_size": rows * 30 * 8 * 4}}]});
+    let mut body = serde_json::to_vec(&header).unwrap();
+    let json_len = body.len();
+    body.extend((0..rows * 30 * 8).flat_map(|i| ((i % 11) as f32 / 11.0).to_le_bytes()));
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = client
+                .post(url)
+                .header("Inference-Header-Content-Length", json_len)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }));
+    }
+    let (mut ok, mut shed) = (0, 0);
+    for task in tasks {
+        let (status, text) = task.await.unwrap();
+        match status {
+            200 => ok += 1,
+            429 => {
+                shed += 1;
+                assert!(text.contains("limit of 1 requests in flight"), "{text}");
+            }
+            other => panic!("unexpected {other}: {text}"),
+        }
+    }
+    println!("{ok} served, {shed} shed");
+    assert!(ok > 0 && shed > 0, "{ok} served, {shed} shed");
+    server.shutdown().await.unwrap();
+}

@@ -257,6 +257,7 @@ impl GrpcInferenceService for InferenceService {
             if !self.shared.ready() {
                 return Err(Error::ShuttingDown);
             }
+            let _slot = self.shared.admit()?;
             let (request, raw) = convert::decode(request, timeout, |model, input, got| {
                 runtime.datatype_error(model, input, got)
             })?;

@@ -299,6 +299,9 @@ async fn infer_inner(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     let body = read_body(&path.model, body, limit, declared).await?;
+    // Admitted after the body is read: refusing with unread bytes would reset
+    // the connection instead of answering 429.
+    let _slot = shared.admit()?;
     let header_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
         Some(v) => Some(
