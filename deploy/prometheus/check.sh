@@ -15,8 +15,9 @@ scripts/setup.sh
 
 if ! command -v prometheus >/dev/null; then
   echo "check: installing Prometheus (Debian package)" >&2
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 work=$(mktemp -d)
