@@ -14,7 +14,7 @@ pub mod settings;
 pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ pub struct ModelHandle {
     pub stats: Arc<ModelStats>,
     /// The executor's queue. Sent to by [`Runtime::infer`], received by the
     /// executor thread; dropping every sender stops the thread.
-    queue: SyncSender<Job>,
+    queue: Sender<Job>,
     /// The executors: each locked by its own thread for each batch, and by a
     /// caller that finds it idle with nothing queued, to run at once.
     executors: Vec<Arc<Mutex<Executor>>>,
@@ -145,9 +145,9 @@ impl Runtime {
                     config: model_config.clone(),
                     defaults: config.model_defaults.clone(),
                 };
-                // Every job has at least one row: the channel never fills before the row limit.
-                let (queue_tx, queue_rx) =
-                    std::sync::mpsc::sync_channel(queue_settings.max_queue_rows);
+                // Unbounded as a channel (it allocates as it fills): the bound is
+                // the admission check on rows in `infer`.
+                let (queue_tx, queue_rx) = std::sync::mpsc::channel();
                 let intake = Arc::new(Mutex::new(Intake::new(
                     queue_rx,
                     queue_settings.buckets.largest(),
@@ -348,18 +348,13 @@ impl Runtime {
             deadline,
             reply,
         };
-        // The channel holds at least max_queue_rows jobs (each has a row), so
-        // after admission only a stopped executor can refuse the send.
-        handle.queue.try_send(job).map_err(|e| {
+        // Admission bounded the queue; only a stopped executor refuses the send.
+        handle.queue.send(job).map_err(|_| {
             handle.stats.queue.leave(rows);
-            let reason = match e {
-                TrySendError::Full(_) => "its queue channel is full",
-                TrySendError::Disconnected(_) => "its executor has stopped",
-            };
             Error::ModelNotReady {
                 model: handle.name.clone(),
                 version: handle.version.clone(),
-                reason: reason.to_string(),
+                reason: "its executor has stopped".to_string(),
             }
         })?;
         answer.await.unwrap_or_else(|_| {

@@ -192,20 +192,31 @@ impl Xorshift {
 /// answer for its own rows — nothing lost, duplicated, mixed or padded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batched_callers_get_exactly_their_unbatched_rows() {
-    batching_property(sample_runtime()).await;
+    batching_property(runtime_with(roomy_queue)).await;
+}
+
+/// The property tests send bursts of thousands of rows: give the queue room,
+/// so that what is tested is batching, not shedding.
+fn roomy_queue(config: &mut ServerConfig) {
+    config.model_defaults.max_queue_rows = 1 << 20;
 }
 
 /// The same with two executors sharing the model's queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_executors_batch_correctly() {
-    batching_property(runtime_with(|c| c.model_defaults.executors = 2)).await;
+    batching_property(runtime_with(|c| {
+        roomy_queue(c);
+        c.model_defaults.executors = 2;
+    }))
+    .await;
 }
 
 /// The same with requests waiting up to 200 µs for company.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_delay_batches_correctly() {
     batching_property(runtime_with(|c| {
-        c.model_defaults.max_queue_delay = std::time::Duration::from_micros(200)
+        roomy_queue(c);
+        c.model_defaults.max_queue_delay = std::time::Duration::from_micros(200);
     }))
     .await;
 }
