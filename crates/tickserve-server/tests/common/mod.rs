@@ -73,3 +73,47 @@ pub fn counter_total(metrics: &str, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// A binary-extension request body for `rows` rows of `seq_lstm`, and the
+/// length of its JSON header (the `Inference-Header-Content-Length`).
+pub fn seq_lstm_body(rows: usize) -> (Vec<u8>, usize) {
+    let header = serde_json::json!({"inputs": [{"name": "window", "datatype": "FP32",
+        "shape": [rows, 30, 8], "parameters": {"binary_data_size": rows * 30 * 8 * 4}}]});
+    let mut body = serde_json::to_vec(&header).unwrap();
+    let json_len = body.len();
+    body.extend((0..rows * 30 * 8).flat_map(|i| ((i % 13) as f32 / 13.0).to_le_bytes()));
+    (body, json_len)
+}
+
+/// What a server answered: status, `Retry-After`, body.
+pub type Answer = (u16, Option<String>, String);
+
+/// Sends `count` copies of a binary-extension `body` to `url` at once; each
+/// task yields the answer, or the client's error.
+pub fn flood(
+    url: &str,
+    body: &[u8],
+    json_len: usize,
+    count: usize,
+) -> Vec<tokio::task::JoinHandle<Result<Answer, reqwest::Error>>> {
+    let client = reqwest::Client::new();
+    (0..count)
+        .map(|_| {
+            let (client, url, body) = (client.clone(), url.to_string(), body.to_vec());
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .header("Inference-Header-Content-Length", json_len)
+                    .body(body)
+                    .send()
+                    .await?;
+                let retry_after = r
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                Ok((r.status().as_u16(), retry_after, r.text().await?))
+            })
+        })
+        .collect()
+}
