@@ -92,6 +92,13 @@ def main():
         gstats = g.get_inference_statistics(name).model_stats[0]
         check(gstats.inference_count == 3 * sum(ROWS), f"{name} gRPC inference_count {gstats.inference_count}")
         print(f"ok {name}: rows {ROWS} over HTTP (binary, JSON) and gRPC match onnxruntime")
+    # Model families: the eight tick_* models share one family key, the others do not.
+    family = {m: h.get_model_metadata(m)["parameters"]["family"] for m in models}
+    check(len({family[f"tick_{i:03d}"] for i in range(8)}) == 1, f"tick_* families {family}")
+    check(family["alpha_mlp"] != family["tick_000"] != family["seq_lstm"], f"families {family}")
+    grpc_family = g.get_model_config("tick_003").config.parameters["family"].string_value
+    check(grpc_family == family["tick_000"], f"gRPC ModelConfig family {grpc_family}")
+    print("families: tick_000..tick_007 share", family["tick_000"])
     print("all models match")
 
 

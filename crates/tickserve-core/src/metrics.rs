@@ -28,6 +28,9 @@ pub const REJECTIONS: &str = "tickserve_rejections_total";
 pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";
 /// CPU time of the server process, user plus system, in seconds (read at each scrape).
 pub const PROCESS_CPU: &str = "tickserve_process_cpu_seconds_total";
+/// 1 for each loaded model version, labelled `model`, `version`, `family`
+/// (its family key): joins any model series to its family.
+pub const MODEL_INFO: &str = "tickserve_model_info";
 /// Model readiness (1 ready, 0 not), labelled `model`, `version`.
 pub const MODEL_READY: &str = "tickserve_model_ready";
 
@@ -77,6 +80,11 @@ pub fn describe() {
         PROCESS_CPU,
         Unit::Seconds,
         "CPU time of the server process, user plus system."
+    );
+    describe_gauge!(
+        MODEL_INFO,
+        Unit::Count,
+        "1 for each loaded model version, with its family key."
     );
     describe_gauge!(QUEUE_ROWS, Unit::Count, "Rows waiting in a model's queue.");
     describe_counter!(

@@ -9,6 +9,8 @@
 
 use std::collections::HashSet;
 
+mod family;
+
 use prost::Message;
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{DataType, Signature, TensorSpec};
@@ -94,6 +96,12 @@ impl OnnxModel {
             .input
             .iter()
             .filter(move |v| !weights.contains(v.name()))
+    }
+
+    /// The model's family key: equal for models whose graphs differ only in
+    /// the values of their weights (see the `family` module).
+    pub fn family_key(&self) -> String {
+        family::family_key(&self.model)
     }
 
     /// True when the graph holds a tree-ensemble operator (`ai.onnx.ml`
@@ -379,6 +387,43 @@ mod tests {
         assert_eq!(dims, vec![Dim::Fixed(8), Dim::Fixed(50)]);
         let (_, dims) = tensor_type(&again.graph().output[0]).unwrap();
         assert_eq!(dims, vec![Dim::Fixed(8), Dim::Fixed(3)]);
+    }
+
+    #[test]
+    fn one_architecture_is_one_family() {
+        let tick = sample("tick_000").family_key();
+        for i in 1..8 {
+            assert_eq!(
+                sample(&format!("tick_{i:03}")).family_key(),
+                tick,
+                "tick_{i:03}"
+            );
+        }
+        assert_ne!(sample("alpha_mlp").family_key(), tick);
+        assert_ne!(sample("seq_lstm").family_key(), tick);
+        assert_eq!(tick.len(), 16);
+    }
+
+    #[test]
+    fn structure_changes_the_family_and_weight_values_do_not() {
+        let base = sample("tick_000");
+        let key = base.family_key();
+        let mut other = base.clone();
+        let graph = other.model.graph.as_mut().unwrap();
+        graph.initializer[0].raw_data = Some(vec![0u8; graph.initializer[0].raw_data().len()]);
+        assert_eq!(other.family_key(), key, "new weight values, same family");
+        let mut other = base.clone();
+        let graph = other.model.graph.as_mut().unwrap();
+        graph.node[0].attribute.clear();
+        assert_ne!(other.family_key(), key, "an attribute changed");
+        let mut other = base.clone();
+        let graph = other.model.graph.as_mut().unwrap();
+        graph.node.swap(1, 2);
+        assert_ne!(other.family_key(), key, "the topology changed");
+        let mut other = base;
+        let graph = other.model.graph.as_mut().unwrap();
+        graph.initializer[0].dims[0] += 1;
+        assert_ne!(other.family_key(), key, "a weight shape changed");
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub struct Loaded {
     pub signature: Signature,
     /// The effective settings.
     pub settings: ModelSettings,
+    /// The family key: equal for models that differ only in weight values.
+    pub family: String,
     /// Where it runs (`cpu`).
     pub device: String,
     /// Time to parse, compile every bucket and warm up.
@@ -198,10 +200,11 @@ pub fn spawn(
         .spawn(move || {
             let started = Instant::now();
             match load(&spec, &engine) {
-                Ok((model, settings)) => {
+                Ok((model, settings, family)) => {
                     let loaded = Loaded {
                         signature: model.signature().clone(),
                         settings,
+                        family,
                         device: model.device().to_string(),
                         load_time: started.elapsed(),
                         stats: Arc::clone(&stats),
@@ -227,7 +230,7 @@ pub fn spawn(
 fn load(
     spec: &LoadSpec,
     engine: &OrtEngine,
-) -> Result<(Box<dyn CompiledModel>, ModelSettings), String> {
+) -> Result<(Box<dyn CompiledModel>, ModelSettings, String), String> {
     let bytes = std::fs::read(&spec.onnx_path)
         .map_err(|e| format!("cannot read {}: {e}", spec.onnx_path.display()))?;
     let onnx = OnnxModel::parse(&bytes)?;
@@ -239,7 +242,7 @@ fn load(
         signature: &signature,
         buckets: &settings.buckets,
     })?;
-    Ok((Box::new(model), settings))
+    Ok((Box::new(model), settings, onnx.family_key()))
 }
 
 /// A loaded model and what serving it needs: its compiled buckets, its

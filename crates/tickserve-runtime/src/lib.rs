@@ -40,6 +40,8 @@ pub struct ModelHandle {
     pub signature: Signature,
     /// The effective settings.
     pub settings: ModelSettings,
+    /// The family key: equal for models whose graphs differ only in weight values.
+    pub family: String,
     /// Where it runs.
     pub device: String,
     /// Time to load, compile and warm up.
@@ -199,6 +201,7 @@ impl Runtime {
                     version: version.to_string(),
                     signature: loaded.signature,
                     settings: loaded.settings,
+                    family: loaded.family,
                     device: loaded.device,
                     load_time: loaded.load_time,
                     stats: loaded.stats,
@@ -208,6 +211,11 @@ impl Runtime {
                 (Some(reason), _) => VersionState::Failed(reason),
                 (None, None) => VersionState::Failed("no executor loaded".into()),
             };
+            if let VersionState::Ready(h) = &state {
+                metrics::gauge!(names::MODEL_INFO, "model" => name.clone(),
+                    "version" => version.to_string(), "family" => h.family.clone())
+                .set(1.0);
+            }
             let ready = matches!(state, VersionState::Ready(_));
             metrics::gauge!(names::MODEL_READY, "model" => name.clone(), "version" => version.to_string())
                 .set(if ready { 1.0 } else { 0.0 });

@@ -150,6 +150,7 @@ fn log_models(runtime: &Runtime) {
                     signature = %h.signature.summary(),
                     buckets = ?h.settings.buckets.sizes(),
                     device = %h.device,
+                    family = %h.family,
                     compile_ms = format!("{:.1}", h.load_time.as_secs_f64() * 1e3),
                     "loaded"
                 ),
@@ -166,33 +167,34 @@ fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
     crate::observe::install_recorder();
     let runtime = Runtime::load(&config).map_err(anyhow::Error::msg)?;
     println!(
-        "{:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<28}  SIGNATURE / ERROR",
-        "MODEL", "VERSION", "STATUS", "DEVICE", "LOAD (ms)", "BUCKETS"
+        "{:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<16}  {:<28}  SIGNATURE / ERROR",
+        "MODEL", "VERSION", "STATUS", "DEVICE", "LOAD (ms)", "FAMILY", "BUCKETS"
     );
     let mut failures = Vec::new();
     for (name, model) in runtime.models() {
         if let Some(error) = &model.error {
             println!(
-                "{name:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {error}",
-                "-", "FAILED", "-", "-", "-"
+                "{name:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<16}  {:<28}  {error}",
+                "-", "FAILED", "-", "-", "-", "-"
             );
             failures.push(format!("{name}: {error}"));
         }
         for (version, state) in &model.versions {
             match state {
                 VersionState::Ready(h) => println!(
-                    "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9.1}  {:<28}  {}",
+                    "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9.1}  {:<16}  {:<28}  {}",
                     "READY",
                     h.device,
                     h.load_time.as_secs_f64() * 1e3,
+                    h.family,
                     format!("{:?}", h.settings.buckets.sizes()),
                     h.signature.summary()
                 ),
                 VersionState::Failed(reason) => {
                     let first_line = reason.lines().next().unwrap_or_default();
                     println!(
-                        "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9}  {:<28}  {first_line}",
-                        "FAILED", "-", "-", "-"
+                        "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9}  {:<16}  {:<28}  {first_line}",
+                        "FAILED", "-", "-", "-", "-"
                     );
                     failures.push(format!("{name} version {version}: {reason}"));
                 }

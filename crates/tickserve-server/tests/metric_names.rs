@@ -20,6 +20,11 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["bucket", "device", "model"],
     ),
+    (
+        "tickserve_model_info",
+        "gauge",
+        &["family", "model", "version"],
+    ),
     ("tickserve_model_ready", "gauge", &["model", "version"]),
     ("tickserve_padded_rows", "histogram", &["model"]),
     ("tickserve_process_cpu_seconds_total", "counter", &[]),

@@ -315,7 +315,7 @@ impl GrpcInferenceService for InferenceService {
                 output: outputs,
                 instance_group: vec![pb::ModelInstanceGroup {
                     name: handle.name.clone(),
-                    count: 1,
+                    count: handle.settings.executors as i32,
                     gpus: vec![],
                     kind: pb::model_instance_group::Kind::Cpu as i32,
                 }],
@@ -329,7 +329,13 @@ impl GrpcInferenceService for InferenceService {
                         .collect(),
                     max_queue_delay_microseconds: 0,
                 }),
-                parameters: Default::default(),
+                parameters: [(
+                    "family".to_string(),
+                    pb::ModelParameter {
+                        string_value: handle.family.clone(),
+                    },
+                )]
+                .into(),
             }),
         }))
     }

@@ -188,6 +188,7 @@ async fn model_metadata(
         "platform": PLATFORM,
         "inputs": tensors(&handle.signature.inputs),
         "outputs": tensors(&handle.signature.outputs),
+        "parameters": { "family": handle.family },
     }))
     .into_response())
 }
@@ -226,7 +227,8 @@ async fn model_config(
             "preferred_batch_size": handle.settings.buckets.sizes(),
             "max_queue_delay_microseconds": 0,
         },
-        "instance_group": [{ "name": handle.name, "kind": "KIND_CPU", "count": 1 }],
+        "instance_group": [{ "name": handle.name, "kind": "KIND_CPU", "count": handle.settings.executors }],
+        "parameters": { "family": { "string_value": handle.family } },
     }))
     .into_response())
 }
