@@ -91,6 +91,12 @@ impl OrtEngine {
         })
     }
 
+    /// The process's ONNX Runtime environment, for building sessions by hand
+    /// (benchmarks of alternative session layouts).
+    pub fn environment(&self) -> &Environment {
+        &self.environment
+    }
+
     /// Compiles `request.onnx` once per bucket with a static batch dimension,
     /// binds preallocated tensors, and warms every bucket up.
     pub fn compile(&self, request: &CompileRequest<'_>) -> Result<OrtModel, String> {

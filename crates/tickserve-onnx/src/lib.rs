@@ -23,6 +23,19 @@ pub mod proto {
 
 use proto::tensor_shape_proto::dimension::Value as DimValue;
 
+/// One weight of a model, taken out of its graph.
+#[derive(Debug, Clone)]
+pub struct Weight {
+    /// The initializer's name (now a graph input).
+    pub name: String,
+    /// Its element type.
+    pub datatype: DataType,
+    /// Its dimensions.
+    pub dims: Vec<usize>,
+    /// Its values, little-endian.
+    pub data: Vec<u8>,
+}
+
 /// One dimension as the ONNX file declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dim {
@@ -102,6 +115,66 @@ impl OnnxModel {
     /// the values of their weights (see the `family` module).
     pub fn family_key(&self) -> String {
         family::family_key(&self.model)
+    }
+
+    /// This model with its weights turned into graph inputs (no initializers
+    /// left), and the weights themselves: one graph for a whole family, each
+    /// member's weights bound at run time. Weights must be stored as raw data
+    /// or as float data.
+    pub fn with_weights_as_inputs(&self) -> Result<(OnnxModel, Vec<Weight>), String> {
+        let mut model = self.model.clone();
+        let graph = model.graph.as_mut().ok_or("the ONNX file holds no graph")?;
+        let initializers = std::mem::take(&mut graph.initializer);
+        let mut weights = Vec::with_capacity(initializers.len());
+        for t in initializers {
+            let datatype = element_type(t.data_type()).ok_or_else(|| {
+                format!(
+                    "weight '{}' has an element type tickserve does not serve",
+                    t.name()
+                )
+            })?;
+            let data = if let Some(raw) = &t.raw_data {
+                raw.clone()
+            } else if datatype == DataType::Fp32 {
+                t.float_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+            } else {
+                return Err(format!(
+                    "weight '{}' is stored in a form tickserve does not read",
+                    t.name()
+                ));
+            };
+            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+            graph.input.push(proto::ValueInfoProto {
+                name: Some(t.name().to_string()),
+                r#type: Some(proto::TypeProto {
+                    value: Some(proto::type_proto::Value::TensorType(
+                        proto::type_proto::Tensor {
+                            elem_type: Some(t.data_type()),
+                            shape: Some(proto::TensorShapeProto {
+                                dim: t
+                                    .dims
+                                    .iter()
+                                    .map(|&d| proto::tensor_shape_proto::Dimension {
+                                        value: Some(DimValue::DimValue(d)),
+                                        denotation: None,
+                                    })
+                                    .collect(),
+                            }),
+                        },
+                    )),
+                    denotation: None,
+                }),
+                doc_string: None,
+                metadata_props: Vec::new(),
+            });
+            weights.push(Weight {
+                name: t.name().to_string(),
+                datatype,
+                dims,
+                data,
+            });
+        }
+        Ok((OnnxModel { model }, weights))
     }
 
     /// True when the graph holds a tree-ensemble operator (`ai.onnx.ml`
