@@ -1,8 +1,8 @@
 //! How to share one compiled graph across a family: `tick_000`'s graph run
 //! with its weights as constants (one session per model, today) against the
 //! same graph with its weights as inputs bound through IoBinding (one session
-//! per family), and the cost of swapping in another member's weights (rebinding
-//! its four weight tensors) before a run.
+//! per family), and two ways to swap in another member's weights before a run:
+//! rebinding its four weight tensors, or picking that member's own binding.
 //!
 //!     cargo bench -p tickserve-engine-ort --bench weights
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -116,6 +116,32 @@ fn bench(c: &mut Criterion) {
                         binding.bind_input(name.as_str(), t).unwrap();
                     }
                     drop(family.run_binding(&binding).unwrap())
+                })
+            },
+        );
+        // One binding per member, each bound once: a swap is picking a binding.
+        let input = tensor(&family, vec![batch as i64, 16], &x);
+        let mut shared_out =
+            DynTensor::new(family.allocator(), TensorElementType::Float32, [batch, 1]).unwrap();
+        let bindings: Vec<IoBinding> = resident
+            .iter()
+            .map(|weights| {
+                let mut b = family.create_binding().unwrap();
+                b.bind_input("features", &input).unwrap();
+                b.bind_output("signal", &mut shared_out).unwrap();
+                for (name, t) in weights {
+                    b.bind_input(name.as_str(), t).unwrap();
+                }
+                b
+            })
+            .collect();
+        let mut member = 0;
+        group.bench_function(
+            format!("binding_per_member_swap_each_run/batch{batch}"),
+            |b| {
+                b.iter(|| {
+                    member = (member + 1) % bindings.len();
+                    drop(family.run_binding(&bindings[member]).unwrap())
                 })
             },
         );
