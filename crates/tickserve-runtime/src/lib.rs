@@ -17,14 +17,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tickserve_core::config::ServerConfig;
 use tickserve_core::validate::validate;
-use tickserve_core::{DataType, Error, InferRequest, InferResponse, Signature, metrics as names};
+use tickserve_core::{DataType, Error, InferRequest, InferResponse, metrics as names};
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tokio::sync::oneshot;
 
+pub use crate::executor::Loaded;
 use crate::executor::{Executor, Intake, Job, LoadSpec};
 pub use crate::settings::ModelSettings;
 pub use crate::stats::ModelStats;
@@ -36,24 +37,23 @@ pub struct ModelHandle {
     pub name: String,
     /// The version, as the protocol spells it.
     pub version: String,
-    /// The full signature.
-    pub signature: Signature,
-    /// The effective settings.
-    pub settings: ModelSettings,
-    /// The family key: equal for models whose graphs differ only in weight values.
-    pub family: String,
-    /// Where it runs.
-    pub device: String,
-    /// Time to load, compile and warm up.
-    pub load_time: Duration,
-    /// Cumulative statistics.
-    pub stats: Arc<ModelStats>,
+    /// What its executors reported at load: signature, settings, family,
+    /// device, load time, statistics (also reached through `Deref`).
+    pub loaded: Loaded,
     /// The executor's queue. Sent to by [`Runtime::infer`], received by the
     /// executor thread; dropping every sender stops the thread.
     queue: Sender<Job>,
     /// The executors: each locked by its own thread for each batch, and by a
     /// caller that finds it idle with nothing queued, to run at once.
     executors: Vec<Arc<Mutex<Executor>>>,
+}
+
+impl std::ops::Deref for ModelHandle {
+    type Target = Loaded;
+
+    fn deref(&self) -> &Loaded {
+        &self.loaded
+    }
 }
 
 /// The state of one model version.
@@ -199,12 +199,7 @@ impl Runtime {
                 (None, Some(loaded)) => VersionState::Ready(Arc::new(ModelHandle {
                     name: name.clone(),
                     version: version.to_string(),
-                    signature: loaded.signature,
-                    settings: loaded.settings,
-                    family: loaded.family,
-                    device: loaded.device,
-                    load_time: loaded.load_time,
-                    stats: loaded.stats,
+                    loaded,
                     queue,
                     executors: loaded_executors,
                 })),

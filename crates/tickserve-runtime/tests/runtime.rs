@@ -60,25 +60,27 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// Each row of `x` run alone through `model` (input `features`, `width` wide):
+/// the unbatched answers batched runs are compared with.
+async fn single_row_answers(runtime: &Runtime, model: &str, width: usize, x: &[f32]) -> Vec<f32> {
+    let mut answers = Vec::new();
+    for row in x.chunks_exact(width) {
+        let out = runtime
+            .infer(request(model, "features", vec![1, width as i64], row))
+            .await
+            .unwrap();
+        answers.extend(floats(&out.outputs[0].data));
+    }
+    answers
+}
+
 #[tokio::test]
 async fn every_row_count_matches_single_row_runs() {
     let runtime = sample_runtime();
     assert!(runtime.all_ready());
     let rows = 200;
     let x = features(rows, 50, 7);
-    let mut singles = Vec::new();
-    for r in 0..rows {
-        let out = runtime
-            .infer(request(
-                "alpha_mlp",
-                "features",
-                vec![1, 50],
-                &x[r * 50..(r + 1) * 50],
-            ))
-            .await
-            .unwrap();
-        singles.extend(floats(&out.outputs[0].data));
-    }
+    let singles = single_row_answers(&runtime, "alpha_mlp", 50, &x).await;
     for n in [1, 3, 64, 65, 200] {
         let out = runtime
             .infer(request(
@@ -128,19 +130,7 @@ async fn refusals_name_the_problem() {
 async fn concurrent_callers_get_their_own_rows() {
     let runtime = std::sync::Arc::new(sample_runtime());
     let x = features(150, 16, 3);
-    let mut reference = Vec::new();
-    for r in 0..150 {
-        let out = runtime
-            .infer(request(
-                "tick_003",
-                "features",
-                vec![1, 16],
-                &x[r * 16..(r + 1) * 16],
-            ))
-            .await
-            .unwrap();
-        reference.extend(floats(&out.outputs[0].data));
-    }
+    let reference = single_row_answers(&runtime, "tick_003", 16, &x).await;
     let mut tasks = Vec::new();
     for caller in 0..48usize {
         let runtime = std::sync::Arc::clone(&runtime);
@@ -225,19 +215,7 @@ async fn batching_property(runtime: Runtime) {
     let runtime = std::sync::Arc::new(runtime);
     let pool_rows = 400;
     let x = features(pool_rows, 50, 11);
-    let mut reference = Vec::new();
-    for r in 0..pool_rows {
-        let out = runtime
-            .infer(request(
-                "alpha_mlp",
-                "features",
-                vec![1, 50],
-                &x[r * 50..(r + 1) * 50],
-            ))
-            .await
-            .unwrap();
-        reference.extend(floats(&out.outputs[0].data));
-    }
+    let reference = single_row_answers(&runtime, "alpha_mlp", 50, &x).await;
     let handle = std::sync::Arc::clone(runtime.model("alpha_mlp", None).unwrap());
     let runs_before = handle.stats.snapshot().execution_count;
     let mut rng = Xorshift(0x9E37_79B9_7F4A_7C15);

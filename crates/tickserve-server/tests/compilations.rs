@@ -8,17 +8,6 @@ mod common;
 
 use tickserve_core::metrics::GRAPH_COMPILATIONS;
 
-async fn metrics(client: &reqwest::Client, base: &str) -> String {
-    client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serving_compiles_nothing() {
     let repository = common::root().join("config/models");
@@ -26,7 +15,7 @@ async fn serving_compiles_nothing() {
     let base = format!("http://{}", server.http_addr);
     let client = reqwest::Client::new();
 
-    let at_ready = common::counter_total(&metrics(&client, &base).await, GRAPH_COMPILATIONS);
+    let at_ready = common::counter_total(&common::metrics_text(&base).await, GRAPH_COMPILATIONS);
     let models = server.shared().runtime.models();
     let buckets: usize = models
         .values()
@@ -64,7 +53,7 @@ async fn serving_compiles_nothing() {
             assert_eq!(response.status(), 200, "{name} with {rows} rows");
         }
     }
-    let after = common::counter_total(&metrics(&client, &base).await, GRAPH_COMPILATIONS);
+    let after = common::counter_total(&common::metrics_text(&base).await, GRAPH_COMPILATIONS);
     assert_eq!(after, at_ready, "compilations moved while serving");
     server.shutdown().await.unwrap();
 }

@@ -71,14 +71,7 @@ async fn metric_names_and_labels_are_pinned() {
         r.headers().contains_key("tickserve-compute-us"),
         "per-response compute time"
     );
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics_text(&base).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();
     let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -47,12 +47,7 @@ async fn a_full_queue_answers_429_at_once() {
     let url = format!("http://{}/v2/models/seq_lstm/infer", server.http_addr);
     let (ok, shed) = served_and_shed(&url, 64, 64, "queue is full").await;
     assert!(ok > 0 && shed > 0, "{ok} served, {shed} shed");
-    let metrics = reqwest::get(format!("http://{}/metrics", server.http_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_text(&format!("http://{}", server.http_addr)).await;
     assert!(
         metrics.contains(r#"tickserve_rejections_total{model="seq_lstm",reason="queue_full"}"#),
         "rejections are counted by reason"

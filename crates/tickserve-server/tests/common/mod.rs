@@ -117,3 +117,13 @@ pub fn flood(
         })
         .collect()
 }
+
+/// The Prometheus text of the server at `base` (`http://host:port`).
+pub async fn metrics_text(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
