@@ -19,7 +19,7 @@ const shed = new Rate('shed');
 export const options = shape.options('grpc_req_duration', 'errors');
 
 const requests = {};
-for (const name of ['alpha_mlp', 'tick_000', 'tick_001', 'tick_002', 'tick_003', 'tick_004', 'tick_005', 'tick_006', 'tick_007']) {
+for (const name of shape.models) {
   const n = shape.width(name);
   const row = new Float32Array(n).map((_, i) => i / n);
   requests[name] = {

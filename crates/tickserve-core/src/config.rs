@@ -110,6 +110,10 @@ pub struct ModelDefaults {
     pub max_queue_delay: Duration,
     /// Executors (threads, each with its own compiled sessions) per model.
     pub executors: usize,
+    /// Models of one family (same graph, different weights) share one compiled
+    /// graph per bucket, each run binding its model's weights (README, "Model
+    /// families"). `false` compiles every model on its own, weights as constants.
+    pub share_weights: bool,
 }
 
 impl Default for ModelDefaults {
@@ -120,6 +124,7 @@ impl Default for ModelDefaults {
             max_queue_rows: 4096,
             max_queue_delay: Duration::ZERO,
             executors: 1,
+            share_weights: true,
         }
     }
 }
@@ -182,6 +187,9 @@ pub struct ModelConfig {
     pub max_queue_delay: Option<Duration>,
     /// Executors for this model.
     pub executors: Option<usize>,
+    /// Whether this model shares its family's compiled graph (default: the
+    /// server's `model_defaults.share_weights`).
+    pub share_weights: Option<bool>,
     /// Where the model runs: `"cpu"` or `"auto"`.
     pub device: Option<Placement>,
     /// NaN/infinity policy (default: `reject`, `allow` for tree ensembles).

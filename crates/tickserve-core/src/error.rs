@@ -22,6 +22,15 @@ pub enum Error {
         /// What is there instead (versions of the model, or nothing).
         known: String,
     },
+    /// A model control request could not load the model; what served before
+    /// (if anything) still serves.
+    #[error("model '{model}': load failed: {reason}")]
+    LoadFailed {
+        /// The model asked for.
+        model: String,
+        /// Why, per version.
+        reason: String,
+    },
     /// The model exists but cannot serve: its load failed or it is unloading.
     #[error("model '{model}' version {version} is not ready: {reason}")]
     ModelNotReady {
@@ -218,7 +227,8 @@ impl Error {
             Error::ModelNotReady { .. } | Error::ShuttingDown => ErrorKind::Unavailable,
             Error::InvalidInput { .. }
             | Error::InvalidRequest { .. }
-            | Error::TooManyRows { .. } => ErrorKind::InvalidArgument,
+            | Error::TooManyRows { .. }
+            | Error::LoadFailed { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
             Error::QueueFull { .. } | Error::Overloaded { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,

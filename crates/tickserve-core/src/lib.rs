@@ -18,7 +18,7 @@ pub mod validate;
 
 pub use buckets::Buckets;
 pub use datatype::DataType;
-pub use engine::CompiledModel;
+pub use engine::{CompiledModel, MemberId, SOLE_MEMBER, Weight};
 pub use error::{Error, ErrorKind};
 pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor, Timing};
 pub use signature::{Signature, TensorSpec};

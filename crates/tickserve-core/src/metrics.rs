@@ -4,8 +4,9 @@
 //! Labels are bounded sets (model, version, bucket, device, protocol, code);
 //! never a request id.
 
-/// Graph compilations, labelled `model`, `bucket`, `device`. Moves only while
-/// models load; a move after ready is a bug.
+/// Graph compilations, labelled `family`, `bucket`, `device`: one per family ×
+/// bucket × executor, however many members share it. Moves only while a new
+/// family loads; a new member of a loaded family moves nothing.
 pub const GRAPH_COMPILATIONS: &str = "tickserve_graph_compilations_total";
 /// Requests answered, labelled `model`, `protocol`, `code`.
 pub const REQUESTS: &str = "tickserve_requests_total";
@@ -33,6 +34,9 @@ pub const PROCESS_CPU: &str = "tickserve_process_cpu_seconds_total";
 pub const MODEL_INFO: &str = "tickserve_model_info";
 /// Model readiness (1 ready, 0 not), labelled `model`, `version`.
 pub const MODEL_READY: &str = "tickserve_model_ready";
+/// Runs that bound another member's weights than the executor's previous
+/// run, labelled `family`, `device`.
+pub const WEIGHT_SWAPS: &str = "tickserve_weight_swaps_total";
 
 /// Histogram buckets for durations, in seconds: 10 µs to 100 ms.
 pub const DURATION_BUCKETS: [f64; 16] = [
@@ -87,6 +91,11 @@ pub fn describe() {
         "1 for each loaded model version, with its family key."
     );
     describe_gauge!(QUEUE_ROWS, Unit::Count, "Rows waiting in a model's queue.");
+    describe_counter!(
+        WEIGHT_SWAPS,
+        Unit::Count,
+        "Runs that bound another family member's weights than the run before."
+    );
     describe_counter!(
         REJECTIONS,
         Unit::Count,

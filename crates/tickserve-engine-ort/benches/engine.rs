@@ -8,7 +8,7 @@ use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel};
+use tickserve_core::{Buckets, CompiledModel, SOLE_MEMBER};
 use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
@@ -32,16 +32,17 @@ fn bench(c: &mut Criterion) {
         .expect("ONNX Runtime loads (run scripts/setup.sh)");
         let mut model = engine
             .compile(&CompileRequest {
-                model: "alpha_mlp",
+                family: "alpha_mlp",
                 onnx: &onnx,
                 signature: &signature,
                 buckets: &buckets,
+                weights: None,
             })
             .unwrap();
         for (index, size) in buckets.sizes().iter().enumerate() {
             model.input_mut(index, 0).fill(0x3f);
             group.bench_function(format!("threads{threads}/bucket{size}"), |b| {
-                b.iter(|| model.run(index).unwrap())
+                b.iter(|| model.run(index, SOLE_MEMBER).unwrap())
             });
         }
     }

@@ -1,23 +1,33 @@
-//! The ONNX Runtime engine: one session per model and signature bucket, each
-//! compiled with fully static shapes when the model loads, warmed up, and run
-//! through an IoBinding on preallocated input and output tensors.
+//! The ONNX Runtime engine: one session per model (or family) and signature
+//! bucket, each compiled with fully static shapes when the model loads, warmed
+//! up, and run through an IoBinding on preallocated input and output tensors.
 //!
 //! [`OrtEngine::new`] loads the ONNX Runtime shared library (a missing or wrong
 //! library is an error, not a panic). [`OrtEngine::compile`] turns an
 //! [`OnnxModel`] into an [`OrtModel`], which the executor thread that called it
 //! owns and drives through [`CompiledModel`]. ONNX Runtime's `run` takes
-//! `&mut self`, so a model's sessions belong to one thread.
+//! `&mut self`, so a model's sessions belong to one executor at a time.
+//!
+//! A family's graph takes its weights as inputs (see
+//! [`OnnxModel::with_weights_as_inputs`]): each member's weights are copied once
+//! into tensors ONNX Runtime owns, and each member has one IoBinding per bucket
+//! holding its weights and the bucket's shared input and output tensors. A
+//! weight swap is picking the member's binding: no copy, no rebinding (measured
+//! in `benches/weights.rs`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use ort::environment::Environment;
-use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, TensorElementType};
-use tickserve_core::{Buckets, CompiledModel, DataType, Signature, metrics as names};
+use tickserve_core::{
+    Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER, Signature, Weight, metrics as names,
+};
 use tickserve_onnx::{OnnxModel, PartialSignature};
 
 /// Runs of each bucket before a model reports ready.
@@ -40,16 +50,19 @@ pub struct OrtEngine {
 /// What a compilation needs to know about the model beyond its ONNX file.
 #[derive(Debug, Clone, Copy)]
 pub struct CompileRequest<'a> {
-    /// The model's name, for metrics and messages.
-    pub model: &'a str,
-    /// The parsed ONNX file.
+    /// The family key, for the compilations metric and messages.
+    pub family: &'a str,
+    /// The graph to compile: with its weights as constants, or (`weights`
+    /// given) with its weights as inputs.
     pub onnx: &'a OnnxModel,
     /// The signature resolved from the file and `model.toml`.
     pub signature: &'a PartialSignature,
     /// The batch sizes to compile.
     pub buckets: &'a Buckets,
+    /// For a graph that takes its weights as inputs: the first member's
+    /// weights, added as [`SOLE_MEMBER`] and used for the warm-up runs.
+    pub weights: Option<&'a [Weight]>,
 }
-
 impl OrtEngine {
     /// Loads ONNX Runtime from `library` and creates its environment, once per
     /// process: ONNX Runtime allows one environment per process, so later calls
@@ -98,10 +111,17 @@ impl OrtEngine {
     }
 
     /// Compiles `request.onnx` once per bucket with a static batch dimension,
-    /// binds preallocated tensors, and warms every bucket up.
+    /// binds preallocated tensors (and the first member's weights, for a graph
+    /// that takes them as inputs), and warms every bucket up.
     pub fn compile(&self, request: &CompileRequest<'_>) -> Result<OrtModel, String> {
-        let mut buckets = Vec::with_capacity(request.buckets.sizes().len());
+        let mut sessions = Vec::with_capacity(request.buckets.sizes().len());
         let mut output_dims: Option<Vec<Vec<usize>>> = None;
+        let weights = match request.weights {
+            Some(weights) => {
+                Some(weight_tensors(weights).map_err(|e| format!("cannot hold the weights: {e}"))?)
+            }
+            None => None,
+        };
         for &size in request.buckets.sizes() {
             let started = Instant::now();
             let bytes = request.onnx.with_static_batch(size, request.signature);
@@ -109,9 +129,9 @@ impl OrtEngine {
                 .session(&bytes)
                 .map_err(|e| format!("ONNX Runtime could not compile bucket {size}: {e}"))?;
             metrics::counter!(names::GRAPH_COMPILATIONS,
-                "model" => request.model.to_string(), "bucket" => size.to_string(), "device" => "cpu")
+                "family" => request.family.to_string(), "bucket" => size.to_string(), "device" => "cpu")
             .increment(1);
-            let bucket = BucketSession::new(session, size, request.signature)
+            let bucket = BucketSession::new(session, size, request.signature, weights.as_deref())
                 .map_err(|e| format!("bucket {size}: {e}"))?;
             match &output_dims {
                 None => output_dims = Some(bucket.output_dims.clone()),
@@ -124,18 +144,34 @@ impl OrtEngine {
                 }
                 Some(_) => {}
             }
-            tracing::debug!(model = request.model, bucket = size, elapsed = ?started.elapsed(), "compiled");
-            buckets.push(bucket);
+            tracing::debug!(family = request.family, bucket = size, elapsed = ?started.elapsed(), "compiled");
+            sessions.push(bucket);
         }
         let signature = request.signature.complete(output_dims.unwrap_or_default());
+        let weight_specs = request
+            .weights
+            .unwrap_or_default()
+            .iter()
+            .map(|w| WeightSpec {
+                name: w.name.clone(),
+                datatype: w.datatype,
+                dims: w.dims.clone(),
+            })
+            .collect();
         let mut model = OrtModel {
             signature,
             buckets: request.buckets.clone(),
-            sessions: buckets,
+            sessions,
+            weight_specs,
+            members: HashMap::new(),
         };
+        let first = model.bindings(weights.as_deref().unwrap_or_default())?;
+        model.members.insert(SOLE_MEMBER, first);
         for bucket in 0..model.sessions.len() {
             for _ in 0..WARMUP_RUNS {
-                model.run(bucket).map_err(|e| format!("warm-up: {e}"))?;
+                model
+                    .run(bucket, SOLE_MEMBER)
+                    .map_err(|e| format!("warm-up: {e}"))?;
             }
         }
         Ok(model)
@@ -152,31 +188,40 @@ impl OrtEngine {
     }
 }
 
-/// One bucket: a static-shape session and its bound, preallocated tensors.
+/// One bucket: a static-shape session and its preallocated input and output
+/// tensors, which every member's binding of this bucket shares.
 struct BucketSession {
     session: Session,
-    binding: IoBinding,
-    /// Input tensors, in signature order; bound once, written before each run.
+    /// Input tensors, in signature order; written before each run.
     inputs: Vec<DynTensor>,
-    /// Output tensors, in signature order; bound once, filled by each run.
+    /// Output tensors, in signature order; filled by each run.
     outputs: Vec<DynTensor>,
     output_dims: Vec<Vec<usize>>,
 }
 
 impl BucketSession {
-    fn new(session: Session, size: usize, signature: &PartialSignature) -> ort::Result<Self> {
-        let mut binding = session.create_binding()?;
+    /// Allocates the bucket's tensors; a first run (with `weights` bound, for a
+    /// graph that takes them as inputs) tells the output shapes, since the file
+    /// may leave non-batch output dimensions symbolic.
+    fn new(
+        session: Session,
+        size: usize,
+        signature: &PartialSignature,
+        weights: Option<&[(String, DynTensor)]>,
+    ) -> ort::Result<Self> {
+        let mut probe = session.create_binding()?;
         let mut inputs = Vec::with_capacity(signature.inputs.len());
         for spec in &signature.inputs {
             let shape: Vec<i64> = std::iter::once(size as i64)
                 .chain(spec.dims.iter().map(|&d| d as i64))
                 .collect();
             let tensor = DynTensor::new(session.allocator(), element_type(spec.datatype), shape)?;
-            binding.bind_input(spec.name.as_str(), &tensor)?;
+            probe.bind_input(spec.name.as_str(), &tensor)?;
             inputs.push(tensor);
         }
-        // A first run with outputs on ONNX Runtime's allocator tells the output shapes
-        // (the file may leave non-batch output dimensions symbolic).
+        for (name, tensor) in weights.unwrap_or_default() {
+            probe.bind_input(name.as_str(), tensor)?;
+        }
         let cpu = MemoryInfo::new(
             AllocationDevice::CPU,
             0,
@@ -184,12 +229,12 @@ impl BucketSession {
             MemoryType::Default,
         )?;
         for (name, _, _) in &signature.outputs {
-            binding.bind_output_to_device(name.as_str(), &cpu)?;
+            probe.bind_output_to_device(name.as_str(), &cpu)?;
         }
         let mut output_shapes = Vec::with_capacity(signature.outputs.len());
         let mut session = session;
         {
-            let outputs = session.run_binding(&binding)?;
+            let outputs = session.run_binding(&probe)?;
             for (name, _, _) in &signature.outputs {
                 let value = &outputs[name.as_str()];
                 let dims: Vec<i64> = match value.dtype() {
@@ -203,7 +248,7 @@ impl BucketSession {
                 output_shapes.push(dims);
             }
         }
-        binding.clear_outputs();
+        drop(probe);
         let mut outputs = Vec::with_capacity(signature.outputs.len());
         let mut output_dims = Vec::with_capacity(signature.outputs.len());
         for ((name, datatype, declared), shape) in signature.outputs.iter().zip(output_shapes) {
@@ -223,26 +268,129 @@ impl BucketSession {
                     "output '{name}' has dimensions {dims:?} after the batch; the model declares {declared:?}"
                 )));
             }
-            let mut tensor = DynTensor::new(session.allocator(), element_type(*datatype), shape)?;
-            binding.bind_output(name.as_str(), &mut tensor)?;
-            outputs.push(tensor);
+            outputs.push(DynTensor::new(
+                session.allocator(),
+                element_type(*datatype),
+                shape,
+            )?);
             output_dims.push(dims);
         }
         Ok(BucketSession {
             session,
-            binding,
             inputs,
             outputs,
             output_dims,
         })
     }
+
+    /// A binding of this bucket's tensors and one member's weights.
+    fn bind(
+        &mut self,
+        signature: &Signature,
+        weights: &[(String, DynTensor)],
+    ) -> ort::Result<IoBinding> {
+        let mut binding = self.session.create_binding()?;
+        for (spec, tensor) in signature.inputs.iter().zip(&self.inputs) {
+            binding.bind_input(spec.name.as_str(), tensor)?;
+        }
+        for (name, tensor) in weights {
+            binding.bind_input(name.as_str(), tensor)?;
+        }
+        for (spec, tensor) in signature.outputs.iter().zip(&mut self.outputs) {
+            binding.bind_output(spec.name.as_str(), tensor)?;
+        }
+        Ok(binding)
+    }
 }
 
-/// A model compiled for every bucket on the CPU.
+/// What the graph expects of one weight input.
+#[derive(Debug, Clone)]
+struct WeightSpec {
+    name: String,
+    datatype: DataType,
+    dims: Vec<usize>,
+}
+
+/// Copies `weights` into tensors ONNX Runtime owns, once.
+fn weight_tensors(weights: &[Weight]) -> ort::Result<Vec<(String, DynTensor)>> {
+    let allocator = Allocator::default();
+    weights
+        .iter()
+        .map(|w| {
+            let mut tensor = DynTensor::new(
+                &allocator,
+                element_type(w.datatype),
+                w.dims.iter().map(|&d| d as i64).collect::<Vec<i64>>(),
+            )?;
+            let ptr = tensor.data_ptr_mut().cast::<u8>();
+            let len = w.dims.iter().product::<usize>() * w.datatype.size();
+            if len != w.data.len() {
+                return Err(ort::Error::new(format!(
+                    "weight '{}' holds {} bytes; its shape {:?} of {} needs {len}",
+                    w.name,
+                    w.data.len(),
+                    w.dims,
+                    w.datatype
+                )));
+            }
+            // SAFETY: a CPU tensor of exactly `len` bytes, just allocated and not yet shared.
+            unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(&w.data);
+            Ok((w.name.clone(), tensor))
+        })
+        .collect()
+}
+
+/// A model compiled for every bucket on the CPU, with its members' bindings.
 pub struct OrtModel {
     signature: Signature,
     buckets: Buckets,
     sessions: Vec<BucketSession>,
+    /// The weights the graph takes as inputs; empty when they are constants.
+    weight_specs: Vec<WeightSpec>,
+    /// Each member's bindings, one per bucket; each holds the member's weight
+    /// tensors (ONNX Runtime keeps a bound input alive) and the bucket's shared
+    /// input and output tensors. A swap is picking another binding.
+    members: HashMap<MemberId, Vec<IoBinding>>,
+}
+
+impl OrtModel {
+    /// One binding per bucket of the buckets' tensors and `weights`.
+    fn bindings(&mut self, weights: &[(String, DynTensor)]) -> Result<Vec<IoBinding>, String> {
+        let signature = &self.signature;
+        self.sessions
+            .iter_mut()
+            .map(|bucket| {
+                bucket
+                    .bind(signature, weights)
+                    .map_err(|e| format!("cannot bind: {e}"))
+            })
+            .collect()
+    }
+
+    /// Checks that `weights` are exactly the ones the graph takes, in any order.
+    fn check_weights(&self, weights: &[Weight]) -> Result<(), String> {
+        if weights.len() != self.weight_specs.len() {
+            return Err(format!(
+                "the family's graph takes {} weights; this model has {}",
+                self.weight_specs.len(),
+                weights.len()
+            ));
+        }
+        for w in weights {
+            let spec = self
+                .weight_specs
+                .iter()
+                .find(|s| s.name == w.name)
+                .ok_or_else(|| format!("the family's graph has no weight '{}'", w.name))?;
+            if spec.datatype != w.datatype || spec.dims != w.dims {
+                return Err(format!(
+                    "weight '{}' is {} {:?}; the family's graph takes {} {:?}",
+                    w.name, w.datatype, w.dims, spec.datatype, spec.dims
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl CompiledModel for OrtModel {
@@ -268,11 +416,16 @@ impl CompiledModel for OrtModel {
         unsafe { std::slice::from_raw_parts_mut(ptr, len) }
     }
 
-    fn run(&mut self, bucket: usize) -> Result<(), String> {
-        let b = &mut self.sessions[bucket];
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), String> {
+        let binding = self
+            .members
+            .get(&member)
+            .and_then(|b| b.get(bucket))
+            .ok_or_else(|| format!("member {member} is not loaded"))?;
         // The outputs land in the bound tensors; the returned handles are dropped here.
-        b.session
-            .run_binding(&b.binding)
+        self.sessions[bucket]
+            .session
+            .run_binding(binding)
             .map(drop)
             .map_err(|e| e.to_string())
     }
@@ -286,6 +439,21 @@ impl CompiledModel for OrtModel {
         // of this output's datatype (checked at compile), `len` bytes; `&self` keeps
         // `run` (which writes it) from running while the slice lives.
         unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), String> {
+        if self.weight_specs.is_empty() {
+            return Err("this model was compiled with its weights as constants".to_string());
+        }
+        self.check_weights(weights)?;
+        let tensors = weight_tensors(weights).map_err(|e| format!("cannot hold weights: {e}"))?;
+        let bindings = self.bindings(&tensors)?;
+        self.members.insert(member, bindings);
+        Ok(())
+    }
+
+    fn remove_member(&mut self, member: MemberId) {
+        self.members.remove(&member);
     }
 }
 

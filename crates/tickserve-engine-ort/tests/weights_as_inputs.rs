@@ -1,16 +1,14 @@
-//! One graph for a family: `tick_000`'s graph with its weights as inputs, each
-//! member's weights bound in turn, gives every member exactly what its own
-//! session gives.
+//! One graph for a family: `tick_000`'s graph compiled once per bucket with its
+//! weights as inputs, every other member added with `add_member`, gives each
+//! member exactly what that member's own constant-weight compilation gives, in
+//! every bucket; wrong weights are refused, and a removed member no longer runs.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::path::Path;
 
-use ort::session::Session;
-use ort::session::builder::GraphOptimizationLevel;
-use ort::value::{DynTensor, TensorElementType};
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel};
+use tickserve_core::{Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER};
 use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
@@ -21,83 +19,109 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-fn tensor(session: &Session, shape: Vec<i64>, data: &[u8]) -> DynTensor {
-    let mut t = DynTensor::new(session.allocator(), TensorElementType::Float32, shape).unwrap();
-    let ptr = t.data_ptr_mut().cast::<u8>();
-    // SAFETY: a CPU tensor of exactly data.len() bytes, just allocated.
-    unsafe { std::slice::from_raw_parts_mut(ptr, data.len()) }.copy_from_slice(data);
-    t
-}
-
-#[test]
-fn every_member_through_the_shared_graph_equals_its_own_session() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let engine = OrtEngine::new(
+fn engine(root: &Path) -> OrtEngine {
+    OrtEngine::new(
         &root.join(".local/lib/libonnxruntime.so.1.31.1"),
         OrtOptions {
             intra_op_threads: 1,
         },
     )
-    .expect("run scripts/setup.sh");
-    let read = |m: usize| {
-        OnnxModel::parse(
-            &std::fs::read(root.join(format!("config/models/tick_{m:03}/1/model.onnx"))).unwrap(),
-        )
-        .unwrap()
-    };
-    let reference = read(0);
+    .expect("run scripts/setup.sh")
+}
+
+fn read(root: &Path, m: usize) -> OnnxModel {
+    OnnxModel::parse(
+        &std::fs::read(root.join(format!("config/models/tick_{m:03}/1/model.onnx"))).unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn every_member_through_the_shared_graph_equals_its_own_compilation_in_every_bucket() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let engine = engine(&root);
+    let buckets = Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None).unwrap();
+    let reference = read(&root, 0);
     let signature = reference.signature(&ModelConfig::default()).unwrap();
-    let (shared, _) = reference.with_weights_as_inputs().unwrap();
-    let batch = 8usize;
-    let mut family = Session::builder(engine.environment())
-        .unwrap()
-        .with_optimization_level(GraphOptimizationLevel::All)
-        .unwrap()
-        .commit_from_memory(&shared.with_static_batch(batch, &signature))
+    let (graph, first) = reference.with_weights_as_inputs().unwrap();
+    let mut family = engine
+        .compile(&CompileRequest {
+            family: &reference.family_key(),
+            onnx: &graph,
+            signature: &signature,
+            buckets: &buckets,
+            weights: Some(&first),
+        })
         .unwrap();
-    let x: Vec<u8> = (0..batch * 16)
-        .flat_map(|i| ((i % 7) as f32 - 3.0).to_le_bytes())
-        .collect();
-    let buckets = Buckets::new(&[batch], None).unwrap();
+    let mut own_models = Vec::new();
     for m in 0..8 {
-        let member = read(m);
+        let member = read(&root, m);
         assert_eq!(member.family_key(), reference.family_key());
-        // The member's own session.
-        let mut own = engine
-            .compile(&CompileRequest {
-                model: "m",
-                onnx: &member,
-                signature: &signature,
-                buckets: &buckets,
-            })
-            .unwrap();
-        own.input_mut(0, 0).copy_from_slice(&x);
-        own.run(0).unwrap();
-        let want = floats(own.output(0, 0));
-        // The shared graph with this member's weights bound.
-        let (_, weights) = member.with_weights_as_inputs().unwrap();
-        let mut binding = family.create_binding().unwrap();
-        binding
-            .bind_input("features", &tensor(&family, vec![batch as i64, 16], &x))
-            .unwrap();
-        for w in &weights {
-            let shape = w.dims.iter().map(|&d| d as i64).collect();
-            binding
-                .bind_input(w.name.as_str(), &tensor(&family, shape, &w.data))
-                .unwrap();
+        if m > 0 {
+            let (_, weights) = member.with_weights_as_inputs().unwrap();
+            family.add_member(m as MemberId, &weights).unwrap();
         }
-        let mut out =
-            DynTensor::new(family.allocator(), TensorElementType::Float32, [batch, 1]).unwrap();
-        binding.bind_output("signal", &mut out).unwrap();
-        drop(family.run_binding(&binding).unwrap());
-        // SAFETY: the bound output is a CPU tensor of [batch, 1] f32, written by the run.
-        let got =
-            floats(unsafe { std::slice::from_raw_parts(out.data_ptr().cast::<u8>(), batch * 4) });
-        for (a, b) in got.iter().zip(&want) {
-            assert!(
-                (a - b).abs() <= 1e-5 * b.abs().max(1e-6),
-                "tick_{m:03}: {a} vs {b}"
-            );
+        own_models.push(
+            engine
+                .compile(&CompileRequest {
+                    family: "own",
+                    onnx: &member,
+                    signature: &signature,
+                    buckets: &buckets,
+                    weights: None,
+                })
+                .unwrap(),
+        );
+    }
+    for (bucket, &size) in buckets.sizes().iter().enumerate() {
+        let x: Vec<u8> = (0..size * 16)
+            .flat_map(|i| (((i * 37) % 101) as f32 / 25.0 - 2.0).to_le_bytes())
+            .collect();
+        for (m, own) in own_models.iter_mut().enumerate() {
+            own.input_mut(bucket, 0).copy_from_slice(&x);
+            own.run(bucket, SOLE_MEMBER).unwrap();
+            let want = floats(own.output(bucket, 0));
+            family.input_mut(bucket, 0).copy_from_slice(&x);
+            family.run(bucket, m as MemberId).unwrap();
+            let got = floats(family.output(bucket, 0));
+            assert_eq!(got.len(), size);
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1e-6),
+                    "tick_{m:03} bucket {size}: {a} vs {b}"
+                );
+            }
         }
     }
+    // Members really differ: the same input gives different outputs.
+    family.run(0, 0).unwrap();
+    let zero = floats(family.output(0, 0));
+    family.run(0, 1).unwrap();
+    assert_ne!(zero, floats(family.output(0, 0)));
+
+    // Wrong weights are refused with a reason; a constant-weight model takes no members.
+    let (_, mut wrong) = read(&root, 1).with_weights_as_inputs().unwrap();
+    wrong[0].dims.push(1);
+    let err = family.add_member(99, &wrong).unwrap_err();
+    assert!(err.contains(&wrong[0].name), "{err}");
+    wrong.pop();
+    assert!(family.add_member(99, &wrong).is_err());
+    let mut renamed = read(&root, 1).with_weights_as_inputs().unwrap().1;
+    renamed[0].name = "nope".into();
+    renamed[0].datatype = DataType::Fp32;
+    assert!(
+        family
+            .add_member(99, &renamed)
+            .unwrap_err()
+            .contains("nope")
+    );
+    assert!(
+        own_models[0]
+            .add_member(5, &read(&root, 5).with_weights_as_inputs().unwrap().1)
+            .is_err()
+    );
+
+    family.remove_member(3);
+    assert!(family.run(0, 3).unwrap_err().contains("member 3"));
+    family.run(0, 4).unwrap();
 }

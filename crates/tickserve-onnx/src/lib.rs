@@ -23,18 +23,7 @@ pub mod proto {
 
 use proto::tensor_shape_proto::dimension::Value as DimValue;
 
-/// One weight of a model, taken out of its graph.
-#[derive(Debug, Clone)]
-pub struct Weight {
-    /// The initializer's name (now a graph input).
-    pub name: String,
-    /// Its element type.
-    pub datatype: DataType,
-    /// Its dimensions.
-    pub dims: Vec<usize>,
-    /// Its values, little-endian.
-    pub data: Vec<u8>,
-}
+pub use tickserve_core::Weight;
 
 /// One dimension as the ONNX file declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,37 +1,40 @@
-//! Executors: OS threads that each load a model version, compile it for every
-//! bucket, own the compiled sessions, and run batches of requests.
+//! Executors: OS threads that each compile a family's graph for every bucket,
+//! own the compiled sessions, and run batches of requests.
 //!
-//! The loader calls [`spawn`] once per executor of a model version; each thread
-//! reports its load outcome once, then takes batches from the model's shared
-//! [`Intake`] (the channel callers send to, and the [`BatchQueue`] policy over
-//! it) until the channel closes and the queue is empty. A batch's rows are
+//! The loader calls [`spawn`] once per executor of a family; each thread
+//! reports its compile outcome once, then takes batches from the family's
+//! shared [`Intake`] (the channel callers send to, and the [`BatchQueue`]
+//! policy over it) until the channel closes and the queue is empty. Every
+//! batch is one member's requests, run with that member's weights. A batch's rows are
 //! copied one request after another into the chosen bucket's input buffers
 //! (zero-padded), run, and copied back out to each caller; a request larger
 //! than the largest bucket runs alone, as several bucket runs. Each caller gets
 //! its answer on its job's oneshot channel; a caller that left is not an error.
 
-use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tickserve_core::config::{ModelConfig, ModelDefaults};
 use tickserve_core::validate::ValidRequest;
 use tickserve_core::{
-    CompiledModel, Error, InferResponse, OutputTensor, Signature, TensorSpec, metrics as names,
+    Buckets, CompiledModel, Error, InferResponse, MemberId, OutputTensor, Signature, TensorSpec,
+    Weight, metrics as names,
 };
 use tickserve_engine_ort::{CompileRequest, OrtEngine};
-use tickserve_onnx::OnnxModel;
+use tickserve_onnx::{OnnxModel, PartialSignature};
 use tokio::sync::oneshot;
 
+use crate::family::{Member, RetiredLog};
 use crate::gather::{BatchQueue, Decision, Queued};
-use crate::settings::ModelSettings;
-use crate::stats::{ModelStats, RequestCost};
+use crate::stats::RequestCost;
 
-/// One admitted request, queued for its model's executor.
+/// One admitted request, queued for its family's executors.
 #[derive(Debug)]
 pub struct Job {
+    /// The model version it is for: whose weights, statistics and metrics.
+    pub member: Arc<Member>,
     /// The validated request.
     pub request: ValidRequest,
     /// The request id, echoed back.
@@ -44,40 +47,27 @@ pub struct Job {
     pub reply: oneshot::Sender<Result<InferResponse, Error>>,
 }
 
-/// What an executor needs to load its model.
-#[derive(Debug, Clone)]
-pub struct LoadSpec {
-    /// The model's name.
-    pub name: String,
-    /// The version number.
-    pub version: u64,
-    /// Path of the version's `model.onnx`.
-    pub onnx_path: PathBuf,
-    /// The model's `model.toml`.
-    pub config: ModelConfig,
-    /// The server's model defaults.
-    pub defaults: ModelDefaults,
-}
-
-/// A model that loaded, as its executor reports it.
-#[derive(Debug, Clone)]
-pub struct Loaded {
-    /// The full signature.
-    pub signature: Signature,
-    /// The effective settings.
-    pub settings: ModelSettings,
-    /// The family key: equal for models that differ only in weight values.
+/// What an executor compiles: a family's graph for every bucket.
+#[derive(Debug)]
+pub struct CompileInput {
+    /// The family key, for metrics and messages.
     pub family: String,
-    /// Where it runs (`cpu`).
-    pub device: String,
-    /// Time to parse, compile every bucket and warm up.
-    pub load_time: Duration,
-    /// The model's statistics, shared with the front ends.
-    pub stats: Arc<ModelStats>,
+    /// The graph: weights as constants, or as inputs when `weights` is given.
+    pub graph: OnnxModel,
+    /// The signature resolved from the file and `model.toml`.
+    pub signature: PartialSignature,
+    /// The batch sizes to compile.
+    pub buckets: Buckets,
+    /// The first member's weights, for a graph that takes them as inputs.
+    pub weights: Option<Vec<Weight>>,
 }
 
-/// Where an executor reports, once, whether its model loaded.
-pub type LoadReport = Receiver<Result<(Loaded, Arc<Mutex<Executor>>), String>>;
+/// What an executor reports once it has compiled: the full signature, its
+/// device, the compile time, and the executor itself.
+pub type Compiled = (Signature, String, Duration, Arc<Mutex<Executor>>);
+
+/// Where an executor reports, once, whether its compile succeeded.
+pub type LoadReport = Receiver<Result<Compiled, String>>;
 
 impl Queued for Job {
     fn rows(&self) -> usize {
@@ -88,6 +78,9 @@ impl Queued for Job {
     }
     fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+    fn member(&self) -> MemberId {
+        self.member.id
     }
 }
 
@@ -165,12 +158,13 @@ fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
         let mut executor = executor
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let leaving = batch
-            .iter()
-            .chain(&expired)
-            .map(|job| job.request.rows)
-            .sum();
-        executor.stats.queue.leave(leaving);
+        let mut leaving = 0;
+        for job in batch.iter().chain(&expired) {
+            job.member.stats.queue.leave(job.request.rows);
+            leaving += job.request.rows;
+        }
+        executor.queued.fetch_sub(leaving, Ordering::AcqRel);
+        executor.forget_retired();
         for job in expired.drain(..) {
             executor.refuse_expired(job);
         }
@@ -183,39 +177,40 @@ fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
     }
 }
 
-/// Starts an executor thread for `spec`: it loads and compiles the model,
-/// reports on the returned receiver, and on success serves batches from
-/// `intake`, recording into `stats`.
+/// Starts executor thread `index` of family `input.family`: it compiles the
+/// graph, reports on the returned receiver, and on success serves batches
+/// from `intake`.
 pub fn spawn(
-    spec: LoadSpec,
+    input: Arc<CompileInput>,
     engine: OrtEngine,
-    stats: Arc<ModelStats>,
     intake: Arc<Mutex<Intake>>,
+    shared: ExecutorShared,
     index: usize,
 ) -> std::io::Result<(JoinHandle<()>, LoadReport)> {
     let (report_tx, report_rx) = std::sync::mpsc::sync_channel(1);
-    let thread_name = format!("exec-{}-{}-{index}", spec.name, spec.version);
+    let thread_name = format!(
+        "exec-{}-{index}",
+        &input.family[..input.family.len().min(8)]
+    );
     let handle = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
             let started = Instant::now();
-            match load(&spec, &engine) {
-                Ok((model, settings, family)) => {
-                    let loaded = Loaded {
-                        signature: model.signature().clone(),
-                        settings,
-                        family,
-                        device: model.device().to_string(),
-                        load_time: started.elapsed(),
-                        stats: Arc::clone(&stats),
-                    };
-                    let executor = Arc::new(Mutex::new(Executor::new(
-                        spec.name,
-                        spec.version.to_string(),
-                        model,
-                        stats,
-                    )));
-                    let _ = report_tx.send(Ok((loaded, Arc::clone(&executor))));
+            let compiled = engine.compile(&CompileRequest {
+                family: &input.family,
+                onnx: &input.graph,
+                signature: &input.signature,
+                buckets: &input.buckets,
+                weights: input.weights.as_deref(),
+            });
+            drop(input);
+            match compiled {
+                Ok(model) => {
+                    let signature = model.signature().clone();
+                    let device = model.device().to_string();
+                    let executor = Arc::new(Mutex::new(Executor::new(Box::new(model), shared)));
+                    let report = (signature, device, started.elapsed(), Arc::clone(&executor));
+                    let _ = report_tx.send(Ok(report));
                     drop(report_tx);
                     serve(&executor, &intake);
                 }
@@ -227,94 +222,108 @@ pub fn spawn(
     Ok((handle, report_rx))
 }
 
-fn load(
-    spec: &LoadSpec,
-    engine: &OrtEngine,
-) -> Result<(Box<dyn CompiledModel>, ModelSettings, String), String> {
-    let bytes = std::fs::read(&spec.onnx_path)
-        .map_err(|e| format!("cannot read {}: {e}", spec.onnx_path.display()))?;
-    let onnx = OnnxModel::parse(&bytes)?;
-    let settings = ModelSettings::resolve(&spec.config, &spec.defaults, onnx.is_tree_ensemble())?;
-    let signature = onnx.signature(&spec.config)?;
-    let model = engine.compile(&CompileRequest {
-        model: &spec.name,
-        onnx: &onnx,
-        signature: &signature,
-        buckets: &settings.buckets,
-    })?;
-    Ok((Box::new(model), settings, onnx.family_key()))
+/// What every executor of a family shares with the family.
+#[derive(Debug, Clone)]
+pub struct ExecutorShared {
+    /// The family key, for the weight-swap metric.
+    pub family: String,
+    /// Rows queued for any member.
+    pub queued: Arc<AtomicUsize>,
+    /// Members that left.
+    pub retired: Arc<RetiredLog>,
 }
 
-/// A loaded model and what serving it needs: its compiled buckets, its
-/// statistics and its metric handles.
+/// A family's compiled graph on one device and what running it needs.
 pub struct Executor {
-    name: String,
-    version: String,
     model: Box<dyn CompiledModel>,
-    /// The model's buckets (a copy, so planning does not borrow the model).
-    buckets: tickserve_core::Buckets,
-    stats: Arc<ModelStats>,
+    /// The model's buckets (shared, so planning borrows neither the model nor self).
+    buckets: Arc<Buckets>,
     /// Row sizes in bytes, per input and per output (fixed at load).
     input_row_bytes: Vec<usize>,
     output_row_bytes: Vec<usize>,
-    /// Metric handles, made once: `compute[bucket]`.
-    compute: Vec<metrics::Histogram>,
-    queue_wait: metrics::Histogram,
-    batch_rows: metrics::Histogram,
-    padded_rows: metrics::Histogram,
+    queued: Arc<AtomicUsize>,
+    retired: Arc<RetiredLog>,
+    /// How many retired ids this executor has already freed.
+    retired_seen: usize,
+    /// The member whose weights the last run bound.
+    last_member: Option<MemberId>,
+    weight_swaps: metrics::Counter,
 }
 
 impl std::fmt::Debug for Executor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Executor")
-            .field("model", &self.name)
-            .field("version", &self.version)
+            .field("buckets", &self.buckets)
             .finish_non_exhaustive()
     }
 }
 
 impl Executor {
-    fn new(
-        name: String,
-        version: String,
-        model: Box<dyn CompiledModel>,
-        stats: Arc<ModelStats>,
-    ) -> Self {
+    fn new(model: Box<dyn CompiledModel>, shared: ExecutorShared) -> Self {
         let signature = model.signature();
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
-        let compute = model
-            .buckets()
-            .sizes()
-            .iter()
-            .map(|size| {
-                metrics::histogram!(names::COMPUTE_DURATION, "model" => name.clone(),
-                    "bucket" => size.to_string(), "device" => model.device().to_string())
-            })
-            .collect();
-        let queue_wait = metrics::histogram!(names::QUEUE_DURATION, "model" => name.clone());
-        let batch_rows = metrics::histogram!(names::BATCH_ROWS, "model" => name.clone());
-        let padded_rows = metrics::histogram!(names::PADDED_ROWS, "model" => name.clone());
+        let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
+            "family" => shared.family, "device" => model.device().to_string());
         Executor {
-            name,
-            version,
-            buckets: model.buckets().clone(),
+            buckets: Arc::new(model.buckets().clone()),
             model,
-            stats,
             input_row_bytes,
             output_row_bytes,
-            compute,
-            queue_wait,
-            batch_rows,
-            padded_rows,
+            queued: shared.queued,
+            retired: shared.retired,
+            retired_seen: 0,
+            last_member: None,
+            weight_swaps,
         }
     }
 
-    /// Answers one request: refuses it if its deadline passed while it
-    /// waited, otherwise runs it. Called by the executor thread for queued
-    /// jobs and by the caller's own thread when the executor was idle.
+    /// Makes `weights` resident as member `id`'s (see [`CompiledModel::add_member`]).
+    pub fn add_member(&mut self, id: MemberId, weights: &[Weight]) -> Result<(), String> {
+        self.model.add_member(id, weights)
+    }
+
+    /// Frees member `id`'s weights.
+    pub fn remove_member(&mut self, id: MemberId) {
+        self.model.remove_member(id);
+    }
+
+    /// Frees the weights of members that left since the last call.
+    pub fn forget_retired(&mut self) {
+        if let Some(ids) = self.retired.since(self.retired_seen) {
+            self.retired_seen += ids.len();
+            for id in ids {
+                self.model.remove_member(id);
+            }
+        }
+    }
+
+    /// Runs bucket `bucket` with `member`'s weights, counting a weight swap
+    /// when the previous run bound another member's.
+    fn run_bucket(&mut self, bucket: usize, member: &Member) -> Result<Duration, Error> {
+        if self.last_member.is_some_and(|last| last != member.id) {
+            self.weight_swaps.increment(1);
+        }
+        self.last_member = Some(member.id);
+        let started = Instant::now();
+        self.model
+            .run(bucket, member.id)
+            .map_err(|message| Error::Internal {
+                model: member.name.clone(),
+                message,
+            })?;
+        let elapsed = started.elapsed();
+        member.metrics.compute[bucket].record(elapsed.as_secs_f64());
+        member.stats.record_run(bucket, elapsed);
+        Ok(elapsed)
+    }
+
+    /// Answers one request for `member`: refuses it if its deadline passed
+    /// while it waited, otherwise runs it. Called by the executor thread for
+    /// queued jobs and by the caller's own thread when the executor was idle.
     pub fn answer(
         &mut self,
+        member: &Member,
         request: &ValidRequest,
         id: String,
         admitted: Instant,
@@ -326,19 +335,19 @@ impl Executor {
             rows: request.rows,
             ..RequestCost::default()
         };
-        self.queue_wait.record(cost.waited.as_secs_f64());
+        member.metrics.queue_wait.record(cost.waited.as_secs_f64());
         let result = if deadline.is_some_and(|d| started >= d) {
-            self.stats.queue.expired();
+            member.stats.queue.expired();
             Err(Error::DeadlineExceeded {
-                model: self.name.clone(),
+                model: member.name.clone(),
                 waited: cost.waited,
             })
         } else {
-            self.run(request, id, &mut cost)
+            self.run(member, request, id, &mut cost)
         };
         cost.ok = result.is_ok();
         cost.total = started.elapsed();
-        self.stats.record_request(&cost);
+        member.stats.record_request(&cost);
         result
     }
 
@@ -346,25 +355,32 @@ impl Executor {
     /// it is never computed.
     pub fn refuse_expired(&mut self, job: Job) {
         let waited = job.admitted.elapsed();
-        self.stats.queue.expired();
-        self.stats.record_request(&RequestCost {
+        job.member.stats.queue.expired();
+        job.member.stats.record_request(&RequestCost {
             waited,
             rows: job.request.rows,
             ..RequestCost::default()
         });
         let _ = job.reply.send(Err(Error::DeadlineExceeded {
-            model: self.name.clone(),
+            model: job.member.name.clone(),
             waited,
         }));
     }
 
-    /// Answers a batch of queued jobs, emptying `jobs`: expired ones get
-    /// DEADLINE_EXCEEDED without being computed; the rest run together in one
-    /// bucket run (or, for a lone job larger than the largest bucket, split).
+    /// Answers a batch of queued jobs of one member, emptying `jobs`: expired
+    /// ones get DEADLINE_EXCEEDED without being computed; the rest run
+    /// together in one bucket run (or, for a lone job larger than the largest
+    /// bucket, split).
     pub fn answer_batch(&mut self, jobs: &mut Vec<Job>) {
         if jobs.len() <= 1 {
             if let Some(job) = jobs.pop() {
-                let result = self.answer(&job.request, job.id, job.admitted, job.deadline);
+                let result = self.answer(
+                    &job.member,
+                    &job.request,
+                    job.id,
+                    job.admitted,
+                    job.deadline,
+                );
                 let _ = job.reply.send(result);
             }
             return;
@@ -383,17 +399,20 @@ impl Executor {
                 rows: job.request.rows,
                 ..RequestCost::default()
             };
-            self.queue_wait.record(cost.waited.as_secs_f64());
+            job.member
+                .metrics
+                .queue_wait
+                .record(cost.waited.as_secs_f64());
             costs.push(cost);
             live.push(job);
         }
-        if live.is_empty() {
+        let Some(member) = live.first().map(|job| Arc::clone(&job.member)) else {
             return;
-        }
+        };
         let mut batch_cost = RequestCost::default();
         let result = {
             let requests: Vec<&ValidRequest> = live.iter().map(|j| &j.request).collect();
-            self.run_together(&requests, &mut batch_cost)
+            self.run_together(&member, &requests, &mut batch_cost)
         };
         let answers: Vec<Result<Vec<OutputTensor>, Error>> = match result {
             Ok(outputs) => outputs.into_iter().map(Ok).collect(),
@@ -405,10 +424,10 @@ impl Executor {
             cost.output = batch_cost.output;
             cost.ok = outputs.is_ok();
             cost.total = started.elapsed();
-            self.stats.record_request(&cost);
+            job.member.stats.record_request(&cost);
             let _ = job.reply.send(outputs.map(|outputs| InferResponse {
-                model: self.name.clone(),
-                version: self.version.clone(),
+                model: job.member.name.clone(),
+                version: job.member.version.clone(),
                 id: job.id,
                 outputs,
                 timing: cost.timing(),
@@ -416,11 +435,13 @@ impl Executor {
         }
     }
 
-    /// Runs several requests whose rows fit together in one bucket as one
-    /// bucket run: their rows follow each other in the bucket's buffers, the
-    /// rest is zero padding, and each gets back only its own output rows.
+    /// Runs several requests of `member` whose rows fit together in one
+    /// bucket as one bucket run: their rows follow each other in the bucket's
+    /// buffers, the rest is zero padding, and each gets back only its own
+    /// output rows.
     fn run_together(
         &mut self,
+        member: &Member,
         requests: &[&ValidRequest],
         cost: &mut RequestCost,
     ) -> Result<Vec<Vec<OutputTensor>>, Error> {
@@ -429,7 +450,7 @@ impl Executor {
             .buckets
             .index_for(total)
             .ok_or_else(|| Error::Internal {
-                model: self.name.clone(),
+                model: member.name.clone(),
                 message: format!("a batch of {total} rows does not fit the largest bucket"),
             })?;
         let copy_started = Instant::now();
@@ -446,16 +467,11 @@ impl Executor {
             debug_assert_eq!(at, total * row_bytes);
         }
         cost.input = copy_started.elapsed();
-        let run_started = Instant::now();
-        self.model.run(bucket).map_err(|message| Error::Internal {
-            model: self.name.clone(),
-            message,
-        })?;
-        cost.infer = run_started.elapsed();
-        self.compute[bucket].record(cost.infer.as_secs_f64());
-        self.stats.record_run(bucket, cost.infer);
-        self.batch_rows.record(total as f64);
-        self.padded_rows
+        cost.infer = self.run_bucket(bucket, member)?;
+        member.metrics.batch_rows.record(total as f64);
+        member
+            .metrics
+            .padded_rows
             .record((self.buckets.sizes()[bucket] - total) as f64);
         let copy_started = Instant::now();
         let signature = self.model.signature();
@@ -482,27 +498,32 @@ impl Executor {
         Ok(all)
     }
 
-    /// Runs every row of `request` through the buckets and gathers the outputs asked for.
+    /// Runs every row of `request` through the buckets with `member`'s
+    /// weights and gathers the outputs asked for.
     fn run(
         &mut self,
+        member: &Member,
         request: &ValidRequest,
         id: String,
         cost: &mut RequestCost,
     ) -> Result<InferResponse, Error> {
-        let signature = self.model.signature();
-        let mut outputs: Vec<OutputTensor> = request
-            .outputs
-            .iter()
-            .map(|&o| {
-                output_tensor(
-                    &signature.outputs[o],
-                    request.rows,
-                    request.rows * self.output_row_bytes[o],
-                )
-            })
-            .collect();
+        let mut outputs: Vec<OutputTensor> = {
+            let signature = self.model.signature();
+            request
+                .outputs
+                .iter()
+                .map(|&o| {
+                    output_tensor(
+                        &signature.outputs[o],
+                        request.rows,
+                        request.rows * self.output_row_bytes[o],
+                    )
+                })
+                .collect()
+        };
         let mut first_row = 0;
-        for (bucket, rows) in self.buckets.plan(request.rows) {
+        let buckets = Arc::clone(&self.buckets);
+        for (bucket, rows) in buckets.plan(request.rows) {
             let copy_started = Instant::now();
             for (input, data) in request.inputs.iter().enumerate() {
                 let row_bytes = self.input_row_bytes[input];
@@ -513,17 +534,11 @@ impl Executor {
                 buffer[used..].fill(0);
             }
             cost.input += copy_started.elapsed();
-            let run_started = Instant::now();
-            self.model.run(bucket).map_err(|message| Error::Internal {
-                model: self.name.clone(),
-                message,
-            })?;
-            let run_time = run_started.elapsed();
-            self.compute[bucket].record(run_time.as_secs_f64());
-            cost.infer += run_time;
-            self.stats.record_run(bucket, run_time);
-            self.batch_rows.record(rows as f64);
-            self.padded_rows
+            cost.infer += self.run_bucket(bucket, member)?;
+            member.metrics.batch_rows.record(rows as f64);
+            member
+                .metrics
+                .padded_rows
                 .record((self.buckets.sizes()[bucket] - rows) as f64);
             let copy_started = Instant::now();
             for (out, &o) in outputs.iter_mut().zip(&request.outputs) {
@@ -535,8 +550,8 @@ impl Executor {
             first_row += rows;
         }
         Ok(InferResponse {
-            model: self.name.clone(),
-            version: self.version.clone(),
+            model: member.name.clone(),
+            version: member.version.clone(),
             id,
             outputs,
             timing: cost.timing(),

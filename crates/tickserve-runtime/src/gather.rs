@@ -1,11 +1,19 @@
 //! The batching policy, as a plain struct: which queued requests run together,
 //! and when.
 //!
+//! One queue serves a whole family (every member shares the compiled graph); a
+//! run binds one member's weights, so a batch holds requests of one member.
+//! Fairness comes from age: the next batch is always the oldest request's
+//! member, so under skewed traffic a quiet member's request waits behind at
+//! most the batches of requests that arrived before it, never behind a hot
+//! member's later traffic.
+//!
 //! Latency first: a request that finds an executor idle with nothing queued runs
 //! at once, alone (its caller's thread runs it; see `Runtime::infer`). Requests
 //! that arrive while every executor is busy wait in the model's queue. When an
 //! executor is free, [`BatchQueue::decide`] picks the next batch: the oldest
-//! requests, in arrival order, as many as fit together in the largest bucket.
+//! request's member's requests, in arrival order, as many as fit together in
+//! the largest bucket.
 //! The batch goes at once when the largest bucket is full, when the next request
 //! would not fit anyway, or when the oldest request has waited `max_queue_delay`
 //! (0, the default, means at once); otherwise the executor waits for company
@@ -20,6 +28,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use tickserve_core::MemberId;
+
 /// What the policy needs to know about a queued request.
 pub trait Queued {
     /// Rows it carries.
@@ -28,12 +38,15 @@ pub trait Queued {
     fn admitted(&self) -> Instant;
     /// When its answer stops being useful.
     fn deadline(&self) -> Option<Instant>;
+    /// The family member whose weights it runs with.
+    fn member(&self) -> MemberId;
 }
 
 /// What an executor that is free should do next.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Run this many requests from the front of the queue, together.
+    /// Run together this many of the oldest request's member's requests,
+    /// the first ones in arrival order.
     Run(usize),
     /// Wait for more requests until this instant, then decide again.
     WaitUntil(Instant),
@@ -98,9 +111,10 @@ impl<J: Queued> BatchQueue<J> {
         if oldest.rows() >= self.largest {
             return Decision::Run(1);
         }
+        let member = oldest.member();
         let mut rows = 0;
         let mut count = 0;
-        for job in &self.entries {
+        for job in self.entries.iter().filter(|j| j.member() == member) {
             if rows + job.rows() > self.largest {
                 // The next request cannot join: waiting would not fill the bucket more.
                 return Decision::Run(count);
@@ -116,9 +130,24 @@ impl<J: Queued> BatchQueue<J> {
         }
     }
 
-    /// Takes the first `count` requests out, into `batch`.
+    /// Takes the oldest request's member's first `count` requests out, into
+    /// `batch`; the others keep their places.
     pub fn take(&mut self, count: usize, batch: &mut Vec<J>) {
-        batch.extend(self.entries.drain(..count.min(self.entries.len())));
+        let Some(member) = self.entries.front().map(Queued::member) else {
+            return;
+        };
+        let mut taken = 0;
+        let mut index = 0;
+        while taken < count && index < self.entries.len() {
+            if self.entries[index].member() == member {
+                if let Some(job) = self.entries.remove(index) {
+                    batch.push(job);
+                }
+                taken += 1;
+            } else {
+                index += 1;
+            }
+        }
     }
 }
 
@@ -131,6 +160,7 @@ mod tests {
         rows: usize,
         at: Instant,
         deadline: Option<Instant>,
+        member: MemberId,
     }
 
     impl Queued for Req {
@@ -143,6 +173,9 @@ mod tests {
         fn deadline(&self) -> Option<Instant> {
             self.deadline
         }
+        fn member(&self) -> MemberId {
+            self.member
+        }
     }
 
     fn us(n: u64) -> Duration {
@@ -154,6 +187,14 @@ mod tests {
             rows,
             at,
             deadline: None,
+            member: 0,
+        }
+    }
+
+    fn of(member: MemberId, rows: usize, at: Instant) -> Req {
+        Req {
+            member,
+            ..req(rows, at)
         }
     }
 
@@ -238,12 +279,14 @@ mod tests {
             rows: 1,
             at: t0,
             deadline: Some(t0 + us(10)),
+            member: 0,
         });
         q.push(req(2, t0));
         q.push(Req {
             rows: 4,
             at: t0,
             deadline: Some(t0 + us(500)),
+            member: 0,
         });
         let mut expired = Vec::new();
         q.take_expired(t0 + us(10), &mut expired);
@@ -282,5 +325,52 @@ mod tests {
             ran.extend(batch.iter().map(|r| r.rows));
         }
         assert_eq!(ran, arrivals);
+    }
+
+    #[test]
+    fn a_batch_holds_one_member_the_oldest_requests_member() {
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(64, us(0));
+        q.push(of(1, 2, t0));
+        q.push(of(2, 3, t0));
+        q.push(of(1, 4, t0));
+        let mut batch = Vec::new();
+        assert_eq!(q.decide(t0, false), Decision::Run(2));
+        q.take(2, &mut batch);
+        assert_eq!(batch, vec![of(1, 2, t0), of(1, 4, t0)]);
+        batch.clear();
+        assert_eq!(q.decide(t0, false), Decision::Run(1));
+        q.take(1, &mut batch);
+        assert_eq!(batch, vec![of(2, 3, t0)]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_quiet_member_is_not_starved_by_a_hot_one() {
+        // Member 1 sends 1000 one-row requests; member 2 sends one after the
+        // first 100. Member 2 runs as soon as the hot requests that came
+        // before it have run: after ceil(100 / 8) batches, not after all 1000.
+        let t0 = Instant::now();
+        let mut q = BatchQueue::new(8, us(0));
+        for i in 0..1000u64 {
+            if i == 100 {
+                q.push(of(2, 1, t0 + us(i)));
+            }
+            q.push(of(1, 1, t0 + us(i)));
+        }
+        let mut runs = 0;
+        loop {
+            let Decision::Run(n) = q.decide(t0 + us(2000), false) else {
+                panic!("member 2 never ran");
+            };
+            let mut batch = Vec::new();
+            q.take(n, &mut batch);
+            runs += 1;
+            assert!(batch.iter().all(|r| r.member == batch[0].member));
+            if batch[0].member == 2 {
+                break;
+            }
+        }
+        assert_eq!(runs, 100usize.div_ceil(8) + 1);
     }
 }

@@ -1,34 +1,63 @@
-//! The model runtime: loads the model repository, runs one executor per model
-//! version, and answers inference requests for the front ends.
+//! The model runtime: loads the model repository into families, runs each
+//! family's executors, answers inference requests for the front ends, and
+//! loads and unloads models while serving (the repository extension).
 //!
-//! [`Runtime::load`] scans the repository (Triton layout), starts an executor
-//! thread per version (each compiles its own model, in parallel), and collects
-//! the outcomes: a broken model is recorded with its reason and the others
-//! serve. [`Runtime::infer`] validates a request at the edge, admits it to the
-//! model's bounded queue (a full queue answers at once), and awaits the answer.
+//! [`Runtime::load`] scans the repository (Triton layout) and loads every
+//! version through the [`loader`]: models of one family share one compiled
+//! graph per bucket, each with its own weights. A broken model is recorded
+//! with its reason and the others serve. [`Runtime::infer`] validates a request
+//! at the edge, runs it at once on an idle executor, or admits it to its
+//! family's queue (a full queue answers at once) and awaits the answer.
+//! [`Runtime::load_model`] and [`Runtime::unload_model`] change the set of
+//! models while requests flow: a new member of a loaded family compiles
+//! nothing, a failed load leaves the old version serving, and an unloaded
+//! model's requests in flight are answered before its weights go.
 
 pub mod executor;
+pub mod family;
 pub mod gather;
+pub mod loader;
 pub mod repository;
 pub mod settings;
 pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tickserve_core::config::ServerConfig;
 use tickserve_core::validate::validate;
-use tickserve_core::{DataType, Error, InferRequest, InferResponse, metrics as names};
+use tickserve_core::{DataType, Error, InferRequest, InferResponse, Signature, metrics as names};
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tokio::sync::oneshot;
 
-pub use crate::executor::Loaded;
-use crate::executor::{Executor, Intake, Job, LoadSpec};
+use crate::executor::Job;
+use crate::family::{Family, Member};
+use crate::loader::{Candidate, Joined, Loader};
 pub use crate::settings::ModelSettings;
 pub use crate::stats::ModelStats;
+
+/// What a model version is, once loaded.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The full signature.
+    pub signature: Signature,
+    /// The effective settings.
+    pub settings: ModelSettings,
+    /// The family key: equal for models that differ only in weight values.
+    pub family: String,
+    /// True when it shares its family's compiled graph (weights bound per run).
+    pub shared: bool,
+    /// Where it runs (`cpu`).
+    pub device: String,
+    /// Time from reading its file to ready (a family's first member includes
+    /// the compilation; a later member only its weights).
+    pub load_time: Duration,
+    /// The model's statistics, shared with the front ends.
+    pub stats: Arc<ModelStats>,
+}
 
 /// A model version that is ready to serve.
 #[derive(Debug)]
@@ -37,15 +66,14 @@ pub struct ModelHandle {
     pub name: String,
     /// The version, as the protocol spells it.
     pub version: String,
-    /// What its executors reported at load: signature, settings, family,
-    /// device, load time, statistics (also reached through `Deref`).
+    /// What it is: signature, settings, family, device, load time,
+    /// statistics (also reached through `Deref`).
     pub loaded: Loaded,
-    /// The executor's queue. Sent to by [`Runtime::infer`], received by the
-    /// executor thread; dropping every sender stops the thread.
-    queue: Sender<Job>,
-    /// The executors: each locked by its own thread for each batch, and by a
-    /// caller that finds it idle with nothing queued, to run at once.
-    executors: Vec<Arc<Mutex<Executor>>>,
+    /// Its membership in its family; queued jobs hold it too, so its weights
+    /// stay until the last of its requests is answered.
+    member: Arc<Member>,
+    /// The compiled family that runs it: its queue and executors.
+    compiled: Arc<Family>,
 }
 
 impl std::ops::Deref for ModelHandle {
@@ -90,16 +118,37 @@ impl ModelVersions {
     }
 }
 
-/// The loaded repository and its executors.
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// The model's name.
+    pub name: String,
+    /// The version, empty for a model with no loaded or failed version.
+    pub version: String,
+    /// `READY`, or `UNAVAILABLE` (with `reason`).
+    pub state: &'static str,
+    /// Why it is unavailable (`unloaded`, or its load failure).
+    pub reason: String,
+}
+
+/// The loaded repository, its families and their executors.
 pub struct Runtime {
-    models: HashMap<String, ModelVersions>,
-    executors: Vec<JoinHandle<()>>,
+    engine: OrtEngine,
+    config: ServerConfig,
+    models: RwLock<HashMap<String, ModelVersions>>,
+    /// Live shared families by group key (see [`loader`]); a family dies with
+    /// its last member.
+    families: Mutex<HashMap<String, Weak<Family>>>,
+    /// Every executor thread started; each stops when its family dies.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// One model control operation at a time.
+    control: Mutex<()>,
 }
 
 impl Runtime {
     /// Loads ONNX Runtime and every model of the repository in `config`.
-    /// Fails only when the engine itself cannot start; model failures are
-    /// recorded per model.
+    /// Fails only when the engine itself cannot start or the repository
+    /// cannot be read; model failures are recorded per model.
     pub fn load(config: &ServerConfig) -> Result<Runtime, String> {
         let library = std::env::var_os("TICKSERVE_ONNXRUNTIME_LIBRARY")
             .map(Into::into)
@@ -110,137 +159,77 @@ impl Runtime {
                 intra_op_threads: config.runtime.intra_op_threads,
             },
         )?;
+        let runtime = Runtime {
+            engine,
+            config: config.clone(),
+            models: RwLock::new(HashMap::new()),
+            families: Mutex::new(HashMap::new()),
+            threads: Mutex::new(Vec::new()),
+            control: Mutex::new(()),
+        };
         let found = repository::scan(&config.repository.path)?;
         let mut models: HashMap<String, ModelVersions> = HashMap::new();
-        let mut pending = Vec::new();
-        let mut executors = Vec::new();
+        let mut candidates = Vec::new();
         for entry in found {
             let slot = models.entry(entry.name.clone()).or_default();
-            let model_config = match entry.config {
-                Ok(c) => c,
-                Err(e) => {
-                    slot.error = Some(e);
-                    continue;
-                }
-            };
-            if entry.versions.is_empty() {
-                slot.error = Some(format!(
-                    "no version directories: expected {}/<version>/model.onnx",
-                    entry.dir.display()
-                ));
-            }
-            // Settings that shape the queue come from configuration alone; each
-            // executor resolves the rest (the NaN default) from the ONNX file.
-            let queue_settings =
-                match ModelSettings::resolve(&model_config, &config.model_defaults, false) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        slot.error = Some(e);
-                        continue;
-                    }
-                };
-            for (version, onnx_path) in entry.versions {
-                let spec = LoadSpec {
-                    name: entry.name.clone(),
-                    version,
-                    onnx_path,
-                    config: model_config.clone(),
-                    defaults: config.model_defaults.clone(),
-                };
-                // Unbounded as a channel (it allocates as it fills): the bound is
-                // the admission check on rows in `infer`.
-                let (queue_tx, queue_rx) = std::sync::mpsc::channel();
-                let intake = Arc::new(Mutex::new(Intake::new(
-                    queue_rx,
-                    queue_settings.buckets.largest(),
-                    queue_settings.max_queue_delay,
-                )));
-                let stats = Arc::new(ModelStats::new(
-                    &entry.name,
-                    queue_settings.buckets.sizes().len(),
-                ));
-                let mut reports = Vec::with_capacity(queue_settings.executors);
-                let mut spawn_error = None;
-                for index in 0..queue_settings.executors {
-                    match executor::spawn(
-                        spec.clone(),
-                        engine.clone(),
-                        Arc::clone(&stats),
-                        Arc::clone(&intake),
-                        index,
-                    ) {
-                        Ok((thread, report)) => {
-                            executors.push(thread);
-                            reports.push(report);
-                        }
-                        Err(e) => spawn_error = Some(format!("cannot start executor thread: {e}")),
-                    }
-                }
-                pending.push((entry.name.clone(), version, queue_tx, reports, spawn_error));
+            match candidates_of(entry) {
+                Ok(mut versions) => candidates.append(&mut versions),
+                Err(reason) => slot.error = Some(reason),
             }
         }
-        for (name, version, queue, reports, spawn_error) in pending {
-            let mut loaded_executors = Vec::with_capacity(reports.len());
-            let mut first = None;
-            let mut failure = spawn_error;
-            for report in reports {
-                match report.recv() {
-                    Ok(Ok((loaded, executor))) => {
-                        loaded_executors.push(executor);
-                        first.get_or_insert(loaded);
-                    }
-                    Ok(Err(reason)) => failure = Some(reason),
-                    Err(_) => failure = Some("an executor thread stopped while loading".into()),
-                }
-            }
-            // On failure `queue` drops here: the loaded executors see the channel
-            // close and stop.
-            let state = match (failure, first) {
-                (None, Some(loaded)) => VersionState::Ready(Arc::new(ModelHandle {
-                    name: name.clone(),
-                    version: version.to_string(),
-                    loaded,
-                    queue,
-                    executors: loaded_executors,
-                })),
-                (Some(reason), _) => VersionState::Failed(reason),
-                (None, None) => VersionState::Failed("no executor loaded".into()),
-            };
-            if let VersionState::Ready(h) = &state {
-                metrics::gauge!(names::MODEL_INFO, "model" => name.clone(),
-                    "version" => version.to_string(), "family" => h.family.clone())
-                .set(1.0);
-            }
-            let ready = matches!(state, VersionState::Ready(_));
-            metrics::gauge!(names::MODEL_READY, "model" => name.clone(), "version" => version.to_string())
-                .set(if ready { 1.0 } else { 0.0 });
+        for (candidate, outcome) in runtime.loader().load(candidates) {
+            let state = version_state(&candidate, outcome);
             models
-                .entry(name)
+                .entry(candidate.name)
                 .or_default()
                 .versions
-                .insert(version, state);
+                .insert(candidate.version, state);
         }
-        Ok(Runtime { models, executors })
+        *runtime.write_models() = models;
+        Ok(runtime)
     }
 
-    /// Every model, by name (sorted).
-    pub fn models(&self) -> BTreeMap<&str, &ModelVersions> {
-        self.models.iter().map(|(k, v)| (k.as_str(), v)).collect()
+    fn loader(&self) -> Loader<'_> {
+        Loader {
+            engine: &self.engine,
+            defaults: &self.config.model_defaults,
+            families: &self.families,
+            threads: &self.threads,
+        }
+    }
+
+    fn read_models(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, ModelVersions>> {
+        self.models.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_models(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, ModelVersions>> {
+        self.models.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every model, by name (sorted), as it stands now.
+    pub fn models(&self) -> BTreeMap<String, ModelVersions> {
+        self.read_models()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// Every ready model version, by model name then version.
-    pub fn ready_handles(&self) -> impl Iterator<Item = &Arc<ModelHandle>> {
-        self.models().into_values().flat_map(|m| {
-            m.versions.values().filter_map(|s| match s {
-                VersionState::Ready(h) => Some(h),
-                VersionState::Failed(_) => None,
+    pub fn ready_handles(&self) -> Vec<Arc<ModelHandle>> {
+        self.models()
+            .into_values()
+            .flat_map(|m| {
+                m.versions.into_values().filter_map(|s| match s {
+                    VersionState::Ready(h) => Some(h),
+                    VersionState::Failed(_) => None,
+                })
             })
-        })
+            .collect()
     }
 
     /// True when every model version loaded.
     pub fn all_ready(&self) -> bool {
-        self.models.values().all(|m| {
+        self.read_models().values().all(|m| {
             m.error.is_none()
                 && m.versions
                     .values()
@@ -249,16 +238,14 @@ impl Runtime {
     }
 
     /// The model version asked for (`None`: the default), ready to serve.
-    pub fn model(&self, name: &str, version: Option<&str>) -> Result<&Arc<ModelHandle>, Error> {
+    pub fn model(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
         let not_found = |known: String| Error::ModelNotFound {
             model: name.to_string(),
             version: version.map(str::to_string),
             known,
         };
-        let entry = self
-            .models
-            .get(name)
-            .ok_or_else(|| not_found(String::new()))?;
+        let models = self.read_models();
+        let entry = models.get(name).ok_or_else(|| not_found(String::new()))?;
         let found = match version {
             None | Some("") => entry.default_version(),
             Some(v) => v
@@ -267,7 +254,7 @@ impl Runtime {
                 .and_then(|n| entry.versions.get_key_value(&n).map(|(k, s)| (*k, s))),
         };
         match found {
-            Some((_, VersionState::Ready(handle))) => Ok(handle),
+            Some((_, VersionState::Ready(handle))) => Ok(Arc::clone(handle)),
             Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
                 model: name.to_string(),
                 version: v.to_string(),
@@ -287,13 +274,14 @@ impl Runtime {
         }
     }
 
-    /// The metrics label for a model name: the name if the repository has
-    /// such a model, `_unknown` otherwise (clients cannot grow label sets).
-    pub fn model_label<'a>(&'a self, name: &str) -> &'a str {
-        self.models
-            .get_key_value(name)
-            .map(|(k, _)| k.as_str())
-            .unwrap_or("_unknown")
+    /// The metrics label for a model name: the name if such a model is
+    /// loaded, `_unknown` otherwise (clients cannot grow label sets).
+    pub fn model_label(&self, name: &str) -> String {
+        if self.read_models().contains_key(name) {
+            name.to_string()
+        } else {
+            "_unknown".to_string()
+        }
     }
 
     /// The error for an input whose datatype string tickserve does not know
@@ -302,8 +290,13 @@ impl Runtime {
         let expected = self
             .model(model, None)
             .ok()
-            .and_then(|h| h.signature.inputs.iter().find(|t| t.name == input))
-            .map(|t| format!("datatype {}", t.datatype))
+            .and_then(|h| {
+                h.signature
+                    .inputs
+                    .iter()
+                    .find(|t| t.name == input)
+                    .map(|t| format!("datatype {}", t.datatype))
+            })
             .unwrap_or_else(|| {
                 let all: Vec<&str> = DataType::ALL.iter().map(|d| d.as_str()).collect();
                 format!("one of the datatypes tickserve serves ({})", all.join(", "))
@@ -311,7 +304,8 @@ impl Runtime {
         Error::input(model, input, expected, got)
     }
 
-    /// Validates `request`, queues it for its model's executor, and awaits the answer.
+    /// Validates `request`, runs it on an idle executor or queues it for its
+    /// family's executors, and awaits the answer.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
         let handle = self.model(&request.model, request.version.as_deref())?;
         let valid = validate(&request, &handle.signature, &handle.settings.limits)?;
@@ -319,16 +313,19 @@ impl Runtime {
         let deadline = request
             .deadline
             .or_else(|| handle.settings.default_timeout.map(|t| admitted + t));
-        // Latency first: an idle executor with nothing queued runs the request
-        // right here, on the caller's thread, with no thread handoff (about 45 µs
-        // of wake-ups saved on loopback; README, "Performance"). Queued requests
-        // keep their turn: with anything queued, this one queues too. A request
-        // that needs several bucket runs goes to the executor thread, so it does
-        // not hold an async worker thread for long.
-        if valid.rows <= handle.settings.buckets.largest() && handle.stats.queue.rows() == 0 {
-            for executor in &handle.executors {
+        let family = &handle.compiled;
+        // Latency first: an idle executor with nothing queued (for any member)
+        // runs the request right here, on the caller's thread, with no thread
+        // handoff (about 45 µs of wake-ups saved on loopback; README,
+        // "Performance"). Queued requests keep their turn: with anything
+        // queued, this one queues too. A request that needs several bucket
+        // runs goes to the executor thread, so it does not hold an async
+        // worker thread for long.
+        if valid.rows <= family.settings.buckets.largest() && family.queued_rows() == 0 {
+            for executor in &family.executors {
                 if let Ok(mut executor) = executor.try_lock() {
-                    return executor.answer(&valid, request.id, admitted, deadline);
+                    executor.forget_retired();
+                    return executor.answer(&handle.member, &valid, request.id, admitted, deadline);
                 }
             }
         }
@@ -343,8 +340,10 @@ impl Runtime {
                 rows,
                 limit: handle.settings.max_queue_rows,
             })?;
+        family.queued.fetch_add(rows, Ordering::AcqRel);
         let (reply, answer) = oneshot::channel();
         let job = Job {
+            member: Arc::clone(&handle.member),
             request: valid,
             id: request.id,
             admitted,
@@ -352,8 +351,9 @@ impl Runtime {
             reply,
         };
         // Admission bounded the queue; only a stopped executor refuses the send.
-        handle.queue.send(job).map_err(|_| {
+        family.send(job).map_err(|_| {
             handle.stats.queue.leave(rows);
+            family.queued.fetch_sub(rows, Ordering::AcqRel);
             Error::ModelNotReady {
                 model: handle.name.clone(),
                 version: handle.version.clone(),
@@ -368,12 +368,223 @@ impl Runtime {
         })
     }
 
-    /// Stops every executor after it finishes its queue, and waits for them.
-    pub fn shutdown(self) {
-        let Runtime { models, executors } = self;
+    /// The repository index: every model directory, and each loaded or
+    /// failed version with its state.
+    pub fn index(&self) -> Result<Vec<IndexEntry>, String> {
+        let on_disk = repository::scan(&self.config.repository.path)?;
+        let models = self.models();
+        let mut index = Vec::new();
+        let mut names: Vec<&str> = on_disk.iter().map(|m| m.name.as_str()).collect();
+        names.extend(models.keys().map(String::as_str));
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let Some(model) = models.get(name) else {
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: String::new(),
+                    state: "UNAVAILABLE",
+                    reason: "unloaded".to_string(),
+                });
+                continue;
+            };
+            if let Some(reason) = &model.error {
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: String::new(),
+                    state: "UNAVAILABLE",
+                    reason: reason.clone(),
+                });
+            }
+            for (version, state) in &model.versions {
+                let (state, reason) = match state {
+                    VersionState::Ready(_) => ("READY", String::new()),
+                    VersionState::Failed(reason) => ("UNAVAILABLE", reason.clone()),
+                };
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: version.to_string(),
+                    state,
+                    reason,
+                });
+            }
+        }
+        Ok(index)
+    }
+
+    /// Loads (or reloads) model `name` from the repository while serving.
+    /// A member of a loaded family compiles nothing. If any version fails, the
+    /// versions that served before keep serving and the error says why.
+    /// Blocking: call it off the async threads.
+    pub fn load_model(&self, name: &str) -> Result<(), Error> {
+        let _control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let failed = |reason: String| Error::LoadFailed {
+            model: name.to_string(),
+            reason,
+        };
+        let entry = repository::scan(&self.config.repository.path)
+            .map_err(failed)?
+            .into_iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| Error::ModelNotFound {
+                model: name.to_string(),
+                version: None,
+                known: format!(
+                    "no directory {name} in the repository {}",
+                    self.config.repository.path.display()
+                ),
+            })?;
+        let candidates = candidates_of(entry).map_err(failed)?;
+        let outcomes = self.loader().load(candidates);
+        let failures: Vec<String> = outcomes
+            .iter()
+            .filter_map(|(c, o)| {
+                o.as_ref()
+                    .err()
+                    .map(|e| format!("version {}: {e}", c.version))
+            })
+            .collect();
+        let mut versions = ModelVersions::default();
+        let failed_load = !failures.is_empty();
+        let mut models = self.write_models();
+        if failed_load && models.contains_key(name) {
+            // What loaded of the new versions drops with `outcomes`; what
+            // served before stays.
+            drop(models);
+            drop(outcomes);
+            tracing::warn!(model = name, failures = ?failures, "load failed; the loaded versions keep serving");
+            return Err(failed(failures.join("; ")));
+        }
+        for (candidate, outcome) in outcomes {
+            let state = version_state(&candidate, outcome);
+            versions.versions.insert(candidate.version, state);
+        }
+        let old = models.insert(name.to_string(), versions);
         drop(models);
-        for thread in executors {
+        if let Some(old) = old {
+            self.mark_gone(name, &old);
+        }
+        if failed_load {
+            tracing::warn!(model = name, failures = ?failures, "load failed");
+            return Err(failed(failures.join("; ")));
+        }
+        tracing::info!(model = name, "loaded");
+        Ok(())
+    }
+
+    /// Unloads model `name`: it stops taking requests at once; requests
+    /// already admitted are answered, then its weights (and, for its
+    /// family's last member, the compiled graph) are freed.
+    pub fn unload_model(&self, name: &str) -> Result<(), Error> {
+        let _control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        let removed = self.write_models().remove(name);
+        match removed {
+            Some(old) => {
+                self.mark_gone(name, &old);
+                tracing::info!(model = name, "unloaded");
+                Ok(())
+            }
+            None if self.config.repository.path.join(name).is_dir() => Ok(()),
+            None => Err(Error::ModelNotFound {
+                model: name.to_string(),
+                version: None,
+                known: String::new(),
+            }),
+        }
+    }
+
+    /// Sets the readiness metrics of versions that left the map to 0, unless
+    /// the same version serves again.
+    fn mark_gone(&self, name: &str, old: &ModelVersions) {
+        let now = self.read_models();
+        for version in old.versions.keys() {
+            let serving = now
+                .get(name)
+                .is_some_and(|m| matches!(m.versions.get(version), Some(VersionState::Ready(_))));
+            if !serving {
+                let v = version.to_string();
+                metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => v.clone())
+                    .set(0.0);
+                if let Some(VersionState::Ready(h)) = old.versions.get(version) {
+                    metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
+                        "version" => v, "family" => h.family.clone())
+                    .set(0.0);
+                }
+            }
+        }
+    }
+
+    /// Stops every executor after it finishes its queue, and waits for them.
+    /// Handles still held elsewhere answer UNAVAILABLE from then on.
+    pub fn shutdown(self) {
+        for handle in self.ready_handles() {
+            handle.compiled.close();
+        }
+        let Runtime {
+            models,
+            families,
+            threads,
+            ..
+        } = self;
+        drop(models);
+        drop(families);
+        let threads = threads.into_inner().unwrap_or_else(|p| p.into_inner());
+        for thread in threads {
             let _ = thread.join();
         }
     }
+}
+
+/// The candidates for every version of one model directory.
+fn candidates_of(entry: repository::ModelDir) -> Result<Vec<Candidate>, String> {
+    let config = entry.config?;
+    if entry.versions.is_empty() {
+        return Err(format!(
+            "no version directories: expected {}/<version>/model.onnx",
+            entry.dir.display()
+        ));
+    }
+    Ok(entry
+        .versions
+        .into_iter()
+        .map(|(version, onnx_path)| Candidate {
+            name: entry.name.clone(),
+            version,
+            onnx_path,
+            config: config.clone(),
+        })
+        .collect())
+}
+
+/// A loaded (or failed) version's state, with its readiness metrics set.
+fn version_state(candidate: &Candidate, outcome: Result<Joined, String>) -> VersionState {
+    let version = candidate.version.to_string();
+    let state = match outcome {
+        Ok(joined) => {
+            let loaded = Loaded {
+                signature: joined.signature,
+                settings: joined.settings,
+                family: joined.family.key.clone(),
+                shared: joined.family.shared,
+                device: joined.family.device.clone(),
+                load_time: joined.load_time,
+                stats: Arc::clone(&joined.member.stats),
+            };
+            metrics::gauge!(names::MODEL_INFO, "model" => candidate.name.clone(),
+                "version" => version.clone(), "family" => loaded.family.clone())
+            .set(1.0);
+            VersionState::Ready(Arc::new(ModelHandle {
+                name: candidate.name.clone(),
+                version: version.clone(),
+                loaded,
+                member: Arc::new(joined.member),
+                compiled: joined.family,
+            }))
+        }
+        Err(reason) => VersionState::Failed(reason),
+    };
+    let ready = matches!(state, VersionState::Ready(_));
+    metrics::gauge!(names::MODEL_READY, "model" => candidate.name.clone(), "version" => version)
+        .set(if ready { 1.0 } else { 0.0 });
+    state
 }

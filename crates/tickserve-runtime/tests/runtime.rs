@@ -148,11 +148,17 @@ async fn concurrent_callers_get_their_own_rows() {
                 ))
                 .await
                 .unwrap();
-            assert_eq!(
-                floats(&out.outputs[0].data),
-                reference[start..start + rows],
-                "caller {caller}"
-            );
+            let got = floats(&out.outputs[0].data);
+            assert_eq!(got.len(), rows, "caller {caller}");
+            // Equal within float rounding: a bucket's kernels may sum in
+            // another order than the one-row bucket's; a mixed-up row would
+            // be off by far more.
+            for (a, b) in got.iter().zip(&reference[start..start + rows]) {
+                assert!(
+                    (a - b).abs() <= 1e-6 + 1e-5 * b.abs(),
+                    "caller {caller}: {a} vs {b}"
+                );
+            }
         }));
     }
     for t in tasks {
@@ -216,7 +222,7 @@ async fn batching_property(runtime: Runtime) {
     let pool_rows = 400;
     let x = features(pool_rows, 50, 11);
     let reference = single_row_answers(&runtime, "alpha_mlp", 50, &x).await;
-    let handle = std::sync::Arc::clone(runtime.model("alpha_mlp", None).unwrap());
+    let handle = runtime.model("alpha_mlp", None).unwrap();
     let runs_before = handle.stats.snapshot().execution_count;
     let mut rng = Xorshift(0x9E37_79B9_7F4A_7C15);
     let buckets = handle.settings.buckets.clone();

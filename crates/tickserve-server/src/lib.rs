@@ -178,6 +178,7 @@ impl Server {
                 .shared
                 .runtime
                 .ready_handles()
+                .iter()
                 .any(|h| h.stats.queue.rows() > 0)
             {
                 tokio::time::sleep(DRAIN_POLL).await;

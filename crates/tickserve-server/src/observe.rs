@@ -2,13 +2,16 @@
 //! the per-request metrics the front ends record.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tickserve_core::Error;
 use tickserve_core::metrics as names;
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// How often histogram samples are folded into their buckets between scrapes.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Installs the Prometheus recorder once per process (tests start several
 /// servers in one process; they share it) and returns its handle.
@@ -29,6 +32,20 @@ pub fn install_recorder() -> &'static PrometheusHandle {
         // Fails only if another recorder was installed first; then ours just renders nothing.
         let _ = metrics::set_global_recorder(recorder);
         names::describe();
+        // Histogram samples pile up until they are folded into buckets, which
+        // rendering does; without a scrape they would grow without bound.
+        let upkeep = handle.clone();
+        let spawned = std::thread::Builder::new()
+            .name("metrics-upkeep".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(UPKEEP_INTERVAL);
+                    upkeep.run_upkeep();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the metrics upkeep thread; histograms fold only when /metrics is scraped");
+        }
         handle
     })
 }

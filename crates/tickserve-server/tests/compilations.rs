@@ -1,6 +1,7 @@
 //! Compile once, and prove it: the compilations counter counts one graph per
-//! model and bucket at load, and does not move while every row count from 1 to
-//! 3× the largest bucket is served.
+//! family and bucket at load (the eight `tick_*` members share one), and does
+//! not move while every row count from 1 to 3× the largest bucket is served on
+//! every model.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,17 +18,30 @@ async fn serving_compiles_nothing() {
 
     let at_ready = common::counter_total(&common::metrics_text(&base).await, GRAPH_COMPILATIONS);
     let models = server.shared().runtime.models();
-    let buckets: usize = models
-        .values()
-        .flat_map(|m| m.versions.values())
-        .map(|s| match s {
-            tickserve_runtime::VersionState::Ready(h) => h.settings.buckets.sizes().len(),
-            tickserve_runtime::VersionState::Failed(e) => panic!("sample model failed: {e}"),
-        })
-        .sum();
+    // Buckets per family: a shared family counts once, however many members.
+    let mut families: std::collections::BTreeMap<String, usize> = Default::default();
+    for (name, model) in &models {
+        for state in model.versions.values() {
+            let tickserve_runtime::VersionState::Ready(h) = state else {
+                panic!("sample model {name} failed to load");
+            };
+            let family = if h.shared {
+                h.family.clone()
+            } else {
+                format!("{name} alone")
+            };
+            families.insert(family, h.settings.buckets.sizes().len());
+        }
+    }
+    let buckets: usize = families.values().sum();
     assert_eq!(
         at_ready, buckets as f64,
-        "one compilation per model and bucket"
+        "one compilation per family and bucket: {families:?}"
+    );
+    assert_eq!(
+        families.len(),
+        models.len() - 7,
+        "tick_000 … tick_007 are one family"
     );
 
     for (name, model) in &models {

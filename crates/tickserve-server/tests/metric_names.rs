@@ -18,7 +18,7 @@ const PINNED: &[(&str, &str, &[&str])] = &[
     (
         "tickserve_graph_compilations_total",
         "counter",
-        &["bucket", "device", "model"],
+        &["bucket", "device", "family"],
     ),
     (
         "tickserve_model_info",
@@ -46,6 +46,11 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["code", "model", "protocol"],
     ),
+    (
+        "tickserve_weight_swaps_total",
+        "counter",
+        &["device", "family"],
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,6 +76,14 @@ async fn metric_names_and_labels_are_pinned() {
         r.headers().contains_key("tickserve-compute-us"),
         "per-response compute time"
     );
+    // Another member of tick_000's family: its run binds other weights (a swap).
+    let r = client
+        .post(format!("{base}/v2/models/tick_001/infer"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     let text = common::metrics_text(&base).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();

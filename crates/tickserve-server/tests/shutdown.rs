@@ -29,7 +29,7 @@ async fn shutdown_answers_what_was_admitted() {
     let url = format!("{base}/v2/models/seq_lstm/infer");
     let tasks = common::flood(&url, &body, json_len, 24);
     // Wait until every request is admitted (queued or answered), then stop.
-    let handle = std::sync::Arc::clone(server.shared().runtime.model("seq_lstm", None).unwrap());
+    let handle = server.shared().runtime.model("seq_lstm", None).unwrap();
     let admitted =
         || handle.stats.queue.rows() / rows + handle.stats.snapshot().success.count as usize;
     let waited = tokio::time::timeout(Duration::from_secs(30), async {

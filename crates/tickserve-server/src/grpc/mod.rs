@@ -101,7 +101,7 @@ fn optional(version: &str) -> Option<&str> {
 }
 
 impl InferenceService {
-    fn model(&self, name: &str, version: &str) -> Result<&Arc<ModelHandle>, Status> {
+    fn model(&self, name: &str, version: &str) -> Result<Arc<ModelHandle>, Status> {
         self.shared
             .runtime
             .model(name, optional(version))
@@ -267,7 +267,7 @@ impl GrpcInferenceService for InferenceService {
             })
         }
         .await;
-        observe::record_request(Protocol::Grpc, label, started, &result);
+        observe::record_request(Protocol::Grpc, &label, started, &result);
         let (message, timing) = result.map_err(|e| status(&e))?;
         let mut response = Response::new(message);
         let metadata = response.metadata_mut();
@@ -349,10 +349,11 @@ impl GrpcInferenceService for InferenceService {
             self.shared
                 .runtime
                 .ready_handles()
+                .iter()
                 .map(|h| model_statistics(h))
                 .collect()
         } else {
-            vec![model_statistics(self.model(&r.name, &r.version)?)]
+            vec![model_statistics(&*self.model(&r.name, &r.version)?)]
         };
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }

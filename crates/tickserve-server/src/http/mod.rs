@@ -166,7 +166,7 @@ async fn server_metadata() -> axum::Json<Value> {
     axum::Json(json!({ "name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS }))
 }
 
-fn lookup<'a>(shared: &'a Shared, path: &ModelPath) -> Result<&'a Arc<ModelHandle>, HttpError> {
+fn lookup(shared: &Shared, path: &ModelPath) -> Result<Arc<ModelHandle>, HttpError> {
     Ok(shared.runtime.model(&path.model, path.version.as_deref())?)
 }
 
@@ -258,13 +258,14 @@ async fn model_stats(
     Path(path): Path<ModelPath>,
 ) -> Result<axum::Json<Value>, HttpError> {
     let handle = lookup(&shared, &path)?;
-    Ok(axum::Json(json!({ "model_stats": [stats_json(handle)] })))
+    Ok(axum::Json(json!({ "model_stats": [stats_json(&handle)] })))
 }
 
 async fn all_stats(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
     let stats: Vec<Value> = shared
         .runtime
         .ready_handles()
+        .iter()
         .map(|h| stats_json(h))
         .collect();
     axum::Json(json!({ "model_stats": stats }))
@@ -279,7 +280,7 @@ async fn infer(
     let started = Instant::now();
     let label = shared.runtime.model_label(&path.model);
     let result = infer_inner(&shared, path, &headers, body).await;
-    observe::record_request(Protocol::Http, label, started, &result);
+    observe::record_request(Protocol::Http, &label, started, &result);
     match result {
         Ok(response) => response,
         Err(e) => HttpError(e).into_response(),

@@ -1,0 +1,461 @@
+//! Loading model versions into families, many at once.
+//!
+//! [`Loader::load`] reads and parses every ONNX file in parallel, sorts the
+//! versions into families (a live family whose key and compile-shaping
+//! settings match, or a new one), compiles each new family once on its
+//! executors (families in parallel, each on its own threads), then adds every
+//! other member to its family in parallel. Adding a member compiles nothing.
+//! Progress goes to the log: n of total, and the rate.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tickserve_core::config::{ModelConfig, ModelDefaults};
+use tickserve_core::{Signature, Weight};
+use tickserve_engine_ort::OrtEngine;
+use tickserve_onnx::{OnnxModel, PartialSignature};
+
+use crate::executor::{self, CompileInput, ExecutorShared, Intake, Job, LoadReport};
+use crate::family::{Family, Member, RetiredLog};
+use crate::settings::ModelSettings;
+
+/// A model version to load.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The model's name.
+    pub name: String,
+    /// The version number.
+    pub version: u64,
+    /// Its `model.onnx`.
+    pub onnx_path: PathBuf,
+    /// Its `model.toml`.
+    pub config: ModelConfig,
+}
+
+/// A model version that loaded: its family, its membership, and what it took.
+#[derive(Debug)]
+pub struct Joined {
+    /// The family that serves it.
+    pub family: Arc<Family>,
+    /// Its membership (weights in the family's executors, statistics, metrics).
+    pub member: Member,
+    /// Its own settings (equal to the family's in what shapes the graph).
+    pub settings: ModelSettings,
+    /// The full signature.
+    pub signature: Signature,
+    /// Time from reading its file to being ready.
+    pub load_time: Duration,
+}
+
+/// A parsed version, ready to found a family or join one.
+struct Parsed {
+    candidate: Candidate,
+    started: Instant,
+    settings: ModelSettings,
+    signature: PartialSignature,
+    family: String,
+    /// Families with equal group keys share one compiled graph.
+    group: String,
+    graph: OnnxModel,
+    weights: Option<Vec<Weight>>,
+}
+
+/// A family's first member, while the family compiles.
+struct First {
+    candidate: Candidate,
+    started: Instant,
+    settings: ModelSettings,
+}
+
+/// A family whose executors are compiling.
+struct Founding {
+    group: String,
+    family: String,
+    shared: bool,
+    settings: ModelSettings,
+    queue: Sender<Job>,
+    shared_state: ExecutorShared,
+    reports: Vec<LoadReport>,
+    spawn_error: Option<String>,
+}
+
+/// Loads versions into the runtime's families.
+pub struct Loader<'a> {
+    /// The engine every executor compiles with.
+    pub engine: &'a OrtEngine,
+    /// The server's model defaults.
+    pub defaults: &'a ModelDefaults,
+    /// Live families by group key; new ones are added.
+    pub families: &'a Mutex<HashMap<String, Weak<Family>>>,
+    /// Executor threads, joined at shutdown; new ones are added.
+    pub threads: &'a Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Where a parsed version goes.
+enum Target {
+    /// A family that was live before this load.
+    Live(Arc<Family>),
+    /// The family this load founds at this index.
+    Founding(usize),
+}
+
+/// The outcome of one candidate.
+pub type Outcome = (Candidate, Result<Joined, String>);
+
+impl Loader<'_> {
+    /// Loads every candidate; the outcomes come back in the candidates' order.
+    pub fn load(&self, candidates: Vec<Candidate>) -> Vec<Outcome> {
+        let total = candidates.len();
+        let started = Instant::now();
+        let parse_progress = Progress::new("models read", total);
+        let parsed = parallel(candidates, |c| {
+            let outcome = parse(c, self.defaults);
+            parse_progress.tick();
+            outcome
+        });
+
+        // Sort into families: join a live one, found a new one, or join the
+        // one this load founds.
+        let mut outcomes: Vec<Option<Outcome>> = (0..total).map(|_| None).collect();
+        let mut founding: Vec<(usize, Founding, First)> = Vec::new();
+        let mut joining: Vec<(usize, Parsed, Target)> = Vec::new();
+        {
+            let mut by_group: HashMap<String, usize> = HashMap::new();
+            let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+            families.retain(|_, f| f.strong_count() > 0);
+            for (index, outcome) in parsed.into_iter().enumerate() {
+                let p = match outcome {
+                    Ok(p) => p,
+                    Err(failed) => {
+                        let (candidate, reason) = *failed;
+                        outcomes[index] = Some((candidate, Err(reason)));
+                        continue;
+                    }
+                };
+                let sharing = p.weights.is_some();
+                let live = families.get(&p.group).and_then(Weak::upgrade);
+                if let Some(family) = live.filter(|_| sharing) {
+                    joining.push((index, p, Target::Live(family)));
+                } else if let Some(&at) = by_group.get(&p.group).filter(|_| sharing) {
+                    joining.push((index, p, Target::Founding(at)));
+                } else {
+                    if sharing {
+                        by_group.insert(p.group.clone(), founding.len());
+                    }
+                    let (f, first) = self.found(p);
+                    founding.push((index, f, first));
+                }
+            }
+        }
+        let families_to_compile = founding.len();
+
+        // Each new family compiles on its own executor threads, in parallel;
+        // wait for them all.
+        let mut founded: Vec<Result<Arc<Family>, String>> = Vec::with_capacity(founding.len());
+        for (index, f, first) in founding {
+            let group = f.group.clone();
+            let shared = f.shared;
+            let outcome = self.finish(f, first);
+            founded.push(match &outcome.1 {
+                Ok(joined) => Ok(Arc::clone(&joined.family)),
+                Err(e) => Err(format!("its family failed to compile: {e}")),
+            });
+            if let (true, Ok(joined)) = (shared, &outcome.1) {
+                self.families
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(group, Arc::downgrade(&joined.family));
+            }
+            outcomes[index] = Some(outcome);
+        }
+
+        // Every other member joins its family: no compilation.
+        let join_progress = Progress::new("members joined", joining.len());
+        let joined = parallel(joining, |(index, p, target)| {
+            let family = match target {
+                Target::Live(family) => Ok(family),
+                Target::Founding(at) => founded[at].clone(),
+            };
+            let outcome = family.and_then(|family| join(family, &p));
+            join_progress.tick();
+            (index, (p.candidate, outcome))
+        });
+        for (index, outcome) in joined {
+            outcomes[index] = Some(outcome);
+        }
+        if total > 1 {
+            tracing::info!(
+                models = total,
+                families_compiled = families_to_compile,
+                elapsed = ?started.elapsed(),
+                "load finished"
+            );
+        }
+        outcomes.into_iter().flatten().collect()
+    }
+
+    /// Starts compiling a new family from `first` on its executor threads.
+    fn found(&self, first: Parsed) -> (Founding, First) {
+        let (queue, channel) = std::sync::mpsc::channel();
+        let settings = &first.settings;
+        let intake = Arc::new(Mutex::new(Intake::new(
+            channel,
+            settings.buckets.largest(),
+            settings.max_queue_delay,
+        )));
+        let shared_state = ExecutorShared {
+            family: first.family.clone(),
+            queued: Arc::new(AtomicUsize::new(0)),
+            retired: Arc::new(RetiredLog::default()),
+        };
+        let input = Arc::new(CompileInput {
+            family: first.family.clone(),
+            graph: first.graph,
+            signature: first.signature,
+            buckets: settings.buckets.clone(),
+            weights: first.weights,
+        });
+        let shared = input.weights.is_some();
+        let mut reports = Vec::with_capacity(settings.executors);
+        let mut spawn_error = None;
+        for index in 0..settings.executors {
+            match executor::spawn(
+                Arc::clone(&input),
+                self.engine.clone(),
+                Arc::clone(&intake),
+                shared_state.clone(),
+                index,
+            ) {
+                Ok((thread, report)) => {
+                    self.threads
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(thread);
+                    reports.push(report);
+                }
+                Err(e) => spawn_error = Some(format!("cannot start an executor thread: {e}")),
+            }
+        }
+        let founding = Founding {
+            group: first.group,
+            family: first.family,
+            shared,
+            settings: first.settings.clone(),
+            queue,
+            shared_state,
+            reports,
+            spawn_error,
+        };
+        let first = First {
+            candidate: first.candidate,
+            started: first.started,
+            settings: first.settings,
+        };
+        (founding, first)
+    }
+
+    /// Waits for a founding family's executors; on success `first` is its
+    /// first member. On failure the queue drops here and the executors that
+    /// did compile stop.
+    fn finish(&self, f: Founding, first: First) -> Outcome {
+        let mut executors = Vec::with_capacity(f.reports.len());
+        let mut failure = f.spawn_error;
+        let mut compiled = None;
+        for report in f.reports {
+            match report.recv() {
+                Ok(Ok((signature, device, compile_time, executor))) => {
+                    executors.push(executor);
+                    compiled.get_or_insert((signature, device, compile_time));
+                }
+                Ok(Err(reason)) => failure = Some(reason),
+                Err(_) => failure = Some("an executor thread stopped while compiling".into()),
+            }
+        }
+        let outcome = match (failure, compiled) {
+            (None, Some((signature, device, compile_time))) => {
+                let family = Arc::new(Family::new(
+                    f.family,
+                    f.shared,
+                    signature.clone(),
+                    f.settings,
+                    device,
+                    compile_time,
+                    f.queue,
+                    executors,
+                    f.shared_state.queued,
+                    f.shared_state.retired,
+                ));
+                let version = first.candidate.version.to_string();
+                let member = family.first_member(&first.candidate.name, &version);
+                Ok(Joined {
+                    family,
+                    member,
+                    settings: first.settings,
+                    signature,
+                    load_time: first.started.elapsed(),
+                })
+            }
+            (Some(reason), _) => Err(reason),
+            (None, None) => Err("no executor compiled".to_string()),
+        };
+        (first.candidate, outcome)
+    }
+}
+
+/// Adds `p` to `family` as a new member.
+fn join(family: Arc<Family>, p: &Parsed) -> Result<Joined, String> {
+    let weights = p.weights.as_deref().unwrap_or_default();
+    let version = p.candidate.version.to_string();
+    let member = family.add_member(&p.candidate.name, &version, weights)?;
+    Ok(Joined {
+        signature: family.signature.clone(),
+        family,
+        member,
+        settings: p.settings.clone(),
+        load_time: p.started.elapsed(),
+    })
+}
+
+/// Reads and parses one candidate; with sharing on, takes its weights out of
+/// the graph.
+fn parse(
+    candidate: Candidate,
+    defaults: &ModelDefaults,
+) -> Result<Parsed, Box<(Candidate, String)>> {
+    let started = Instant::now();
+    let read = || -> Result<_, String> {
+        let path = &candidate.onnx_path;
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let onnx = OnnxModel::parse(&bytes)?;
+        let settings =
+            ModelSettings::resolve(&candidate.config, defaults, onnx.is_tree_ensemble())?;
+        let signature = onnx.signature(&candidate.config)?;
+        let family = onnx.family_key();
+        let share = candidate
+            .config
+            .share_weights
+            .unwrap_or(defaults.share_weights);
+        let (graph, weights) = if share {
+            match onnx.with_weights_as_inputs() {
+                Ok((graph, weights)) => (graph, Some(weights)),
+                Err(reason) => {
+                    tracing::warn!(model = candidate.name, %reason,
+                        "cannot take the weights out of the graph; compiling it alone with constant weights");
+                    (onnx, None)
+                }
+            }
+        } else {
+            (onnx, None)
+        };
+        // Members share a queue and compiled buckets, so whatever shapes
+        // those must be equal too; a model that does not share gets a group
+        // of its own.
+        let group = if weights.is_some() {
+            format!(
+                "{family} buckets={:?} executors={} delay={:?} signature={:?}",
+                settings.buckets.sizes(),
+                settings.executors,
+                settings.max_queue_delay,
+                signature
+            )
+        } else {
+            format!("{family} alone {}/{}", candidate.name, candidate.version)
+        };
+        Ok((settings, signature, family, group, graph, weights))
+    };
+    match read() {
+        Ok((settings, signature, family, group, graph, weights)) => Ok(Parsed {
+            candidate,
+            started,
+            settings,
+            signature,
+            family,
+            group,
+            graph,
+            weights,
+        }),
+        Err(reason) => Err(Box::new((candidate, reason))),
+    }
+}
+
+/// Maps `items` through `f` on as many threads as there are cores, keeping
+/// their order.
+fn parallel<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let count = items.len();
+    let workers = std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(1)
+        .min(count);
+    if workers <= 1 {
+        return items.into_iter().map(f).collect();
+    }
+    let items: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let results: Vec<Mutex<Option<R>>> = (0..count).map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(slot) = items.get(index) else { break };
+                    let item = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(item) = item {
+                        let result = f(item);
+                        *results[index].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .filter_map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect()
+}
+
+/// Logs how far a load has come, at most once a second and at the end.
+struct Progress {
+    what: &'static str,
+    total: usize,
+    done: AtomicUsize,
+    started: Instant,
+    last_log: Mutex<Instant>,
+}
+
+impl Progress {
+    fn new(what: &'static str, total: usize) -> Progress {
+        let now = Instant::now();
+        Progress {
+            what,
+            total,
+            done: AtomicUsize::new(0),
+            started: now,
+            last_log: Mutex::new(now),
+        }
+    }
+
+    fn tick(&self) {
+        let done = self.done.fetch_add(1, Ordering::AcqRel) + 1;
+        let Ok(mut last) = self.last_log.try_lock() else {
+            return;
+        };
+        if done == self.total || last.elapsed() >= Duration::from_secs(1) {
+            *last = Instant::now();
+            let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
+            if self.total > 1 {
+                tracing::info!(
+                    "{}: {done} of {} ({:.0}/s)",
+                    self.what,
+                    self.total,
+                    done as f64 / seconds
+                );
+            }
+        }
+    }
+}
