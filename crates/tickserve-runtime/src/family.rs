@@ -228,13 +228,11 @@ impl Family {
         Ok(self.member(id, name, version))
     }
 
-    /// Queues `job` for the executors; gives it back if the queue is closed.
-    pub(crate) fn send(&self, job: Job) -> Result<(), Job> {
+    /// Queues `job` for the executors; false (the job dropped) if the queue
+    /// is closed.
+    pub(crate) fn send(&self, job: Job) -> bool {
         let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        match queue.as_ref() {
-            Some(queue) => queue.send(job).map_err(|e| e.0),
-            None => Err(job),
-        }
+        queue.as_ref().is_some_and(|queue| queue.send(job).is_ok())
     }
 
     /// Closes the queue: nothing more is admitted, and the executors stop

@@ -351,15 +351,15 @@ impl Runtime {
             reply,
         };
         // Admission bounded the queue; only a stopped executor refuses the send.
-        family.send(job).map_err(|_| {
+        if !family.send(job) {
             handle.stats.queue.leave(rows);
             family.queued.fetch_sub(rows, Ordering::AcqRel);
-            Error::ModelNotReady {
+            return Err(Error::ModelNotReady {
                 model: handle.name.clone(),
                 version: handle.version.clone(),
-                reason: "its executor has stopped".to_string(),
-            }
-        })?;
+                reason: "its executors have stopped".to_string(),
+            });
+        }
         answer.await.unwrap_or_else(|_| {
             Err(Error::Internal {
                 model: handle.name.clone(),
