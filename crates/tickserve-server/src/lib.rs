@@ -10,6 +10,7 @@
 //! [`InferResponse`]: tickserve_core::InferResponse
 
 pub mod cli;
+pub mod control;
 pub mod grpc;
 pub mod http;
 pub mod observe;
@@ -29,9 +30,10 @@ pub const SERVER_NAME: &str = "tickserve";
 /// The server's version in metadata responses.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Protocol extensions tickserve serves, as reported by server metadata.
-pub const EXTENSIONS: [&str; 4] = [
+pub const EXTENSIONS: [&str; 5] = [
     "binary_tensor_data",
     "model_configuration",
+    "model_repository",
     "parameters",
     "statistics",
 ];

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::observe::{self, Protocol};
 use crate::{
     COMPUTE_TIME_HEADER, EXTENSIONS, PLATFORM, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION,
-    Shared,
+    Shared, control,
 };
 
 /// The protocol's generated types, server and client.
@@ -178,6 +178,49 @@ fn model_statistics(handle: &ModelHandle) -> pb::ModelStatistics {
 
 #[tonic::async_trait]
 impl GrpcInferenceService for InferenceService {
+    async fn repository_index(
+        &self,
+        request: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let r = request.into_inner();
+        let entries = control::index(&self.shared, r.ready)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::RepositoryIndexResponse {
+            models: entries
+                .into_iter()
+                .map(|e| pb::repository_index_response::ModelIndex {
+                    name: e.name,
+                    version: e.version,
+                    state: e.state.to_string(),
+                    reason: e.reason,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        let r = request.into_inner();
+        control::change(&self.shared, control::Operation::Load, r.model_name)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        let r = request.into_inner();
+        control::change(&self.shared, control::Operation::Unload, r.model_name)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
     async fn server_live(
         &self,
         _: Request<pb::ServerLiveRequest>,

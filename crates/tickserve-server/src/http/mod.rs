@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use crate::observe::{self, Protocol};
 use crate::{
     COMPUTE_TIME_HEADER, EXTENSIONS, PLATFORM, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION,
-    Shared,
+    Shared, control,
 };
 
 /// Serves HTTP on `listener` until `stop` turns true.
@@ -72,6 +72,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/v2/models/{model}/infer", post(infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{model}/load", post(repository_load))
+        .route(
+            "/v2/repository/models/{model}/unload",
+            post(repository_unload),
+        )
         .route("/metrics", get(|| async { observe::render() }))
         .with_state(shared)
 }
@@ -383,4 +389,52 @@ async fn infer_inner(
         }
     }
     Ok(reply)
+}
+
+/// `POST /v2/repository/index`: every model of the repository with its state;
+/// a body `{"ready": true}` keeps only the versions that serve.
+async fn repository_index(
+    State(shared): State<Arc<Shared>>,
+    body: bytes::Bytes,
+) -> Result<axum::Json<Value>, HttpError> {
+    let ready_only = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("ready").and_then(Value::as_bool))
+        .unwrap_or(false);
+    let entries = control::index(&shared, ready_only).await?;
+    Ok(axum::Json(Value::Array(
+        entries
+            .into_iter()
+            .map(|e| {
+                let mut entry = json!({ "name": e.name, "state": e.state });
+                if !e.version.is_empty() {
+                    entry["version"] = json!(e.version);
+                }
+                if !e.reason.is_empty() {
+                    entry["reason"] = json!(e.reason);
+                }
+                entry
+            })
+            .collect(),
+    )))
+}
+
+/// `POST /v2/repository/models/{model}/load`: loads or reloads the model;
+/// a failed load leaves what served before serving (400 with the reason).
+async fn repository_load(
+    State(shared): State<Arc<Shared>>,
+    Path(model): Path<String>,
+) -> Result<axum::Json<Value>, HttpError> {
+    control::change(&shared, control::Operation::Load, model).await?;
+    Ok(axum::Json(json!({})))
+}
+
+/// `POST /v2/repository/models/{model}/unload`: stops serving the model once
+/// its requests in flight are answered.
+async fn repository_unload(
+    State(shared): State<Arc<Shared>>,
+    Path(model): Path<String>,
+) -> Result<axum::Json<Value>, HttpError> {
+    control::change(&shared, control::Operation::Unload, model).await?;
+    Ok(axum::Json(json!({})))
 }

@@ -1,0 +1,61 @@
+//! Model control for both front ends (Triton's model repository extension):
+//! the repository index, and loading and unloading models while serving.
+//! Loading reads files and may compile, so every operation runs on a blocking
+//! thread, never on the async workers that answer inference requests.
+
+use std::sync::Arc;
+
+use tickserve_core::Error;
+use tickserve_runtime::IndexEntry;
+
+use crate::Shared;
+
+/// A model control operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Load or reload a model from the repository.
+    Load,
+    /// Unload a model.
+    Unload,
+}
+
+/// Loads or unloads `model` (see [`tickserve_runtime::Runtime::load_model`]).
+pub async fn change(
+    shared: &Arc<Shared>,
+    operation: Operation,
+    model: String,
+) -> Result<(), Error> {
+    if !shared.ready() {
+        return Err(Error::ShuttingDown);
+    }
+    let shared = Arc::clone(shared);
+    let label = model.clone();
+    tokio::task::spawn_blocking(move || match operation {
+        Operation::Load => shared.runtime.load_model(&model),
+        Operation::Unload => shared.runtime.unload_model(&model),
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(Error::Internal {
+            model: label,
+            message: format!("the model control task failed: {e}"),
+        })
+    })
+}
+
+/// The repository index; with `ready_only`, only the versions that serve.
+pub async fn index(shared: &Arc<Shared>, ready_only: bool) -> Result<Vec<IndexEntry>, Error> {
+    let shared = Arc::clone(shared);
+    let entries = tokio::task::spawn_blocking(move || shared.runtime.index())
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|message| Error::Internal {
+            model: "_repository".to_string(),
+            message,
+        })?;
+    Ok(entries
+        .into_iter()
+        .filter(|e| !ready_only || e.state == "READY")
+        .collect())
+}
