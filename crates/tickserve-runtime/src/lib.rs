@@ -422,18 +422,16 @@ impl Runtime {
             model: name.to_string(),
             reason,
         };
-        let entry = repository::scan(&self.config.repository.path)
-            .map_err(failed)?
-            .into_iter()
-            .find(|m| m.name == name)
-            .ok_or_else(|| Error::ModelNotFound {
+        let entry = repository::scan_one(&self.config.repository.path, name).ok_or_else(|| {
+            Error::ModelNotFound {
                 model: name.to_string(),
                 version: None,
                 known: format!(
                     "no directory {name} in the repository {}",
                     self.config.repository.path.display()
                 ),
-            })?;
+            }
+        })?;
         let candidates = candidates_of(entry).map_err(failed)?;
         let outcomes = self.loader().load(candidates);
         let failures: Vec<String> = outcomes
@@ -484,7 +482,7 @@ impl Runtime {
                 tracing::info!(model = name, "unloaded");
                 Ok(())
             }
-            None if self.config.repository.path.join(name).is_dir() => Ok(()),
+            None if repository::scan_one(&self.config.repository.path, name).is_some() => Ok(()),
             None => Err(Error::ModelNotFound {
                 model: name.to_string(),
                 version: None,

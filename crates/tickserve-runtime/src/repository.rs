@@ -35,26 +35,39 @@ pub fn scan(root: &Path) -> Result<Vec<ModelDir>, String> {
         if name.starts_with('.') {
             continue;
         }
-        let config = ModelConfig::load(&dir.join("model.toml"));
-        let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
-            .map(|rd| {
-                rd.flatten()
-                    .filter_map(|v| {
-                        let number = v.file_name().to_str()?.parse::<u64>().ok()?;
-                        let onnx = v.path().join("model.onnx");
-                        onnx.is_file().then_some((number, onnx))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        versions.sort_by_key(|(v, _)| *v);
-        models.push(ModelDir {
-            name,
-            dir,
-            config,
-            versions,
-        });
+        models.push(read_model_dir(dir, name));
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(models)
+}
+
+/// Reads model `name` of the repository at `root` alone (a model control
+/// request: no need to list the whole repository); `None` if there is no such
+/// directory.
+pub fn scan_one(root: &Path, name: &str) -> Option<ModelDir> {
+    let valid = !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\']);
+    let dir = root.join(name);
+    (valid && dir.is_dir()).then(|| read_model_dir(dir, name.to_string()))
+}
+
+fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
+    let config = ModelConfig::load(&dir.join("model.toml"));
+    let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|v| {
+                    let number = v.file_name().to_str()?.parse::<u64>().ok()?;
+                    let onnx = v.path().join("model.onnx");
+                    onnx.is_file().then_some((number, onnx))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort_by_key(|(v, _)| *v);
+    ModelDir {
+        name,
+        dir,
+        config,
+        versions,
+    }
 }
