@@ -277,3 +277,55 @@ async fn batching_property(runtime: Runtime) {
         "requests were batched: {runs} runs for {runs_if_alone} unbatched"
     );
 }
+
+/// Sharing off, for the server or for one model in its `model.toml`, compiles
+/// that model alone with constant weights; the answers are the same either way.
+#[tokio::test]
+async fn sharing_can_be_turned_off_for_the_server_and_per_model() {
+    let x = features(64, 16, 5);
+    let off = runtime_with(|c| c.model_defaults.share_weights = false);
+    assert!(off.ready_handles().iter().all(|h| !h.shared));
+    let scratch = tempfile::tempdir().unwrap();
+    for model in ["tick_000", "tick_001"] {
+        let version = scratch.path().join(model).join("1");
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::copy(
+            root()
+                .join("config/models")
+                .join(model)
+                .join("1/model.onnx"),
+            version.join("model.onnx"),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        scratch.path().join("tick_000/model.toml"),
+        "share_weights = false\n",
+    )
+    .unwrap();
+    let mixed = runtime_with(|c| c.repository.path = scratch.path().to_path_buf());
+    assert!(!mixed.model("tick_000", None).unwrap().shared);
+    assert!(mixed.model("tick_001", None).unwrap().shared);
+    for model in ["tick_000", "tick_001"] {
+        let want = single_row_answers(&off, model, 16, &x).await;
+        let got = single_row_answers(&mixed, model, 16, &x).await;
+        for (a, b) in got.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-6 + 1e-5 * b.abs(),
+                "{model}: {a} vs {b}"
+            );
+        }
+        let batch = mixed
+            .infer(request(model, "features", vec![64, 16], &x))
+            .await
+            .unwrap();
+        for (a, b) in floats(&batch.outputs[0].data).iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-6 + 1e-5 * b.abs(),
+                "{model} batched: {a} vs {b}"
+            );
+        }
+    }
+    off.shutdown();
+    mixed.shutdown();
+}
