@@ -15,24 +15,18 @@ async fn load_and_unload_with_tritonclient() {
         copy_dir(&source.join(model), &scratch.path().join(model));
     }
     let server = common::start(&common::config(scratch.path())).await;
-    let (http, grpc) = (server.http_addr.to_string(), server.grpc_addr.to_string());
-    let output = tokio::process::Command::new(common::python())
-        .arg(common::root().join("tests/e2e_repository.py"))
-        .args(["--http", &http, "--grpc", &grpc, "--repository"])
-        .arg(scratch.path())
-        .arg("--source")
-        .arg(&source)
-        .output()
-        .await
-        .expect("python runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    println!("{text}");
-    assert!(output.status.success(), "repository check failed:\n{text}");
-    assert!(text.contains("repository control ok"));
+    common::run_python_check(
+        &server,
+        "e2e_repository.py",
+        &[
+            "--repository".as_ref(),
+            scratch.path().as_os_str(),
+            "--source".as_ref(),
+            source.as_os_str(),
+        ],
+        "repository control ok",
+    )
+    .await;
     server.shutdown().await.expect("clean shutdown");
 }
 

@@ -26,6 +26,33 @@ pub fn python() -> PathBuf {
     python
 }
 
+/// Runs `tests/{script}` with the project's Python against `server` (its
+/// `--http` and `--grpc` addresses first, then `args`), prints what it
+/// printed, and asserts it succeeded and printed `done`.
+pub async fn run_python_check(
+    server: &Server,
+    script: &str,
+    args: &[&std::ffi::OsStr],
+    done: &str,
+) {
+    let (http, grpc) = (server.http_addr.to_string(), server.grpc_addr.to_string());
+    let output = tokio::process::Command::new(python())
+        .arg(root().join("tests").join(script))
+        .args(["--http", &http, "--grpc", &grpc])
+        .args(args)
+        .output()
+        .await
+        .expect("python runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("{text}");
+    assert!(output.status.success(), "{script} failed:\n{text}");
+    assert!(text.contains(done), "{script} did not finish:\n{text}");
+}
+
 /// A server configuration on loopback, ports picked by the OS.
 pub fn config(repository: &Path) -> ServerConfig {
     let mut config = ServerConfig::default();
