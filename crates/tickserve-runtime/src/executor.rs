@@ -63,8 +63,8 @@ pub struct CompileInput {
 }
 
 /// What an executor reports once it has compiled: the full signature, its
-/// device, the compile time, and the executor itself.
-pub type Compiled = (Signature, String, Duration, Arc<Mutex<Executor>>);
+/// device, and the executor itself.
+pub type Compiled = (Signature, String, Arc<Mutex<Executor>>);
 
 /// Where an executor reports, once, whether its compile succeeded.
 pub type LoadReport = Receiver<Result<Compiled, String>>;
@@ -195,7 +195,6 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
-            let started = Instant::now();
             let compiled = engine.compile(&CompileRequest {
                 family: &input.family,
                 onnx: &input.graph,
@@ -209,7 +208,7 @@ pub fn spawn(
                     let signature = model.signature().clone();
                     let device = model.device().to_string();
                     let executor = Arc::new(Mutex::new(Executor::new(Box::new(model), shared)));
-                    let report = (signature, device, started.elapsed(), Arc::clone(&executor));
+                    let report = (signature, device, Arc::clone(&executor));
                     let _ = report_tx.send(Ok(report));
                     drop(report_tx);
                     serve(&executor, &intake);
@@ -298,9 +297,15 @@ impl Executor {
         }
     }
 
-    /// Runs bucket `bucket` with `member`'s weights, counting a weight swap
-    /// when the previous run bound another member's.
-    fn run_bucket(&mut self, bucket: usize, member: &Member) -> Result<Duration, Error> {
+    /// Runs bucket `bucket`, holding `rows` rows, with `member`'s weights;
+    /// records the run (time, rows, padding) and counts a weight swap when
+    /// the previous run bound another member's.
+    fn run_bucket(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        member: &Member,
+    ) -> Result<Duration, Error> {
         if self.last_member.is_some_and(|last| last != member.id) {
             self.weight_swaps.increment(1);
         }
@@ -315,6 +320,11 @@ impl Executor {
         let elapsed = started.elapsed();
         member.metrics.compute[bucket].record(elapsed.as_secs_f64());
         member.stats.record_run(bucket, elapsed);
+        member.metrics.batch_rows.record(rows as f64);
+        member
+            .metrics
+            .padded_rows
+            .record((self.buckets.sizes()[bucket] - rows) as f64);
         Ok(elapsed)
     }
 
@@ -467,12 +477,7 @@ impl Executor {
             debug_assert_eq!(at, total * row_bytes);
         }
         cost.input = copy_started.elapsed();
-        cost.infer = self.run_bucket(bucket, member)?;
-        member.metrics.batch_rows.record(total as f64);
-        member
-            .metrics
-            .padded_rows
-            .record((self.buckets.sizes()[bucket] - total) as f64);
+        cost.infer = self.run_bucket(bucket, total, member)?;
         let copy_started = Instant::now();
         let signature = self.model.signature();
         let mut first_row = 0;
@@ -534,12 +539,7 @@ impl Executor {
                 buffer[used..].fill(0);
             }
             cost.input += copy_started.elapsed();
-            cost.infer += self.run_bucket(bucket, member)?;
-            member.metrics.batch_rows.record(rows as f64);
-            member
-                .metrics
-                .padded_rows
-                .record((self.buckets.sizes()[bucket] - rows) as f64);
+            cost.infer += self.run_bucket(bucket, rows, member)?;
             let copy_started = Instant::now();
             for (out, &o) in outputs.iter_mut().zip(&request.outputs) {
                 let used = rows * self.output_row_bytes[o];

@@ -17,7 +17,6 @@
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tickserve_core::{MemberId, Signature, Weight, metrics as names};
 
@@ -135,8 +134,6 @@ pub struct Family {
     pub settings: ModelSettings,
     /// Where it runs.
     pub device: String,
-    /// Time to compile every bucket and warm up.
-    pub compile_time: Duration,
     /// The shared queue; dropping the family (or [`Family::close`]) closes
     /// it, and the executors stop once they have answered what it held.
     queue: Mutex<Option<Sender<Job>>>,
@@ -158,7 +155,6 @@ impl Family {
         signature: Signature,
         settings: ModelSettings,
         device: String,
-        compile_time: Duration,
         queue: Sender<Job>,
         executors: Vec<Arc<Mutex<Executor>>>,
         queued: Arc<AtomicUsize>,
@@ -170,7 +166,6 @@ impl Family {
             signature,
             settings,
             device,
-            compile_time,
             queue: Mutex::new(Some(queue)),
             executors,
             queued,

@@ -268,23 +268,22 @@ impl Loader<'_> {
         let mut compiled = None;
         for report in f.reports {
             match report.recv() {
-                Ok(Ok((signature, device, compile_time, executor))) => {
+                Ok(Ok((signature, device, executor))) => {
                     executors.push(executor);
-                    compiled.get_or_insert((signature, device, compile_time));
+                    compiled.get_or_insert((signature, device));
                 }
                 Ok(Err(reason)) => failure = Some(reason),
                 Err(_) => failure = Some("an executor thread stopped while compiling".into()),
             }
         }
         let outcome = match (failure, compiled) {
-            (None, Some((signature, device, compile_time))) => {
+            (None, Some((signature, device))) => {
                 let family = Arc::new(Family::new(
                     f.family,
                     f.shared,
                     signature.clone(),
                     f.settings,
                     device,
-                    compile_time,
                     f.queue,
                     executors,
                     f.shared_state.queued,
