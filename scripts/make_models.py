@@ -10,6 +10,8 @@ Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
   tick_000..007   float32 [batch, 16] -> Gemm 16x32 -> Relu -> Gemm 32x1 -> [batch, 1],
                   one architecture, eight sets of weights (one per instrument)
 
+Fixtures (--fixtures) include cuda_ops: every op the CUDA engine imports, in one graph.
+
 Every weight comes from numpy's PCG64 generator with a fixed seed, and the files carry
 no timestamps, so running the script twice writes identical bytes.
 """
@@ -89,6 +91,60 @@ def lstm(rng, name, seq, features, hidden, seq_dim=None):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+def every_cuda_op(rng):
+    """x [batch, 24] through every op the CUDA engine imports; outputs [batch, 16] and [batch, 3]."""
+    init = [
+        numpy_helper.from_array(np.array([0, 4, 6], dtype=np.int64), "shape"),
+        numpy_helper.from_array(weights(rng, 6, 8), "w1"),
+        numpy_helper.from_array(weights(rng, 8, scale=0.1), "b1"),
+        numpy_helper.from_array((1 + 0.1 * rng.standard_normal(8)).astype(np.float32), "ln_scale"),
+        numpy_helper.from_array(weights(rng, 8, scale=0.1), "ln_bias"),
+        numpy_helper.from_array(weights(rng, 32, 16), "w2"),
+        numpy_helper.from_array(weights(rng, 16, scale=0.1), "b2"),
+        numpy_helper.from_array((1 + 0.1 * rng.standard_normal(16)).astype(np.float32), "bn_scale"),
+        numpy_helper.from_array(weights(rng, 16, scale=0.1), "bn_bias"),
+        numpy_helper.from_array(weights(rng, 16, scale=0.1), "bn_mean"),
+        numpy_helper.from_array((0.5 + rng.random(16)).astype(np.float32), "bn_var"),
+        numpy_helper.from_array(weights(rng, 16, scale=1.0), "gain"),
+        numpy_helper.from_array(np.array([0.25], dtype=np.float32), "offset"),
+        numpy_helper.from_array((1.5 + rng.random((1, 16))).astype(np.float32), "divisor"),
+        numpy_helper.from_array(weights(rng, 3, 16), "w3"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["x3"]),
+        helper.make_node("MatMul", ["x3", "w1"], ["m1"]),
+        helper.make_node("Add", ["m1", "b1"], ["h1"]),
+        helper.make_node("LeakyRelu", ["h1"], ["a1"], alpha=0.2),
+        helper.make_node("LayerNormalization", ["a1", "ln_scale", "ln_bias"], ["n1"], axis=-1,
+                         epsilon=1e-5),
+        helper.make_node("Flatten", ["n1"], ["f1"], axis=1),
+        helper.make_node("Gemm", ["f1", "w2", "b2"], ["g2"], alpha=0.5, beta=2.0),
+        helper.make_node("BatchNormalization", ["g2", "bn_scale", "bn_bias", "bn_mean", "bn_var"],
+                         ["bn"], epsilon=1e-3),
+        helper.make_node("Tanh", ["bn"], ["t"]),
+        helper.make_node("Identity", ["t"], ["t_id"]),
+        helper.make_node("Mul", ["t_id", "gain"], ["scaled"]),
+        helper.make_node("Sub", ["offset", "scaled"], ["shifted"]),
+        helper.make_node("Div", ["shifted", "divisor"], ["ratio"]),
+        helper.make_node("Sigmoid", ["ratio"], ["s"]),
+        helper.make_node("Constant", [], ["half"],
+                         value=numpy_helper.from_array(np.array(0.5, dtype=np.float32), "half")),
+        helper.make_node("Sub", ["s", "half"], ["centred"]),
+        helper.make_node("Relu", ["centred"], ["r"]),
+        helper.make_node("Add", ["s", "r"], ["sum"]),
+        helper.make_node("Softmax", ["sum"], ["probabilities"], axis=-1),
+        helper.make_node("Gemm", ["sum", "w3"], ["head"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "cuda_ops",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 24])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 16]),
+         helper.make_tensor_value_info("head", TensorProto.FLOAT, ["batch", 3])],
+        init,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
 def sample_repository(root):
     save(mlp(np.random.default_rng(1), "alpha_mlp", 50, 64, 3, softmax=True,
              out_name="probabilities"), root, "alpha_mlp")
@@ -142,6 +198,8 @@ def fixtures(root):
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                  helper.make_opsetid("ai.onnx.ml", 3)]),
          root, "tree_gbt")
+    # Every op of the CUDA engine's set in one graph, with two outputs.
+    save(every_cuda_op(np.random.default_rng(13)), root, "cuda_ops")
     # Not an ONNX file at all: refused at load while the others serve.
     bad = root / "broken" / "1"
     bad.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,35 @@ use proto::tensor_shape_proto::dimension::Value as DimValue;
 
 pub use tickserve_core::Weight;
 
+/// Reads a stored tensor (an initializer or a `Constant`'s value) as a
+/// [`Weight`]: raw data, or float / int64 data.
+pub fn tensor_weight(t: &proto::TensorProto) -> Result<Weight, String> {
+    let datatype = element_type(t.data_type()).ok_or_else(|| {
+        format!(
+            "weight '{}' has an element type tickserve does not serve",
+            t.name()
+        )
+    })?;
+    let data = if let Some(raw) = &t.raw_data {
+        raw.clone()
+    } else if datatype == DataType::Fp32 {
+        t.float_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+    } else if datatype == DataType::Int64 {
+        t.int64_data.iter().flat_map(|v| v.to_le_bytes()).collect()
+    } else {
+        return Err(format!(
+            "weight '{}' is stored in a form tickserve does not read",
+            t.name()
+        ));
+    };
+    Ok(Weight {
+        name: t.name().to_string(),
+        datatype,
+        dims: t.dims.iter().map(|&d| d as usize).collect(),
+        data,
+    })
+}
+
 /// One dimension as the ONNX file declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dim {
@@ -116,23 +145,7 @@ impl OnnxModel {
         let initializers = std::mem::take(&mut graph.initializer);
         let mut weights = Vec::with_capacity(initializers.len());
         for t in initializers {
-            let datatype = element_type(t.data_type()).ok_or_else(|| {
-                format!(
-                    "weight '{}' has an element type tickserve does not serve",
-                    t.name()
-                )
-            })?;
-            let data = if let Some(raw) = &t.raw_data {
-                raw.clone()
-            } else if datatype == DataType::Fp32 {
-                t.float_data.iter().flat_map(|v| v.to_le_bytes()).collect()
-            } else {
-                return Err(format!(
-                    "weight '{}' is stored in a form tickserve does not read",
-                    t.name()
-                ));
-            };
-            let dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+            let weight = tensor_weight(&t)?;
             graph.input.push(proto::ValueInfoProto {
                 name: Some(t.name().to_string()),
                 r#type: Some(proto::TypeProto {
@@ -156,14 +169,23 @@ impl OnnxModel {
                 doc_string: None,
                 metadata_props: Vec::new(),
             });
-            weights.push(Weight {
-                name: t.name().to_string(),
-                datatype,
-                dims,
-                data,
-            });
+            weights.push(weight);
         }
         Ok((OnnxModel { model }, weights))
+    }
+
+    /// The graph itself, for engines that import it op by op.
+    pub fn graph_proto(&self) -> &proto::GraphProto {
+        self.graph()
+    }
+
+    /// The opset version of the default (`ai.onnx`) domain.
+    pub fn opset(&self) -> i64 {
+        self.model
+            .opset_import
+            .iter()
+            .find(|o| o.domain().is_empty() || o.domain() == "ai.onnx")
+            .map_or(1, |o| o.version())
     }
 
     /// True when the graph holds a tree-ensemble operator (`ai.onnx.ml`

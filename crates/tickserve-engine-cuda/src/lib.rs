@@ -1,0 +1,18 @@
+//! The CUDA engine: MLP-style ONNX models imported op by op into a
+//! [`plan::Plan`], lowered to cuBLAS products and NVRTC-compiled fused
+//! kernels, and captured as one CUDA graph per bucket at load. A run is one
+//! graph launch: copy in from pinned memory, the forward pass, copy out.
+//! Members of a family keep their own weights in device memory; a run reaches
+//! them through a device-side pointer table written with the batch, so a
+//! weight swap is a pointer write, never a copy of weights.
+//!
+//! Builds on every machine (cudarc loads CUDA at run time); [`Gpus::probe`]
+//! finds out, without panicking, whether there is anything to run on.
+
+pub mod import;
+pub mod plan;
+pub mod probe;
+pub mod reference;
+
+pub use import::{Imported, Unsupported, arrange, import};
+pub use probe::{GpuInfo, Gpus};
