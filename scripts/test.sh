@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 export TICKSERVE_ONNXRUNTIME_LIBRARY="$PWD/.local/lib/libonnxruntime.so.1.31.1"
+# NVRTC for the CUDA engine's kernel tests (no GPU needed to compile kernels).
+export LD_LIBRARY_PATH="$PWD/.local/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== sample models are what scripts/make_models.py writes"
 tmp=$(mktemp -d)

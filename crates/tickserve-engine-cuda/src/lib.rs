@@ -10,6 +10,7 @@
 //! finds out, without panicking, whether there is anything to run on.
 
 pub mod import;
+pub mod kernels;
 pub mod plan;
 pub mod probe;
 pub mod reference;

@@ -1,0 +1,74 @@
+//! The kernels generated for real plans compile with NVRTC (a compiler, no
+//! GPU needed: `scripts/setup.sh` installs libnvrtc.so.13 into `.local/lib`,
+//! and `scripts/test.sh` puts it on LD_LIBRARY_PATH), and each step that
+//! needs one gets an entry point.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use tickserve_core::config::ModelConfig;
+use tickserve_engine_cuda::import;
+use tickserve_engine_cuda::kernels::{Launch, compile, module_source};
+use tickserve_onnx::OnnxModel;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn plan_of(path: &Path) -> tickserve_engine_cuda::plan::Plan {
+    let model = OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap();
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    import(&model, &signature.inputs, None).unwrap().plan
+}
+
+#[test]
+fn generated_kernels_compile_with_nvrtc() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("scripts/make_models.py"))
+        .arg("--fixtures")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let models = [
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        root().join("config/models/tick_000/1/model.onnx"),
+        dir.path().join("cuda_ops/1/model.onnx"),
+    ];
+    for path in &models {
+        let plan = plan_of(path);
+        let (source, kernels) = module_source(&plan);
+        assert!(!kernels.is_empty());
+        let ptx = compile(&source, "sm_90").unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}\n(run scripts/setup.sh; LD_LIBRARY_PATH=.local/lib)\n{source}",
+                path.display()
+            )
+        });
+        for kernel in &kernels {
+            assert!(
+                ptx.contains(&format!(".entry {}(", kernel.name)),
+                "{}: no entry {} in the PTX",
+                path.display(),
+                kernel.name
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_and_layer_norm_run_a_warp_per_segment() {
+    let plan = plan_of(&root().join("config/models/alpha_mlp/1/model.onnx"));
+    let (source, kernels) = module_source(&plan);
+    assert_eq!(kernels.len(), 3, "{source}");
+    assert_eq!(kernels[2].launch, Launch::PerSegment(3));
+    // 64 rows of 3-wide segments: 64 warps, 16 blocks of 128 threads.
+    assert_eq!(kernels[2].dims(64, 3), (16, 128));
+    // Gemm 1's epilogue (bias + Relu), 64 rows × 64 wide.
+    assert_eq!(kernels[0].dims(64, 64), (32, 128));
+    // A bad kernel is a clear error, not a panic.
+    let error = compile("this is not CUDA", "sm_90").unwrap_err();
+    assert!(error.contains("NVRTC"), "{error}");
+}
