@@ -63,4 +63,16 @@ pub trait CompiledModel: Send {
 
     /// Frees `member`'s weights; later runs naming it fail.
     fn remove_member(&mut self, member: MemberId);
+
+    /// The device's own time for the last run (CUDA events), where the
+    /// engine measures it.
+    fn device_time(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Whether any thread may run it (the caller's own, when its executor
+    /// is idle). A GPU model runs only on its executor threads.
+    fn runs_on_any_thread(&self) -> bool {
+        true
+    }
 }

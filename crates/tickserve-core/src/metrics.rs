@@ -37,6 +37,12 @@ pub const MODEL_READY: &str = "tickserve_model_ready";
 /// Runs that bound another member's weights than the executor's previous
 /// run, labelled `family`, `device`.
 pub const WEIGHT_SWAPS: &str = "tickserve_weight_swaps_total";
+/// GPU time of each bucket run, measured with CUDA events around the graph
+/// launch, labelled `family`, `bucket`, `device` (`gpu:N`).
+pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_seconds";
+/// Device memory tickserve holds (weights, bucket buffers, workspaces),
+/// labelled `device` (`gpu:N`).
+pub const DEVICE_MEMORY: &str = "tickserve_device_memory_bytes";
 
 /// Histogram buckets for durations, in seconds: 10 µs to 100 ms.
 pub const DURATION_BUCKETS: [f64; 16] = [
@@ -100,6 +106,16 @@ pub fn describe() {
         REJECTIONS,
         Unit::Count,
         "Requests refused by load shedding, by model and reason."
+    );
+    describe_histogram!(
+        DEVICE_COMPUTE_DURATION,
+        Unit::Seconds,
+        "GPU time per bucket run (CUDA events), by family, bucket and device."
+    );
+    describe_gauge!(
+        DEVICE_MEMORY,
+        Unit::Bytes,
+        "Device memory held by tickserve, by device."
     );
     describe_gauge!(
         MODEL_READY,

@@ -254,7 +254,7 @@ pub fn module_source(plan: &Plan) -> (String, Vec<Kernel>) {
 
 /// Compiles `source` to PTX with NVRTC for `arch` (`sm_90`); fails with
 /// NVRTC's log, or if NVRTC cannot be loaded.
-pub fn compile(source: &str, arch: &'static str) -> Result<String, String> {
+pub fn compile(source: &str, arch: &str) -> Result<String, String> {
     // SAFETY: only tries to dlopen libnvrtc; no symbol is called.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(
@@ -264,7 +264,7 @@ pub fn compile(source: &str, arch: &'static str) -> Result<String, String> {
         );
     }
     let options = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch),
+        options: vec![format!("--gpu-architecture={arch}")],
         // Accuracy as ONNX Runtime's: no fast math, no flush to zero.
         use_fast_math: Some(false),
         ftz: Some(false),

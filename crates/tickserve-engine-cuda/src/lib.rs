@@ -9,11 +9,14 @@
 //! Builds on every machine (cudarc loads CUDA at run time); [`Gpus::probe`]
 //! finds out, without panicking, whether there is anything to run on.
 
+pub mod device;
+pub mod engine;
 pub mod import;
 pub mod kernels;
 pub mod plan;
 pub mod probe;
 pub mod reference;
 
+pub use engine::{CudaCompileRequest, CudaEngine, CudaModel, CudaOptions};
 pub use import::{Imported, Unsupported, arrange, import};
 pub use probe::{GpuInfo, Gpus};

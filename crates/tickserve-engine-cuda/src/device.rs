@@ -1,0 +1,308 @@
+//! Owned CUDA objects over cudarc's driver and cuBLAS bindings: each frees
+//! itself when dropped, and device memory is counted per device for the
+//! `tickserve_device_memory_bytes` gauge.
+//!
+//! The engine uses the driver API directly rather than cudarc's safe layer:
+//! that layer records events around every use of a buffer, which does not
+//! belong inside a stream capture, and the engine's buffers never leave one
+//! stream. Every call here needs the owning context current on the calling
+//! thread; the engine makes it current at each entry.
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::Mutex;
+
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result, sys};
+use tickserve_core::metrics as names;
+
+/// A driver error as text.
+pub fn driver(what: &str) -> impl Fn(result::DriverError) -> String + '_ {
+    move |e| format!("{what}: {e:?}")
+}
+
+/// Bytes held per device ordinal.
+static HELD: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+
+fn account(ordinal: usize, add: usize, remove: usize) {
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    let bytes = held
+        .get_or_insert_with(HashMap::new)
+        .entry(ordinal)
+        .or_default();
+    *bytes = (*bytes + add).saturating_sub(remove);
+    metrics::gauge!(names::DEVICE_MEMORY, "device" => format!("gpu:{ordinal}")).set(*bytes as f64);
+}
+
+/// Device memory, zeroed at allocation.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    /// Its device address.
+    pub ptr: sys::CUdeviceptr,
+    /// Its size in bytes.
+    pub bytes: usize,
+    ordinal: usize,
+}
+
+impl DeviceMemory {
+    /// Allocates `bytes` (at least 1) on the current context's device `ordinal`.
+    pub fn zeroed(bytes: usize, ordinal: usize) -> Result<DeviceMemory, String> {
+        let bytes = bytes.max(1);
+        // SAFETY: a plain allocation in the current context, zeroed before use.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(driver("device allocation"))?;
+        let memory = DeviceMemory {
+            ptr,
+            bytes,
+            ordinal,
+        };
+        // SAFETY: `ptr` is `bytes` long, just allocated.
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(driver("device memset"))?;
+        account(ordinal, bytes, 0);
+        Ok(memory)
+    }
+
+    /// Copies `data` to `offset` bytes into this memory, synchronously.
+    pub fn write<T>(&self, offset: usize, data: &[T]) -> Result<(), String> {
+        if offset + std::mem::size_of_val(data) > self.bytes {
+            return Err("write past the end of a device buffer".to_string());
+        }
+        // SAFETY: the range was checked to lie inside this allocation.
+        unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, data) }
+            .map_err(driver("copy to the device"))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `zeroed`, freed once.
+        let _ = unsafe { result::free_sync(self.ptr) };
+        account(self.ordinal, 0, self.bytes);
+    }
+}
+
+/// Page-locked host memory, zeroed at allocation.
+#[derive(Debug)]
+pub struct PinnedMemory {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl PinnedMemory {
+    /// Allocates `bytes`; `write_combined` for memory the CPU only writes
+    /// (faster to copy to the device, slow for the CPU to read).
+    pub fn zeroed(bytes: usize, write_combined: bool) -> Result<PinnedMemory, String> {
+        let bytes = bytes.max(1);
+        let mut flags = sys::CU_MEMHOSTALLOC_PORTABLE;
+        if write_combined {
+            flags |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+        }
+        // SAFETY: a plain allocation, zeroed below before anything reads it.
+        let ptr = unsafe { result::malloc_host(bytes, flags) }
+            .map_err(driver("pinned host allocation"))?
+            .cast::<u8>();
+        // SAFETY: `ptr` is `bytes` long, just allocated.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+        Ok(PinnedMemory { ptr, bytes })
+    }
+
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `bytes` while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+
+    /// The whole buffer, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `bytes` while `self` lives; `&mut self` is unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_host`, freed once.
+        let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
+    }
+}
+
+/// A non-blocking stream.
+#[derive(Debug)]
+pub struct Stream(pub sys::CUstream);
+
+impl Stream {
+    /// A new stream that does not synchronise with the default stream.
+    pub fn new() -> Result<Stream, String> {
+        result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map(Stream)
+            .map_err(driver("stream creation"))
+    }
+
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<(), String> {
+        // SAFETY: the stream is alive.
+        unsafe { result::stream::synchronize(self.0) }.map_err(driver("stream synchronize"))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once.
+        let _ = unsafe { result::stream::destroy(self.0) };
+    }
+}
+
+/// An event, for timing.
+#[derive(Debug)]
+pub struct Event(pub sys::CUevent);
+
+impl Event {
+    /// A new timing event.
+    pub fn new() -> Result<Event, String> {
+        result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map(Event)
+            .map_err(driver("event creation"))
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<(), String> {
+        // SAFETY: both are alive.
+        unsafe { result::event::record(self.0, stream.0) }.map_err(driver("event record"))
+    }
+
+    /// Waits for the event.
+    pub fn synchronize(&self) -> Result<(), String> {
+        // SAFETY: the event is alive.
+        unsafe { result::event::synchronize(self.0) }.map_err(driver("event synchronize"))
+    }
+
+    /// Milliseconds from `self` to `end`, both complete.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, String> {
+        // SAFETY: both are alive and recorded.
+        unsafe { result::event::elapsed(self.0, end.0) }.map_err(driver("event elapsed"))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}
+
+/// An instantiated CUDA graph.
+#[derive(Debug)]
+pub struct GraphExec(pub sys::CUgraphExec);
+
+impl GraphExec {
+    /// Ends the capture on `stream` and instantiates what it recorded.
+    pub fn end_capture(stream: &Stream) -> Result<GraphExec, String> {
+        // SAFETY: the stream is capturing (the caller began it).
+        let graph = unsafe { result::stream::end_capture(stream.0) }
+            .map_err(driver("end of the graph capture"))?;
+        // SAFETY: `graph` is the captured graph; it is destroyed once instantiated.
+        let exec = unsafe {
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
+            let _ = result::graph::destroy(graph);
+            exec
+        }
+        .map_err(driver("graph instantiation"))?;
+        let exec = GraphExec(exec);
+        // SAFETY: both are alive.
+        unsafe { result::graph::upload(exec.0, stream.0) }.map_err(driver("graph upload"))?;
+        Ok(exec)
+    }
+
+    /// Launches the graph on `stream`.
+    pub fn launch(&self, stream: &Stream) -> Result<(), String> {
+        // SAFETY: both are alive; every buffer the graph touches lives as long as it.
+        unsafe { result::graph::launch(self.0, stream.0) }.map_err(driver("graph launch"))
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        // SAFETY: instantiated by `end_capture`, destroyed once.
+        let _ = unsafe { result::graph::exec_destroy(self.0) };
+    }
+}
+
+/// A loaded module of kernels.
+#[derive(Debug)]
+pub struct Module(sys::CUmodule);
+
+impl Module {
+    /// Loads PTX text (the driver compiles it for the device).
+    pub fn load(ptx: &str) -> Result<Module, String> {
+        let image = CString::new(ptx).map_err(|_| "PTX holds a NUL byte".to_string())?;
+        // SAFETY: `image` is NUL-terminated PTX and outlives the call.
+        unsafe { result::module::load_data(image.as_ptr().cast()) }
+            .map(Module)
+            .map_err(driver("loading the kernels"))
+    }
+
+    /// A kernel by name.
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction, String> {
+        let c_name = CString::new(name).map_err(|_| "kernel name holds a NUL byte".to_string())?;
+        // SAFETY: the module is loaded.
+        unsafe { result::module::get_function(self.0, c_name) }.map_err(driver("finding a kernel"))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded by `load`, unloaded once.
+        let _ = unsafe { result::module::unload(self.0) };
+    }
+}
+
+/// A cuBLAS handle bound to one stream, with its own workspace (so a
+/// captured product allocates nothing).
+#[derive(Debug)]
+pub struct Blas {
+    /// The handle.
+    pub handle: blas_sys::cublasHandle_t,
+    _workspace: DeviceMemory,
+}
+
+/// cuBLAS workspace per handle.
+const WORKSPACE_BYTES: usize = 4 << 20;
+
+impl Blas {
+    /// A handle on `stream`; `tf32` allows TF32 tensor-core products.
+    pub fn new(stream: &Stream, tf32: bool, ordinal: usize) -> Result<Blas, String> {
+        let blas_error = |what: &'static str| move |e: blas::CublasError| format!("{what}: {e:?}");
+        let handle = blas::create_handle().map_err(blas_error("cuBLAS handle"))?;
+        let workspace = DeviceMemory::zeroed(WORKSPACE_BYTES, ordinal)?;
+        let blas = Blas {
+            handle,
+            _workspace: workspace,
+        };
+        let mode = if tf32 {
+            blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: the handle and stream are alive; the workspace lives as long as the handle.
+        unsafe {
+            blas::set_stream(handle, stream.0.cast()).map_err(blas_error("cuBLAS stream"))?;
+            blas_sys::cublasSetMathMode(handle, mode)
+                .result()
+                .map_err(blas_error("cuBLAS math mode"))?;
+            blas_sys::cublasSetWorkspace_v2(
+                handle,
+                blas._workspace.ptr as *mut c_void,
+                WORKSPACE_BYTES,
+            )
+            .result()
+            .map_err(blas_error("cuBLAS workspace"))?;
+        }
+        Ok(blas)
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once.
+        let _ = unsafe { blas::destroy_handle(self.handle) };
+    }
+}
