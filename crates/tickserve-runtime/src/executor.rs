@@ -11,7 +11,7 @@
 //! than the largest bucket runs alone, as several bucket runs. Each caller gets
 //! its answer on its job's oneshot channel; a caller that left is not an error.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -22,6 +22,7 @@ use tickserve_core::{
     Buckets, CompiledModel, Error, InferResponse, MemberId, OutputTensor, Signature, TensorSpec,
     Weight, metrics as names,
 };
+use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, Imported};
 use tickserve_engine_ort::{CompileRequest, OrtEngine};
 use tickserve_onnx::{OnnxModel, PartialSignature};
 use tokio::sync::oneshot;
@@ -47,6 +48,29 @@ pub struct Job {
     pub reply: oneshot::Sender<Result<InferResponse, Error>>,
 }
 
+/// The engines executors compile with.
+#[derive(Debug, Clone)]
+pub struct Engines {
+    /// ONNX Runtime, for the CPU.
+    pub ort: OrtEngine,
+    /// The CUDA engine, for GPUs.
+    pub cuda: CudaEngine,
+}
+
+/// Which engine compiles a family, and where.
+#[derive(Debug)]
+pub enum Target {
+    /// ONNX Runtime on the CPU.
+    Cpu,
+    /// The CUDA engine on GPU `ordinal`, from the imported plan.
+    Gpu {
+        /// The GPU.
+        ordinal: usize,
+        /// The plan and the first member's weights.
+        imported: Box<Imported>,
+    },
+}
+
 /// What an executor compiles: a family's graph for every bucket.
 #[derive(Debug)]
 pub struct CompileInput {
@@ -60,6 +84,37 @@ pub struct CompileInput {
     pub buckets: Buckets,
     /// The first member's weights, for a graph that takes them as inputs.
     pub weights: Option<Vec<Weight>>,
+    /// The engine and device.
+    pub target: Target,
+}
+
+impl CompileInput {
+    /// Compiles on the target's engine.
+    fn compile(&self, engines: &Engines) -> Result<Box<dyn CompiledModel>, String> {
+        match &self.target {
+            Target::Cpu => engines
+                .ort
+                .compile(&CompileRequest {
+                    family: &self.family,
+                    onnx: &self.graph,
+                    signature: &self.signature,
+                    buckets: &self.buckets,
+                    weights: self.weights.as_deref(),
+                })
+                .map(|m| Box::new(m) as Box<dyn CompiledModel>),
+            Target::Gpu { ordinal, imported } => engines
+                .cuda
+                .compile(&CudaCompileRequest {
+                    family: &self.family,
+                    imported,
+                    signature: &self.signature,
+                    buckets: &self.buckets,
+                    ordinal: *ordinal,
+                    first_member: tickserve_core::SOLE_MEMBER,
+                })
+                .map(|m| Box::new(m) as Box<dyn CompiledModel>),
+        }
+    }
 }
 
 /// What an executor reports once it has compiled: the full signature, its
@@ -182,7 +237,7 @@ fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
 /// from `intake`.
 pub fn spawn(
     input: Arc<CompileInput>,
-    engine: OrtEngine,
+    engines: Engines,
     intake: Arc<Mutex<Intake>>,
     shared: ExecutorShared,
     index: usize,
@@ -195,19 +250,13 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
-            let compiled = engine.compile(&CompileRequest {
-                family: &input.family,
-                onnx: &input.graph,
-                signature: &input.signature,
-                buckets: &input.buckets,
-                weights: input.weights.as_deref(),
-            });
+            let compiled = input.compile(&engines);
             drop(input);
             match compiled {
                 Ok(model) => {
                     let signature = model.signature().clone();
                     let device = model.device().to_string();
-                    let executor = Arc::new(Mutex::new(Executor::new(Box::new(model), shared)));
+                    let executor = Arc::new(Mutex::new(Executor::new(model, shared)));
                     let report = (signature, device, Arc::clone(&executor));
                     let _ = report_tx.send(Ok(report));
                     drop(report_tx);
@@ -230,6 +279,8 @@ pub struct ExecutorShared {
     pub queued: Arc<AtomicUsize>,
     /// Members that left.
     pub retired: Arc<RetiredLog>,
+    /// Bucket runs by any executor of the family.
+    pub runs: Arc<AtomicU64>,
 }
 
 /// A family's compiled graph on one device and what running it needs.
@@ -247,6 +298,9 @@ pub struct Executor {
     /// The member whose weights the last run bound.
     last_member: Option<MemberId>,
     weight_swaps: metrics::Counter,
+    runs: Arc<AtomicU64>,
+    /// GPU time per bucket (CUDA events), for engines that measure it.
+    device_compute: Vec<metrics::Histogram>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -263,7 +317,21 @@ impl Executor {
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
         let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
-            "family" => shared.family, "device" => model.device().to_string());
+            "family" => shared.family.clone(), "device" => model.device().to_string());
+        let device_compute = if model.runs_on_any_thread() {
+            Vec::new()
+        } else {
+            model
+                .buckets()
+                .sizes()
+                .iter()
+                .map(|size| {
+                    metrics::histogram!(names::DEVICE_COMPUTE_DURATION,
+                        "family" => shared.family.clone(), "bucket" => size.to_string(),
+                        "device" => model.device().to_string())
+                })
+                .collect()
+        };
         Executor {
             buckets: Arc::new(model.buckets().clone()),
             model,
@@ -274,7 +342,15 @@ impl Executor {
             retired_seen: 0,
             last_member: None,
             weight_swaps,
+            runs: shared.runs,
+            device_compute,
         }
+    }
+
+    /// Whether a caller's own thread may run it (see
+    /// [`CompiledModel::runs_on_any_thread`]).
+    pub fn runs_on_any_thread(&self) -> bool {
+        self.model.runs_on_any_thread()
     }
 
     /// Makes `weights` resident as member `id`'s (see [`CompiledModel::add_member`]).
@@ -318,6 +394,12 @@ impl Executor {
                 message,
             })?;
         let elapsed = started.elapsed();
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        if let (Some(time), Some(histogram)) =
+            (self.model.device_time(), self.device_compute.get(bucket))
+        {
+            histogram.record(time.as_secs_f64());
+        }
         member.metrics.compute[bucket].record(elapsed.as_secs_f64());
         member.stats.record_run(bucket, elapsed);
         member.metrics.batch_rows.record(rows as f64);

@@ -14,13 +14,13 @@
 //! every request for it answered): its id goes into the family's retired log,
 //! and each executor frees its weights before its next batch.
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use tickserve_core::{MemberId, Signature, Weight, metrics as names};
 
-use crate::executor::{Executor, Job};
+use crate::executor::{Executor, ExecutorShared, Job};
 use crate::settings::ModelSettings;
 use crate::stats::ModelStats;
 
@@ -80,7 +80,8 @@ pub struct Member {
 }
 
 impl Member {
-    /// A member `id` of a family compiled for `buckets` on `device`.
+    /// A member `id` of a family compiled for `buckets` on `device`; `stats`
+    /// are its model version's (shared by the version's replicas).
     pub fn new(
         id: MemberId,
         name: &str,
@@ -88,6 +89,7 @@ impl Member {
         buckets: &[usize],
         device: &str,
         retired: Arc<RetiredLog>,
+        stats: Arc<ModelStats>,
     ) -> Member {
         let metrics = MemberMetrics {
             compute: buckets
@@ -105,7 +107,7 @@ impl Member {
             id,
             name: name.to_string(),
             version: version.to_string(),
-            stats: Arc::new(ModelStats::new(name, buckets.len())),
+            stats,
             metrics,
             retired,
         }
@@ -143,6 +145,11 @@ pub struct Family {
     /// Rows queued for any member (the inline path runs only when none are).
     pub(crate) queued: Arc<AtomicUsize>,
     pub(crate) retired: Arc<RetiredLog>,
+    /// Bucket runs by its executors.
+    runs: Arc<AtomicU64>,
+    /// Whether a caller's thread may run a request on an idle executor
+    /// (false for GPU families: their work stays on the executor threads).
+    pub(crate) inline: bool,
     next_member: AtomicU32,
 }
 
@@ -157,9 +164,13 @@ impl Family {
         device: String,
         queue: Sender<Job>,
         executors: Vec<Arc<Mutex<Executor>>>,
-        queued: Arc<AtomicUsize>,
-        retired: Arc<RetiredLog>,
+        state: ExecutorShared,
     ) -> Family {
+        let inline = executors.iter().all(|e| {
+            e.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .runs_on_any_thread()
+        });
         Family {
             key,
             shared,
@@ -168,18 +179,20 @@ impl Family {
             device,
             queue: Mutex::new(Some(queue)),
             executors,
-            queued,
-            retired,
+            queued: state.queued,
+            retired: state.retired,
+            runs: state.runs,
+            inline,
             next_member: AtomicU32::new(1),
         }
     }
 
     /// The first member (the model the family was compiled from).
-    pub(crate) fn first_member(&self, name: &str, version: &str) -> Member {
-        self.member(tickserve_core::SOLE_MEMBER, name, version)
+    pub(crate) fn first_member(&self, name: &str, version: &str, stats: Arc<ModelStats>) -> Member {
+        self.member(tickserve_core::SOLE_MEMBER, name, version, stats)
     }
 
-    fn member(&self, id: MemberId, name: &str, version: &str) -> Member {
+    fn member(&self, id: MemberId, name: &str, version: &str, stats: Arc<ModelStats>) -> Member {
         Member::new(
             id,
             name,
@@ -187,7 +200,13 @@ impl Family {
             self.settings.buckets.sizes(),
             &self.device,
             Arc::clone(&self.retired),
+            stats,
         )
+    }
+
+    /// Bucket runs by its executors so far.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
     }
 
     /// Adds a member with `weights` to every executor: no compilation, one
@@ -198,6 +217,7 @@ impl Family {
         name: &str,
         version: &str,
         weights: &[Weight],
+        stats: Arc<ModelStats>,
     ) -> Result<Member, String> {
         if !self.shared {
             return Err(format!(
@@ -220,7 +240,7 @@ impl Family {
                 return Err(e);
             }
         }
-        Ok(self.member(id, name, version))
+        Ok(self.member(id, name, version, stats))
     }
 
     /// Queues `job` for the executors; false (the job dropped) if the queue

@@ -22,21 +22,22 @@ pub mod settings;
 pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tickserve_core::config::ServerConfig;
 use tickserve_core::validate::validate;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, Signature, metrics as names};
+use tickserve_engine_cuda::{CudaEngine, CudaOptions, Gpus};
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tokio::sync::oneshot;
 
-use crate::executor::Job;
+use crate::executor::{Engines, Job};
 use crate::family::{Family, Member};
-use crate::loader::{Candidate, Joined, Loader};
-pub use crate::settings::ModelSettings;
+use crate::loader::{Candidate, Loader};
+pub use crate::settings::{Device, ModelSettings};
 pub use crate::stats::ModelStats;
 
 /// What a model version is, once loaded.
@@ -50,7 +51,7 @@ pub struct Loaded {
     pub family: String,
     /// True when it shares its family's compiled graph (weights bound per run).
     pub shared: bool,
-    /// Where it runs (`cpu`).
+    /// Where its replicas run (`cpu`, `gpu:0,gpu:1`).
     pub device: String,
     /// Time from reading its file to ready (a family's first member includes
     /// the compilation; a later member only its weights).
@@ -69,11 +70,43 @@ pub struct ModelHandle {
     /// What it is: signature, settings, family, device, load time,
     /// statistics (also reached through `Deref`).
     pub loaded: Loaded,
+    /// Its replicas, one per placement entry: each a membership in a
+    /// family on one device.
+    replicas: Vec<Replica>,
+    /// Where the next search for the shortest queue starts (round robin
+    /// among equals).
+    next_replica: AtomicUsize,
+}
+
+/// One replica of a model version.
+#[derive(Debug)]
+struct Replica {
     /// Its membership in its family; queued jobs hold it too, so its weights
     /// stay until the last of its requests is answered.
     member: Arc<Member>,
     /// The compiled family that runs it: its queue and executors.
-    compiled: Arc<Family>,
+    family: Arc<Family>,
+}
+
+impl ModelHandle {
+    /// Each replica's device and the bucket runs its family made so far
+    /// (members of one family share the count).
+    pub fn replica_runs(&self) -> Vec<(String, u64)> {
+        self.replicas
+            .iter()
+            .map(|r| (r.family.device.clone(), r.family.runs()))
+            .collect()
+    }
+
+    /// The replica with the shortest queue, taking turns among equals.
+    fn route(&self) -> &Replica {
+        let count = self.replicas.len();
+        let start = self.next_replica.fetch_add(1, Ordering::Relaxed);
+        (0..count)
+            .map(|i| &self.replicas[(start + i) % count])
+            .min_by_key(|r| r.family.queued_rows())
+            .unwrap_or(&self.replicas[0])
+    }
 }
 
 impl std::ops::Deref for ModelHandle {
@@ -133,7 +166,9 @@ pub struct IndexEntry {
 
 /// The loaded repository, its families and their executors.
 pub struct Runtime {
-    engine: OrtEngine,
+    engines: Engines,
+    /// The GPUs found at startup.
+    gpus: Gpus,
     config: ServerConfig,
     models: RwLock<HashMap<String, ModelVersions>>,
     /// Live shared families by group key (see [`loader`]); a family dies with
@@ -146,9 +181,11 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Loads ONNX Runtime and every model of the repository in `config`.
-    /// Fails only when the engine itself cannot start or the repository
-    /// cannot be read; model failures are recorded per model.
+    /// Loads ONNX Runtime, looks for GPUs (one log line), and loads every
+    /// model of the repository in `config`. Fails when the engine cannot
+    /// start, the repository cannot be read, or a model is placed on a GPU
+    /// this machine does not have; other model failures are recorded per
+    /// model.
     pub fn load(config: &ServerConfig) -> Result<Runtime, String> {
         let library = std::env::var_os("TICKSERVE_ONNXRUNTIME_LIBRARY")
             .map(Into::into)
@@ -159,8 +196,19 @@ impl Runtime {
                 intra_op_threads: config.runtime.intra_op_threads,
             },
         )?;
+        let gpus = Gpus::probe();
+        tracing::info!("devices: {}", gpus.describe());
+        let engines = Engines {
+            ort: engine,
+            cuda: CudaEngine::new(CudaOptions {
+                tf32: config.runtime.cuda_tf32,
+            }),
+        };
+        settings::replicas(&config.model_defaults.devices, &gpus)
+            .map_err(|e| format!("model_defaults.devices: {e}"))?;
         let runtime = Runtime {
-            engine,
+            engines,
+            gpus,
             config: config.clone(),
             models: RwLock::new(HashMap::new()),
             families: Mutex::new(HashMap::new()),
@@ -168,22 +216,36 @@ impl Runtime {
             control: Mutex::new(()),
         };
         let found = repository::scan(&config.repository.path)?;
+        // A model placed on a GPU that is not there stops the start: the
+        // operator asked for hardware this machine lacks.
+        let misplaced: Vec<String> = found
+            .iter()
+            .filter_map(|entry| {
+                let config = entry.config.as_ref().ok()?;
+                let devices = config.devices.as_ref()?;
+                settings::replicas(devices, &runtime.gpus)
+                    .err()
+                    .map(|e| format!("model {}: {e}", entry.name))
+            })
+            .collect();
+        if !misplaced.is_empty() {
+            return Err(misplaced.join("; "));
+        }
         let mut models: HashMap<String, ModelVersions> = HashMap::new();
         let mut candidates = Vec::new();
         for entry in found {
             let slot = models.entry(entry.name.clone()).or_default();
-            match candidates_of(entry) {
+            match runtime.candidates_of(entry) {
                 Ok(mut versions) => candidates.append(&mut versions),
                 Err(reason) => slot.error = Some(reason),
             }
         }
-        for (candidate, outcome) in runtime.loader().load(candidates) {
-            let state = version_state(&candidate, outcome);
+        for ((name, version), state) in versions_of(runtime.loader().load(candidates)) {
             models
-                .entry(candidate.name)
+                .entry(name)
                 .or_default()
                 .versions
-                .insert(candidate.version, state);
+                .insert(version, state);
         }
         *runtime.write_models() = models;
         Ok(runtime)
@@ -191,7 +253,7 @@ impl Runtime {
 
     fn loader(&self) -> Loader<'_> {
         Loader {
-            engine: &self.engine,
+            engines: &self.engines,
             defaults: &self.config.model_defaults,
             families: &self.families,
             threads: &self.threads,
@@ -313,7 +375,8 @@ impl Runtime {
         let deadline = request
             .deadline
             .or_else(|| handle.settings.default_timeout.map(|t| admitted + t));
-        let family = &handle.compiled;
+        let replica = handle.route();
+        let family = &replica.family;
         // Latency first: an idle executor with nothing queued (for any member)
         // runs the request right here, on the caller's thread, with no thread
         // handoff (about 45 µs of wake-ups saved on loopback; README,
@@ -321,11 +384,21 @@ impl Runtime {
         // queued, this one queues too. A request that needs several bucket
         // runs goes to the executor thread, so it does not hold an async
         // worker thread for long.
-        if valid.rows <= family.settings.buckets.largest() && family.queued_rows() == 0 {
+        // GPU families keep their work on their executor threads.
+        if family.inline
+            && valid.rows <= family.settings.buckets.largest()
+            && family.queued_rows() == 0
+        {
             for executor in &family.executors {
                 if let Ok(mut executor) = executor.try_lock() {
                     executor.forget_retired();
-                    return executor.answer(&handle.member, &valid, request.id, admitted, deadline);
+                    return executor.answer(
+                        &replica.member,
+                        &valid,
+                        request.id,
+                        admitted,
+                        deadline,
+                    );
                 }
             }
         }
@@ -343,7 +416,7 @@ impl Runtime {
         family.queued.fetch_add(rows, Ordering::AcqRel);
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            member: Arc::clone(&handle.member),
+            member: Arc::clone(&replica.member),
             request: valid,
             id: request.id,
             admitted,
@@ -432,14 +505,13 @@ impl Runtime {
                 ),
             }
         })?;
-        let candidates = candidates_of(entry).map_err(failed)?;
-        let outcomes = self.loader().load(candidates);
+        let candidates = self.candidates_of(entry).map_err(failed)?;
+        let outcomes = versions_of(self.loader().load(candidates));
         let failures: Vec<String> = outcomes
             .iter()
-            .filter_map(|(c, o)| {
-                o.as_ref()
-                    .err()
-                    .map(|e| format!("version {}: {e}", c.version))
+            .filter_map(|((_, version), state)| match state {
+                VersionState::Failed(e) => Some(format!("version {version}: {e}")),
+                VersionState::Ready(_) => None,
             })
             .collect();
         let mut versions = ModelVersions::default();
@@ -453,9 +525,8 @@ impl Runtime {
             tracing::warn!(model = name, failures = ?failures, "load failed; the loaded versions keep serving");
             return Err(failed(failures.join("; ")));
         }
-        for (candidate, outcome) in outcomes {
-            let state = version_state(&candidate, outcome);
-            versions.versions.insert(candidate.version, state);
+        for ((_, version), state) in outcomes {
+            versions.versions.insert(version, state);
         }
         let old = models.insert(name.to_string(), versions);
         drop(models);
@@ -516,7 +587,9 @@ impl Runtime {
     /// Handles still held elsewhere answer UNAVAILABLE from then on.
     pub fn shutdown(self) {
         for handle in self.ready_handles() {
-            handle.compiled.close();
+            for replica in &handle.replicas {
+                replica.family.close();
+            }
         }
         let Runtime {
             models,
@@ -533,56 +606,116 @@ impl Runtime {
     }
 }
 
-/// The candidates for every version of one model directory.
-fn candidates_of(entry: repository::ModelDir) -> Result<Vec<Candidate>, String> {
-    let config = entry.config?;
-    if entry.versions.is_empty() {
-        return Err(format!(
-            "no version directories: expected {}/<version>/model.onnx",
-            entry.dir.display()
-        ));
+impl Runtime {
+    /// The candidates for every version of one model directory: one per
+    /// version and replica.
+    fn candidates_of(&self, entry: repository::ModelDir) -> Result<Vec<Candidate>, String> {
+        let config = entry.config?;
+        if entry.versions.is_empty() {
+            return Err(format!(
+                "no version directories: expected {}/<version>/model.onnx",
+                entry.dir.display()
+            ));
+        }
+        let placements = config
+            .devices
+            .as_ref()
+            .unwrap_or(&self.config.model_defaults.devices);
+        let devices = settings::replicas(placements, &self.gpus)?;
+        let mut candidates = Vec::with_capacity(entry.versions.len() * devices.len());
+        for (version, onnx_path) in entry.versions {
+            let stats = Arc::new(OnceLock::new());
+            for (replica, &device) in devices.iter().enumerate() {
+                candidates.push(Candidate {
+                    name: entry.name.clone(),
+                    version,
+                    onnx_path: onnx_path.clone(),
+                    config: config.clone(),
+                    replica,
+                    device,
+                    stats: Arc::clone(&stats),
+                });
+            }
+        }
+        Ok(candidates)
     }
-    Ok(entry
-        .versions
-        .into_iter()
-        .map(|(version, onnx_path)| Candidate {
-            name: entry.name.clone(),
-            version,
-            onnx_path,
-            config: config.clone(),
-        })
-        .collect())
 }
 
-/// A loaded (or failed) version's state, with its readiness metrics set.
-fn version_state(candidate: &Candidate, outcome: Result<Joined, String>) -> VersionState {
-    let version = candidate.version.to_string();
-    let state = match outcome {
-        Ok(joined) => {
+/// The loaded (or failed) versions from the outcomes of their replicas, by
+/// model name and version, with their readiness metrics set. A version is
+/// ready when every replica loaded.
+fn versions_of(outcomes: Vec<loader::Outcome>) -> BTreeMap<(String, u64), VersionState> {
+    let mut by_version: BTreeMap<(String, u64), Vec<loader::Outcome>> = BTreeMap::new();
+    for (candidate, outcome) in outcomes {
+        by_version
+            .entry((candidate.name.clone(), candidate.version))
+            .or_default()
+            .push((candidate, outcome));
+    }
+    by_version
+        .into_iter()
+        .map(|((name, version), mut replicas)| {
+            replicas.sort_by_key(|(c, _)| c.replica);
+            let state = version_state(&name, version, replicas);
+            ((name, version), state)
+        })
+        .collect()
+}
+
+/// One version's state from its replicas' outcomes.
+fn version_state(name: &str, version: u64, replicas: Vec<loader::Outcome>) -> VersionState {
+    let version = version.to_string();
+    let mut joined = Vec::with_capacity(replicas.len());
+    let mut failure = None;
+    for (candidate, outcome) in replicas {
+        match outcome {
+            Ok(j) => joined.push(j),
+            Err(reason) if failure.is_none() => {
+                failure = Some(
+                    if candidate.replica == 0 && candidate.device == Device::Cpu {
+                        reason
+                    } else {
+                        format!("replica on {}: {reason}", candidate.device)
+                    },
+                );
+            }
+            Err(_) => {}
+        }
+    }
+    let state = match (failure, joined.first()) {
+        (None, Some(first)) => {
+            let devices: Vec<String> = joined.iter().map(|j| j.family.device.clone()).collect();
             let loaded = Loaded {
-                signature: joined.signature,
-                settings: joined.settings,
-                family: joined.family.key.clone(),
-                shared: joined.family.shared,
-                device: joined.family.device.clone(),
-                load_time: joined.load_time,
-                stats: Arc::clone(&joined.member.stats),
+                signature: first.signature.clone(),
+                settings: first.settings.clone(),
+                family: first.family.key.clone(),
+                shared: first.family.shared,
+                device: devices.join(","),
+                load_time: joined.iter().map(|j| j.load_time).max().unwrap_or_default(),
+                stats: Arc::clone(&first.member.stats),
             };
-            metrics::gauge!(names::MODEL_INFO, "model" => candidate.name.clone(),
+            metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
                 "version" => version.clone(), "family" => loaded.family.clone())
             .set(1.0);
             VersionState::Ready(Arc::new(ModelHandle {
-                name: candidate.name.clone(),
+                name: name.to_string(),
                 version: version.clone(),
                 loaded,
-                member: Arc::new(joined.member),
-                compiled: joined.family,
+                replicas: joined
+                    .into_iter()
+                    .map(|j| Replica {
+                        member: Arc::new(j.member),
+                        family: j.family,
+                    })
+                    .collect(),
+                next_replica: AtomicUsize::new(0),
             }))
         }
-        Err(reason) => VersionState::Failed(reason),
+        (Some(reason), _) => VersionState::Failed(reason),
+        (None, None) => VersionState::Failed("no replica loaded".to_string()),
     };
     let ready = matches!(state, VersionState::Ready(_));
-    metrics::gauge!(names::MODEL_READY, "model" => candidate.name.clone(), "version" => version)
+    metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => version)
         .set(if ready { 1.0 } else { 0.0 });
     state
 }

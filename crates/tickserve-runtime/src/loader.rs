@@ -9,20 +9,22 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tickserve_core::config::{ModelConfig, ModelDefaults};
 use tickserve_core::{Signature, Weight};
-use tickserve_engine_ort::OrtEngine;
 use tickserve_onnx::{OnnxModel, PartialSignature};
 
-use crate::executor::{self, CompileInput, ExecutorShared, Intake, Job, LoadReport};
+use crate::executor::{
+    self, CompileInput, Engines, ExecutorShared, Intake, Job, LoadReport, Target,
+};
 use crate::family::{Family, Member, RetiredLog};
-use crate::settings::ModelSettings;
+use crate::settings::{Device, ModelSettings};
+use crate::stats::ModelStats;
 
 /// A model version to load.
 #[derive(Debug, Clone)]
@@ -35,6 +37,23 @@ pub struct Candidate {
     pub onnx_path: PathBuf,
     /// Its `model.toml`.
     pub config: ModelConfig,
+    /// Which of the version's replicas this is (0 for the first).
+    pub replica: usize,
+    /// Where this replica runs.
+    pub device: Device,
+    /// The version's statistics, shared by its replicas (made by the first
+    /// replica to load).
+    pub stats: Arc<OnceLock<Arc<ModelStats>>>,
+}
+
+impl Candidate {
+    /// The version's statistics for a model with `buckets` buckets.
+    fn stats(&self, buckets: usize) -> Arc<ModelStats> {
+        Arc::clone(
+            self.stats
+                .get_or_init(|| Arc::new(ModelStats::new(&self.name, buckets))),
+        )
+    }
 }
 
 /// A model version that loaded: its family, its membership, and what it took.
@@ -63,6 +82,7 @@ struct Parsed {
     group: String,
     graph: OnnxModel,
     weights: Option<Vec<Weight>>,
+    target: Target,
 }
 
 /// A family's first member, while the family compiles.
@@ -86,8 +106,8 @@ struct Founding {
 
 /// Loads versions into the runtime's families.
 pub struct Loader<'a> {
-    /// The engine every executor compiles with.
-    pub engine: &'a OrtEngine,
+    /// The engines executors compile with.
+    pub engines: &'a Engines,
     /// The server's model defaults.
     pub defaults: &'a ModelDefaults,
     /// Live families by group key; new ones are added.
@@ -97,7 +117,7 @@ pub struct Loader<'a> {
 }
 
 /// Where a parsed version goes.
-enum Target {
+enum Destination {
     /// A family that was live before this load.
     Live(Arc<Family>),
     /// The family this load founds at this index.
@@ -123,7 +143,7 @@ impl Loader<'_> {
         // one this load founds.
         let mut outcomes: Vec<Option<Outcome>> = (0..total).map(|_| None).collect();
         let mut founding: Vec<(usize, Founding, First)> = Vec::new();
-        let mut joining: Vec<(usize, Parsed, Target)> = Vec::new();
+        let mut joining: Vec<(usize, Parsed, Destination)> = Vec::new();
         {
             let mut by_group: HashMap<String, usize> = HashMap::new();
             let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
@@ -140,9 +160,9 @@ impl Loader<'_> {
                 let sharing = p.weights.is_some();
                 let live = families.get(&p.group).and_then(Weak::upgrade);
                 if let Some(family) = live.filter(|_| sharing) {
-                    joining.push((index, p, Target::Live(family)));
+                    joining.push((index, p, Destination::Live(family)));
                 } else if let Some(&at) = by_group.get(&p.group).filter(|_| sharing) {
-                    joining.push((index, p, Target::Founding(at)));
+                    joining.push((index, p, Destination::Founding(at)));
                 } else {
                     if sharing {
                         by_group.insert(p.group.clone(), founding.len());
@@ -178,8 +198,8 @@ impl Loader<'_> {
         let join_progress = Progress::new("members joined", joining.len());
         let joined = parallel(joining, |(index, p, target)| {
             let family = match target {
-                Target::Live(family) => Ok(family),
-                Target::Founding(at) => founded[at].clone(),
+                Destination::Live(family) => Ok(family),
+                Destination::Founding(at) => founded[at].clone(),
             };
             let outcome = family.and_then(|family| join(family, &p));
             join_progress.tick();
@@ -212,6 +232,7 @@ impl Loader<'_> {
             family: first.family.clone(),
             queued: Arc::new(AtomicUsize::new(0)),
             retired: Arc::new(RetiredLog::default()),
+            runs: Arc::new(AtomicU64::new(0)),
         };
         let input = Arc::new(CompileInput {
             family: first.family.clone(),
@@ -219,6 +240,7 @@ impl Loader<'_> {
             signature: first.signature,
             buckets: settings.buckets.clone(),
             weights: first.weights,
+            target: first.target,
         });
         let shared = input.weights.is_some();
         let mut reports = Vec::with_capacity(settings.executors);
@@ -226,7 +248,7 @@ impl Loader<'_> {
         for index in 0..settings.executors {
             match executor::spawn(
                 Arc::clone(&input),
-                self.engine.clone(),
+                self.engines.clone(),
                 Arc::clone(&intake),
                 shared_state.clone(),
                 index,
@@ -286,11 +308,11 @@ impl Loader<'_> {
                     device,
                     f.queue,
                     executors,
-                    f.shared_state.queued,
-                    f.shared_state.retired,
+                    f.shared_state,
                 ));
                 let version = first.candidate.version.to_string();
-                let member = family.first_member(&first.candidate.name, &version);
+                let stats = first.candidate.stats(family.settings.buckets.sizes().len());
+                let member = family.first_member(&first.candidate.name, &version, stats);
                 Ok(Joined {
                     family,
                     member,
@@ -310,7 +332,8 @@ impl Loader<'_> {
 fn join(family: Arc<Family>, p: &Parsed) -> Result<Joined, String> {
     let weights = p.weights.as_deref().unwrap_or_default();
     let version = p.candidate.version.to_string();
-    let member = family.add_member(&p.candidate.name, &version, weights)?;
+    let stats = p.candidate.stats(family.settings.buckets.sizes().len());
+    let member = family.add_member(&p.candidate.name, &version, weights, stats)?;
     Ok(Joined {
         signature: family.signature.clone(),
         family,
@@ -352,24 +375,29 @@ fn parse(
         } else {
             (onnx, None)
         };
+        let (device, target) = target(&candidate, &graph, &signature, weights.as_deref());
         // Members share a queue and compiled buckets, so whatever shapes
         // those must be equal too; a model that does not share gets a group
-        // of its own.
+        // of its own. Each replica is a family of its own on its device.
+        let replica = format!("device={device}#{}", candidate.replica);
         let group = if weights.is_some() {
             format!(
-                "{family} buckets={:?} executors={} delay={:?} signature={:?}",
+                "{family} {replica} buckets={:?} executors={} delay={:?} signature={:?}",
                 settings.buckets.sizes(),
                 settings.executors,
                 settings.max_queue_delay,
                 signature
             )
         } else {
-            format!("{family} alone {}/{}", candidate.name, candidate.version)
+            format!(
+                "{family} {replica} alone {}/{}",
+                candidate.name, candidate.version
+            )
         };
-        Ok((settings, signature, family, group, graph, weights))
+        Ok((settings, signature, family, group, graph, weights, target))
     };
     match read() {
-        Ok((settings, signature, family, group, graph, weights)) => Ok(Parsed {
+        Ok((settings, signature, family, group, graph, weights, target)) => Ok(Parsed {
             candidate,
             started,
             settings,
@@ -378,8 +406,41 @@ fn parse(
             group,
             graph,
             weights,
+            target,
         }),
         Err(reason) => Err(Box::new((candidate, reason))),
+    }
+}
+
+/// Where a parsed replica compiles: its GPU when the CUDA engine takes every
+/// op of the graph, otherwise ONNX Runtime on the CPU, with a log line naming
+/// the op that kept it off the GPU.
+fn target(
+    candidate: &Candidate,
+    graph: &OnnxModel,
+    signature: &PartialSignature,
+    weights: Option<&[Weight]>,
+) -> (Device, Target) {
+    let Device::Gpu(ordinal) = candidate.device else {
+        return (Device::Cpu, Target::Cpu);
+    };
+    match tickserve_engine_cuda::import(graph, &signature.inputs, weights) {
+        Ok(imported) => (
+            Device::Gpu(ordinal),
+            Target::Gpu {
+                ordinal,
+                imported: Box::new(imported),
+            },
+        ),
+        Err(unsupported) => {
+            tracing::warn!(
+                model = candidate.name,
+                version = candidate.version,
+                device = %candidate.device,
+                "runs on ONNX Runtime on the CPU instead: the CUDA engine lacks {unsupported}"
+            );
+            (Device::Cpu, Target::Cpu)
+        }
     }
 }
 

@@ -329,3 +329,83 @@ async fn sharing_can_be_turned_off_for_the_server_and_per_model() {
     off.shutdown();
     mixed.shutdown();
 }
+
+#[test]
+fn a_gpu_that_is_not_there_stops_the_start_naming_it() {
+    use tickserve_core::config::Placement;
+    let mut config = ServerConfig::default();
+    config.repository.path = root().join("config/models");
+    config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
+    config.model_defaults.devices = vec![Placement::Gpu(99)];
+    let error = Runtime::load(&config).err().expect("no machine has gpu:99");
+    assert!(
+        error.contains("gpu:99") && error.contains("not available"),
+        "{error}"
+    );
+
+    // The same in one model's model.toml names the model.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("alpha_mlp");
+    std::fs::create_dir_all(model.join("1")).unwrap();
+    std::fs::copy(
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        model.join("1/model.onnx"),
+    )
+    .unwrap();
+    std::fs::write(model.join("model.toml"), "devices = [\"gpu:99\"]\n").unwrap();
+    config.model_defaults.devices = vec![Placement::Auto];
+    config.repository.path = dir.path().to_path_buf();
+    let error = Runtime::load(&config).err().expect("no machine has gpu:99");
+    assert!(
+        error.contains("model alpha_mlp") && error.contains("gpu:99"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn auto_without_a_gpu_serves_on_the_cpu() {
+    let runtime = sample_runtime();
+    if tickserve_engine_cuda::Gpus::probe().devices().is_empty() {
+        for handle in runtime.ready_handles() {
+            assert_eq!(handle.device, "cpu", "{}", handle.name);
+        }
+    }
+}
+
+/// Two replicas of every model (here both on the CPU; on the GPU machine the
+/// same routing spreads over GPUs): requests go to the shorter queue, taking
+/// turns when equal, so both replicas serve and every answer is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_both_serve_and_answer_alike() {
+    use tickserve_core::config::Placement;
+    let runtime = std::sync::Arc::new(runtime_with(|c| {
+        c.model_defaults.devices = vec![Placement::Cpu, Placement::Cpu];
+    }));
+    assert!(runtime.all_ready());
+    let handle = runtime.model("tick_002", None).unwrap();
+    assert_eq!(handle.device, "cpu,cpu");
+    let x = features(40, 16, 5);
+    let alone = single_row_answers(&runtime, "tick_002", 16, &x).await;
+    let mut tasks = Vec::new();
+    for (i, row) in x.chunks_exact(16).enumerate() {
+        let runtime = std::sync::Arc::clone(&runtime);
+        let row = row.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let out = runtime
+                .infer(request("tick_002", "features", vec![1, 16], &row))
+                .await
+                .unwrap();
+            (i, floats(&out.outputs[0].data))
+        }));
+    }
+    for task in tasks {
+        let (i, got) = task.await.unwrap();
+        assert_eq!(got, alone[i..i + 1], "row {i}");
+    }
+    let runs = handle.replica_runs();
+    assert_eq!(runs.len(), 2);
+    assert!(
+        runs.iter().all(|(_, n)| *n > 0),
+        "both replicas ran: {runs:?}"
+    );
+}
