@@ -9,8 +9,12 @@ use tickserve_core::config::ServerConfig;
 use tickserve_core::{DataType, Error, InferRequest, InputTensor};
 use tickserve_runtime::{Runtime, VersionState};
 
+/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
+/// the test executables run from another checkout), else this checkout.
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("TICKSERVE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 fn sample_runtime() -> Runtime {
@@ -408,4 +412,52 @@ async fn two_replicas_both_serve_and_answer_alike() {
         runs.iter().all(|(_, n)| *n > 0),
         "both replicas ran: {runs:?}"
     );
+}
+
+/// On the GPU machine (`--ignored`): two replicas on gpu:0 (so two executors,
+/// each with its own stream, handle and graphs, on one card) both serve and
+/// answer what the CPU answers; `seq_lstm` (LSTM is not in the CUDA engine's
+/// set) runs on the CPU instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a GPU"]
+async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
+    use tickserve_core::config::Placement;
+    let gpu = std::sync::Arc::new(runtime_with(|c| {
+        c.model_defaults.devices = vec![Placement::Gpu(0), Placement::Gpu(0)];
+    }));
+    let cpu = sample_runtime();
+    assert!(gpu.all_ready());
+    assert_eq!(gpu.model("alpha_mlp", None).unwrap().device, "gpu:0,gpu:0");
+    assert_eq!(gpu.model("seq_lstm", None).unwrap().device, "cpu,cpu");
+    for (model, width) in [("alpha_mlp", 50), ("tick_005", 16)] {
+        let x = features(64, width, 9);
+        let want = cpu
+            .infer(request(model, "features", vec![64, width as i64], &x))
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..32 {
+            let gpu = std::sync::Arc::clone(&gpu);
+            let x = x.clone();
+            tasks.push(tokio::spawn(async move {
+                gpu.infer(request(model, "features", vec![64, width as i64], &x))
+                    .await
+                    .unwrap()
+            }));
+        }
+        for task in tasks {
+            let got = task.await.unwrap();
+            for (g, c) in floats(&got.outputs[0].data)
+                .iter()
+                .zip(floats(&want.outputs[0].data))
+            {
+                assert!(
+                    (g - c).abs() <= 1e-5 * c.abs().max(1.0),
+                    "{model}: gpu {g}, cpu {c}"
+                );
+            }
+        }
+        let runs = gpu.model(model, None).unwrap().replica_runs();
+        assert!(runs.iter().all(|(_, n)| *n > 0), "{model}: {runs:?}");
+    }
 }

@@ -1,0 +1,79 @@
+//! Graph replay time per bucket on the GPU, from CUDA events: the median and
+//! p99 of 1000 runs after 100 warm-up runs, for `alpha_mlp` and a `tick_*`
+//! family member, plus the host-side time of a whole run (stage, launch,
+//! wait). Prints the device's name; says so and exits without a GPU.
+//!
+//!     cargo bench -p tickserve-engine-cuda --bench graph_replay
+
+use std::path::Path;
+use std::time::Instant;
+
+use tickserve_core::config::ModelConfig;
+use tickserve_core::{Buckets, CompiledModel, SOLE_MEMBER};
+use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
+use tickserve_onnx::OnnxModel;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() -> Result<(), String> {
+    let gpus = Gpus::probe();
+    let Some(gpu) = gpus.devices().first() else {
+        println!("no GPU: {}", gpus.describe());
+        return Ok(());
+    };
+    println!("device: gpu:0 {}", gpu.name);
+    let root = std::env::var_os("TICKSERVE_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    let buckets = Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None)?;
+    let engine = CudaEngine::new(CudaOptions::default());
+    for name in ["alpha_mlp", "tick_000"] {
+        let bytes = std::fs::read(root.join(format!("config/models/{name}/1/model.onnx")))
+            .map_err(|e| e.to_string())?;
+        let model = OnnxModel::parse(&bytes)?;
+        let signature = model.signature(&ModelConfig::default())?;
+        let (graph, weights) = model.with_weights_as_inputs()?;
+        let imported =
+            import(&graph, &signature.inputs, Some(&weights)).map_err(|e| e.to_string())?;
+        let mut compiled = engine.compile(&CudaCompileRequest {
+            family: name,
+            imported: &imported,
+            signature: &signature,
+            buckets: &buckets,
+            ordinal: 0,
+            first_member: SOLE_MEMBER,
+        })?;
+        println!(
+            "{name}: bucket, graph replay median / p99 (µs, CUDA events), whole run median / p99 (µs, host)"
+        );
+        for (bucket, size) in buckets.sizes().iter().enumerate() {
+            let mut device = Vec::with_capacity(1000);
+            let mut host = Vec::with_capacity(1000);
+            for i in 0..1100 {
+                let started = Instant::now();
+                compiled.run(bucket, SOLE_MEMBER)?;
+                let elapsed = started.elapsed();
+                if i >= 100 {
+                    host.push(elapsed.as_secs_f64() * 1e6);
+                    device.push(
+                        compiled
+                            .device_time()
+                            .map_or(f64::NAN, |t| t.as_secs_f64() * 1e6),
+                    );
+                }
+            }
+            device.sort_by(f64::total_cmp);
+            host.sort_by(f64::total_cmp);
+            println!(
+                "  {size:>3}  {:>7.2} / {:>7.2}   {:>7.2} / {:>7.2}",
+                percentile(&device, 0.5),
+                percentile(&device, 0.99),
+                percentile(&host, 0.5),
+                percentile(&host, 0.99)
+            );
+        }
+    }
+    Ok(())
+}

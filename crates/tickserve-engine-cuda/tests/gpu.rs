@@ -1,0 +1,208 @@
+//! On a GPU (ignored elsewhere; run with `--ignored` on the GPU machine, see
+//! README "CUDA engine"): every bucket of `alpha_mlp`, the `cuda_ops`
+//! fixture and every `tick_*` member (one family graph, members swapped by
+//! pointer, run by run) gives what ONNX Runtime gives on the CPU within 1e-5
+//! relative, on fresh random inputs; compiling made one graph per bucket and
+//! running made none.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use tickserve_core::config::ModelConfig;
+use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
+use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
+use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtModel, OrtOptions};
+use tickserve_onnx::OnnxModel;
+
+/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
+/// the test executables run from another checkout), else this checkout.
+fn root() -> PathBuf {
+    std::env::var_os("TICKSERVE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+}
+
+fn read(path: &Path) -> OnnxModel {
+    OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn buckets() -> Buckets {
+    Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None).unwrap()
+}
+
+fn ort_model(engine: &OrtEngine, model: &OnnxModel) -> OrtModel {
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    engine
+        .compile(&CompileRequest {
+            family: "reference",
+            onnx: model,
+            signature: &signature,
+            buckets: &buckets(),
+            weights: None,
+        })
+        .unwrap()
+}
+
+/// Fresh pseudo-random bytes of floats in [-2, 2) for every input of a bucket.
+fn fill(model: &mut dyn CompiledModel, bucket: usize, seed: &mut u64) -> Vec<Vec<u8>> {
+    let inputs = model.signature().inputs.len();
+    (0..inputs)
+        .map(|i| {
+            let buffer = model.input_mut(bucket, i);
+            for chunk in buffer.chunks_exact_mut(4) {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
+                chunk.copy_from_slice(&v.to_le_bytes());
+            }
+            buffer.to_vec()
+        })
+        .collect()
+}
+
+fn assert_close(gpu: &[u8], cpu: &[u8], what: &str) {
+    for (i, (g, c)) in gpu.chunks_exact(4).zip(cpu.chunks_exact(4)).enumerate() {
+        let g = f32::from_le_bytes([g[0], g[1], g[2], g[3]]);
+        let c = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        assert!(
+            (g - c).abs() <= 1e-5 * c.abs().max(1.0),
+            "{what} element {i}: gpu {g}, cpu {c}"
+        );
+    }
+}
+
+/// Runs `member` of `gpu` and `cpu` on the same fresh inputs in every bucket.
+fn compare(
+    gpu: &mut dyn CompiledModel,
+    member: MemberId,
+    cpu: &mut OrtModel,
+    what: &str,
+    seed: &mut u64,
+) {
+    for bucket in 0..gpu.buckets().sizes().len() {
+        let inputs = fill(gpu, bucket, seed);
+        for (i, data) in inputs.iter().enumerate() {
+            cpu.input_mut(bucket, i).copy_from_slice(data);
+        }
+        gpu.run(bucket, member).unwrap();
+        cpu.run(bucket, SOLE_MEMBER).unwrap();
+        assert!(gpu.device_time().is_some());
+        for o in 0..gpu.signature().outputs.len() {
+            let size = gpu.buckets().sizes()[bucket];
+            assert_close(
+                gpu.output(bucket, o),
+                cpu.output(bucket, o),
+                &format!("{what} bucket {size} output {o}"),
+            );
+        }
+    }
+}
+
+fn gpu_engine() -> CudaEngine {
+    assert!(
+        !Gpus::probe().devices().is_empty(),
+        "no GPU: {}",
+        Gpus::probe().describe()
+    );
+    CudaEngine::new(CudaOptions::default())
+}
+
+fn ort_engine() -> OrtEngine {
+    OrtEngine::new(
+        &root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        OrtOptions {
+            intra_op_threads: 1,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn alpha_mlp_and_every_op_match_onnx_runtime_in_every_bucket() {
+    let cuda = gpu_engine();
+    let ort = ort_engine();
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("scripts/make_models.py"))
+        .arg("--fixtures")
+        .arg(dir.path())
+        .status();
+    let mut paths = vec![root().join("config/models/alpha_mlp/1/model.onnx")];
+    // The fixture needs Python with onnx; the GPU machine may have none.
+    if status.is_ok_and(|s| s.success()) {
+        paths.push(dir.path().join("cuda_ops/1/model.onnx"));
+    }
+    let mut seed = 1;
+    for path in paths {
+        let model = read(&path);
+        let signature = model.signature(&ModelConfig::default()).unwrap();
+        let imported = import(&model, &signature.inputs, None).unwrap();
+        let mut gpu = cuda
+            .compile(&CudaCompileRequest {
+                family: "test",
+                imported: &imported,
+                signature: &signature,
+                buckets: &buckets(),
+                ordinal: 0,
+                first_member: SOLE_MEMBER,
+            })
+            .unwrap();
+        let mut cpu = ort_model(&ort, &model);
+        compare(
+            &mut gpu,
+            SOLE_MEMBER,
+            &mut cpu,
+            &path.display().to_string(),
+            &mut seed,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn every_tick_member_through_one_family_graph_matches_onnx_runtime() {
+    let cuda = gpu_engine();
+    let ort = ort_engine();
+    let path = |m: usize| root().join(format!("config/models/tick_{m:03}/1/model.onnx"));
+    let first = read(&path(0));
+    let signature = first.signature(&ModelConfig::default()).unwrap();
+    let (graph, weights) = first.with_weights_as_inputs().unwrap();
+    let imported = import(&graph, &signature.inputs, Some(&weights)).unwrap();
+    let mut gpu = cuda
+        .compile(&CudaCompileRequest {
+            family: "tick",
+            imported: &imported,
+            signature: &signature,
+            buckets: &buckets(),
+            ordinal: 0,
+            first_member: 0,
+        })
+        .unwrap();
+    let mut cpu: Vec<OrtModel> = Vec::new();
+    for m in 0..8 {
+        let model = read(&path(m));
+        if m > 0 {
+            let (_, w) = model.with_weights_as_inputs().unwrap();
+            gpu.add_member(m as MemberId, &w).unwrap();
+        }
+        cpu.push(ort_model(&ort, &model));
+    }
+    // Members in turns, twice: every run swaps the weights by pointer.
+    let mut seed = 7;
+    for round in 0..2 {
+        for (m, cpu) in cpu.iter_mut().enumerate() {
+            compare(
+                &mut gpu,
+                m as MemberId,
+                cpu,
+                &format!("round {round} tick_{m:03}"),
+                &mut seed,
+            );
+        }
+    }
+    gpu.remove_member(3);
+    assert!(gpu.run(0, 3).is_err(), "a removed member no longer runs");
+}
