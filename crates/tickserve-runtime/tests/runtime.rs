@@ -403,8 +403,14 @@ async fn two_replicas_both_serve_and_answer_alike() {
         }));
     }
     for task in tasks {
+        // Batched rows run in another bucket than one row alone; ONNX
+        // Runtime's kernels differ per bucket size by a few ulps.
         let (i, got) = task.await.unwrap();
-        assert_eq!(got, alone[i..i + 1], "row {i}");
+        assert!(
+            (got[0] - alone[i]).abs() <= 1e-5,
+            "row {i}: {got:?} vs {}",
+            alone[i]
+        );
     }
     let runs = handle.replica_runs();
     assert_eq!(runs.len(), 2);
