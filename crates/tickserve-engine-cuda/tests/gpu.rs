@@ -7,25 +7,15 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use std::path::{Path, PathBuf};
-
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
 use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
 use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtModel, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
-/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
-/// the test executables run from another checkout), else this checkout.
-fn root() -> PathBuf {
-    std::env::var_os("TICKSERVE_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-}
+mod common;
 
-fn read(path: &Path) -> OnnxModel {
-    OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap()
-}
+use common::{read, root, try_fixtures};
 
 fn buckets() -> Buckets {
     Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None).unwrap()
@@ -124,15 +114,10 @@ fn ort_engine() -> OrtEngine {
 fn alpha_mlp_and_every_op_match_onnx_runtime_in_every_bucket() {
     let cuda = gpu_engine();
     let ort = ort_engine();
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(root().join(".venv/bin/python"))
-        .arg(root().join("scripts/make_models.py"))
-        .arg("--fixtures")
-        .arg(dir.path())
-        .status();
     let mut paths = vec![root().join("config/models/alpha_mlp/1/model.onnx")];
     // The fixture needs Python with onnx; the GPU machine may have none.
-    if status.is_ok_and(|s| s.success()) {
+    let dir = try_fixtures();
+    if let Some(dir) = &dir {
         paths.push(dir.path().join("cuda_ops/1/model.onnx"));
     }
     let mut seed = 1;

@@ -5,33 +5,25 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
 use tickserve_engine_cuda::import;
 use tickserve_engine_cuda::kernels::{Launch, compile, module_source};
-use tickserve_onnx::OnnxModel;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+
+use common::{fixtures, read, root};
 
 fn plan_of(path: &Path) -> tickserve_engine_cuda::plan::Plan {
-    let model = OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap();
+    let model = read(path);
     let signature = model.signature(&ModelConfig::default()).unwrap();
     import(&model, &signature.inputs, None).unwrap().plan
 }
 
 #[test]
 fn generated_kernels_compile_with_nvrtc() {
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(root().join(".venv/bin/python"))
-        .arg(root().join("scripts/make_models.py"))
-        .arg("--fixtures")
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let dir = fixtures();
     let models = [
         root().join("config/models/alpha_mlp/1/model.onnx"),
         root().join("config/models/tick_000/1/model.onnx"),
