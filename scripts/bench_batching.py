@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The dynamic batcher's benchmark: batched against unbatched, and an open-loop overload.
 
-    python3 scripts/bench_batching.py                 # about 8 minutes
+    python3 scripts/bench_batching.py                 # about 6 minutes
     python3 scripts/bench_batching.py --quick         # 2 s measurement windows, about 4 minutes
 
 Starts the release server (target/release/tickserve; build it first:
@@ -14,7 +14,8 @@ For each it runs perf_analyzer (../shared/tools/perf_analyzer) over gRPC on alph
 one row per request, at concurrency 1, 8 and 32, in two placements:
 
   - shared: server and perf_analyzer on both cores, as the OS schedules them;
-  - pinned: the server on core 0, perf_analyzer on core 1 (taskset).
+  - pinned: the server on core 0, perf_analyzer on core 1 (taskset; on a larger machine
+    pick the cores with --server-cpus and --client-cpus, e.g. 0-3 and 4-15).
 
 and reports throughput, p50 / p99, the engine runs per request (perf_analyzer's
 server-side execution / inference counts) and the CPU time each side spent per
@@ -166,7 +167,9 @@ def k6_open_loop(server, rate, duration, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 s measurement windows")
-    parser.add_argument("--rate", type=int, default=3000,
+    parser.add_argument("--server-cpus", default="0", help="the pinned server's cores (taskset list)")
+    parser.add_argument("--client-cpus", default="1", help="the pinned perf_analyzer's cores")
+    parser.add_argument("--rate", type=int, default=2000,
                         help="the open-loop rate taken as sustainable (the overload run sends twice it)")
     args = parser.parse_args()
     for path in (SERVER, PERF_ANALYZER, K6):
@@ -179,7 +182,8 @@ def main():
     results = {"closed_loop": [], "open_loop": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        for placement, server_cpus, client_cpus in (("shared", None, None), ("pinned", "0", "1")):
+        for placement, server_cpus, client_cpus in (
+                ("shared", None, None), ("pinned", args.server_cpus, args.client_cpus)):
             for name, defaults in (("unbatched", "buckets = [1]"), ("batched", "")):
                 server = Server(work, f"{name}-{placement}", defaults, server_cpus)
                 try:
