@@ -69,6 +69,12 @@ pub struct RuntimeConfig {
     /// Let the CUDA engine's fp32 products use TF32 tensor cores (faster,
     /// about 1e-3 relative error). Off: results match the CPU within 1e-5.
     pub cuda_tf32: bool,
+    /// The longest bucket run that a request may make on its caller's thread
+    /// (an async worker, serving other connections meanwhile) when it finds
+    /// an executor idle; requests whose bucket ran longer at load go to the
+    /// executor's own thread. 0 sends every request there.
+    #[serde(deserialize_with = "duration")]
+    pub inline_budget: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -77,6 +83,7 @@ impl Default for RuntimeConfig {
             onnxruntime_library: PathBuf::from(".local/lib/libonnxruntime.so.1.31.1"),
             intra_op_threads: 1,
             cuda_tf32: false,
+            inline_budget: Duration::from_micros(100),
         }
     }
 }

@@ -253,10 +253,11 @@ pub fn spawn(
             let compiled = input.compile(&engines);
             drop(input);
             match compiled {
-                Ok(model) => {
+                Ok(mut model) => {
                     let signature = model.signature().clone();
                     let device = model.device().to_string();
-                    let executor = Arc::new(Mutex::new(Executor::new(model, shared)));
+                    let inline_rows = inline_rows(model.as_mut(), shared.inline_budget);
+                    let executor = Arc::new(Mutex::new(Executor::new(model, shared, inline_rows)));
                     let report = (signature, device, Arc::clone(&executor));
                     let _ = report_tx.send(Ok(report));
                     drop(report_tx);
@@ -270,6 +271,35 @@ pub fn spawn(
     Ok((handle, report_rx))
 }
 
+/// The rows of the largest bucket whose run fits in `budget` (median of
+/// five runs, after the engine's warm-up): requests up to that many rows may
+/// run on their caller's thread (`runtime.inline_budget`). 0 for models whose
+/// work must stay on their own thread, or whose smallest bucket is already
+/// too slow.
+fn inline_rows(model: &mut dyn CompiledModel, budget: Duration) -> usize {
+    if !model.runs_on_any_thread() || budget.is_zero() {
+        return 0;
+    }
+    let sizes = model.buckets().sizes().to_vec();
+    let mut rows = 0;
+    for (bucket, size) in sizes.into_iter().enumerate() {
+        let mut times = [Duration::ZERO; 5];
+        for time in &mut times {
+            let started = Instant::now();
+            if model.run(bucket, tickserve_core::SOLE_MEMBER).is_err() {
+                return rows;
+            }
+            *time = started.elapsed();
+        }
+        times.sort_unstable();
+        if times[2] > budget {
+            break;
+        }
+        rows = size;
+    }
+    rows
+}
+
 /// What every executor of a family shares with the family.
 #[derive(Debug, Clone)]
 pub struct ExecutorShared {
@@ -281,6 +311,8 @@ pub struct ExecutorShared {
     pub retired: Arc<RetiredLog>,
     /// Bucket runs by any executor of the family.
     pub runs: Arc<AtomicU64>,
+    /// `runtime.inline_budget`.
+    pub inline_budget: Duration,
 }
 
 /// A family's compiled graph on one device and what running it needs.
@@ -301,6 +333,8 @@ pub struct Executor {
     runs: Arc<AtomicU64>,
     /// GPU time per bucket (CUDA events), for engines that measure it.
     device_compute: Vec<metrics::Histogram>,
+    /// See [`Executor::inline_rows`].
+    inline_rows: usize,
 }
 
 impl std::fmt::Debug for Executor {
@@ -312,7 +346,7 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
-    fn new(model: Box<dyn CompiledModel>, shared: ExecutorShared) -> Self {
+    fn new(model: Box<dyn CompiledModel>, shared: ExecutorShared, inline_rows: usize) -> Self {
         let signature = model.signature();
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
@@ -344,13 +378,16 @@ impl Executor {
             weight_swaps,
             runs: shared.runs,
             device_compute,
+            inline_rows,
         }
     }
 
-    /// Whether a caller's own thread may run it (see
-    /// [`CompiledModel::runs_on_any_thread`]).
-    pub fn runs_on_any_thread(&self) -> bool {
-        self.model.runs_on_any_thread()
+    /// The most rows a request may have to run on its caller's thread when
+    /// this executor is idle: 0 when its model's work stays on its own thread
+    /// ([`CompiledModel::runs_on_any_thread`]), else the largest bucket whose
+    /// run, measured at load, fits in `runtime.inline_budget`.
+    pub fn inline_rows(&self) -> usize {
+        self.inline_rows
     }
 
     /// Makes `weights` resident as member `id`'s (see [`CompiledModel::add_member`]).
@@ -651,5 +688,90 @@ fn output_tensor(spec: &TensorSpec, rows: usize, bytes: usize) -> OutputTensor {
             .chain(spec.dims.iter().map(|&d| d as i64))
             .collect(),
         data: Vec::with_capacity(bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tickserve_core::{Buckets, Signature};
+
+    const BUDGET: Duration = Duration::from_micros(100);
+
+    /// A compiled model whose runs take nothing below bucket `slow_from` and
+    /// at least three budgets from it on.
+    struct Paced {
+        signature: Signature,
+        buckets: Buckets,
+        slow_from: usize,
+        any_thread: bool,
+    }
+
+    impl Paced {
+        fn new(slow_from: usize, any_thread: bool) -> Paced {
+            Paced {
+                signature: Signature {
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                },
+                buckets: Buckets::new(&[1, 2, 4, 8], None).unwrap(),
+                slow_from,
+                any_thread,
+            }
+        }
+    }
+
+    impl CompiledModel for Paced {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+        fn buckets(&self) -> &Buckets {
+            &self.buckets
+        }
+        fn device(&self) -> &str {
+            "cpu"
+        }
+        fn input_mut(&mut self, _: usize, _: usize) -> &mut [u8] {
+            &mut []
+        }
+        fn run(&mut self, bucket: usize, _: MemberId) -> Result<(), String> {
+            if bucket >= self.slow_from {
+                std::thread::sleep(3 * BUDGET);
+            }
+            Ok(())
+        }
+        fn output(&self, _: usize, _: usize) -> &[u8] {
+            &[]
+        }
+        fn add_member(&mut self, _: MemberId, _: &[Weight]) -> Result<(), String> {
+            Ok(())
+        }
+        fn remove_member(&mut self, _: MemberId) {}
+        fn runs_on_any_thread(&self) -> bool {
+            self.any_thread
+        }
+    }
+
+    #[test]
+    fn requests_run_inline_up_to_the_largest_bucket_within_the_budget() {
+        assert_eq!(inline_rows(&mut Paced::new(2, true), BUDGET), 2);
+        assert_eq!(inline_rows(&mut Paced::new(4, true), BUDGET), 8);
+    }
+
+    #[test]
+    fn nothing_runs_inline_when_the_smallest_bucket_is_too_slow() {
+        assert_eq!(inline_rows(&mut Paced::new(0, true), BUDGET), 0);
+    }
+
+    #[test]
+    fn a_zero_budget_runs_nothing_inline() {
+        assert_eq!(inline_rows(&mut Paced::new(4, true), Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn models_bound_to_their_thread_never_run_inline() {
+        assert_eq!(inline_rows(&mut Paced::new(4, false), BUDGET), 0);
     }
 }

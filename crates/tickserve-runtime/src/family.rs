@@ -147,9 +147,10 @@ pub struct Family {
     pub(crate) retired: Arc<RetiredLog>,
     /// Bucket runs by its executors.
     runs: Arc<AtomicU64>,
-    /// Whether a caller's thread may run a request on an idle executor
-    /// (false for GPU families: their work stays on the executor threads).
-    pub(crate) inline: bool,
+    /// The most rows a request may have to run on its caller's thread when
+    /// an executor is idle (the least over its executors; 0 for GPU
+    /// families, whose work stays on the executor threads).
+    pub(crate) inline_rows: usize,
     next_member: AtomicU32,
 }
 
@@ -166,11 +167,11 @@ impl Family {
         executors: Vec<Arc<Mutex<Executor>>>,
         state: ExecutorShared,
     ) -> Family {
-        let inline = executors.iter().all(|e| {
-            e.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .runs_on_any_thread()
-        });
+        let inline_rows = executors
+            .iter()
+            .map(|e| e.lock().unwrap_or_else(|p| p.into_inner()).inline_rows())
+            .min()
+            .unwrap_or(0);
         Family {
             key,
             shared,
@@ -182,7 +183,7 @@ impl Family {
             queued: state.queued,
             retired: state.retired,
             runs: state.runs,
-            inline,
+            inline_rows,
             next_member: AtomicU32::new(1),
         }
     }

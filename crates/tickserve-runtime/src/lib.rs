@@ -257,6 +257,7 @@ impl Runtime {
             defaults: &self.config.model_defaults,
             families: &self.families,
             threads: &self.threads,
+            inline_budget: self.config.runtime.inline_budget,
         }
     }
 
@@ -381,14 +382,11 @@ impl Runtime {
         // runs the request right here, on the caller's thread, with no thread
         // handoff (about 45 µs of wake-ups saved on loopback; README,
         // "Performance"). Queued requests keep their turn: with anything
-        // queued, this one queues too. A request that needs several bucket
-        // runs goes to the executor thread, so it does not hold an async
-        // worker thread for long.
-        // GPU families keep their work on their executor threads.
-        if family.inline
-            && valid.rows <= family.settings.buckets.largest()
-            && family.queued_rows() == 0
-        {
+        // queued, this one queues too. Only requests whose bucket ran within
+        // the inline budget at load run here, so an async worker (serving
+        // other connections meanwhile) is never held for long; GPU families
+        // keep all their work on their executor threads.
+        if valid.rows <= family.inline_rows && family.queued_rows() == 0 {
             for executor in &family.executors {
                 if let Ok(mut executor) = executor.try_lock() {
                     executor.forget_retired();

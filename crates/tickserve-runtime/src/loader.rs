@@ -114,6 +114,8 @@ pub struct Loader<'a> {
     pub families: &'a Mutex<HashMap<String, Weak<Family>>>,
     /// Executor threads, joined at shutdown; new ones are added.
     pub threads: &'a Mutex<Vec<JoinHandle<()>>>,
+    /// `runtime.inline_budget`.
+    pub inline_budget: Duration,
 }
 
 /// Where a parsed version goes.
@@ -233,6 +235,7 @@ impl Loader<'_> {
             queued: Arc::new(AtomicUsize::new(0)),
             retired: Arc::new(RetiredLog::default()),
             runs: Arc::new(AtomicU64::new(0)),
+            inline_budget: self.inline_budget,
         };
         let input = Arc::new(CompileInput {
             family: first.family.clone(),
@@ -310,6 +313,13 @@ impl Loader<'_> {
                     executors,
                     f.shared_state,
                 ));
+                tracing::debug!(
+                    model = %first.candidate.name,
+                    family = %family.key,
+                    device = %family.device,
+                    inline_rows = family.inline_rows,
+                    "requests up to inline_rows rows run on their caller's thread when an executor is idle"
+                );
                 let version = first.candidate.version.to_string();
                 let stats = first.candidate.stats(family.settings.buckets.sizes().len());
                 let member = family.first_member(&first.candidate.name, &version, stats);
