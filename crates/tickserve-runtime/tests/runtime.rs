@@ -467,3 +467,84 @@ async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
         assert!(runs.iter().all(|(_, n)| *n > 0), "{model}: {runs:?}");
     }
 }
+
+/// Keeps `seq_lstm`'s executor busy: four 1024-row requests, 64 bucket runs
+/// (tens of milliseconds). Returns once the first run is done, so the
+/// executor thread holds the model and later requests queue.
+async fn occupy_seq_lstm(
+    runtime: &std::sync::Arc<Runtime>,
+) -> (u64, Vec<tokio::task::JoinHandle<()>>) {
+    let handle = runtime.model("seq_lstm", None).unwrap();
+    let runs = || -> u64 { handle.replica_runs().iter().map(|(_, n)| n).sum() };
+    let before = runs();
+    let x = features(1024, 240, 3);
+    let busy = (0..4)
+        .map(|_| {
+            let runtime = std::sync::Arc::clone(runtime);
+            let x = x.clone();
+            tokio::spawn(async move {
+                runtime
+                    .infer(request("seq_lstm", "window", vec![1024, 30, 8], &x))
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    while runs() == before {
+        tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+    }
+    (before, busy)
+}
+
+/// The bucket runs `seq_lstm` made since `before`.
+fn seq_lstm_runs_since(runtime: &Runtime, before: u64) -> u64 {
+    let handle = runtime.model("seq_lstm", None).unwrap();
+    handle.replica_runs().iter().map(|(_, n)| n).sum::<u64>() - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_caller_left_is_never_computed() {
+    let runtime = std::sync::Arc::new(sample_runtime());
+    let (before, busy) = occupy_seq_lstm(&runtime).await;
+    let handle = runtime.model("seq_lstm", None).unwrap();
+    let queued_before = handle.stats.queue.rows();
+    let callers: Vec<_> = (0..5)
+        .map(|i| {
+            let runtime = std::sync::Arc::clone(&runtime);
+            tokio::spawn(async move {
+                let x = features(1, 240, 100 + i);
+                let _ = runtime
+                    .infer(request("seq_lstm", "window", vec![1, 30, 8], &x))
+                    .await;
+            })
+        })
+        .collect();
+    // Each caller is admitted and queued behind the busy executor...
+    while handle.stats.queue.rows() < queued_before + 5 {
+        tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+    }
+    // ...then leaves, as a client that hung up does.
+    for caller in &callers {
+        caller.abort();
+    }
+    for task in busy {
+        task.await.unwrap();
+    }
+    // The busy requests' 64 runs, and nothing for the callers that left.
+    assert_eq!(seq_lstm_runs_since(&runtime, before), 64);
+    assert_eq!(handle.stats.queue.rows(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_expires_in_the_queue_is_refused_and_never_computed() {
+    let runtime = std::sync::Arc::new(sample_runtime());
+    let (before, busy) = occupy_seq_lstm(&runtime).await;
+    let mut late = request("seq_lstm", "window", vec![1, 30, 8], &features(1, 240, 9));
+    late.deadline = Some(std::time::Instant::now() + std::time::Duration::from_millis(1));
+    let err = runtime.infer(late).await.unwrap_err();
+    assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
+    for task in busy {
+        task.await.unwrap();
+    }
+    assert_eq!(seq_lstm_runs_since(&runtime, before), 64);
+}
