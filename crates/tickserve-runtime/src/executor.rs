@@ -144,28 +144,33 @@ impl Queued for Job {
 /// has arrived. The executor that holds the lock is the one waiting for the
 /// next batch; the others wait for the lock.
 #[derive(Debug)]
-pub struct Intake {
-    channel: Receiver<Job>,
-    queue: BatchQueue<Job>,
+pub struct Intake<J = Job> {
+    channel: Receiver<J>,
+    queue: BatchQueue<J>,
     /// Set once every sender is gone: what is queued goes at once, then the
     /// executors stop.
     closing: bool,
+    /// Set when a request reached this executor while it waited on an empty
+    /// queue: it was idle, so the request runs at once, with whatever came
+    /// along with it, instead of waiting `max_queue_delay` for company.
+    woken_idle: bool,
 }
 
-impl Intake {
+impl<J: Queued> Intake<J> {
     /// An intake over `channel` with the model's batching settings.
-    pub fn new(channel: Receiver<Job>, largest: usize, max_delay: Duration) -> Intake {
+    pub fn new(channel: Receiver<J>, largest: usize, max_delay: Duration) -> Intake<J> {
         Intake {
             channel,
             queue: BatchQueue::new(largest, max_delay),
             closing: false,
+            woken_idle: false,
         }
     }
 
     /// Waits until a batch is due and moves it into `batch`, and any expired
     /// jobs into `expired`. Returns false once the channel is closed and
     /// nothing is left.
-    fn next(&mut self, batch: &mut Vec<Job>, expired: &mut Vec<Job>) -> bool {
+    fn next(&mut self, batch: &mut Vec<J>, expired: &mut Vec<J>) -> bool {
         loop {
             while let Ok(job) = self.channel.try_recv() {
                 self.queue.push(job);
@@ -175,9 +180,10 @@ impl Intake {
             if !expired.is_empty() {
                 return true; // answer them now, then come back
             }
-            match self.queue.decide(now, self.closing) {
+            match self.queue.decide(now, self.closing || self.woken_idle) {
                 Decision::Run(count) => {
                     self.queue.take(count, batch);
+                    self.woken_idle = false;
                     return true;
                 }
                 Decision::WaitUntil(due) => {
@@ -192,7 +198,10 @@ impl Intake {
                 }
                 Decision::Empty if self.closing => return false,
                 Decision::Empty => match self.channel.recv() {
-                    Ok(job) => self.queue.push(job),
+                    Ok(job) => {
+                        self.queue.push(job);
+                        self.woken_idle = true;
+                    }
                     Err(_) => self.closing = true,
                 },
             }
@@ -768,6 +777,63 @@ mod tests {
     #[test]
     fn a_zero_budget_runs_nothing_inline() {
         assert_eq!(inline_rows(&mut Paced::new(4, true), Duration::ZERO), 0);
+    }
+
+    /// A queued request of one row, admitted when it was made.
+    #[derive(Debug)]
+    struct Row(Instant);
+
+    impl Queued for Row {
+        fn rows(&self) -> usize {
+            1
+        }
+        fn admitted(&self) -> Instant {
+            self.0
+        }
+        fn deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn member(&self) -> MemberId {
+            tickserve_core::SOLE_MEMBER
+        }
+    }
+
+    /// An intake with a long `max_queue_delay`, and its sender.
+    fn patient_intake(delay: Duration) -> (std::sync::mpsc::Sender<Row>, Intake<Row>) {
+        let (sender, channel) = std::sync::mpsc::channel();
+        (sender, Intake::new(channel, 64, delay))
+    }
+
+    #[test]
+    fn a_request_reaching_an_idle_executor_runs_without_waiting_for_company() {
+        let (sender, mut intake) = patient_intake(Duration::from_secs(3600));
+        let (done, batches) = std::sync::mpsc::channel();
+        // The executor waits on the empty queue...
+        let executor = std::thread::spawn(move || {
+            let (mut batch, mut expired) = (Vec::new(), Vec::new());
+            intake.next(&mut batch, &mut expired);
+            done.send(batch.len()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        // ...and a request comes: it goes now, not after the hour's delay.
+        sender.send(Row(Instant::now())).unwrap();
+        let sent = batches.recv_timeout(Duration::from_secs(60));
+        assert_eq!(sent, Ok(1), "the idle executor waited for company");
+        executor.join().unwrap();
+    }
+
+    #[test]
+    fn requests_that_came_while_the_executor_was_busy_wait_for_company() {
+        let delay = Duration::from_millis(30);
+        let (sender, mut intake) = patient_intake(delay);
+        // Queued while the executor was running something else.
+        let admitted = Instant::now();
+        sender.send(Row(admitted)).unwrap();
+        sender.send(Row(admitted)).unwrap();
+        let (mut batch, mut expired) = (Vec::new(), Vec::new());
+        assert!(intake.next(&mut batch, &mut expired));
+        assert_eq!(batch.len(), 2);
+        assert!(admitted.elapsed() >= delay, "went before max_queue_delay");
     }
 
     #[test]

@@ -9,11 +9,12 @@
 //! member's later traffic.
 //!
 //! Latency first: a request that finds an executor idle with nothing queued runs
-//! at once, alone (its caller's thread runs it; see `Runtime::infer`). Requests
-//! that arrive while every executor is busy wait in the model's queue. When an
-//! executor is free, [`BatchQueue::decide`] picks the next batch: the oldest
-//! request's member's requests, in arrival order, as many as fit together in
-//! the largest bucket.
+//! at once, alone — on its caller's thread when its bucket is short enough (see
+//! `Runtime::infer`), otherwise on the executor thread that was waiting for it
+//! (`at_once` below). Requests that arrive while every executor is busy wait in
+//! the model's queue. When an executor is free, [`BatchQueue::decide`] picks
+//! the next batch: the oldest request's member's requests, in arrival order, as
+//! many as fit together in the largest bucket.
 //! The batch goes at once when the largest bucket is full, when the next request
 //! would not fit anyway, or when the oldest request has waited `max_queue_delay`
 //! (0, the default, means at once); otherwise the executor waits for company
@@ -102,9 +103,10 @@ impl<J: Queued> BatchQueue<J> {
         self.entries = kept;
     }
 
-    /// Decides what a free executor does at `now`; `closing` sends whatever
-    /// is queued without waiting for company.
-    pub fn decide(&self, now: Instant, closing: bool) -> Decision {
+    /// Decides what a free executor does at `now`; `at_once` sends whatever
+    /// is queued without waiting for company (the executor was idle when the
+    /// oldest request came, or the queue is closing).
+    pub fn decide(&self, now: Instant, at_once: bool) -> Decision {
         let Some(oldest) = self.entries.front() else {
             return Decision::Empty;
         };
@@ -123,7 +125,7 @@ impl<J: Queued> BatchQueue<J> {
             count += 1;
         }
         let due = oldest.admitted() + self.max_delay;
-        if rows == self.largest || closing || now >= due {
+        if rows == self.largest || at_once || now >= due {
             Decision::Run(count)
         } else {
             Decision::WaitUntil(due)
@@ -301,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn closing_drains_without_waiting() {
+    fn at_once_sends_without_waiting() {
         let t0 = Instant::now();
         let mut q = BatchQueue::new(64, us(10_000));
         q.push(req(1, t0));
