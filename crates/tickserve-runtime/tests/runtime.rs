@@ -5,9 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tickserve_core::config::ServerConfig;
 use tickserve_core::{DataType, Error, InferRequest, InputTensor};
-use tickserve_runtime::{Runtime, VersionState};
+
+use tickserve_runtime::{ModelHandle, Runtime, VersionState};
+use tokio::task::JoinHandle;
 
 /// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
 /// the test executables run from another checkout), else this checkout.
@@ -468,49 +472,59 @@ async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
     }
 }
 
-/// Keeps `seq_lstm`'s executor busy: four 1024-row requests, 64 bucket runs
-/// (tens of milliseconds). Returns once the first run is done, so the
-/// executor thread holds the model and later requests queue.
-async fn occupy_seq_lstm(
-    runtime: &std::sync::Arc<Runtime>,
-) -> (u64, Vec<tokio::task::JoinHandle<()>>) {
-    let handle = runtime.model("seq_lstm", None).unwrap();
-    let runs = || -> u64 { handle.replica_runs().iter().map(|(_, n)| n).sum() };
-    let before = runs();
-    let x = features(1024, 240, 3);
-    let busy = (0..4)
-        .map(|_| {
-            let runtime = std::sync::Arc::clone(runtime);
-            let x = x.clone();
-            tokio::spawn(async move {
-                runtime
-                    .infer(request("seq_lstm", "window", vec![1024, 30, 8], &x))
-                    .await
-                    .unwrap();
-            })
-        })
-        .collect();
-    while runs() == before {
-        tokio::time::sleep(std::time::Duration::from_micros(100)).await;
-    }
-    (before, busy)
+/// Bucket runs of `seq_lstm` (by any member, on any replica) so far.
+fn seq_lstm_runs(handle: &ModelHandle) -> u64 {
+    handle.replica_runs().iter().map(|(_, n)| n).sum()
 }
 
-/// The bucket runs `seq_lstm` made since `before`.
-fn seq_lstm_runs_since(runtime: &Runtime, before: u64) -> u64 {
+/// Rows in the one request that keeps `seq_lstm`'s executor busy: 512 bucket
+/// runs, a few hundred milliseconds.
+const BUSY_ROWS: usize = 32_768;
+
+/// A runtime whose `seq_lstm` executor has taken one `BUSY_ROWS`-row request
+/// (so later requests queue behind it): the runtime, `seq_lstm`'s handle,
+/// its run count before that request, and the task awaiting the request.
+async fn busy_seq_lstm() -> (Arc<Runtime>, Arc<ModelHandle>, u64, JoinHandle<()>) {
+    let runtime = Arc::new(runtime_with(|config| {
+        config.model_defaults.max_request_rows = BUSY_ROWS;
+        config.model_defaults.max_queue_rows = 2 * BUSY_ROWS;
+    }));
     let handle = runtime.model("seq_lstm", None).unwrap();
-    handle.replica_runs().iter().map(|(_, n)| n).sum::<u64>() - before
+    let before = seq_lstm_runs(&handle);
+    let big = request(
+        "seq_lstm",
+        "window",
+        vec![BUSY_ROWS as i64, 30, 8],
+        &features(BUSY_ROWS, 240, 3),
+    );
+    let busy = tokio::spawn({
+        let runtime = Arc::clone(&runtime);
+        async move {
+            runtime.infer(big).await.unwrap();
+        }
+    });
+    while seq_lstm_runs(&handle) == before {
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
+    (runtime, handle, before, busy)
+}
+
+/// Waits for `busy`, then shuts the runtime down, which returns once the
+/// executors have answered everything queued: after it, run counts are final.
+async fn finish(runtime: Arc<Runtime>, busy: JoinHandle<()>) {
+    busy.await.unwrap();
+    let Ok(runtime) = Arc::try_unwrap(runtime) else {
+        panic!("a task still holds the runtime");
+    };
+    runtime.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_caller_left_is_never_computed() {
-    let runtime = std::sync::Arc::new(sample_runtime());
-    let (before, busy) = occupy_seq_lstm(&runtime).await;
-    let handle = runtime.model("seq_lstm", None).unwrap();
-    let queued_before = handle.stats.queue.rows();
+    let (runtime, handle, before, busy) = busy_seq_lstm().await;
     let callers: Vec<_> = (0..5)
         .map(|i| {
-            let runtime = std::sync::Arc::clone(&runtime);
+            let runtime = Arc::clone(&runtime);
             tokio::spawn(async move {
                 let x = features(1, 240, 100 + i);
                 let _ = runtime
@@ -520,31 +534,32 @@ async fn a_request_whose_caller_left_is_never_computed() {
         })
         .collect();
     // Each caller is admitted and queued behind the busy executor...
-    while handle.stats.queue.rows() < queued_before + 5 {
-        tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+    while handle.stats.queue.rows() < 5 {
+        assert!(
+            !busy.is_finished(),
+            "the executor was free before the callers queued"
+        );
+        tokio::time::sleep(Duration::from_micros(100)).await;
     }
     // ...then leaves, as a client that hung up does.
     for caller in &callers {
         caller.abort();
     }
-    for task in busy {
-        task.await.unwrap();
+    for caller in callers {
+        let _ = caller.await;
     }
-    // The busy requests' 64 runs, and nothing for the callers that left.
-    assert_eq!(seq_lstm_runs_since(&runtime, before), 64);
-    assert_eq!(handle.stats.queue.rows(), 0);
+    finish(runtime, busy).await;
+    // The busy request's runs, and nothing for the callers that left.
+    assert_eq!(seq_lstm_runs(&handle) - before, (BUSY_ROWS / 64) as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_expires_in_the_queue_is_refused_and_never_computed() {
-    let runtime = std::sync::Arc::new(sample_runtime());
-    let (before, busy) = occupy_seq_lstm(&runtime).await;
+    let (runtime, handle, before, busy) = busy_seq_lstm().await;
     let mut late = request("seq_lstm", "window", vec![1, 30, 8], &features(1, 240, 9));
-    late.deadline = Some(std::time::Instant::now() + std::time::Duration::from_millis(1));
+    late.deadline = Some(Instant::now() + Duration::from_millis(1));
     let err = runtime.infer(late).await.unwrap_err();
     assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
-    for task in busy {
-        task.await.unwrap();
-    }
-    assert_eq!(seq_lstm_runs_since(&runtime, before), 64);
+    finish(runtime, busy).await;
+    assert_eq!(seq_lstm_runs(&handle) - before, (BUSY_ROWS / 64) as u64);
 }
