@@ -3,6 +3,9 @@
 //! same graph with its weights as inputs bound through IoBinding (one session
 //! per family), and two ways to swap in another member's weights before a run:
 //! rebinding its four weight tensors, or picking that member's own binding.
+//! Also: how long making a new member resident takes (`add_member` on the
+//! engine's family model: weight tensors and one binding per bucket), which is
+//! how long a member joining at run time holds its family's executor.
 //!
 //!     cargo bench -p tickserve-engine-ort --bench weights
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -14,7 +17,8 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, TensorElementType};
 use tickserve_core::config::ModelConfig;
-use tickserve_engine_ort::{OrtEngine, OrtOptions};
+use tickserve_core::{Buckets, CompiledModel};
+use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtOptions};
 use tickserve_onnx::{OnnxModel, Weight};
 
 fn session(engine: &OrtEngine, bytes: &[u8]) -> Session {
@@ -147,6 +151,25 @@ fn bench(c: &mut Criterion) {
         );
     }
     group.finish();
+
+    let buckets = Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None).unwrap();
+    let (graph, first) = onnx.with_weights_as_inputs().unwrap();
+    let mut family = engine
+        .compile(&CompileRequest {
+            family: &onnx.family_key(),
+            onnx: &graph,
+            signature: &signature,
+            buckets: &buckets,
+            weights: Some(&first),
+        })
+        .unwrap();
+    let joining = weights_of(&root, 1);
+    c.bench_function("add_member/tick_seven_buckets", |b| {
+        b.iter(|| {
+            family.add_member(1, &joining).unwrap();
+            family.remove_member(1);
+        })
+    });
 }
 
 criterion_group!(benches, bench);
