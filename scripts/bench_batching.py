@@ -35,7 +35,6 @@ import os
 import pathlib
 import re
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,23 +46,12 @@ PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 K6 = ROOT / ".venv/bin/k6"
 SERVER = ROOT / "target/release/tickserve"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read().decode()
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import free_port, metric_sum  # noqa: E402
 
 
 def requests_served(http):
-    text = get(f"http://127.0.0.1:{http}/metrics")
-    return sum(float(m.group(1)) for m in re.finditer(
-        r'^tickserve_requests_total\{[^}]*model="alpha_mlp"[^}]*\} (\S+)$', text, re.M))
+    return metric_sum(http, "tickserve_requests_total", 'model="alpha_mlp"')
 
 
 def cpu_seconds(pid):

@@ -26,9 +26,7 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,12 +39,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_models  # noqa: E402  (the sample models' own generator)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_common import free_port, get, metric_sum  # noqa: E402
 
 
 def write_member(root, index):
@@ -54,15 +47,8 @@ def write_member(root, index):
     make_models.save(model, root, f"tick_{index:03d}")
 
 
-def get(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.status, r.read().decode()
-
-
 def compilations(http):
-    _, text = get(f"http://127.0.0.1:{http}/metrics")
-    return sum(float(m.group(1)) for m in re.finditer(
-        r"^tickserve_graph_compilations_total\{[^}]*\} (\S+)$", text, re.M))
+    return metric_sum(http, "tickserve_graph_compilations_total")
 
 
 def rss_mib(pid):
