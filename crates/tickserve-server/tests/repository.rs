@@ -1,7 +1,7 @@
 //! Model control (the repository extension) with Triton's official Python
 //! clients against a real server on loopback, over a scratch repository: new
 //! family members load without compiling, unloading answers what is in
-//! flight, a failed load leaves the old version serving (tests/e2e_repository.py).
+//! flight, a failed load leaves the old version serving (tests/python/repository_check.py).
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,7 +17,7 @@ async fn load_and_unload_with_tritonclient() {
     let server = common::start(&common::config(scratch.path())).await;
     common::run_python_check(
         &server,
-        "e2e_repository.py",
+        "repository_check.py",
         &[
             "--repository".as_ref(),
             scratch.path().as_os_str(),

@@ -11,7 +11,7 @@ async fn tritonclient_http_and_grpc_match_onnxruntime() {
     let server = common::start(&common::config(&repository)).await;
     common::run_python_check(
         &server,
-        "e2e_tritonclient.py",
+        "tritonclient_check.py",
         &["--repository".as_ref(), repository.as_os_str()],
         "all models match",
     )

@@ -26,7 +26,7 @@ pub fn python() -> PathBuf {
     python
 }
 
-/// Runs `tests/{script}` with the project's Python against `server` (its
+/// Runs `crates/tickserve-server/tests/python/{script}` with the project's Python against `server` (its
 /// `--http` and `--grpc` addresses first, then `args`), prints what it
 /// printed, and asserts it succeeded and printed `done`.
 pub async fn run_python_check(
@@ -37,7 +37,11 @@ pub async fn run_python_check(
 ) {
     let (http, grpc) = (server.http_addr.to_string(), server.grpc_addr.to_string());
     let output = tokio::process::Command::new(python())
-        .arg(root().join("tests").join(script))
+        .arg(
+            root()
+                .join("crates/tickserve-server/tests/python")
+                .join(script),
+        )
         .args(["--http", &http, "--grpc", &grpc])
         .args(args)
         .output()

@@ -2,7 +2,7 @@
 """Model control with Triton's official Python clients (HTTP and gRPC) against a
 running tickserve whose repository is a scratch copy.
 
-    python tests/e2e_repository.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \
+    python crates/tickserve-server/tests/python/repository_check.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \
         --repository /tmp/scratch --source config/models
 
 The scratch repository starts with alpha_mlp, tick_000 and tick_001. Checks:

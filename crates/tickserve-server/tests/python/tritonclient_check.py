@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drives a running tickserve with Triton's official Python clients (HTTP and gRPC).
 
-    python tests/e2e_tritonclient.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \
+    python crates/tickserve-server/tests/python/tritonclient_check.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \
         --repository config/models
 
 Checks server and model metadata, then runs every model of the repository with
