@@ -1,7 +1,12 @@
-//! The interface between executors and engines.
+//! The interface between the runtime and engines, both sides of it.
 //!
-//! An engine compiles a model once per signature bucket when it loads and hands
-//! the result to the executor that owns it as a [`CompiledModel`]. Each bucket
+//! An [`Engine`] compiles a graph once per signature bucket when a model loads
+//! ([`Engine::compile`]) and hands the result to the executor thread that owns
+//! it as a [`CompiledModel`]. Engines answer with an [`EngineError`] the
+//! runtime can act on (an op the engine lacks sends a replica to another
+//! engine; a lost device is not the client's fault), never a bare string. The
+//! graph type is the engines' choice (`G`: tickserve's engines compile ONNX),
+//! so this crate knows no graph format and no engine library. Each bucket
 //! has preallocated input and output buffers. A run is: the executor writes
 //! rows into a bucket's input buffers and zero-pads the rest, calls
 //! [`CompiledModel::run`] naming the member whose weights to use, and reads rows
@@ -15,6 +20,87 @@
 //! them without a copy.
 
 use crate::{Buckets, DataType, Signature};
+
+/// Where a compiled model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The CPU.
+    Cpu,
+    /// GPU `N` (its CUDA ordinal).
+    Gpu(usize),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Gpu(n) => write!(f, "gpu:{n}"),
+        }
+    }
+}
+
+/// Why an engine could not compile or run a model: what the runtime acts on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The graph uses something this engine does not implement (an op, an
+    /// attribute, a shape); another engine may take it.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The graph or the weights are wrong for what is asked of them (a
+    /// malformed graph, weights that do not fit the family's graph).
+    #[error("{0}")]
+    InvalidModel(String),
+    /// The device ran out of memory.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// The device failed or is gone; nothing more runs on it until it is reset.
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+    /// Anything else inside the engine or its library.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What an engine compiles: a family's graph, for every bucket, on one device.
+#[derive(Debug)]
+pub struct CompileRequest<'a, G: ?Sized> {
+    /// The family key, for the compilations metric and messages.
+    pub family: &'a str,
+    /// The graph: weights as constants, or as inputs when `weights` is given.
+    pub graph: &'a G,
+    /// The batch sizes to compile.
+    pub buckets: &'a Buckets,
+    /// For a graph that takes its weights as inputs: the first member's
+    /// weights, added as [`SOLE_MEMBER`] and used for the warm-up runs.
+    pub weights: Option<&'a [Weight]>,
+    /// Where it runs.
+    pub device: Device,
+}
+
+/// The compile side of an engine: one per engine library, shared by every
+/// executor thread that compiles on it.
+pub trait Engine<G: ?Sized>: Send + Sync + std::fmt::Debug {
+    /// Triton's `platform` for models this engine runs (`onnxruntime_onnx`).
+    fn platform(&self) -> &'static str;
+
+    /// Triton's `backend` for models this engine runs (`onnxruntime`).
+    fn backend(&self) -> &'static str;
+
+    /// Whether this engine can compile `graph` with these weights, without
+    /// compiling it: [`EngineError::Unsupported`] names what it lacks.
+    fn check(&self, graph: &G, weights: Option<&[Weight]>) -> Result<(), EngineError> {
+        let _ = (graph, weights);
+        Ok(())
+    }
+
+    /// Compiles `request.graph` once per bucket on `request.device`, adds
+    /// the first member and warms every bucket up. Called on the executor
+    /// thread that will own the result.
+    fn compile(
+        &self,
+        request: &CompileRequest<'_, G>,
+    ) -> Result<Box<dyn CompiledModel>, EngineError>;
+}
 
 /// Identifies a member of a compiled family, unique within that family.
 pub type MemberId = u32;
@@ -50,7 +136,7 @@ pub trait CompiledModel: Send {
     fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8];
 
     /// Runs bucket `bucket` with `member`'s weights on what its input buffers hold.
-    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), String>;
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError>;
 
     /// Output `output` of bucket `bucket` after a run: `bucket size × row bytes`.
     fn output(&self, bucket: usize, output: usize) -> &[u8];
@@ -59,7 +145,7 @@ pub trait CompiledModel: Send {
     /// `member`'s, ready to bind in every bucket. Compiles nothing. Fails for a
     /// model compiled with its weights as constants, or weights that do not
     /// match the graph.
-    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), String>;
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError>;
 
     /// Frees `member`'s weights; later runs naming it fail.
     fn remove_member(&mut self, member: MemberId);

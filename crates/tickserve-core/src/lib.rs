@@ -2,8 +2,8 @@
 //!
 //! Datatypes and tensor signatures, signature buckets, the request and response
 //! types the front ends decode into and encode from, request validation against
-//! a signature, configuration files, the one error type, the [`CompiledModel`]
-//! interface that engines implement and executors drive, and the metric names.
+//! a signature, configuration files, the one error type, the engine interface
+//! ([`Engine`] compiles, [`CompiledModel`] runs), and the metric names.
 //! Nothing here knows a front end (axum, tonic, prost) or an engine (ort, CUDA).
 
 pub mod buckets;
@@ -18,7 +18,9 @@ pub mod validate;
 
 pub use buckets::Buckets;
 pub use datatype::DataType;
-pub use engine::{CompiledModel, MemberId, SOLE_MEMBER, Weight};
+pub use engine::{
+    CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER, Weight,
+};
 pub use error::{Error, ErrorKind};
 pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor, Timing};
 pub use signature::{Signature, TensorSpec};

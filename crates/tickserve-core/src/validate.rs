@@ -125,6 +125,21 @@ pub fn validate(
     })
 }
 
+/// The error for an input whose declared datatype tickserve does not know
+/// (`FP16`, `BYTES`, a typo), found while decoding, before [`validate`]:
+/// names the datatype `signature` expects of that input, or every datatype
+/// tickserve serves when the model has no such input.
+pub fn unknown_datatype(model: &str, signature: &Signature, input: &str, got: &str) -> Error {
+    let expected = match signature.input_index(input) {
+        Some(index) => format!("datatype {}", signature.inputs[index].datatype),
+        None => {
+            let all: Vec<&str> = crate::DataType::ALL.iter().map(|d| d.as_str()).collect();
+            format!("one of the datatypes tickserve serves ({})", all.join(", "))
+        }
+    };
+    Error::input(model, input, expected, got)
+}
+
 /// Checks one tensor and returns its row count.
 fn check_tensor(
     model: &str,

@@ -17,7 +17,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-fn main() -> Result<(), String> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gpus = Gpus::probe();
     let Some(gpu) = gpus.devices().first() else {
         println!("no GPU: {}", gpus.describe());

@@ -14,11 +14,29 @@ use std::sync::Mutex;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys};
-use tickserve_core::metrics as names;
+use tickserve_core::{EngineError, metrics as names};
 
-/// A driver error as text.
-pub fn driver(what: &str) -> impl Fn(result::DriverError) -> String + '_ {
-    move |e| format!("{what}: {e:?}")
+/// A driver error as an [`EngineError`] the runtime can act on: out of
+/// memory, a device that is lost (a kernel fault, an uncorrectable ECC error,
+/// a destroyed context: nothing more runs on it until it is reset), or
+/// anything else; `what` says what was being done.
+pub fn driver(what: &str) -> impl Fn(result::DriverError) -> EngineError + '_ {
+    move |e| {
+        use sys::cudaError_enum as E;
+        let message = format!("{what}: {e:?}");
+        match e.0 {
+            E::CUDA_ERROR_OUT_OF_MEMORY => EngineError::OutOfMemory(message),
+            E::CUDA_ERROR_ILLEGAL_ADDRESS
+            | E::CUDA_ERROR_LAUNCH_FAILED
+            | E::CUDA_ERROR_ECC_UNCORRECTABLE
+            | E::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | E::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | E::CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | E::CUDA_ERROR_DEVICE_UNAVAILABLE
+            | E::CUDA_ERROR_NO_DEVICE => EngineError::DeviceLost(message),
+            _ => EngineError::Internal(message),
+        }
+    }
 }
 
 /// Bytes held per device ordinal.
@@ -46,7 +64,7 @@ pub struct DeviceMemory {
 
 impl DeviceMemory {
     /// Allocates `bytes` (at least 1) on the current context's device `ordinal`.
-    pub fn zeroed(bytes: usize, ordinal: usize) -> Result<DeviceMemory, String> {
+    pub fn zeroed(bytes: usize, ordinal: usize) -> Result<DeviceMemory, EngineError> {
         let bytes = bytes.max(1);
         // SAFETY: a plain allocation in the current context, zeroed before use.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(driver("device allocation"))?;
@@ -62,9 +80,11 @@ impl DeviceMemory {
     }
 
     /// Copies `data` to `offset` bytes into this memory, synchronously.
-    pub fn write<T>(&self, offset: usize, data: &[T]) -> Result<(), String> {
+    pub fn write<T>(&self, offset: usize, data: &[T]) -> Result<(), EngineError> {
         if offset + std::mem::size_of_val(data) > self.bytes {
-            return Err("write past the end of a device buffer".to_string());
+            return Err(EngineError::Internal(
+                "write past the end of a device buffer".to_string(),
+            ));
         }
         // SAFETY: the range was checked to lie inside this allocation.
         unsafe { result::memcpy_htod_sync(self.ptr + offset as u64, data) }
@@ -90,7 +110,7 @@ pub struct PinnedMemory {
 impl PinnedMemory {
     /// Allocates `bytes`; `write_combined` for memory the CPU only writes
     /// (faster to copy to the device, slow for the CPU to read).
-    pub fn zeroed(bytes: usize, write_combined: bool) -> Result<PinnedMemory, String> {
+    pub fn zeroed(bytes: usize, write_combined: bool) -> Result<PinnedMemory, EngineError> {
         let bytes = bytes.max(1);
         let mut flags = sys::CU_MEMHOSTALLOC_PORTABLE;
         if write_combined {
@@ -131,14 +151,14 @@ pub struct Stream(pub sys::CUstream);
 
 impl Stream {
     /// A new stream that does not synchronise with the default stream.
-    pub fn new() -> Result<Stream, String> {
+    pub fn new() -> Result<Stream, EngineError> {
         result::stream::create(result::stream::StreamKind::NonBlocking)
             .map(Stream)
             .map_err(driver("stream creation"))
     }
 
     /// Waits for everything queued on the stream.
-    pub fn synchronize(&self) -> Result<(), String> {
+    pub fn synchronize(&self) -> Result<(), EngineError> {
         // SAFETY: the stream is alive.
         unsafe { result::stream::synchronize(self.0) }.map_err(driver("stream synchronize"))
     }
@@ -157,26 +177,26 @@ pub struct Event(pub sys::CUevent);
 
 impl Event {
     /// A new timing event.
-    pub fn new() -> Result<Event, String> {
+    pub fn new() -> Result<Event, EngineError> {
         result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
             .map(Event)
             .map_err(driver("event creation"))
     }
 
     /// Records the event on `stream`.
-    pub fn record(&self, stream: &Stream) -> Result<(), String> {
+    pub fn record(&self, stream: &Stream) -> Result<(), EngineError> {
         // SAFETY: both are alive.
         unsafe { result::event::record(self.0, stream.0) }.map_err(driver("event record"))
     }
 
     /// Waits for the event.
-    pub fn synchronize(&self) -> Result<(), String> {
+    pub fn synchronize(&self) -> Result<(), EngineError> {
         // SAFETY: the event is alive.
         unsafe { result::event::synchronize(self.0) }.map_err(driver("event synchronize"))
     }
 
     /// Milliseconds from `self` to `end`, both complete.
-    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, String> {
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, EngineError> {
         // SAFETY: both are alive and recorded.
         unsafe { result::event::elapsed(self.0, end.0) }.map_err(driver("event elapsed"))
     }
@@ -195,7 +215,7 @@ pub struct GraphExec(pub sys::CUgraphExec);
 
 impl GraphExec {
     /// Ends the capture on `stream` and instantiates what it recorded.
-    pub fn end_capture(stream: &Stream) -> Result<GraphExec, String> {
+    pub fn end_capture(stream: &Stream) -> Result<GraphExec, EngineError> {
         // SAFETY: the stream is capturing (the caller began it).
         let graph = unsafe { result::stream::end_capture(stream.0) }
             .map_err(driver("end of the graph capture"))?;
@@ -213,7 +233,7 @@ impl GraphExec {
     }
 
     /// Launches the graph on `stream`.
-    pub fn launch(&self, stream: &Stream) -> Result<(), String> {
+    pub fn launch(&self, stream: &Stream) -> Result<(), EngineError> {
         // SAFETY: both are alive; every buffer the graph touches lives as long as it.
         unsafe { result::graph::launch(self.0, stream.0) }.map_err(driver("graph launch"))
     }
@@ -232,8 +252,9 @@ pub struct Module(sys::CUmodule);
 
 impl Module {
     /// Loads PTX text (the driver compiles it for the device).
-    pub fn load(ptx: &str) -> Result<Module, String> {
-        let image = CString::new(ptx).map_err(|_| "PTX holds a NUL byte".to_string())?;
+    pub fn load(ptx: &str) -> Result<Module, EngineError> {
+        let image = CString::new(ptx)
+            .map_err(|_| EngineError::Internal("PTX holds a NUL byte".to_string()))?;
         // SAFETY: `image` is NUL-terminated PTX and outlives the call.
         unsafe { result::module::load_data(image.as_ptr().cast()) }
             .map(Module)
@@ -241,8 +262,9 @@ impl Module {
     }
 
     /// A kernel by name.
-    pub fn function(&self, name: &str) -> Result<sys::CUfunction, String> {
-        let c_name = CString::new(name).map_err(|_| "kernel name holds a NUL byte".to_string())?;
+    pub fn function(&self, name: &str) -> Result<sys::CUfunction, EngineError> {
+        let c_name = CString::new(name)
+            .map_err(|_| EngineError::Internal("kernel name holds a NUL byte".to_string()))?;
         // SAFETY: the module is loaded.
         unsafe { result::module::get_function(self.0, c_name) }.map_err(driver("finding a kernel"))
     }
@@ -269,8 +291,17 @@ const WORKSPACE_BYTES: usize = 4 << 20;
 
 impl Blas {
     /// A handle on `stream`; `tf32` allows TF32 tensor-core products.
-    pub fn new(stream: &Stream, tf32: bool, ordinal: usize) -> Result<Blas, String> {
-        let blas_error = |what: &'static str| move |e: blas::CublasError| format!("{what}: {e:?}");
+    pub fn new(stream: &Stream, tf32: bool, ordinal: usize) -> Result<Blas, EngineError> {
+        let blas_error = |what: &'static str| {
+            move |e: blas::CublasError| {
+                let message = format!("{what}: {e:?}");
+                if e.0 == blas_sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED {
+                    EngineError::OutOfMemory(message)
+                } else {
+                    EngineError::Internal(message)
+                }
+            }
+        };
         let handle = blas::create_handle().map_err(blas_error("cuBLAS handle"))?;
         let workspace = DeviceMemory::zeroed(WORKSPACE_BYTES, ordinal)?;
         let blas = Blas {

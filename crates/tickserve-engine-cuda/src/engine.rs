@@ -18,8 +18,11 @@ use std::time::Duration;
 
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaContext, result, sys};
-use tickserve_core::{Buckets, CompiledModel, MemberId, Signature, Weight, metrics as names};
-use tickserve_onnx::PartialSignature;
+use tickserve_core::{
+    Buckets, CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER,
+    Signature, Weight, metrics as names,
+};
+use tickserve_onnx::{ModelGraph, PartialSignature};
 
 use crate::device::{Blas, DeviceMemory, Event, GraphExec, Module, PinnedMemory, Stream, driver};
 use crate::import::{Imported, arrange};
@@ -72,12 +75,14 @@ impl CudaEngine {
 
     /// Compiles `request`'s plan for every bucket on its GPU, adds the first
     /// member and runs every bucket once.
-    pub fn compile(&self, request: &CudaCompileRequest<'_>) -> Result<CudaModel, String> {
+    pub fn compile(&self, request: &CudaCompileRequest<'_>) -> Result<CudaModel, EngineError> {
         let plan = &request.imported.plan;
         let device = format!("gpu:{}", request.ordinal);
         let ctx = std::panic::catch_unwind(|| CudaContext::new(request.ordinal))
-            .map_err(|_| format!("{device}: the CUDA driver could not be loaded"))?
-            .map_err(|e| format!("{device}: {e:?}"))?;
+            .map_err(|_| {
+                EngineError::DeviceLost(format!("{device}: the CUDA driver could not be loaded"))
+            })?
+            .map_err(driver(&device))?;
         ctx.bind_to_thread()
             .map_err(driver("binding the context"))?;
         let (major, minor) = ctx
@@ -100,9 +105,9 @@ impl CudaEngine {
             .collect();
         for ((name, _), (expected, _, _)) in plan.outputs.iter().zip(&request.signature.outputs) {
             if name != expected {
-                return Err(format!(
+                return Err(EngineError::InvalidModel(format!(
                     "the plan's output '{name}' is not the signature's '{expected}'"
-                ));
+                )));
             }
         }
         let signature = request.signature.complete(outputs);
@@ -135,10 +140,60 @@ impl CudaEngine {
         )?;
         for bucket in 0..model.buckets_graphs.len() {
             model.run(bucket, request.first_member).map_err(|e| {
-                format!("warm-up of bucket {}: {e}", request.buckets.sizes()[bucket])
+                let size = request.buckets.sizes()[bucket];
+                match e {
+                    EngineError::Internal(m) => {
+                        EngineError::Internal(format!("warm-up of bucket {size}: {m}"))
+                    }
+                    other => other,
+                }
             })?;
         }
         Ok(model)
+    }
+}
+
+impl Engine<ModelGraph> for CudaEngine {
+    fn platform(&self) -> &'static str {
+        "tickserve_cuda"
+    }
+
+    fn backend(&self) -> &'static str {
+        "tickserve_cuda"
+    }
+
+    /// Imports the graph: [`EngineError::Unsupported`] names the first op
+    /// (or attribute) the engine lacks.
+    fn check(&self, graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<(), EngineError> {
+        crate::import(&graph.onnx, &graph.signature.inputs, weights)
+            .map(drop)
+            .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()))
+    }
+
+    fn compile(
+        &self,
+        request: &CompileRequest<'_, ModelGraph>,
+    ) -> Result<Box<dyn CompiledModel>, EngineError> {
+        let Device::Gpu(ordinal) = request.device else {
+            return Err(EngineError::Unsupported(
+                "the CUDA engine runs on GPUs only".to_string(),
+            ));
+        };
+        let graph = request.graph;
+        let imported = crate::import(&graph.onnx, &graph.signature.inputs, request.weights)
+            .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()))?;
+        let model = CudaEngine::compile(
+            self,
+            &CudaCompileRequest {
+                family: request.family,
+                imported: &imported,
+                signature: &graph.signature,
+                buckets: request.buckets,
+                ordinal,
+                first_member: SOLE_MEMBER,
+            },
+        )?;
+        Ok(Box::new(model))
     }
 }
 
@@ -259,7 +314,7 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
 
 impl CudaModel {
     /// Allocates bucket `rows`' buffers and captures its graph.
-    fn capture(&mut self, rows: usize, ordinal: usize) -> Result<BucketGraph, String> {
+    fn capture(&mut self, rows: usize, ordinal: usize) -> Result<BucketGraph, EngineError> {
         let plan = &self.plan;
         let layout = layout(plan, rows);
         let arena = DeviceMemory::zeroed(layout.total, ordinal)?;
@@ -322,7 +377,7 @@ impl CudaModel {
         staging: &PinnedMemory,
         outputs: &PinnedMemory,
         rows: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), EngineError> {
         let plan = &self.plan;
         let stream = self.stream.0;
         let address = |v: ValueId| base + layout.values[v] as u64;
@@ -401,7 +456,7 @@ impl CudaModel {
         m: usize,
         k: usize,
         n: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), EngineError> {
         let (op_w, ld_w) = if transposed {
             (blas_sys::cublasOperation_t::CUBLAS_OP_T, k)
         } else {
@@ -432,7 +487,7 @@ impl CudaModel {
             )
         }
         .result()
-        .map_err(|e| format!("cuBLAS product: {e:?}"))
+        .map_err(|e| EngineError::Internal(format!("cuBLAS product: {e:?}")))
     }
 
     fn add_weights(
@@ -440,8 +495,8 @@ impl CudaModel {
         member: MemberId,
         weights: &[Weight],
         ordinal: usize,
-    ) -> Result<(), String> {
-        let slots = arrange(&self.plan, weights)?;
+    ) -> Result<(), EngineError> {
+        let slots = arrange(&self.plan, weights).map_err(EngineError::InvalidModel)?;
         let mut offsets = Vec::with_capacity(slots.len());
         let mut total = 0;
         for slot in &slots {
@@ -487,14 +542,16 @@ impl CompiledModel for CudaModel {
         &mut b.staging.as_mut_slice()[offset..offset + bytes]
     }
 
-    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), String> {
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
         let pointers = &self
             .members
             .get(&member)
-            .ok_or_else(|| format!("member {member} has no weights on {}", self.device))?
+            .ok_or_else(|| {
+                EngineError::Internal(format!("member {member} has no weights on {}", self.device))
+            })?
             .pointers;
         let b = &mut self.buckets_graphs[bucket];
         for (entry, pointer) in b.staging.as_mut_slice().chunks_exact_mut(8).zip(pointers) {
@@ -515,7 +572,7 @@ impl CompiledModel for CudaModel {
         &b.outputs.as_slice()[offset..offset + bytes]
     }
 
-    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), String> {
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;

@@ -10,6 +10,8 @@
 
 use std::fmt::Write;
 
+use tickserve_core::EngineError;
+
 use crate::plan::{Elementwise, Op, Plan, Step};
 
 /// Threads per block for elementwise kernels (row kernels use one warp per segment).
@@ -254,14 +256,14 @@ pub fn module_source(plan: &Plan) -> (String, Vec<Kernel>) {
 
 /// Compiles `source` to PTX with NVRTC for `arch` (`sm_90`); fails with
 /// NVRTC's log, or if NVRTC cannot be loaded.
-pub fn compile(source: &str, arch: &str) -> Result<String, String> {
+pub fn compile(source: &str, arch: &str) -> Result<String, EngineError> {
     // SAFETY: only tries to dlopen libnvrtc; no symbol is called.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(
+        return Err(EngineError::Internal(
             "NVRTC (libnvrtc.so) cannot be loaded: install the CUDA toolkit's NVRTC or put \
              its directory on LD_LIBRARY_PATH"
                 .to_string(),
-        );
+        ));
     }
     let options = cudarc::nvrtc::CompileOptions {
         options: vec![format!("--gpu-architecture={arch}")],
@@ -275,5 +277,9 @@ pub fn compile(source: &str, arch: &str) -> Result<String, String> {
     };
     cudarc::nvrtc::compile_ptx_with_opts(source, options)
         .map(|ptx| ptx.to_src())
-        .map_err(|e| format!("NVRTC failed to compile the family's kernels: {e:?}"))
+        .map_err(|e| {
+            EngineError::Internal(format!(
+                "NVRTC failed to compile the family's kernels: {e:?}"
+            ))
+        })
 }

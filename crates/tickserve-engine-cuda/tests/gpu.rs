@@ -10,7 +10,7 @@
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
 use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
-use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtModel, OrtOptions};
+use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtModel, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
 mod common;
@@ -24,7 +24,7 @@ fn buckets() -> Buckets {
 fn ort_model(engine: &OrtEngine, model: &OnnxModel) -> OrtModel {
     let signature = model.signature(&ModelConfig::default()).unwrap();
     engine
-        .compile(&CompileRequest {
+        .compile(&OrtCompileRequest {
             family: "reference",
             onnx: model,
             signature: &signature,

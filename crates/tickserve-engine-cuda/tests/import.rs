@@ -12,7 +12,7 @@ use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel};
 use tickserve_engine_cuda::plan::Op;
 use tickserve_engine_cuda::{arrange, import, reference};
-use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtOptions};
+use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
 fn root() -> PathBuf {
@@ -70,7 +70,7 @@ fn matches_onnx_runtime(engine: &OrtEngine, path: &Path, rows: usize, seed: u64)
     let weights = arrange(&imported.plan, &imported.weights).unwrap();
     let buckets = Buckets::new(&[rows], None).unwrap();
     let mut ort = engine
-        .compile(&CompileRequest {
+        .compile(&OrtCompileRequest {
             family: "test",
             onnx: &model,
             signature: &signature,

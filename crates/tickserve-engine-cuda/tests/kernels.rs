@@ -62,5 +62,5 @@ fn softmax_and_layer_norm_run_a_warp_per_segment() {
     assert_eq!(kernels[0].dims(64, 64), (32, 128));
     // A bad kernel is a clear error, not a panic.
     let error = compile("this is not CUDA", "sm_90").unwrap_err();
-    assert!(error.contains("NVRTC"), "{error}");
+    assert!(error.to_string().contains("NVRTC"), "{error}");
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel, SOLE_MEMBER};
-use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtOptions};
+use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
 fn bench(c: &mut Criterion) {
@@ -31,7 +31,7 @@ fn bench(c: &mut Criterion) {
         )
         .expect("ONNX Runtime loads (run scripts/setup.sh)");
         let mut model = engine
-            .compile(&CompileRequest {
+            .compile(&OrtCompileRequest {
                 family: "alpha_mlp",
                 onnx: &onnx,
                 signature: &signature,

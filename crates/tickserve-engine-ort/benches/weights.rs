@@ -18,7 +18,7 @@ use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, TensorElementType};
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel};
-use tickserve_engine_ort::{CompileRequest, OrtEngine, OrtOptions};
+use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
 use tickserve_onnx::{OnnxModel, Weight};
 
 fn session(engine: &OrtEngine, bytes: &[u8]) -> Session {
@@ -155,7 +155,7 @@ fn bench(c: &mut Criterion) {
     let buckets = Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None).unwrap();
     let (graph, first) = onnx.with_weights_as_inputs().unwrap();
     let mut family = engine
-        .compile(&CompileRequest {
+        .compile(&OrtCompileRequest {
             family: &onnx.family_key(),
             onnx: &graph,
             signature: &signature,

@@ -5,7 +5,10 @@
 //! [`OrtEngine::new`] loads the ONNX Runtime shared library (a missing or wrong
 //! library is an error, not a panic). [`OrtEngine::compile`] turns an
 //! [`OnnxModel`] into an [`OrtModel`], which the executor thread that called it
-//! owns and drives through [`CompiledModel`]. ONNX Runtime's `run` takes
+//! owns and drives through [`CompiledModel`]; the runtime reaches both through
+//! the core's [`Engine`] trait. ONNX Runtime's errors become
+//! [`EngineError`]s here: a graph it cannot compile is an invalid model, a
+//! failed allocation is out of memory. ONNX Runtime's `run` takes
 //! `&mut self`, so a model's sessions belong to one executor at a time.
 //!
 //! A family's graph takes its weights as inputs (see
@@ -26,9 +29,10 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{IoBinding, Session};
 use ort::value::{DynTensor, TensorElementType};
 use tickserve_core::{
-    Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER, Signature, Weight, metrics as names,
+    Buckets, CompileRequest, CompiledModel, DataType, Device, Engine, EngineError, MemberId,
+    SOLE_MEMBER, Signature, Weight, metrics as names,
 };
-use tickserve_onnx::{OnnxModel, PartialSignature};
+use tickserve_onnx::{ModelGraph, OnnxModel, PartialSignature};
 
 /// Runs of each bucket before a model reports ready.
 const WARMUP_RUNS: usize = 3;
@@ -49,7 +53,7 @@ pub struct OrtEngine {
 
 /// What a compilation needs to know about the model beyond its ONNX file.
 #[derive(Debug, Clone, Copy)]
-pub struct CompileRequest<'a> {
+pub struct OrtCompileRequest<'a> {
     /// The family key, for the compilations metric and messages.
     pub family: &'a str,
     /// The graph to compile: with its weights as constants, or (`weights`
@@ -113,34 +117,36 @@ impl OrtEngine {
     /// Compiles `request.onnx` once per bucket with a static batch dimension,
     /// binds preallocated tensors (and the first member's weights, for a graph
     /// that takes them as inputs), and warms every bucket up.
-    pub fn compile(&self, request: &CompileRequest<'_>) -> Result<OrtModel, String> {
+    pub fn compile(&self, request: &OrtCompileRequest<'_>) -> Result<OrtModel, EngineError> {
         let mut sessions = Vec::with_capacity(request.buckets.sizes().len());
         let mut output_dims: Option<Vec<Vec<usize>>> = None;
         let weights = match request.weights {
             Some(weights) => {
-                Some(weight_tensors(weights).map_err(|e| format!("cannot hold the weights: {e}"))?)
+                Some(weight_tensors(weights).map_err(|e| classify("cannot hold the weights", &e))?)
             }
             None => None,
         };
         for &size in request.buckets.sizes() {
             let started = Instant::now();
             let bytes = request.onnx.with_static_batch(size, request.signature);
-            let session = self
-                .session(&bytes)
-                .map_err(|e| format!("ONNX Runtime could not compile bucket {size}: {e}"))?;
+            let session = self.session(&bytes).map_err(|e| {
+                EngineError::InvalidModel(format!(
+                    "ONNX Runtime could not compile bucket {size}: {e}"
+                ))
+            })?;
             metrics::counter!(names::GRAPH_COMPILATIONS,
                 "family" => request.family.to_string(), "bucket" => size.to_string(), "device" => "cpu")
             .increment(1);
             let bucket = BucketSession::new(session, size, request.signature, weights.as_deref())
-                .map_err(|e| format!("bucket {size}: {e}"))?;
+                .map_err(|e| EngineError::InvalidModel(format!("bucket {size}: {e}")))?;
             match &output_dims {
                 None => output_dims = Some(bucket.output_dims.clone()),
                 Some(dims) if *dims != bucket.output_dims => {
-                    return Err(format!(
+                    return Err(EngineError::InvalidModel(format!(
                         "bucket {size} gives output dimensions {:?}, other buckets {dims:?}; \
                          the outputs' non-batch dimensions must not depend on the batch",
                         bucket.output_dims
-                    ));
+                    )));
                 }
                 Some(_) => {}
             }
@@ -169,9 +175,7 @@ impl OrtEngine {
         model.members.insert(SOLE_MEMBER, first);
         for bucket in 0..model.sessions.len() {
             for _ in 0..WARMUP_RUNS {
-                model
-                    .run(bucket, SOLE_MEMBER)
-                    .map_err(|e| format!("warm-up: {e}"))?;
+                model.run(bucket, SOLE_MEMBER)?;
             }
         }
         Ok(model)
@@ -185,6 +189,51 @@ impl OrtEngine {
             .with_parallel_execution(false)?
             .with_intra_op_spinning(false)?
             .commit_from_memory(bytes)
+    }
+}
+
+impl Engine<ModelGraph> for OrtEngine {
+    fn platform(&self) -> &'static str {
+        "onnxruntime_onnx"
+    }
+
+    fn backend(&self) -> &'static str {
+        "onnxruntime"
+    }
+
+    fn compile(
+        &self,
+        request: &CompileRequest<'_, ModelGraph>,
+    ) -> Result<Box<dyn CompiledModel>, EngineError> {
+        if request.device != Device::Cpu {
+            return Err(EngineError::Unsupported(format!(
+                "ONNX Runtime runs on the CPU here, not on {}",
+                request.device
+            )));
+        }
+        let model = OrtEngine::compile(
+            self,
+            &OrtCompileRequest {
+                family: request.family,
+                onnx: &request.graph.onnx,
+                signature: &request.graph.signature,
+                buckets: request.buckets,
+                weights: request.weights,
+            },
+        )?;
+        Ok(Box::new(model))
+    }
+}
+
+/// An ONNX Runtime error as an [`EngineError`]: a failed allocation is out
+/// of memory, anything else internal; `what` says what was being done.
+fn classify(what: &str, error: &ort::Error) -> EngineError {
+    let message = format!("{what}: {error}");
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("failed to allocate") || lower.contains("bad_alloc") {
+        EngineError::OutOfMemory(message)
+    } else {
+        EngineError::Internal(message)
     }
 }
 
@@ -355,38 +404,39 @@ pub struct OrtModel {
 
 impl OrtModel {
     /// One binding per bucket of the buckets' tensors and `weights`.
-    fn bindings(&mut self, weights: &[(String, DynTensor)]) -> Result<Vec<IoBinding>, String> {
+    fn bindings(&mut self, weights: &[(String, DynTensor)]) -> Result<Vec<IoBinding>, EngineError> {
         let signature = &self.signature;
         self.sessions
             .iter_mut()
             .map(|bucket| {
                 bucket
                     .bind(signature, weights)
-                    .map_err(|e| format!("cannot bind: {e}"))
+                    .map_err(|e| classify("cannot bind", &e))
             })
             .collect()
     }
 
     /// Checks that `weights` are exactly the ones the graph takes, in any order.
-    fn check_weights(&self, weights: &[Weight]) -> Result<(), String> {
+    fn check_weights(&self, weights: &[Weight]) -> Result<(), EngineError> {
+        let invalid = EngineError::InvalidModel;
         if weights.len() != self.weight_specs.len() {
-            return Err(format!(
+            return Err(invalid(format!(
                 "the family's graph takes {} weights; this model has {}",
                 self.weight_specs.len(),
                 weights.len()
-            ));
+            )));
         }
         for w in weights {
             let spec = self
                 .weight_specs
                 .iter()
                 .find(|s| s.name == w.name)
-                .ok_or_else(|| format!("the family's graph has no weight '{}'", w.name))?;
+                .ok_or_else(|| invalid(format!("the family's graph has no weight '{}'", w.name)))?;
             if spec.datatype != w.datatype || spec.dims != w.dims {
-                return Err(format!(
+                return Err(invalid(format!(
                     "weight '{}' is {} {:?}; the family's graph takes {} {:?}",
                     w.name, w.datatype, w.dims, spec.datatype, spec.dims
-                ));
+                )));
             }
         }
         Ok(())
@@ -416,18 +466,18 @@ impl CompiledModel for OrtModel {
         unsafe { std::slice::from_raw_parts_mut(ptr, len) }
     }
 
-    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), String> {
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
         let binding = self
             .members
             .get(&member)
             .and_then(|b| b.get(bucket))
-            .ok_or_else(|| format!("member {member} is not loaded"))?;
+            .ok_or_else(|| EngineError::Internal(format!("member {member} is not loaded")))?;
         // The outputs land in the bound tensors; the returned handles are dropped here.
         self.sessions[bucket]
             .session
             .run_binding(binding)
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(|e| classify("run", &e))
     }
 
     fn output(&self, bucket: usize, output: usize) -> &[u8] {
@@ -441,12 +491,14 @@ impl CompiledModel for OrtModel {
         unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 
-    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), String> {
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
         if self.weight_specs.is_empty() {
-            return Err("this model was compiled with its weights as constants".to_string());
+            return Err(EngineError::InvalidModel(
+                "this model was compiled with its weights as constants".to_string(),
+            ));
         }
         self.check_weights(weights)?;
-        let tensors = weight_tensors(weights).map_err(|e| format!("cannot hold weights: {e}"))?;
+        let tensors = weight_tensors(weights).map_err(|e| classify("cannot hold weights", &e))?;
         let bindings = self.bindings(&tensors)?;
         self.members.insert(member, bindings);
         Ok(())

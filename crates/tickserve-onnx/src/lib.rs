@@ -71,6 +71,17 @@ pub struct OnnxModel {
     model: proto::ModelProto,
 }
 
+/// A model's graph as an engine compiles it (the `G` of
+/// [`tickserve_core::Engine`]): the ONNX graph, with its weights as constants
+/// or as inputs, and the signature resolved from the file and `model.toml`.
+#[derive(Debug, Clone)]
+pub struct ModelGraph {
+    /// The graph.
+    pub onnx: OnnxModel,
+    /// Its signature (output dimensions resolved by the engine's warm-up).
+    pub signature: PartialSignature,
+}
+
 /// A signature whose output dimensions may still be unknown; the engine's
 /// warm-up run resolves those.
 #[derive(Debug, Clone)]

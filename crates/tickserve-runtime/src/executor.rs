@@ -1,327 +1,39 @@
-//! Executors: OS threads that each compile a family's graph for every bucket,
-//! own the compiled sessions, and run batches of requests.
+//! The executor: a family's compiled graph on one device, and the bucket runs.
 //!
-//! The loader calls [`spawn`] once per executor of a family; each thread
-//! reports its compile outcome once, then takes batches from the family's
-//! shared [`Intake`] (the channel callers send to, and the [`BatchQueue`]
-//! policy over it) until the channel closes and the queue is empty. Every
-//! batch is one member's requests, run with that member's weights. A batch's rows are
-//! copied one request after another into the chosen bucket's input buffers
-//! (zero-padded), run, and copied back out to each caller; a request larger
-//! than the largest bucket runs alone, as several bucket runs. Each caller gets
-//! its answer on its job's oneshot channel; a caller that left is not an error.
+//! An [`Executor`] owns one [`CompiledModel`] (every bucket's graph and
+//! buffers). It answers a batch of one member's jobs ([`Executor::answer_batch`]):
+//! their rows are copied one request after another into the chosen bucket's
+//! input buffers (zero-padded), run with that member's weights, and copied
+//! back out to each caller; a request larger than the largest bucket runs
+//! alone, as several bucket runs ([`Executor::answer`]). A request whose
+//! deadline passed is refused, never computed. The executor thread
+//! ([`crate::worker`]) calls it for queued jobs, and a caller's own thread
+//! calls [`Executor::answer`] when it finds the executor idle.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tickserve_core::validate::ValidRequest;
 use tickserve_core::{
-    Buckets, CompiledModel, Error, InferResponse, MemberId, OutputTensor, Signature, TensorSpec,
+    Buckets, CompiledModel, EngineError, Error, InferResponse, MemberId, OutputTensor, TensorSpec,
     Weight, metrics as names,
 };
-use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, Imported};
-use tickserve_engine_ort::{CompileRequest, OrtEngine};
-use tickserve_onnx::{OnnxModel, PartialSignature};
-use tokio::sync::oneshot;
 
-use crate::family::{Member, RetiredLog};
-use crate::gather::{BatchQueue, Decision, Queued};
+use crate::job::Job;
+use crate::member::{Member, RetiredLog};
 use crate::stats::RequestCost;
 
-/// One admitted request, queued for its family's executors.
-#[derive(Debug)]
-pub struct Job {
-    /// The model version it is for: whose weights, statistics and metrics.
-    pub member: Arc<Member>,
-    /// The validated request.
-    pub request: ValidRequest,
-    /// The request id, echoed back.
-    pub id: String,
-    /// When the request was admitted.
-    pub admitted: Instant,
-    /// After this the request is answered DEADLINE_EXCEEDED instead of computed.
-    pub deadline: Option<Instant>,
-    /// Where the answer goes; the receiver may have been dropped.
-    pub reply: oneshot::Sender<Result<InferResponse, Error>>,
-}
-
-/// The engines executors compile with.
+/// What the executors of one family share with it: read from the family
+/// (members that left), written for it (runs), and its key for metrics.
 #[derive(Debug, Clone)]
-pub struct Engines {
-    /// ONNX Runtime, for the CPU.
-    pub ort: OrtEngine,
-    /// The CUDA engine, for GPUs.
-    pub cuda: CudaEngine,
-}
-
-/// Which engine compiles a family, and where.
-#[derive(Debug)]
-pub enum Target {
-    /// ONNX Runtime on the CPU.
-    Cpu,
-    /// The CUDA engine on GPU `ordinal`, from the imported plan.
-    Gpu {
-        /// The GPU.
-        ordinal: usize,
-        /// The plan and the first member's weights.
-        imported: Box<Imported>,
-    },
-}
-
-/// What an executor compiles: a family's graph for every bucket.
-#[derive(Debug)]
-pub struct CompileInput {
-    /// The family key, for metrics and messages.
-    pub family: String,
-    /// The graph: weights as constants, or as inputs when `weights` is given.
-    pub graph: OnnxModel,
-    /// The signature resolved from the file and `model.toml`.
-    pub signature: PartialSignature,
-    /// The batch sizes to compile.
-    pub buckets: Buckets,
-    /// The first member's weights, for a graph that takes them as inputs.
-    pub weights: Option<Vec<Weight>>,
-    /// The engine and device.
-    pub target: Target,
-}
-
-impl CompileInput {
-    /// Compiles on the target's engine.
-    fn compile(&self, engines: &Engines) -> Result<Box<dyn CompiledModel>, String> {
-        match &self.target {
-            Target::Cpu => engines
-                .ort
-                .compile(&CompileRequest {
-                    family: &self.family,
-                    onnx: &self.graph,
-                    signature: &self.signature,
-                    buckets: &self.buckets,
-                    weights: self.weights.as_deref(),
-                })
-                .map(|m| Box::new(m) as Box<dyn CompiledModel>),
-            Target::Gpu { ordinal, imported } => engines
-                .cuda
-                .compile(&CudaCompileRequest {
-                    family: &self.family,
-                    imported,
-                    signature: &self.signature,
-                    buckets: &self.buckets,
-                    ordinal: *ordinal,
-                    first_member: tickserve_core::SOLE_MEMBER,
-                })
-                .map(|m| Box::new(m) as Box<dyn CompiledModel>),
-        }
-    }
-}
-
-/// What an executor reports once it has compiled: the full signature, its
-/// device, and the executor itself.
-pub type Compiled = (Signature, String, Arc<Mutex<Executor>>);
-
-/// Where an executor reports, once, whether its compile succeeded.
-pub type LoadReport = Receiver<Result<Compiled, String>>;
-
-impl Queued for Job {
-    fn rows(&self) -> usize {
-        self.request.rows
-    }
-    fn admitted(&self) -> Instant {
-        self.admitted
-    }
-    fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-    fn member(&self) -> MemberId {
-        self.member.id
-    }
-}
-
-/// The queue side that every executor thread of a model version shares: the
-/// channel callers send admitted jobs to, and the batching policy over what
-/// has arrived. The executor that holds the lock is the one waiting for the
-/// next batch; the others wait for the lock.
-#[derive(Debug)]
-pub struct Intake<J = Job> {
-    channel: Receiver<J>,
-    queue: BatchQueue<J>,
-    /// Set once every sender is gone: what is queued goes at once, then the
-    /// executors stop.
-    closing: bool,
-    /// Set when a request reached this executor while it waited on an empty
-    /// queue: it was idle, so the request runs at once, with whatever came
-    /// along with it, instead of waiting `max_queue_delay` for company.
-    woken_idle: bool,
-}
-
-impl<J: Queued> Intake<J> {
-    /// An intake over `channel` with the model's batching settings.
-    pub fn new(channel: Receiver<J>, largest: usize, max_delay: Duration) -> Intake<J> {
-        Intake {
-            channel,
-            queue: BatchQueue::new(largest, max_delay),
-            closing: false,
-            woken_idle: false,
-        }
-    }
-
-    /// Waits until a batch is due and moves it into `batch`, and any expired
-    /// jobs into `expired`. Returns false once the channel is closed and
-    /// nothing is left.
-    fn next(&mut self, batch: &mut Vec<J>, expired: &mut Vec<J>) -> bool {
-        loop {
-            while let Ok(job) = self.channel.try_recv() {
-                self.queue.push(job);
-            }
-            let now = Instant::now();
-            self.queue.take_expired(now, expired);
-            if !expired.is_empty() {
-                return true; // answer them now, then come back
-            }
-            match self.queue.decide(now, self.closing || self.woken_idle) {
-                Decision::Run(count) => {
-                    self.queue.take(count, batch);
-                    self.woken_idle = false;
-                    return true;
-                }
-                Decision::WaitUntil(due) => {
-                    match self
-                        .channel
-                        .recv_timeout(due.saturating_duration_since(now))
-                    {
-                        Ok(job) => self.queue.push(job),
-                        Err(RecvTimeoutError::Timeout) => {}
-                        Err(RecvTimeoutError::Disconnected) => self.closing = true,
-                    }
-                }
-                Decision::Empty if self.closing => return false,
-                Decision::Empty => match self.channel.recv() {
-                    Ok(job) => {
-                        self.queue.push(job);
-                        self.woken_idle = true;
-                    }
-                    Err(_) => self.closing = true,
-                },
-            }
-        }
-    }
-}
-
-/// An executor thread's loop: takes the next batch from the shared intake and
-/// answers it, until the intake is closed and empty.
-fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
-    let mut batch: Vec<Job> = Vec::new();
-    let mut expired: Vec<Job> = Vec::new();
-    loop {
-        let more = intake
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .next(&mut batch, &mut expired);
-        let mut executor = executor
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut leaving = 0;
-        for job in batch.iter().chain(&expired) {
-            job.member.stats.queue.leave(job.request.rows);
-            leaving += job.request.rows;
-        }
-        executor.queued.fetch_sub(leaving, Ordering::AcqRel);
-        executor.forget_retired();
-        for job in expired.drain(..) {
-            executor.refuse_expired(job);
-        }
-        // A caller that left has nothing to compute for.
-        batch.retain(|job| !job.reply.is_closed());
-        executor.answer_batch(&mut batch);
-        if !more {
-            return;
-        }
-    }
-}
-
-/// Starts executor thread `index` of family `input.family`: it compiles the
-/// graph, reports on the returned receiver, and on success serves batches
-/// from `intake`.
-pub fn spawn(
-    input: Arc<CompileInput>,
-    engines: Engines,
-    intake: Arc<Mutex<Intake>>,
-    shared: ExecutorShared,
-    index: usize,
-) -> std::io::Result<(JoinHandle<()>, LoadReport)> {
-    let (report_tx, report_rx) = std::sync::mpsc::sync_channel(1);
-    let thread_name = format!(
-        "exec-{}-{index}",
-        &input.family[..input.family.len().min(8)]
-    );
-    let handle = std::thread::Builder::new()
-        .name(thread_name)
-        .spawn(move || {
-            let compiled = input.compile(&engines);
-            drop(input);
-            match compiled {
-                Ok(mut model) => {
-                    let signature = model.signature().clone();
-                    let device = model.device().to_string();
-                    let inline_rows = inline_rows(model.as_mut(), shared.inline_budget);
-                    let executor = Arc::new(Mutex::new(Executor::new(model, shared, inline_rows)));
-                    let report = (signature, device, Arc::clone(&executor));
-                    let _ = report_tx.send(Ok(report));
-                    drop(report_tx);
-                    serve(&executor, &intake);
-                }
-                Err(e) => {
-                    let _ = report_tx.send(Err(e));
-                }
-            }
-        })?;
-    Ok((handle, report_rx))
-}
-
-/// The rows of the largest bucket whose run fits in `budget` (median of
-/// five runs, after the engine's warm-up): requests up to that many rows may
-/// run on their caller's thread (`runtime.inline_budget`). 0 for models whose
-/// work must stay on their own thread, or whose smallest bucket is already
-/// too slow.
-fn inline_rows(model: &mut dyn CompiledModel, budget: Duration) -> usize {
-    if !model.runs_on_any_thread() || budget.is_zero() {
-        return 0;
-    }
-    let sizes = model.buckets().sizes().to_vec();
-    let mut rows = 0;
-    for (bucket, size) in sizes.into_iter().enumerate() {
-        let mut times = [Duration::ZERO; 5];
-        for time in &mut times {
-            let started = Instant::now();
-            if model.run(bucket, tickserve_core::SOLE_MEMBER).is_err() {
-                return rows;
-            }
-            *time = started.elapsed();
-        }
-        times.sort_unstable();
-        if times[2] > budget {
-            break;
-        }
-        rows = size;
-    }
-    rows
-}
-
-/// What every executor of a family shares with the family.
-#[derive(Debug, Clone)]
-pub struct ExecutorShared {
+pub struct FamilyLinks {
     /// The family key, for the weight-swap metric.
     pub family: String,
-    /// Rows queued for any member.
-    pub queued: Arc<AtomicUsize>,
-    /// Members that left.
+    /// Members that left; each executor frees their weights.
     pub retired: Arc<RetiredLog>,
     /// Bucket runs by any executor of the family.
     pub runs: Arc<AtomicU64>,
-    /// `runtime.inline_budget`.
-    pub inline_budget: Duration,
 }
 
 /// A family's compiled graph on one device and what running it needs.
@@ -332,7 +44,6 @@ pub struct Executor {
     /// Row sizes in bytes, per input and per output (fixed at load).
     input_row_bytes: Vec<usize>,
     output_row_bytes: Vec<usize>,
-    queued: Arc<AtomicUsize>,
     retired: Arc<RetiredLog>,
     /// How many retired ids this executor has already freed.
     retired_seen: usize,
@@ -355,12 +66,14 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
-    fn new(model: Box<dyn CompiledModel>, shared: ExecutorShared, inline_rows: usize) -> Self {
+    /// An executor over `model`, which runs requests up to `inline_rows`
+    /// rows on a caller's thread (see [`Executor::inline_rows`]).
+    pub fn new(model: Box<dyn CompiledModel>, links: FamilyLinks, inline_rows: usize) -> Self {
         let signature = model.signature();
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
         let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
-            "family" => shared.family.clone(), "device" => model.device().to_string());
+            "family" => links.family.clone(), "device" => model.device().to_string());
         let device_compute = if model.runs_on_any_thread() {
             Vec::new()
         } else {
@@ -370,7 +83,7 @@ impl Executor {
                 .iter()
                 .map(|size| {
                     metrics::histogram!(names::DEVICE_COMPUTE_DURATION,
-                        "family" => shared.family.clone(), "bucket" => size.to_string(),
+                        "family" => links.family.clone(), "bucket" => size.to_string(),
                         "device" => model.device().to_string())
                 })
                 .collect()
@@ -380,12 +93,11 @@ impl Executor {
             model,
             input_row_bytes,
             output_row_bytes,
-            queued: shared.queued,
-            retired: shared.retired,
+            retired: links.retired,
             retired_seen: 0,
             last_member: None,
             weight_swaps,
-            runs: shared.runs,
+            runs: links.runs,
             device_compute,
             inline_rows,
         }
@@ -400,7 +112,7 @@ impl Executor {
     }
 
     /// Makes `weights` resident as member `id`'s (see [`CompiledModel::add_member`]).
-    pub fn add_member(&mut self, id: MemberId, weights: &[Weight]) -> Result<(), String> {
+    pub fn add_member(&mut self, id: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
         self.model.add_member(id, weights)
     }
 
@@ -435,9 +147,9 @@ impl Executor {
         let started = Instant::now();
         self.model
             .run(bucket, member.id)
-            .map_err(|message| Error::Internal {
+            .map_err(|e| Error::Internal {
                 model: member.name.clone(),
-                message,
+                message: e.to_string(),
             })?;
         let elapsed = started.elapsed();
         self.runs.fetch_add(1, Ordering::Relaxed);
@@ -475,7 +187,7 @@ impl Executor {
         };
         member.metrics.queue_wait.record(cost.waited.as_secs_f64());
         let result = if deadline.is_some_and(|d| started >= d) {
-            member.stats.queue.expired();
+            member.queue.expired();
             Err(Error::DeadlineExceeded {
                 model: member.name.clone(),
                 waited: cost.waited,
@@ -493,7 +205,7 @@ impl Executor {
     /// it is never computed.
     pub fn refuse_expired(&mut self, job: Job) {
         let waited = job.admitted.elapsed();
-        job.member.stats.queue.expired();
+        job.member.queue.expired();
         job.member.stats.record_request(&RequestCost {
             waited,
             rows: job.request.rows,
@@ -697,147 +409,5 @@ fn output_tensor(spec: &TensorSpec, rows: usize, bytes: usize) -> OutputTensor {
             .chain(spec.dims.iter().map(|&d| d as i64))
             .collect(),
         data: Vec::with_capacity(bytes),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-    use tickserve_core::{Buckets, Signature};
-
-    const BUDGET: Duration = Duration::from_micros(100);
-
-    /// A compiled model whose runs take nothing below bucket `slow_from` and
-    /// at least three budgets from it on.
-    struct Paced {
-        signature: Signature,
-        buckets: Buckets,
-        slow_from: usize,
-        any_thread: bool,
-    }
-
-    impl Paced {
-        fn new(slow_from: usize, any_thread: bool) -> Paced {
-            Paced {
-                signature: Signature {
-                    inputs: Vec::new(),
-                    outputs: Vec::new(),
-                },
-                buckets: Buckets::new(&[1, 2, 4, 8], None).unwrap(),
-                slow_from,
-                any_thread,
-            }
-        }
-    }
-
-    impl CompiledModel for Paced {
-        fn signature(&self) -> &Signature {
-            &self.signature
-        }
-        fn buckets(&self) -> &Buckets {
-            &self.buckets
-        }
-        fn device(&self) -> &str {
-            "cpu"
-        }
-        fn input_mut(&mut self, _: usize, _: usize) -> &mut [u8] {
-            &mut []
-        }
-        fn run(&mut self, bucket: usize, _: MemberId) -> Result<(), String> {
-            if bucket >= self.slow_from {
-                std::thread::sleep(3 * BUDGET);
-            }
-            Ok(())
-        }
-        fn output(&self, _: usize, _: usize) -> &[u8] {
-            &[]
-        }
-        fn add_member(&mut self, _: MemberId, _: &[Weight]) -> Result<(), String> {
-            Ok(())
-        }
-        fn remove_member(&mut self, _: MemberId) {}
-        fn runs_on_any_thread(&self) -> bool {
-            self.any_thread
-        }
-    }
-
-    #[test]
-    fn requests_run_inline_up_to_the_largest_bucket_within_the_budget() {
-        assert_eq!(inline_rows(&mut Paced::new(2, true), BUDGET), 2);
-        assert_eq!(inline_rows(&mut Paced::new(4, true), BUDGET), 8);
-    }
-
-    #[test]
-    fn nothing_runs_inline_when_the_smallest_bucket_is_too_slow() {
-        assert_eq!(inline_rows(&mut Paced::new(0, true), BUDGET), 0);
-    }
-
-    #[test]
-    fn a_zero_budget_runs_nothing_inline() {
-        assert_eq!(inline_rows(&mut Paced::new(4, true), Duration::ZERO), 0);
-    }
-
-    /// A queued request of one row, admitted when it was made.
-    #[derive(Debug)]
-    struct Row(Instant);
-
-    impl Queued for Row {
-        fn rows(&self) -> usize {
-            1
-        }
-        fn admitted(&self) -> Instant {
-            self.0
-        }
-        fn deadline(&self) -> Option<Instant> {
-            None
-        }
-        fn member(&self) -> MemberId {
-            tickserve_core::SOLE_MEMBER
-        }
-    }
-
-    /// An intake with a long `max_queue_delay`, and its sender.
-    fn patient_intake(delay: Duration) -> (std::sync::mpsc::Sender<Row>, Intake<Row>) {
-        let (sender, channel) = std::sync::mpsc::channel();
-        (sender, Intake::new(channel, 64, delay))
-    }
-
-    #[test]
-    fn a_request_reaching_an_idle_executor_runs_without_waiting_for_company() {
-        let (sender, mut intake) = patient_intake(Duration::from_secs(3600));
-        let (done, batches) = std::sync::mpsc::channel();
-        // The executor waits on the empty queue...
-        let executor = std::thread::spawn(move || {
-            let (mut batch, mut expired) = (Vec::new(), Vec::new());
-            intake.next(&mut batch, &mut expired);
-            done.send(batch.len()).unwrap();
-        });
-        std::thread::sleep(Duration::from_millis(20));
-        // ...and a request comes: it goes now, not after the hour's delay.
-        sender.send(Row(Instant::now())).unwrap();
-        let sent = batches.recv_timeout(Duration::from_secs(60));
-        assert_eq!(sent, Ok(1), "the idle executor waited for company");
-        executor.join().unwrap();
-    }
-
-    #[test]
-    fn requests_that_came_while_the_executor_was_busy_wait_for_company() {
-        let delay = Duration::from_millis(30);
-        let (sender, mut intake) = patient_intake(delay);
-        // Queued while the executor was running something else.
-        let admitted = Instant::now();
-        sender.send(Row(admitted)).unwrap();
-        sender.send(Row(admitted)).unwrap();
-        let (mut batch, mut expired) = (Vec::new(), Vec::new());
-        assert!(intake.next(&mut batch, &mut expired));
-        assert_eq!(batch.len(), 2);
-        assert!(admitted.elapsed() >= delay, "went before max_queue_delay");
-    }
-
-    #[test]
-    fn models_bound_to_their_thread_never_run_inline() {
-        assert_eq!(inline_rows(&mut Paced::new(4, false), BUDGET), 0);
     }
 }

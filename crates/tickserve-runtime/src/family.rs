@@ -1,207 +1,142 @@
-//! Families and their members.
+//! A family: one compiled graph per bucket on one device, the executors that
+//! own it, and the one queue they share; [`Family::submit`] is where a request
+//! either runs at once or is admitted to that queue.
 //!
-//! A [`Family`] is one compiled graph per bucket on one device, the executors
-//! that own it, and the one queue they share. Models whose graphs differ only in
-//! their weight values share a family when sharing is on: the graph is compiled
-//! once with its weights as inputs, and each model is a [`Member`] whose weights
-//! the engine holds and binds per run. A model that does not share (sharing
-//! off, for the server or for that model) is a family of one, compiled with its
-//! weights as constants.
-//!
-//! A member added to a live family compiles nothing: each executor copies its
-//! weights once and makes one binding per bucket ([`Family::add_member`]). A
-//! member leaves when the last reference to it goes (its model unloaded and
-//! every request for it answered): its id goes into the family's retired log,
-//! and each executor frees its weights before its next batch.
+//! Models whose graphs differ only in their weight values share a family when
+//! sharing is on: the graph is compiled once with its weights as inputs, and
+//! each model is a [`Member`] whose weights the engine holds and binds per
+//! run. A model that does not share (sharing off, for the server or for that
+//! model) is a family of one, compiled with its weights as constants. A member
+//! added to a live family compiles nothing: each executor copies its weights
+//! once and makes one binding per bucket ([`Family::add_member`]).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use tickserve_core::{MemberId, Signature, Weight, metrics as names};
+use tickserve_core::validate::ValidRequest;
+use tickserve_core::{Device, EngineError, Error, InferResponse, Signature, Weight};
+use tokio::sync::oneshot;
 
-use crate::executor::{Executor, ExecutorShared, Job};
+use crate::admission::{FamilyRows, Ticket};
+use crate::executor::{Executor, FamilyLinks};
+use crate::job::Job;
+use crate::member::{Member, RetiredLog, Version};
 use crate::settings::ModelSettings;
-use crate::stats::ModelStats;
 
-/// Ids of members that left a family, in order; each executor reads what it
-/// has not seen yet.
-#[derive(Debug, Default)]
-pub struct RetiredLog {
-    ids: Mutex<Vec<MemberId>>,
-    len: AtomicUsize,
-}
-
-impl RetiredLog {
-    fn push(&self, id: MemberId) {
-        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        ids.push(id);
-        self.len.store(ids.len(), Ordering::Release);
-    }
-
-    /// The ids retired after the first `seen`, if any (one atomic read when none).
-    pub fn since(&self, seen: usize) -> Option<Vec<MemberId>> {
-        if self.len.load(Ordering::Acquire) <= seen {
-            return None;
-        }
-        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        Some(ids.get(seen..).unwrap_or_default().to_vec())
-    }
-}
-
-/// Metric handles of one member, made once when it joins.
-#[derive(Debug)]
-pub struct MemberMetrics {
-    /// Engine run time, per bucket index.
-    pub compute: Vec<metrics::Histogram>,
-    /// Time from admission to being taken up.
-    pub queue_wait: metrics::Histogram,
-    /// Rows per run.
-    pub batch_rows: metrics::Histogram,
-    /// Padding rows per run.
-    pub padded_rows: metrics::Histogram,
-}
-
-/// One model version in its family: what serving a request for it needs
-/// besides the family's compiled graph.
-#[derive(Debug)]
-pub struct Member {
-    /// Its id within the family; runs bind its weights by this id.
-    pub id: MemberId,
-    /// The model's name.
-    pub name: String,
-    /// The version, as the protocol spells it.
-    pub version: String,
-    /// Its statistics and queue accounting.
-    pub stats: Arc<ModelStats>,
-    /// Its metric handles.
-    pub metrics: MemberMetrics,
-    retired: Arc<RetiredLog>,
-}
-
-impl Member {
-    /// A member `id` of a family compiled for `buckets` on `device`; `stats`
-    /// are its model version's (shared by the version's replicas).
-    pub fn new(
-        id: MemberId,
-        name: &str,
-        version: &str,
-        buckets: &[usize],
-        device: &str,
-        retired: Arc<RetiredLog>,
-        stats: Arc<ModelStats>,
-    ) -> Member {
-        let metrics = MemberMetrics {
-            compute: buckets
-                .iter()
-                .map(|size| {
-                    metrics::histogram!(names::COMPUTE_DURATION, "model" => name.to_string(),
-                        "bucket" => size.to_string(), "device" => device.to_string())
-                })
-                .collect(),
-            queue_wait: metrics::histogram!(names::QUEUE_DURATION, "model" => name.to_string()),
-            batch_rows: metrics::histogram!(names::BATCH_ROWS, "model" => name.to_string()),
-            padded_rows: metrics::histogram!(names::PADDED_ROWS, "model" => name.to_string()),
-        };
-        Member {
-            id,
-            name: name.to_string(),
-            version: version.to_string(),
-            stats,
-            metrics,
-            retired,
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        self.retired.push(self.id);
-    }
-}
-
-/// One family on one device: its executors (each owning the compiled graph
-/// for every bucket) and the queue they share.
+/// One family on one device.
 #[derive(Debug)]
 pub struct Family {
     /// The family key (a hash of the graph's structure).
     pub key: String,
     /// True when members bind their weights per run (sharing on); false for
     /// a model compiled alone with constant weights.
-    pub shared: bool,
+    pub shares_graph: bool,
     /// The signature every member serves.
     pub signature: Signature,
     /// Settings that shape the compiled graph and the queue: buckets,
     /// executors, max_queue_delay (equal for every member).
     pub settings: ModelSettings,
     /// Where it runs.
-    pub device: String,
-    /// The shared queue; dropping the family (or [`Family::close`]) closes
+    pub device: Device,
+    /// The engine's Triton platform and backend names (`onnxruntime_onnx`,
+    /// `onnxruntime`).
+    pub engine: (&'static str, &'static str),
+    /// The queue's sending half; the executor threads hold the receiving
+    /// half (the intake). Dropping the family (or [`Family::close`]) closes
     /// it, and the executors stop once they have answered what it held.
     queue: Mutex<Option<Sender<Job>>>,
     /// The executors: each locked by its own thread for each batch, by a
     /// caller that finds it idle with nothing queued, and by a member joining.
-    pub(crate) executors: Vec<Arc<Mutex<Executor>>>,
-    /// Rows queued for any member (the inline path runs only when none are).
-    pub(crate) queued: Arc<AtomicUsize>,
-    pub(crate) retired: Arc<RetiredLog>,
+    executors: Vec<Arc<Mutex<Executor>>>,
+    /// Rows queued for any member: raised by [`Family::submit`] through each
+    /// job's ticket, lowered when an executor takes the job out.
+    rows: Arc<FamilyRows>,
+    retired: Arc<RetiredLog>,
     /// Bucket runs by its executors.
     runs: Arc<AtomicU64>,
     /// The most rows a request may have to run on its caller's thread when
     /// an executor is idle (the least over its executors; 0 for GPU
     /// families, whose work stays on the executor threads).
-    pub(crate) inline_rows: usize,
+    inline_rows: usize,
     next_member: AtomicU32,
+}
+
+/// What a family is made of once its executors have compiled.
+#[derive(Debug)]
+pub struct FamilyParts {
+    /// The family key.
+    pub key: String,
+    /// Whether members bind their weights per run.
+    pub shares_graph: bool,
+    /// The full signature the executors reported.
+    pub signature: Signature,
+    /// The founding member's settings.
+    pub settings: ModelSettings,
+    /// Where it runs.
+    pub device: Device,
+    /// The engine's Triton platform and backend names.
+    pub engine: (&'static str, &'static str),
+    /// The queue's sending half.
+    pub queue: Sender<Job>,
+    /// The executors that compiled.
+    pub executors: Vec<Arc<Mutex<Executor>>>,
+    /// What the executors share with the family.
+    pub links: FamilyLinks,
+}
+
+/// A validated request on its way into a family.
+#[derive(Debug)]
+pub struct Submission {
+    /// The validated request.
+    pub request: ValidRequest,
+    /// The request id, echoed back.
+    pub id: String,
+    /// When it was admitted at the edge.
+    pub admitted: Instant,
+    /// When its answer stops being useful.
+    pub deadline: Option<Instant>,
 }
 
 impl Family {
     /// A family whose executors have loaded; its first member is id 0.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        key: String,
-        shared: bool,
-        signature: Signature,
-        settings: ModelSettings,
-        device: String,
-        queue: Sender<Job>,
-        executors: Vec<Arc<Mutex<Executor>>>,
-        state: ExecutorShared,
-    ) -> Family {
-        let inline_rows = executors
+    pub fn new(parts: FamilyParts) -> Family {
+        let inline_rows = parts
+            .executors
             .iter()
             .map(|e| e.lock().unwrap_or_else(|p| p.into_inner()).inline_rows())
             .min()
             .unwrap_or(0);
         Family {
-            key,
-            shared,
-            signature,
-            settings,
-            device,
-            queue: Mutex::new(Some(queue)),
-            executors,
-            queued: state.queued,
-            retired: state.retired,
-            runs: state.runs,
+            key: parts.key,
+            shares_graph: parts.shares_graph,
+            signature: parts.signature,
+            settings: parts.settings,
+            device: parts.device,
+            engine: parts.engine,
+            queue: Mutex::new(Some(parts.queue)),
+            executors: parts.executors,
+            rows: Arc::new(FamilyRows::default()),
+            retired: parts.links.retired,
+            runs: parts.links.runs,
             inline_rows,
             next_member: AtomicU32::new(1),
         }
     }
 
     /// The first member (the model the family was compiled from).
-    pub(crate) fn first_member(&self, name: &str, version: &str, stats: Arc<ModelStats>) -> Member {
-        self.member(tickserve_core::SOLE_MEMBER, name, version, stats)
+    pub fn first_member(&self, version: Version) -> Member {
+        self.member(tickserve_core::SOLE_MEMBER, version)
     }
 
-    fn member(&self, id: MemberId, name: &str, version: &str, stats: Arc<ModelStats>) -> Member {
+    fn member(&self, id: tickserve_core::MemberId, version: Version) -> Member {
         Member::new(
             id,
-            name,
             version,
             self.settings.buckets.sizes(),
-            &self.device,
+            self.device,
             Arc::clone(&self.retired),
-            stats,
         )
     }
 
@@ -210,21 +145,25 @@ impl Family {
         self.runs.load(Ordering::Relaxed)
     }
 
+    /// Rows queued for any member now.
+    pub fn queued_rows(&self) -> usize {
+        self.rows.rows()
+    }
+
+    /// The most rows a request may have to run on its caller's thread.
+    pub fn inline_rows(&self) -> usize {
+        self.inline_rows
+    }
+
     /// Adds a member with `weights` to every executor: no compilation, one
     /// copy of the weights per executor, one binding per bucket. Each
     /// executor pauses for it between batches.
-    pub(crate) fn add_member(
-        &self,
-        name: &str,
-        version: &str,
-        weights: &[Weight],
-        stats: Arc<ModelStats>,
-    ) -> Result<Member, String> {
-        if !self.shared {
-            return Err(format!(
+    pub fn add_member(&self, version: Version, weights: &[Weight]) -> Result<Member, EngineError> {
+        if !self.shares_graph {
+            return Err(EngineError::InvalidModel(format!(
                 "family {} does not share its graph (weights are constants)",
                 self.key
-            ));
+            )));
         }
         let id = self.next_member.fetch_add(1, Ordering::Relaxed);
         for (index, executor) in self.executors.iter().enumerate() {
@@ -241,24 +180,99 @@ impl Family {
                 return Err(e);
             }
         }
-        Ok(self.member(id, name, version, stats))
+        Ok(self.member(id, version))
+    }
+
+    /// Answers `submission` for `member`: at once on the caller's thread when
+    /// an executor is idle and nothing is queued, else through the queue (a
+    /// full queue answers at once), awaiting the executor's answer.
+    pub async fn submit(
+        &self,
+        member: &Arc<Member>,
+        submission: Submission,
+    ) -> Result<InferResponse, Error> {
+        // Latency first: an idle executor with nothing queued (for any member)
+        // runs the request right here, on the caller's thread, with no thread
+        // handoff (about 45 µs of wake-ups saved on loopback; docs/performance.md).
+        // Queued requests keep their turn: with anything queued, this one
+        // queues too. Only requests whose bucket ran within the inline budget
+        // at load run here, so an async worker (serving other connections
+        // meanwhile) is never held for long; GPU families keep all their work
+        // on their executor threads.
+        let submission = match self.run_at_once(member, submission) {
+            Ok(answer) => return answer,
+            Err(submission) => submission,
+        };
+        let rows = submission.request.rows;
+        let ticket =
+            Ticket::admit(&member.queue, &self.rows, rows).map_err(|queued| Error::QueueFull {
+                model: member.name.clone(),
+                queued,
+                rows,
+                limit: member.queue.limit(),
+            })?;
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            member: Arc::clone(member),
+            request: submission.request,
+            id: submission.id,
+            admitted: submission.admitted,
+            deadline: submission.deadline,
+            ticket,
+            reply,
+        };
+        // Admission bounded the queue; only a stopped executor refuses the
+        // send (and the job's ticket gives its rows back as it drops).
+        if !self.send(job) {
+            return Err(Error::ModelNotReady {
+                model: member.name.clone(),
+                version: member.version.clone(),
+                reason: "its executors have stopped".to_string(),
+            });
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::Internal {
+                model: member.name.clone(),
+                message: "the executor dropped the request".to_string(),
+            })
+        })
+    }
+
+    /// Runs `submission` on the caller's thread if it may (see
+    /// [`Family::submit`]); gives it back otherwise.
+    fn run_at_once(
+        &self,
+        member: &Member,
+        submission: Submission,
+    ) -> Result<Result<InferResponse, Error>, Submission> {
+        if submission.request.rows > self.inline_rows || self.queued_rows() > 0 {
+            return Err(submission);
+        }
+        for executor in &self.executors {
+            if let Ok(mut executor) = executor.try_lock() {
+                executor.forget_retired();
+                return Ok(executor.answer(
+                    member,
+                    &submission.request,
+                    submission.id,
+                    submission.admitted,
+                    submission.deadline,
+                ));
+            }
+        }
+        Err(submission)
     }
 
     /// Queues `job` for the executors; false (the job dropped) if the queue
     /// is closed.
-    pub(crate) fn send(&self, job: Job) -> bool {
+    fn send(&self, job: Job) -> bool {
         let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         queue.as_ref().is_some_and(|queue| queue.send(job).is_ok())
     }
 
     /// Closes the queue: nothing more is admitted, and the executors stop
     /// after answering what is queued.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
-    }
-
-    /// Rows queued for any member now.
-    pub fn queued_rows(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
     }
 }

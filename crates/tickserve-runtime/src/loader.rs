@@ -4,10 +4,13 @@
 //! versions into families (a live family whose key and compile-shaping
 //! settings match, or a new one), compiles each new family once on its
 //! executors (families in parallel, each on its own threads), then adds every
-//! other member to its family in parallel. Adding a member compiles nothing.
-//! Progress goes to the log: n of total, and the rate.
+//! other member to its family in parallel. Adding a member compiles nothing,
+//! and only a founding family's engine is chosen (a member joining a live
+//! family is never imported again). Progress goes to the log: n of total, and
+//! the rate. [`versions_of`] turns the outcomes into each version's state: a
+//! [`ModelHandle`] over its replicas, or why it failed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
@@ -16,15 +19,19 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tickserve_core::config::{ModelConfig, ModelDefaults};
-use tickserve_core::{Signature, Weight};
-use tickserve_onnx::{OnnxModel, PartialSignature};
+use tickserve_core::{Device, Signature, Weight, metrics as names};
+use tickserve_onnx::{ModelGraph, OnnxModel};
 
-use crate::executor::{
-    self, CompileInput, Engines, ExecutorShared, Intake, Job, LoadReport, Target,
-};
-use crate::family::{Family, Member, RetiredLog};
-use crate::settings::{Device, ModelSettings};
+use crate::admission::ModelQueue;
+use crate::engines::Engines;
+use crate::executor::FamilyLinks;
+use crate::family::{Family, FamilyParts};
+use crate::job::Job;
+use crate::member::{Member, RetiredLog, Version};
+use crate::models::{Loaded, ModelHandle, Replica, ReplicaInfo, VersionState};
+use crate::settings::ModelSettings;
 use crate::stats::ModelStats;
+use crate::worker::{self, CompileInput, Intake, LoadReport, WorkerStart};
 
 /// A model version to load.
 #[derive(Debug, Clone)]
@@ -39,20 +46,25 @@ pub struct Candidate {
     pub config: ModelConfig,
     /// Which of the version's replicas this is (0 for the first).
     pub replica: usize,
-    /// Where this replica runs.
+    /// Where this replica is placed (it runs on the CPU instead when its
+    /// GPU's engine lacks an op).
     pub device: Device,
-    /// The version's statistics, shared by its replicas (made by the first
-    /// replica to load).
-    pub stats: Arc<OnceLock<Arc<ModelStats>>>,
+    /// The version's statistics and queue count, shared by its replicas
+    /// (made by the first replica to load).
+    pub shared_by_replicas: Arc<OnceLock<Version>>,
 }
 
 impl Candidate {
-    /// The version's statistics for a model with `buckets` buckets.
-    fn stats(&self, buckets: usize) -> Arc<ModelStats> {
-        Arc::clone(
-            self.stats
-                .get_or_init(|| Arc::new(ModelStats::new(&self.name, buckets))),
-        )
+    /// The version's statistics and queue count, for a model with `settings`.
+    fn version(&self, settings: &ModelSettings) -> Version {
+        self.shared_by_replicas
+            .get_or_init(|| Version {
+                name: self.name.clone(),
+                version: self.version.to_string(),
+                stats: Arc::new(ModelStats::new(settings.buckets.sizes().len())),
+                queue: Arc::new(ModelQueue::new(&self.name, settings.max_queue_rows)),
+            })
+            .clone()
     }
 }
 
@@ -76,13 +88,11 @@ struct Parsed {
     candidate: Candidate,
     started: Instant,
     settings: ModelSettings,
-    signature: PartialSignature,
     family: String,
     /// Families with equal group keys share one compiled graph.
     group: String,
-    graph: OnnxModel,
+    graph: ModelGraph,
     weights: Option<Vec<Weight>>,
-    target: Target,
 }
 
 /// A family's first member, while the family compiles.
@@ -96,17 +106,19 @@ struct First {
 struct Founding {
     group: String,
     family: String,
-    shared: bool,
+    shares_graph: bool,
     settings: ModelSettings,
+    device: Device,
+    engine: (&'static str, &'static str),
     queue: Sender<Job>,
-    shared_state: ExecutorShared,
+    links: FamilyLinks,
     reports: Vec<LoadReport>,
     spawn_error: Option<String>,
 }
 
 /// Loads versions into the runtime's families.
 pub struct Loader<'a> {
-    /// The engines executors compile with.
+    /// The engines, and the choice of one per replica.
     pub engines: &'a Engines,
     /// The server's model defaults.
     pub defaults: &'a ModelDefaults,
@@ -181,13 +193,13 @@ impl Loader<'_> {
         let mut founded: Vec<Result<Arc<Family>, String>> = Vec::with_capacity(founding.len());
         for (index, f, first) in founding {
             let group = f.group.clone();
-            let shared = f.shared;
+            let shares_graph = f.shares_graph;
             let outcome = self.finish(f, first);
             founded.push(match &outcome.1 {
                 Ok(joined) => Ok(Arc::clone(&joined.family)),
                 Err(e) => Err(format!("its family failed to compile: {e}")),
             });
-            if let (true, Ok(joined)) = (shared, &outcome.1) {
+            if let (true, Ok(joined)) = (shares_graph, &outcome.1) {
                 self.families
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -230,32 +242,36 @@ impl Loader<'_> {
             settings.buckets.largest(),
             settings.max_queue_delay,
         )));
-        let shared_state = ExecutorShared {
+        let links = FamilyLinks {
             family: first.family.clone(),
-            queued: Arc::new(AtomicUsize::new(0)),
             retired: Arc::new(RetiredLog::default()),
             runs: Arc::new(AtomicU64::new(0)),
-            inline_budget: self.inline_budget,
         };
+        let choice = self.engines.choose(
+            &first.candidate.name,
+            first.candidate.device,
+            &first.graph,
+            first.weights.as_deref(),
+        );
+        let engine = (choice.engine.platform(), choice.engine.backend());
         let input = Arc::new(CompileInput {
             family: first.family.clone(),
             graph: first.graph,
-            signature: first.signature,
             buckets: settings.buckets.clone(),
             weights: first.weights,
-            target: first.target,
+            device: choice.device,
+            engine: choice.engine,
         });
-        let shared = input.weights.is_some();
+        let shares_graph = input.weights.is_some();
+        let start = WorkerStart {
+            intake,
+            links: links.clone(),
+            inline_budget: self.inline_budget,
+        };
         let mut reports = Vec::with_capacity(settings.executors);
         let mut spawn_error = None;
         for index in 0..settings.executors {
-            match executor::spawn(
-                Arc::clone(&input),
-                self.engines.clone(),
-                Arc::clone(&intake),
-                shared_state.clone(),
-                index,
-            ) {
+            match worker::spawn(Arc::clone(&input), start.clone(), index) {
                 Ok((thread, report)) => {
                     self.threads
                         .lock()
@@ -269,10 +285,12 @@ impl Loader<'_> {
         let founding = Founding {
             group: first.group,
             family: first.family,
-            shared,
+            shares_graph,
             settings: first.settings.clone(),
+            device: choice.device,
+            engine,
             queue,
-            shared_state,
+            links,
             reports,
             spawn_error,
         };
@@ -293,36 +311,35 @@ impl Loader<'_> {
         let mut compiled = None;
         for report in f.reports {
             match report.recv() {
-                Ok(Ok((signature, device, executor))) => {
+                Ok(Ok((signature, executor))) => {
                     executors.push(executor);
-                    compiled.get_or_insert((signature, device));
+                    compiled.get_or_insert(signature);
                 }
-                Ok(Err(reason)) => failure = Some(reason),
+                Ok(Err(reason)) => failure = Some(reason.to_string()),
                 Err(_) => failure = Some("an executor thread stopped while compiling".into()),
             }
         }
         let outcome = match (failure, compiled) {
-            (None, Some((signature, device))) => {
-                let family = Arc::new(Family::new(
-                    f.family,
-                    f.shared,
-                    signature.clone(),
-                    f.settings,
-                    device,
-                    f.queue,
+            (None, Some(signature)) => {
+                let family = Arc::new(Family::new(FamilyParts {
+                    key: f.family,
+                    shares_graph: f.shares_graph,
+                    signature: signature.clone(),
+                    settings: f.settings,
+                    device: f.device,
+                    engine: f.engine,
+                    queue: f.queue,
                     executors,
-                    f.shared_state,
-                ));
+                    links: f.links,
+                }));
                 tracing::debug!(
                     model = %first.candidate.name,
                     family = %family.key,
                     device = %family.device,
-                    inline_rows = family.inline_rows,
+                    inline_rows = family.inline_rows(),
                     "requests up to inline_rows rows run on their caller's thread when an executor is idle"
                 );
-                let version = first.candidate.version.to_string();
-                let stats = first.candidate.stats(family.settings.buckets.sizes().len());
-                let member = family.first_member(&first.candidate.name, &version, stats);
+                let member = family.first_member(first.candidate.version(&first.settings));
                 Ok(Joined {
                     family,
                     member,
@@ -341,9 +358,9 @@ impl Loader<'_> {
 /// Adds `p` to `family` as a new member.
 fn join(family: Arc<Family>, p: &Parsed) -> Result<Joined, String> {
     let weights = p.weights.as_deref().unwrap_or_default();
-    let version = p.candidate.version.to_string();
-    let stats = p.candidate.stats(family.settings.buckets.sizes().len());
-    let member = family.add_member(&p.candidate.name, &version, weights, stats)?;
+    let member = family
+        .add_member(p.candidate.version(&p.settings), weights)
+        .map_err(|e| e.to_string())?;
     Ok(Joined {
         signature: family.signature.clone(),
         family,
@@ -385,11 +402,10 @@ fn parse(
         } else {
             (onnx, None)
         };
-        let (device, target) = target(&candidate, &graph, &signature, weights.as_deref());
         // Members share a queue and compiled buckets, so whatever shapes
         // those must be equal too; a model that does not share gets a group
-        // of its own. Each replica is a family of its own on its device.
-        let replica = format!("device={device}#{}", candidate.replica);
+        // of its own. Each replica is a family of its own where it is placed.
+        let replica = format!("device={}#{}", candidate.device, candidate.replica);
         let group = if weights.is_some() {
             format!(
                 "{family} {replica} buckets={:?} executors={} delay={:?} signature={:?}",
@@ -404,53 +420,23 @@ fn parse(
                 candidate.name, candidate.version
             )
         };
-        Ok((settings, signature, family, group, graph, weights, target))
+        let graph = ModelGraph {
+            onnx: graph,
+            signature,
+        };
+        Ok((settings, family, group, graph, weights))
     };
     match read() {
-        Ok((settings, signature, family, group, graph, weights, target)) => Ok(Parsed {
+        Ok((settings, family, group, graph, weights)) => Ok(Parsed {
             candidate,
             started,
             settings,
-            signature,
             family,
             group,
             graph,
             weights,
-            target,
         }),
         Err(reason) => Err(Box::new((candidate, reason))),
-    }
-}
-
-/// Where a parsed replica compiles: its GPU when the CUDA engine takes every
-/// op of the graph, otherwise ONNX Runtime on the CPU, with a log line naming
-/// the op that kept it off the GPU.
-fn target(
-    candidate: &Candidate,
-    graph: &OnnxModel,
-    signature: &PartialSignature,
-    weights: Option<&[Weight]>,
-) -> (Device, Target) {
-    let Device::Gpu(ordinal) = candidate.device else {
-        return (Device::Cpu, Target::Cpu);
-    };
-    match tickserve_engine_cuda::import(graph, &signature.inputs, weights) {
-        Ok(imported) => (
-            Device::Gpu(ordinal),
-            Target::Gpu {
-                ordinal,
-                imported: Box::new(imported),
-            },
-        ),
-        Err(unsupported) => {
-            tracing::warn!(
-                model = candidate.name,
-                version = candidate.version,
-                device = %candidate.device,
-                "runs on ONNX Runtime on the CPU instead: the CUDA engine lacks {unsupported}"
-            );
-            (Device::Cpu, Target::Cpu)
-        }
     }
 }
 
@@ -528,4 +514,87 @@ impl Progress {
             }
         }
     }
+}
+
+/// The loaded (or failed) versions from the outcomes of their replicas, by
+/// model name and version, with their readiness metrics set. A version is
+/// ready when every replica loaded.
+pub fn versions_of(outcomes: Vec<Outcome>) -> BTreeMap<(String, u64), VersionState> {
+    let mut by_version: BTreeMap<(String, u64), Vec<Outcome>> = BTreeMap::new();
+    for (candidate, outcome) in outcomes {
+        by_version
+            .entry((candidate.name.clone(), candidate.version))
+            .or_default()
+            .push((candidate, outcome));
+    }
+    by_version
+        .into_iter()
+        .map(|((name, version), mut replicas)| {
+            replicas.sort_by_key(|(c, _)| c.replica);
+            let state = version_state(&name, version, replicas);
+            ((name, version), state)
+        })
+        .collect()
+}
+
+/// One version's state from its replicas' outcomes.
+fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionState {
+    let version = version.to_string();
+    let mut joined = Vec::with_capacity(replicas.len());
+    let mut failure = None;
+    for (candidate, outcome) in replicas {
+        match outcome {
+            Ok(j) => joined.push(j),
+            Err(reason) if failure.is_none() => {
+                failure = Some(
+                    if candidate.replica == 0 && candidate.device == Device::Cpu {
+                        reason
+                    } else {
+                        format!("replica on {}: {reason}", candidate.device)
+                    },
+                );
+            }
+            Err(_) => {}
+        }
+    }
+    let state = match (failure, joined.first()) {
+        (None, Some(first)) => {
+            let devices: Vec<String> = joined.iter().map(|j| j.family.device.to_string()).collect();
+            let loaded = Loaded {
+                signature: first.signature.clone(),
+                settings: first.settings.clone(),
+                family: first.family.key.clone(),
+                shares_graph: first.family.shares_graph,
+                device: devices.join(","),
+                placements: joined
+                    .iter()
+                    .map(|j| ReplicaInfo {
+                        device: j.family.device,
+                        platform: j.family.engine.0,
+                        backend: j.family.engine.1,
+                    })
+                    .collect(),
+                load_time: joined.iter().map(|j| j.load_time).max().unwrap_or_default(),
+                stats: Arc::clone(&first.member.stats),
+                queue: Arc::clone(&first.member.queue),
+            };
+            metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
+                "version" => version.clone(), "family" => loaded.family.clone())
+            .set(1.0);
+            let replicas = joined
+                .into_iter()
+                .map(|j| Replica {
+                    member: Arc::new(j.member),
+                    family: j.family,
+                })
+                .collect();
+            VersionState::Ready(Arc::new(ModelHandle::new(name, &version, loaded, replicas)))
+        }
+        (Some(reason), _) => VersionState::Failed(reason),
+        (None, None) => VersionState::Failed("no replica loaded".to_string()),
+    };
+    let ready = matches!(state, VersionState::Ready(_));
+    metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => version)
+        .set(if ready { 1.0 } else { 0.0 });
+    state
 }

@@ -1,4 +1,5 @@
 //! Cumulative per-model statistics, as Triton's ModelStatistics reports them.
+//! (What waits in the queues is counted by `admission`.)
 //!
 //! Executors record each request once, when it is answered, and each bucket
 //! run; front ends read a consistent [`Snapshot`] for `/v2/models/{m}/stats`
@@ -7,10 +8,7 @@
 //! perf_analyzer checks.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tickserve_core::metrics as names;
 
 /// A count and a total duration in nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,74 +70,6 @@ pub struct RequestCost {
     pub ok: bool,
 }
 
-/// The rows waiting in a model's queue, with its depth gauge and its
-/// rejection counters. Raised by a caller when it is admitted, lowered by the
-/// executor thread when the rows go into a run.
-#[derive(Debug)]
-pub struct QueueRows {
-    rows: AtomicUsize,
-    depth: metrics::Gauge,
-    full: metrics::Counter,
-    expired: metrics::Counter,
-}
-
-impl QueueRows {
-    fn new(model: &str) -> QueueRows {
-        let rejected = |reason: &'static str| metrics::counter!(names::REJECTIONS, "model" => model.to_string(), "reason" => reason);
-        QueueRows {
-            rows: AtomicUsize::new(0),
-            depth: metrics::gauge!(names::QUEUE_ROWS, "model" => model.to_string()),
-            full: rejected("queue_full"),
-            expired: rejected("deadline_exceeded"),
-        }
-    }
-
-    /// Rows waiting now.
-    pub fn rows(&self) -> usize {
-        self.rows.load(Ordering::Acquire)
-    }
-
-    /// Admits `rows` if the queue stays within `limit` rows; otherwise counts
-    /// the rejection and returns the rows already waiting.
-    pub fn admit(&self, rows: usize, limit: usize) -> Result<(), usize> {
-        let before = self.rows.fetch_add(rows, Ordering::AcqRel);
-        if before + rows > limit {
-            self.rows.fetch_sub(rows, Ordering::AcqRel);
-            self.full.increment(1);
-            return Err(before);
-        }
-        self.depth.set((before + rows) as f64);
-        Ok(())
-    }
-
-    /// Takes `rows` out of the queue (into a run, or dropped).
-    pub fn leave(&self, rows: usize) {
-        let before = self.rows.fetch_sub(rows, Ordering::AcqRel);
-        self.depth.set(before.saturating_sub(rows) as f64);
-    }
-
-    /// Counts a request refused because its deadline passed while it waited.
-    pub fn expired(&self) {
-        self.expired.increment(1);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_queue_admits_rows_up_to_its_limit_and_no_further() {
-        let q = QueueRows::new("m");
-        assert_eq!(q.admit(6, 8), Ok(()));
-        assert_eq!(q.admit(3, 8), Err(6), "6 + 3 rows would go over 8");
-        assert_eq!(q.rows(), 6, "a refused request leaves nothing behind");
-        assert_eq!(q.admit(2, 8), Ok(()));
-        q.leave(8);
-        assert_eq!(q.rows(), 0);
-    }
-}
-
 impl RequestCost {
     /// The queue and compute times reported to the client. Set once the
     /// request has been computed (the split path fills the compute parts as it runs).
@@ -151,23 +81,20 @@ impl RequestCost {
     }
 }
 
-/// Statistics of one model version.
+/// Statistics of one model version (shared by its replicas).
 #[derive(Debug)]
 pub struct ModelStats {
     counters: Mutex<Snapshot>,
-    /// The rows waiting for the executor.
-    pub queue: QueueRows,
 }
 
 impl ModelStats {
-    /// Empty statistics for model `model` with `buckets` buckets.
-    pub fn new(model: &str, buckets: usize) -> ModelStats {
+    /// Empty statistics for a model with `buckets` buckets.
+    pub fn new(buckets: usize) -> ModelStats {
         ModelStats {
             counters: Mutex::new(Snapshot {
                 batches: vec![Stat::default(); buckets],
                 ..Snapshot::default()
             }),
-            queue: QueueRows::new(model),
         }
     }
 

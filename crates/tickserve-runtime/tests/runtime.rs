@@ -292,7 +292,7 @@ async fn batching_property(runtime: Runtime) {
 async fn sharing_can_be_turned_off_for_the_server_and_per_model() {
     let x = features(64, 16, 5);
     let off = runtime_with(|c| c.model_defaults.share_weights = false);
-    assert!(off.ready_handles().iter().all(|h| !h.shared));
+    assert!(off.ready_handles().iter().all(|h| !h.shares_graph));
     let scratch = tempfile::tempdir().unwrap();
     for model in ["tick_000", "tick_001"] {
         let version = scratch.path().join(model).join("1");
@@ -312,8 +312,8 @@ async fn sharing_can_be_turned_off_for_the_server_and_per_model() {
     )
     .unwrap();
     let mixed = runtime_with(|c| c.repository.path = scratch.path().to_path_buf());
-    assert!(!mixed.model("tick_000", None).unwrap().shared);
-    assert!(mixed.model("tick_001", None).unwrap().shared);
+    assert!(!mixed.model("tick_000", None).unwrap().shares_graph);
+    assert!(mixed.model("tick_001", None).unwrap().shares_graph);
     for model in ["tick_000", "tick_001"] {
         let want = single_row_answers(&off, model, 16, &x).await;
         let got = single_row_answers(&mixed, model, 16, &x).await;
@@ -534,7 +534,7 @@ async fn a_request_whose_caller_left_is_never_computed() {
         })
         .collect();
     // Each caller is admitted and queued behind the busy executor...
-    while handle.stats.queue.rows() < 5 {
+    while handle.queue.rows() < 5 {
         assert!(
             !busy.is_finished(),
             "the executor was free before the callers queued"

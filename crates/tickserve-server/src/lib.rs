@@ -13,6 +13,7 @@ pub mod cli;
 pub mod control;
 pub mod grpc;
 pub mod http;
+pub mod model_view;
 pub mod observe;
 
 use std::net::SocketAddr;
@@ -43,9 +44,6 @@ pub const QUEUE_TIME_HEADER: &str = "tickserve-queue-us";
 /// Response header (HTTP) and metadata key (gRPC): microseconds of compute
 /// (rows in, engine runs, rows out).
 pub const COMPUTE_TIME_HEADER: &str = "tickserve-compute-us";
-
-/// The platform reported for ONNX models (Triton's name for it).
-pub const PLATFORM: &str = "onnxruntime_onnx";
 
 /// How long shutdown waits for queued requests, and then for open
 /// connections, before stopping regardless.
@@ -181,7 +179,7 @@ impl Server {
                 .runtime
                 .ready_handles()
                 .iter()
-                .any(|h| h.stats.queue.rows() > 0)
+                .any(|h| h.queue.rows() > 0)
             {
                 tokio::time::sleep(DRAIN_POLL).await;
             }

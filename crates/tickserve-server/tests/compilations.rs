@@ -25,7 +25,7 @@ async fn serving_compiles_nothing() {
             let tickserve_runtime::VersionState::Ready(h) = state else {
                 panic!("sample model {name} failed to load");
             };
-            let family = if h.shared {
+            let family = if h.shares_graph {
                 h.family.clone()
             } else {
                 format!("{name} alone")

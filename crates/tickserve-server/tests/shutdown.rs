@@ -30,8 +30,7 @@ async fn shutdown_answers_what_was_admitted() {
     let tasks = common::flood(&url, &body, json_len, 24);
     // Wait until every request is admitted (queued or answered), then stop.
     let handle = server.shared().runtime.model("seq_lstm", None).unwrap();
-    let admitted =
-        || handle.stats.queue.rows() / rows + handle.stats.snapshot().success.count as usize;
+    let admitted = || handle.queue.rows() / rows + handle.stats.snapshot().success.count as usize;
     let waited = tokio::time::timeout(Duration::from_secs(30), async {
         while admitted() < tasks.len() {
             tokio::time::sleep(Duration::from_micros(200)).await;
@@ -39,7 +38,7 @@ async fn shutdown_answers_what_was_admitted() {
     })
     .await;
     assert!(waited.is_ok(), "requests were never admitted");
-    let queued_requests = handle.stats.queue.rows() / rows;
+    let queued_requests = handle.queue.rows() / rows;
     println!(
         "{queued_requests} of {} requests still queued when shutdown began",
         tasks.len()

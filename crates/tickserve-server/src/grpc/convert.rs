@@ -8,15 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor};
+use tickserve_core::validate::unknown_datatype;
+use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
 use super::pb;
 
-/// Decodes a ModelInfer request; `timeout` is the gRPC deadline, if any.
+/// Decodes a ModelInfer request for a model with `signature` (which words
+/// the error for a datatype tickserve does not know); `timeout` is the gRPC
+/// deadline, if any.
 pub fn decode(
     request: pb::ModelInferRequest,
     timeout: Option<Duration>,
-    datatype_error: impl Fn(&str, &str, &str) -> Error,
+    signature: &Signature,
 ) -> Result<(InferRequest, bool), Error> {
     let model = request.model_name;
     let raw = !request.raw_input_contents.is_empty();
@@ -34,7 +37,12 @@ pub fn decode(
     let mut inputs = Vec::with_capacity(request.inputs.len());
     for input in request.inputs {
         let Some(datatype) = DataType::parse(&input.datatype) else {
-            return Err(datatype_error(&model, &input.name, &input.datatype));
+            return Err(unknown_datatype(
+                &model,
+                signature,
+                &input.name,
+                &input.datatype,
+            ));
         };
         let data = match (raw_contents.next(), input.contents) {
             (Some(_), Some(c)) if !contents_empty(&c) => {

@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use tickserve_core::{Error, TensorSpec};
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::stats::Stat;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::model_view::{DurationView, InstanceKind, ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
 use crate::{
-    COMPUTE_TIME_HEADER, EXTENSIONS, PLATFORM, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION,
-    Shared, control,
+    COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, Shared,
+    control,
 };
 
 /// The protocol's generated types, server and client.
@@ -138,39 +138,106 @@ fn config_type(datatype: tickserve_core::DataType) -> i32 {
     }) as i32
 }
 
+fn duration(d: DurationView) -> Option<pb::StatisticDuration> {
+    Some(pb::StatisticDuration {
+        count: d.count,
+        ns: d.ns,
+    })
+}
+
+/// The statistics view as the gRPC message.
 fn model_statistics(handle: &ModelHandle) -> pb::ModelStatistics {
-    let s = handle.stats.snapshot();
-    let d = |stat: Stat| {
-        Some(pb::StatisticDuration {
-            count: stat.count,
-            ns: stat.ns,
-        })
-    };
+    let view = StatisticsView::of(handle);
+    let i = view.inference_stats;
     pb::ModelStatistics {
-        name: handle.name.clone(),
-        version: handle.version.clone(),
-        last_inference: s.last_inference_ms,
-        inference_count: s.inference_count,
-        execution_count: s.execution_count,
+        name: view.name,
+        version: view.version,
+        last_inference: view.last_inference,
+        inference_count: view.inference_count,
+        execution_count: view.execution_count,
         inference_stats: Some(pb::InferStatistics {
-            success: d(s.success),
-            fail: d(s.fail),
-            queue: d(s.queue),
-            compute_input: d(s.compute_input),
-            compute_infer: d(s.compute_infer),
-            compute_output: d(s.compute_output),
+            success: duration(i.success),
+            fail: duration(i.fail),
+            queue: duration(i.queue),
+            compute_input: duration(i.compute_input),
+            compute_infer: duration(i.compute_infer),
+            compute_output: duration(i.compute_output),
         }),
-        batch_stats: handle
-            .settings
-            .buckets
-            .sizes()
-            .iter()
-            .zip(&s.batches)
-            .map(|(&size, &stat)| pb::InferBatchStatistics {
-                batch_size: size as u64,
+        batch_stats: view
+            .batch_stats
+            .into_iter()
+            .map(|b| pb::InferBatchStatistics {
+                batch_size: b.batch_size as u64,
                 compute_input: None,
-                compute_infer: d(stat),
+                compute_infer: duration(b.compute_infer),
                 compute_output: None,
+            })
+            .collect(),
+    }
+}
+
+/// The configuration view as the gRPC message.
+fn model_config(view: ModelConfigView) -> pb::ModelConfig {
+    let dims = |dims: &[usize]| dims.iter().map(|&d| d as i64).collect();
+    pb::ModelConfig {
+        name: view.name,
+        platform: view.platform.to_string(),
+        backend: view.backend.to_string(),
+        max_batch_size: i32::try_from(view.max_batch_size).unwrap_or(i32::MAX),
+        input: view
+            .input
+            .iter()
+            .map(|t| pb::ModelInput {
+                name: t.name.clone(),
+                data_type: config_type(t.datatype),
+                dims: dims(&t.dims),
+            })
+            .collect(),
+        output: view
+            .output
+            .iter()
+            .map(|t| pb::ModelOutput {
+                name: t.name.clone(),
+                data_type: config_type(t.datatype),
+                dims: dims(&t.dims),
+            })
+            .collect(),
+        instance_group: view
+            .instance_group
+            .into_iter()
+            .map(|g| pb::ModelInstanceGroup {
+                name: g.name,
+                count: i32::try_from(g.count).unwrap_or(i32::MAX),
+                gpus: g
+                    .gpus
+                    .iter()
+                    .map(|&n| i32::try_from(n).unwrap_or(i32::MAX))
+                    .collect(),
+                kind: match g.kind {
+                    InstanceKind::Cpu => pb::model_instance_group::Kind::Cpu,
+                    InstanceKind::Gpu => pb::model_instance_group::Kind::Gpu,
+                } as i32,
+            })
+            .collect(),
+        dynamic_batching: Some(pb::ModelDynamicBatching {
+            preferred_batch_size: view
+                .dynamic_batching
+                .preferred_batch_size
+                .iter()
+                .map(|&s| i32::try_from(s).unwrap_or(i32::MAX))
+                .collect(),
+            max_queue_delay_microseconds: view.dynamic_batching.max_queue_delay_microseconds,
+        }),
+        parameters: view
+            .parameters
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    pb::ModelParameter {
+                        string_value: v.string_value,
+                    },
+                )
             })
             .collect(),
     }
@@ -277,7 +344,9 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(pb::ModelMetadataResponse {
             name: handle.name.clone(),
             versions,
-            platform: PLATFORM.to_string(),
+            platform: ModelConfigView::of(&handle.name, &handle.loaded)
+                .platform
+                .to_string(),
             inputs: tensor_metadata(&handle.signature.inputs),
             outputs: tensor_metadata(&handle.signature.outputs),
         }))
@@ -295,16 +364,20 @@ impl GrpcInferenceService for InferenceService {
             .and_then(convert::parse_grpc_timeout);
         let request = request.into_inner();
         let runtime = &self.shared.runtime;
-        let label = runtime.model_label(&request.model_name);
+        // The one lookup of this request's model.
+        let handle = runtime.model(&request.model_name, optional(&request.model_version));
+        let label = match &handle {
+            Ok(h) => h.name.clone(),
+            Err(_) => runtime.model_label(&request.model_name),
+        };
         let result = async {
             if !self.shared.ready() {
                 return Err(Error::ShuttingDown);
             }
             let _slot = self.shared.admit()?;
-            let (request, raw) = convert::decode(request, timeout, |model, input, got| {
-                runtime.datatype_error(model, input, got)
-            })?;
-            runtime.infer(request).await.map(|r| {
+            let handle = handle?;
+            let (request, raw) = convert::decode(request, timeout, &handle.signature)?;
+            handle.infer(request).await.map(|r| {
                 let timing = r.timing;
                 (convert::encode(r, raw), timing)
             })
@@ -328,58 +401,9 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = request.into_inner();
         let handle = self.model(&r.name, &r.version)?;
-        let inputs = handle
-            .signature
-            .inputs
-            .iter()
-            .map(|t| pb::ModelInput {
-                name: t.name.clone(),
-                data_type: config_type(t.datatype),
-                dims: t.dims.iter().map(|&d| d as i64).collect(),
-            })
-            .collect();
-        let outputs = handle
-            .signature
-            .outputs
-            .iter()
-            .map(|t| pb::ModelOutput {
-                name: t.name.clone(),
-                data_type: config_type(t.datatype),
-                dims: t.dims.iter().map(|&d| d as i64).collect(),
-            })
-            .collect();
+        let view = ModelConfigView::of(&handle.name, &handle.loaded);
         Ok(Response::new(pb::ModelConfigResponse {
-            config: Some(pb::ModelConfig {
-                name: handle.name.clone(),
-                platform: PLATFORM.to_string(),
-                backend: "onnxruntime".to_string(),
-                max_batch_size: handle.settings.limits.max_request_rows as i32,
-                input: inputs,
-                output: outputs,
-                instance_group: vec![pb::ModelInstanceGroup {
-                    name: handle.name.clone(),
-                    count: handle.settings.executors as i32,
-                    gpus: vec![],
-                    kind: pb::model_instance_group::Kind::Cpu as i32,
-                }],
-                dynamic_batching: Some(pb::ModelDynamicBatching {
-                    preferred_batch_size: handle
-                        .settings
-                        .buckets
-                        .sizes()
-                        .iter()
-                        .map(|&s| s as i32)
-                        .collect(),
-                    max_queue_delay_microseconds: 0,
-                }),
-                parameters: [(
-                    "family".to_string(),
-                    pb::ModelParameter {
-                        string_value: handle.family.clone(),
-                    },
-                )]
-                .into(),
-            }),
+            config: Some(model_config(view)),
         }))
     }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor};
+use tickserve_core::validate::unknown_datatype;
+use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -57,13 +58,15 @@ pub struct Decoded {
     pub binary_default: bool,
 }
 
-/// Decodes a request body. `header_length` is the binary extension's JSON length.
+/// Decodes a request body for model `model`, whose `signature` words the
+/// error for a datatype tickserve does not know. `header_length` is the
+/// binary extension's JSON length.
 pub fn decode(
     model: &str,
     version: Option<String>,
     body: &bytes::Bytes,
     header_length: Option<usize>,
-    datatype_error: impl Fn(&str, &str) -> Error,
+    signature: &Signature,
 ) -> Result<Decoded, Error> {
     let json_len = header_length.unwrap_or(body.len());
     if json_len > body.len() {
@@ -81,7 +84,12 @@ pub fn decode(
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
         let Some(datatype) = DataType::parse(&input.datatype) else {
-            return Err(datatype_error(&input.name, &input.datatype));
+            return Err(unknown_datatype(
+                model,
+                signature,
+                &input.name,
+                &input.datatype,
+            ));
         };
         let binary_size = param_u64(input.parameters.as_ref(), "binary_data_size");
         let data = match (binary_size, input.data) {
@@ -345,8 +353,13 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
 mod tests {
     use super::*;
 
-    fn no_type(_: &str, got: &str) -> Error {
-        Error::request("m", format!("bad datatype {got}"))
+    /// A model with no inputs: a datatype decoding does not know is worded
+    /// with every datatype tickserve serves.
+    fn no_type() -> Signature {
+        Signature {
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        }
     }
 
     #[test]
@@ -354,8 +367,22 @@ mod tests {
         let flat = br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[1,2,3,4]}]}"#;
         let nested =
             br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4]]}]}"#;
-        let a = decode("m", None, &bytes::Bytes::from_static(flat), None, no_type).unwrap();
-        let b = decode("m", None, &bytes::Bytes::from_static(nested), None, no_type).unwrap();
+        let a = decode(
+            "m",
+            None,
+            &bytes::Bytes::from_static(flat),
+            None,
+            &no_type(),
+        )
+        .unwrap();
+        let b = decode(
+            "m",
+            None,
+            &bytes::Bytes::from_static(nested),
+            None,
+            &no_type(),
+        )
+        .unwrap();
         assert_eq!(a.request.inputs[0].data, b.request.inputs[0].data);
         assert_eq!(&a.request.inputs[0].data[4..8], &2f32.to_le_bytes());
     }
@@ -363,9 +390,15 @@ mod tests {
     #[test]
     fn out_of_range_integers_are_refused() {
         let body = br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#;
-        let err = decode("m", None, &bytes::Bytes::from_static(body), None, no_type)
-            .err()
-            .unwrap();
+        let err = decode(
+            "m",
+            None,
+            &bytes::Bytes::from_static(body),
+            None,
+            &no_type(),
+        )
+        .err()
+        .unwrap();
         assert!(
             err.to_string()
                 .contains("expected INT8 values, got 300 (out of range) at element 0"),
@@ -379,7 +412,7 @@ mod tests {
         let mut body = json.to_vec();
         body.extend(1f32.to_le_bytes());
         body.extend(2f32.to_le_bytes());
-        let d = decode("m", None, &body.into(), Some(json.len()), no_type).unwrap();
+        let d = decode("m", None, &body.into(), Some(json.len()), &no_type()).unwrap();
         assert_eq!(d.request.inputs[0].data.len(), 8);
         let response = InferResponse {
             model: "m".into(),

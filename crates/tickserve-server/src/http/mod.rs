@@ -19,13 +19,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tickserve_core::{Error, ErrorKind};
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::stats::Stat;
 use tokio::sync::watch;
 
+use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
 use crate::{
-    COMPUTE_TIME_HEADER, EXTENSIONS, PLATFORM, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION,
-    Shared, control,
+    COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, Shared,
+    control,
 };
 
 /// Serves HTTP on `listener` until `stop` turns true.
@@ -191,7 +191,7 @@ async fn model_metadata(
     Ok(axum::Json(json!({
         "name": handle.name,
         "versions": models.get(handle.name.as_str()).map(|m| m.ready_versions()).unwrap_or_default(),
-        "platform": PLATFORM,
+        "platform": ModelConfigView::of(&handle.name, &handle.loaded).platform,
         "inputs": tensors(&handle.signature.inputs),
         "outputs": tensors(&handle.signature.outputs),
         "parameters": { "family": handle.family },
@@ -214,49 +214,12 @@ async fn model_ready(
 async fn model_config(
     State(shared): State<Arc<Shared>>,
     Path(path): Path<ModelPath>,
-) -> Result<Response, HttpError> {
+) -> Result<axum::Json<ModelConfigView>, HttpError> {
     let handle = lookup(&shared, &path)?;
-    let tensors = |specs: &[tickserve_core::TensorSpec]| -> Vec<Value> {
-        specs
-            .iter()
-            .map(|t| json!({ "name": t.name, "data_type": format!("TYPE_{}", t.datatype.as_str()), "dims": t.dims }))
-            .collect()
-    };
-    Ok(axum::Json(json!({
-        "name": handle.name,
-        "platform": PLATFORM,
-        "backend": "onnxruntime",
-        "max_batch_size": handle.settings.limits.max_request_rows,
-        "input": tensors(&handle.signature.inputs),
-        "output": tensors(&handle.signature.outputs),
-        "dynamic_batching": {
-            "preferred_batch_size": handle.settings.buckets.sizes(),
-            "max_queue_delay_microseconds": 0,
-        },
-        "instance_group": [{ "name": handle.name, "kind": "KIND_CPU", "count": handle.settings.executors }],
-        "parameters": { "family": { "string_value": handle.family } },
-    }))
-    .into_response())
-}
-
-fn stats_json(handle: &ModelHandle) -> Value {
-    let s = handle.stats.snapshot();
-    let d = |stat: Stat| json!({ "count": stat.count, "ns": stat.ns });
-    json!({
-        "name": handle.name,
-        "version": handle.version,
-        "last_inference": s.last_inference_ms,
-        "inference_count": s.inference_count,
-        "execution_count": s.execution_count,
-        "inference_stats": {
-            "success": d(s.success), "fail": d(s.fail), "queue": d(s.queue),
-            "compute_input": d(s.compute_input), "compute_infer": d(s.compute_infer),
-            "compute_output": d(s.compute_output),
-        },
-        "batch_stats": handle.settings.buckets.sizes().iter().zip(&s.batches).map(|(size, stat)| json!({
-            "batch_size": size, "compute_infer": d(*stat),
-        })).collect::<Vec<_>>(),
-    })
+    Ok(axum::Json(ModelConfigView::of(
+        &handle.name,
+        &handle.loaded,
+    )))
 }
 
 async fn model_stats(
@@ -264,15 +227,17 @@ async fn model_stats(
     Path(path): Path<ModelPath>,
 ) -> Result<axum::Json<Value>, HttpError> {
     let handle = lookup(&shared, &path)?;
-    Ok(axum::Json(json!({ "model_stats": [stats_json(&handle)] })))
+    Ok(axum::Json(
+        json!({ "model_stats": [StatisticsView::of(&handle)] }),
+    ))
 }
 
 async fn all_stats(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
-    let stats: Vec<Value> = shared
+    let stats: Vec<StatisticsView> = shared
         .runtime
         .ready_handles()
         .iter()
-        .map(|h| stats_json(h))
+        .map(|h| StatisticsView::of(h))
         .collect();
     axum::Json(json!({ "model_stats": stats }))
 }
@@ -284,8 +249,14 @@ async fn infer(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let label = shared.runtime.model_label(&path.model);
-    let result = infer_inner(&shared, path, &headers, body).await;
+    // The one lookup of this request's model (its error waits until the body
+    // is read: answering with unread bytes would reset the connection).
+    let handle = shared.runtime.model(&path.model, path.version.as_deref());
+    let label = match &handle {
+        Ok(h) => h.name.clone(),
+        Err(_) => shared.runtime.model_label(&path.model),
+    };
+    let result = infer_inner(&shared, handle, path, &headers, body).await;
     observe::record_request(Protocol::Http, &label, started, &result);
     match result {
         Ok(response) => response,
@@ -295,6 +266,7 @@ async fn infer(
 
 async fn infer_inner(
     shared: &Shared,
+    handle: Result<Arc<ModelHandle>, Error>,
     path: ModelPath,
     headers: &HeaderMap,
     body: Body,
@@ -311,6 +283,7 @@ async fn infer_inner(
     // Admitted after the body is read: refusing with unread bytes would reset
     // the connection instead of answering 429.
     let _slot = shared.admit()?;
+    let handle = handle?;
     let header_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
         Some(v) => Some(
@@ -346,7 +319,7 @@ async fn infer_inner(
         path.version,
         &body,
         header_length,
-        |input, got| shared.runtime.datatype_error(&path.model, input, got),
+        &handle.signature,
     )?;
     if let Some(timeout) = header_timeout {
         let by_header = Instant::now() + timeout;
@@ -357,7 +330,7 @@ async fn infer_inner(
                 .map_or(by_header, |d| d.min(by_header)),
         );
     }
-    let response = shared.runtime.infer(decoded.request).await?;
+    let response = handle.infer(decoded.request).await?;
     let binary: Vec<bool> = match decoded.binary_outputs {
         Some(flags) => flags,
         None => vec![decoded.binary_default; response.outputs.len()],

@@ -1,5 +1,6 @@
-//! The batching policy, as a plain struct: which queued requests run together,
-//! and when.
+//! The batcher's policy, as a plain struct: which queued requests run
+//! together, and when. (Its channel half, [`crate::worker::Intake`], feeds
+//! it what callers send and waits as it decides.)
 //!
 //! One queue serves a whole family (every member shares the compiled graph); a
 //! run binds one member's weights, so a batch holds requests of one member.
@@ -10,9 +11,9 @@
 //!
 //! Latency first: a request that finds an executor idle with nothing queued runs
 //! at once, alone — on its caller's thread when its bucket is short enough (see
-//! `Runtime::infer`), otherwise on the executor thread that was waiting for it
+//! `Family::submit`), otherwise on the executor thread that was waiting for it
 //! (`at_once` below). Requests that arrive while every executor is busy wait in
-//! the model's queue. When an executor is free, [`BatchQueue::decide`] picks
+//! the model's queue. When an executor is free, [`Batcher::decide`] picks
 //! the next batch: the oldest request's member's requests, in arrival order, as
 //! many as fit together in the largest bucket.
 //! The batch goes at once when the largest bucket is full, when the next request
@@ -55,18 +56,19 @@ pub enum Decision {
     Empty,
 }
 
-/// A model's queue of admitted requests, in arrival order.
+/// A family's queue of admitted requests, in arrival order, and the policy
+/// that takes batches out of it.
 #[derive(Debug)]
-pub struct BatchQueue<J> {
+pub struct Batcher<J> {
     entries: VecDeque<J>,
     largest: usize,
     max_delay: Duration,
 }
 
-impl<J: Queued> BatchQueue<J> {
+impl<J: Queued> Batcher<J> {
     /// A queue for a model whose largest bucket holds `largest` rows.
     pub fn new(largest: usize, max_delay: Duration) -> Self {
-        BatchQueue {
+        Batcher {
             entries: VecDeque::new(),
             largest,
             max_delay,
@@ -202,14 +204,14 @@ mod tests {
 
     #[test]
     fn an_empty_queue_waits_for_a_request() {
-        let q: BatchQueue<Req> = BatchQueue::new(64, us(0));
+        let q: Batcher<Req> = Batcher::new(64, us(0));
         assert_eq!(q.decide(Instant::now(), false), Decision::Empty);
     }
 
     #[test]
     fn with_no_delay_a_free_executor_runs_what_is_queued_at_once() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(0));
+        let mut q = Batcher::new(64, us(0));
         q.push(req(1, t0));
         assert_eq!(q.decide(t0, false), Decision::Run(1));
         q.push(req(3, t0));
@@ -219,7 +221,7 @@ mod tests {
     #[test]
     fn max_queue_delay_is_respected() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(250));
+        let mut q = Batcher::new(64, us(250));
         q.push(req(1, t0));
         q.push(req(2, t0 + us(100)));
         // The oldest has waited less than 250 µs: wait for company until then.
@@ -238,7 +240,7 @@ mod tests {
     #[test]
     fn a_full_bucket_goes_early() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(8, us(1_000));
+        let mut q = Batcher::new(8, us(1_000));
         q.push(req(5, t0));
         assert_eq!(q.decide(t0, false), Decision::WaitUntil(t0 + us(1_000)));
         q.push(req(3, t0));
@@ -258,7 +260,7 @@ mod tests {
     #[test]
     fn a_request_that_cannot_join_sends_the_batch_at_once() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(1_000));
+        let mut q = Batcher::new(64, us(1_000));
         q.push(req(40, t0));
         q.push(req(30, t0));
         assert_eq!(q.decide(t0, false), Decision::Run(1));
@@ -267,7 +269,7 @@ mod tests {
     #[test]
     fn a_request_larger_than_the_largest_bucket_goes_alone() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(1_000));
+        let mut q = Batcher::new(64, us(1_000));
         q.push(req(200, t0));
         q.push(req(1, t0));
         assert_eq!(q.decide(t0, false), Decision::Run(1));
@@ -276,7 +278,7 @@ mod tests {
     #[test]
     fn expired_requests_are_taken_out_before_they_run() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(0));
+        let mut q = Batcher::new(64, us(0));
         q.push(Req {
             rows: 1,
             at: t0,
@@ -305,7 +307,7 @@ mod tests {
     #[test]
     fn at_once_sends_without_waiting() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(10_000));
+        let mut q = Batcher::new(64, us(10_000));
         q.push(req(1, t0));
         assert_eq!(q.decide(t0, true), Decision::Run(1));
     }
@@ -314,7 +316,7 @@ mod tests {
     fn every_request_runs_once_in_arrival_order() {
         let t0 = Instant::now();
         let arrivals = [5, 60, 3, 2, 64, 1, 70, 7, 33, 31, 1];
-        let mut q = BatchQueue::new(64, us(0));
+        let mut q = Batcher::new(64, us(0));
         for &rows in &arrivals {
             q.push(req(rows, t0));
         }
@@ -332,7 +334,7 @@ mod tests {
     #[test]
     fn a_batch_holds_one_member_the_oldest_requests_member() {
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(64, us(0));
+        let mut q = Batcher::new(64, us(0));
         q.push(of(1, 2, t0));
         q.push(of(2, 3, t0));
         q.push(of(1, 4, t0));
@@ -353,7 +355,7 @@ mod tests {
         // first 100. Member 2 runs as soon as the hot requests that came
         // before it have run: after ceil(100 / 8) batches, not after all 1000.
         let t0 = Instant::now();
-        let mut q = BatchQueue::new(8, us(0));
+        let mut q = Batcher::new(8, us(0));
         for i in 0..1000u64 {
             if i == 100 {
                 q.push(of(2, 1, t0 + us(i)));

@@ -1,0 +1,165 @@
+//! Admission: how many rows wait, per model version and per family queue, and
+//! the ticket each admitted request holds while it waits.
+//!
+//! Two counts, two questions. A model version's [`ModelQueue`] answers "may
+//! this request wait?" (its `max_queue_rows`, counted over the version's
+//! replicas, with the queue-depth gauge and the rejection counters). A family's
+//! [`FamilyRows`] answers "is anything waiting here?" (the run-at-once check
+//! and the router's shortest queue). [`Ticket::admit`] raises both at once and
+//! the ticket lowers both when it is released or dropped, so no path can raise
+//! one and forget the other, and a job that is dropped anywhere (a closed
+//! queue, a caller that left) gives its rows back by itself.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tickserve_core::metrics as names;
+
+/// The rows of one model version waiting in its families' queues, with its
+/// queue-depth gauge and its rejection counters.
+#[derive(Debug)]
+pub struct ModelQueue {
+    rows: AtomicUsize,
+    limit: usize,
+    depth: metrics::Gauge,
+    full: metrics::Counter,
+    expired: metrics::Counter,
+}
+
+impl ModelQueue {
+    /// An empty queue count for model `model` (the metrics' label) that
+    /// admits up to `limit` rows (its `max_queue_rows`).
+    pub fn new(model: &str, limit: usize) -> ModelQueue {
+        let rejected = |reason: &'static str| metrics::counter!(names::REJECTIONS, "model" => model.to_string(), "reason" => reason);
+        ModelQueue {
+            rows: AtomicUsize::new(0),
+            limit,
+            depth: metrics::gauge!(names::QUEUE_ROWS, "model" => model.to_string()),
+            full: rejected("queue_full"),
+            expired: rejected("deadline_exceeded"),
+        }
+    }
+
+    /// Rows waiting now.
+    pub fn rows(&self) -> usize {
+        self.rows.load(Ordering::Acquire)
+    }
+
+    /// The most rows that may wait (`max_queue_rows`).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Counts a request refused because its deadline passed while it waited.
+    pub fn expired(&self) {
+        self.expired.increment(1);
+    }
+
+    fn leave(&self, rows: usize) {
+        let before = self.rows.fetch_sub(rows, Ordering::AcqRel);
+        self.depth.set(before.saturating_sub(rows) as f64);
+    }
+}
+
+/// The rows waiting in one family's queue, for any of its members.
+#[derive(Debug, Default)]
+pub struct FamilyRows(AtomicUsize);
+
+impl FamilyRows {
+    /// Rows waiting now.
+    pub fn rows(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// An admitted request's place in both counts: held by its job while it
+/// waits; releasing or dropping it gives the rows back.
+#[derive(Debug)]
+pub struct Ticket {
+    rows: usize,
+    model: Arc<ModelQueue>,
+    family: Arc<FamilyRows>,
+}
+
+impl Ticket {
+    /// Admits `rows` if the model's queue stays within its limit; otherwise
+    /// counts the rejection and returns the rows already waiting.
+    pub fn admit(
+        model: &Arc<ModelQueue>,
+        family: &Arc<FamilyRows>,
+        rows: usize,
+    ) -> Result<Ticket, usize> {
+        let before = model.rows.fetch_add(rows, Ordering::AcqRel);
+        if before.saturating_add(rows) > model.limit {
+            model.rows.fetch_sub(rows, Ordering::AcqRel);
+            model.full.increment(1);
+            return Err(before);
+        }
+        model.depth.set((before + rows) as f64);
+        family.0.fetch_add(rows, Ordering::AcqRel);
+        Ok(Ticket {
+            rows,
+            model: Arc::clone(model),
+            family: Arc::clone(family),
+        })
+    }
+
+    /// Takes the rows out of both counts (the request left the queue: into a
+    /// run, or refused); a second release does nothing.
+    pub fn release(&mut self) {
+        let rows = std::mem::take(&mut self.rows);
+        if rows > 0 {
+            self.model.leave(rows);
+            self.family.0.fetch_sub(rows, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_admits_rows_up_to_its_limit_and_no_further() {
+        let model = Arc::new(ModelQueue::new("m", 8));
+        let family = Arc::new(FamilyRows::default());
+        let six = Ticket::admit(&model, &family, 6).ok();
+        assert!(six.is_some());
+        assert_eq!(
+            Ticket::admit(&model, &family, 3).err(),
+            Some(6),
+            "6 + 3 rows would go over 8"
+        );
+        assert_eq!(model.rows(), 6, "a refused request leaves nothing behind");
+        assert_eq!(family.rows(), 6);
+        let two = Ticket::admit(&model, &family, 2);
+        assert!(two.is_ok());
+        drop(six);
+        drop(two);
+        assert_eq!((model.rows(), family.rows()), (0, 0));
+    }
+
+    #[test]
+    fn a_ticket_gives_its_rows_back_once() {
+        let model = Arc::new(ModelQueue::new("m", 8));
+        let family = Arc::new(FamilyRows::default());
+        let mut ticket = Ticket::admit(&model, &family, 4).ok();
+        if let Some(t) = ticket.as_mut() {
+            t.release();
+            t.release();
+        }
+        assert_eq!((model.rows(), family.rows()), (0, 0));
+        drop(ticket);
+        assert_eq!(
+            (model.rows(), family.rows()),
+            (0, 0),
+            "dropped after release"
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! The engines, and the choice of one for each replica: the only code in the
+//! runtime that names ONNX Runtime or CUDA.
+//!
+//! [`Engines::start`] loads ONNX Runtime (a missing library stops the start
+//! with a message saying where it looked) and probes the GPUs once, with one
+//! log line. [`Engines::replicas`] turns a model's placement (`auto`, `cpu`,
+//! `gpu:N`) into one device per replica. [`Engines::choose`] picks the engine
+//! for a replica: the CUDA engine on a GPU when it takes every op of the
+//! graph, otherwise ONNX Runtime on the CPU, with a log line naming what kept
+//! it off the GPU. Everything above this module sees only the core's
+//! [`Engine`] and [`CompiledModel`] traits.
+//!
+//! [`CompiledModel`]: tickserve_core::CompiledModel
+
+use std::sync::Arc;
+
+use tickserve_core::config::{Placement, ServerConfig};
+use tickserve_core::{Device, Engine, Weight};
+use tickserve_engine_cuda::{CudaEngine, CudaOptions, Gpus};
+use tickserve_engine_ort::{OrtEngine, OrtOptions};
+use tickserve_onnx::ModelGraph;
+
+/// An engine as the runtime holds it: compiles ONNX graphs.
+pub type SharedEngine = Arc<dyn Engine<ModelGraph>>;
+
+/// The engines this process runs models on, and the GPUs it found.
+#[derive(Debug, Clone)]
+pub struct Engines {
+    cpu: SharedEngine,
+    gpu: SharedEngine,
+    gpus: Arc<Gpus>,
+}
+
+/// Where a replica compiles: its device and the engine for it.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    /// The device it runs on (the CPU when its GPU's engine lacks an op).
+    pub device: Device,
+    /// The engine that compiles it.
+    pub engine: SharedEngine,
+}
+
+impl Engines {
+    /// Loads ONNX Runtime (from `TICKSERVE_ONNXRUNTIME_LIBRARY`, else
+    /// `runtime.onnxruntime_library`), probes the GPUs and logs what it found.
+    pub fn start(config: &ServerConfig) -> Result<Engines, String> {
+        let library = std::env::var_os("TICKSERVE_ONNXRUNTIME_LIBRARY")
+            .map(Into::into)
+            .unwrap_or_else(|| config.runtime.onnxruntime_library.clone());
+        let ort = OrtEngine::new(
+            &library,
+            OrtOptions {
+                intra_op_threads: config.runtime.intra_op_threads,
+            },
+        )?;
+        let gpus = Gpus::probe();
+        tracing::info!("devices: {}", gpus.describe());
+        Ok(Engines {
+            cpu: Arc::new(ort),
+            gpu: Arc::new(CudaEngine::new(CudaOptions {
+                tf32: config.runtime.cuda_tf32,
+            })),
+            gpus: Arc::new(gpus),
+        })
+    }
+
+    /// The devices of a model placed on `placements` (its `devices`, or the
+    /// server's), one per replica; see [`replicas`].
+    pub fn replicas(&self, placements: &[Placement]) -> Result<Vec<Device>, String> {
+        replicas(placements, &self.gpus)
+    }
+
+    /// The engine for a replica of `model` placed on `device`: the CUDA engine
+    /// on a GPU when it can compile `graph`, otherwise ONNX Runtime on the CPU
+    /// (logged, naming what the CUDA engine lacks).
+    pub fn choose(
+        &self,
+        model: &str,
+        device: Device,
+        graph: &ModelGraph,
+        weights: Option<&[Weight]>,
+    ) -> Choice {
+        let cpu = || Choice {
+            device: Device::Cpu,
+            engine: Arc::clone(&self.cpu),
+        };
+        if device == Device::Cpu {
+            return cpu();
+        }
+        match self.gpu.check(graph, weights) {
+            Ok(()) => Choice {
+                device,
+                engine: Arc::clone(&self.gpu),
+            },
+            Err(reason) => {
+                tracing::warn!(
+                    model,
+                    %device,
+                    "runs on ONNX Runtime on the CPU instead: the CUDA engine lacks {reason}"
+                );
+                cpu()
+            }
+        }
+    }
+}
+
+/// The replicas of a model placed on `placements` on a machine with `gpus`:
+/// `auto` is a replica on every GPU, or the CPU where there is none; an entry
+/// twice is two replicas; a GPU that is not there is an error saying why.
+pub fn replicas(placements: &[Placement], gpus: &Gpus) -> Result<Vec<Device>, String> {
+    if placements.is_empty() {
+        return Err("devices must name at least one device".to_string());
+    }
+    let mut devices = Vec::new();
+    for placement in placements {
+        match placement {
+            Placement::Cpu => devices.push(Device::Cpu),
+            Placement::Auto if gpus.devices().is_empty() => devices.push(Device::Cpu),
+            Placement::Auto => {
+                devices.extend(gpus.devices().iter().map(|g| Device::Gpu(g.ordinal)))
+            }
+            Placement::Gpu(n) => match gpus {
+                Gpus::Present(found) if found.iter().any(|g| g.ordinal == *n) => {
+                    devices.push(Device::Gpu(*n));
+                }
+                Gpus::Present(found) => {
+                    return Err(format!(
+                        "device gpu:{n} is not available: this machine has {} GPU(s), gpu:0 to gpu:{}",
+                        found.len(),
+                        found.len().saturating_sub(1)
+                    ));
+                }
+                Gpus::Absent(reason) => {
+                    return Err(format!("device gpu:{n} is not available: {reason}"));
+                }
+            },
+        }
+    }
+    Ok(devices)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tickserve_engine_cuda::GpuInfo;
+
+    fn two_gpus() -> Gpus {
+        Gpus::Present(
+            (0..2)
+                .map(|ordinal| GpuInfo {
+                    ordinal,
+                    name: "test".into(),
+                    memory: 1 << 30,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn auto_is_every_gpu_or_the_cpu() {
+        let none = Gpus::Absent("no CUDA driver".into());
+        assert_eq!(replicas(&[Placement::Auto], &none), Ok(vec![Device::Cpu]));
+        assert_eq!(
+            replicas(&[Placement::Auto], &two_gpus()),
+            Ok(vec![Device::Gpu(0), Device::Gpu(1)])
+        );
+    }
+
+    #[test]
+    fn an_entry_twice_is_two_replicas_on_that_device() {
+        let placements = [Placement::Gpu(1), Placement::Gpu(1), Placement::Cpu];
+        assert_eq!(
+            replicas(&placements, &two_gpus()),
+            Ok(vec![Device::Gpu(1), Device::Gpu(1), Device::Cpu])
+        );
+    }
+
+    #[test]
+    fn a_gpu_that_is_not_there_is_an_error_saying_why() {
+        let none = Gpus::Absent("no CUDA driver (libcuda.so cannot be loaded)".into());
+        let error = replicas(&[Placement::Gpu(0)], &none).unwrap_err();
+        assert!(
+            error.contains("gpu:0") && error.contains("libcuda"),
+            "{error}"
+        );
+        let error = replicas(&[Placement::Gpu(2)], &two_gpus()).unwrap_err();
+        assert!(
+            error.contains("gpu:2") && error.contains("2 GPU(s)"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,54 @@
+//! The job: one admitted request's envelope on its way from the caller to an
+//! executor thread and back.
+//!
+//! [`crate::family::Family::submit`] makes a job when a request cannot run at
+//! once and sends it down its family's queue; an executor thread takes it out
+//! in a batch, releases its [`Ticket`] (the rows leave the queue counts), runs
+//! it and answers on `reply`. Dropping a job anywhere is harmless: the ticket
+//! gives its rows back, and the caller, whose receiver then closes, is told
+//! the executor dropped the request.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tickserve_core::validate::ValidRequest;
+use tickserve_core::{Error, InferResponse, MemberId};
+use tokio::sync::oneshot;
+
+use crate::admission::Ticket;
+use crate::batcher::Queued;
+use crate::member::Member;
+
+/// One admitted request, queued for its family's executors.
+#[derive(Debug)]
+pub struct Job {
+    /// The model version it is for: whose weights, statistics and metrics.
+    pub member: Arc<Member>,
+    /// The validated request.
+    pub request: ValidRequest,
+    /// The request id, echoed back.
+    pub id: String,
+    /// When the request was admitted.
+    pub admitted: Instant,
+    /// After this the request is answered DEADLINE_EXCEEDED instead of computed.
+    pub deadline: Option<Instant>,
+    /// Its rows in the queue counts, until it leaves the queue.
+    pub ticket: Ticket,
+    /// Where the answer goes; the receiver may have been dropped (the caller left).
+    pub reply: oneshot::Sender<Result<InferResponse, Error>>,
+}
+
+impl Queued for Job {
+    fn rows(&self) -> usize {
+        self.request.rows
+    }
+    fn admitted(&self) -> Instant {
+        self.admitted
+    }
+    fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+    fn member(&self) -> MemberId {
+        self.member.id
+    }
+}

@@ -1,0 +1,392 @@
+//! The model registry: every model's versions and their states, the handle a
+//! request is served through, and the repository index.
+//!
+//! A [`ModelHandle`] is one ready model version: what it is ([`Loaded`]) and
+//! its replicas, each a membership in a family on one device. Front ends look a
+//! model up once per request ([`Models::get`]) and call [`ModelHandle::infer`]:
+//! validation at the edge, the replica with the shortest queue, and its
+//! family's [`Family::submit`]. [`Models`] is behind one lock, taken briefly
+//! to look up or to swap a model's versions when model control loads or
+//! unloads it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use tickserve_core::validate::validate;
+use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, metrics as names};
+
+use crate::admission::ModelQueue;
+use crate::family::{Family, Submission};
+use crate::member::Member;
+use crate::repository::ModelDir;
+use crate::settings::ModelSettings;
+use crate::stats::ModelStats;
+
+/// Where one replica of a model version runs, and on which engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    /// Its device.
+    pub device: Device,
+    /// Its engine's Triton platform name (`onnxruntime_onnx`).
+    pub platform: &'static str,
+    /// Its engine's Triton backend name (`onnxruntime`).
+    pub backend: &'static str,
+}
+
+/// What a model version is, once loaded.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The full signature.
+    pub signature: Signature,
+    /// The effective settings.
+    pub settings: ModelSettings,
+    /// The family key: equal for models that differ only in weight values.
+    pub family: String,
+    /// True when it shares its family's compiled graph (weights bound per run).
+    pub shares_graph: bool,
+    /// Where its replicas run (`cpu`, `gpu:0,gpu:1`).
+    pub device: String,
+    /// Each replica's device and engine, in placement order.
+    pub placements: Vec<ReplicaInfo>,
+    /// Time from reading its file to ready (a family's first member includes
+    /// the compilation; a later member only its weights).
+    pub load_time: Duration,
+    /// The model's statistics, shared with the front ends.
+    pub stats: Arc<ModelStats>,
+    /// Its rows waiting in the queues.
+    pub queue: Arc<ModelQueue>,
+}
+
+/// A model version that is ready to serve.
+#[derive(Debug)]
+pub struct ModelHandle {
+    /// The model's name.
+    pub name: String,
+    /// The version, as the protocol spells it.
+    pub version: String,
+    /// What it is: signature, settings, family, device, load time,
+    /// statistics (also reached through `Deref`).
+    pub loaded: Loaded,
+    /// Its replicas, one per placement entry.
+    replicas: Vec<Replica>,
+    /// Where the next search for the shortest queue starts (round robin
+    /// among equals).
+    next_replica: AtomicUsize,
+}
+
+/// One replica of a model version.
+#[derive(Debug)]
+pub struct Replica {
+    /// Its membership in its family; queued jobs hold it too, so its weights
+    /// stay until the last of its requests is answered.
+    pub member: Arc<Member>,
+    /// The compiled family that runs it: its queue and executors.
+    pub family: Arc<Family>,
+}
+
+impl ModelHandle {
+    /// A handle over `replicas` (at least one).
+    pub fn new(name: &str, version: &str, loaded: Loaded, replicas: Vec<Replica>) -> ModelHandle {
+        ModelHandle {
+            name: name.to_string(),
+            version: version.to_string(),
+            loaded,
+            replicas,
+            next_replica: AtomicUsize::new(0),
+        }
+    }
+
+    /// Each replica's device and the bucket runs its family made so far
+    /// (members of one family share the count).
+    pub fn replica_runs(&self) -> Vec<(String, u64)> {
+        self.replicas
+            .iter()
+            .map(|r| (r.family.device.to_string(), r.family.runs()))
+            .collect()
+    }
+
+    /// Validates `request` against this version, and answers it on the
+    /// replica with the shortest queue.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        let valid = validate(&request, &self.signature, &self.settings.limits)?;
+        let admitted = Instant::now();
+        let deadline = request
+            .deadline
+            .or_else(|| self.settings.default_timeout.map(|t| admitted + t));
+        let Some(replica) = self.route() else {
+            return Err(Error::ModelNotReady {
+                model: self.name.clone(),
+                version: self.version.clone(),
+                reason: "it has no replica".to_string(),
+            });
+        };
+        let submission = Submission {
+            request: valid,
+            id: request.id,
+            admitted,
+            deadline,
+        };
+        replica.family.submit(&replica.member, submission).await
+    }
+
+    /// Closes every replica's queue (shutdown).
+    pub(crate) fn close(&self) {
+        for replica in &self.replicas {
+            replica.family.close();
+        }
+    }
+
+    /// The replica with the shortest queue, taking turns among equals.
+    fn route(&self) -> Option<&Replica> {
+        let count = self.replicas.len();
+        let start = self.next_replica.fetch_add(1, Ordering::Relaxed);
+        (0..count)
+            .map(|i| &self.replicas[(start + i) % count])
+            .min_by_key(|r| r.family.queued_rows())
+    }
+}
+
+impl std::ops::Deref for ModelHandle {
+    type Target = Loaded;
+
+    fn deref(&self) -> &Loaded {
+        &self.loaded
+    }
+}
+
+/// The state of one model version.
+#[derive(Debug, Clone)]
+pub enum VersionState {
+    /// Loaded and serving.
+    Ready(Arc<ModelHandle>),
+    /// Its load failed, for this reason.
+    Failed(String),
+}
+
+/// Every version of one model, highest last.
+#[derive(Debug, Clone, Default)]
+pub struct ModelVersions {
+    /// Version number → state.
+    pub versions: BTreeMap<u64, VersionState>,
+    /// A failure that concerns the model as a whole (no versions, unreadable model.toml).
+    pub error: Option<String>,
+}
+
+impl ModelVersions {
+    /// The default version: the highest.
+    pub fn default_version(&self) -> Option<(u64, &VersionState)> {
+        self.versions.iter().next_back().map(|(v, s)| (*v, s))
+    }
+
+    /// The versions that are ready, as the protocol spells them, ascending.
+    pub fn ready_versions(&self) -> Vec<String> {
+        self.versions
+            .iter()
+            .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+            .map(|(v, _)| v.to_string())
+            .collect()
+    }
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// The model's name.
+    pub name: String,
+    /// The version, empty for a model with no loaded or failed version.
+    pub version: String,
+    /// `READY`, or `UNAVAILABLE` (with `reason`).
+    pub state: &'static str,
+    /// Why it is unavailable (`unloaded`, or its load failure).
+    pub reason: String,
+}
+
+/// Every model the runtime knows, by name.
+#[derive(Debug, Default)]
+pub struct Models {
+    map: RwLock<HashMap<String, ModelVersions>>,
+}
+
+impl Models {
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, ModelVersions>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, ModelVersions>> {
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every model, by name (sorted), as it stands now.
+    pub fn all(&self) -> BTreeMap<String, ModelVersions> {
+        self.read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every ready model version, by model name then version.
+    pub fn ready_handles(&self) -> Vec<Arc<ModelHandle>> {
+        self.all()
+            .into_values()
+            .flat_map(|m| {
+                m.versions.into_values().filter_map(|s| match s {
+                    VersionState::Ready(h) => Some(h),
+                    VersionState::Failed(_) => None,
+                })
+            })
+            .collect()
+    }
+
+    /// True when every model version loaded.
+    pub fn all_ready(&self) -> bool {
+        self.read().values().all(|m| {
+            m.error.is_none()
+                && m.versions
+                    .values()
+                    .all(|s| matches!(s, VersionState::Ready(_)))
+        })
+    }
+
+    /// True when a model of this name is known (loaded or failed).
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
+    /// The model version asked for (`None`: the default), ready to serve.
+    pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
+        let not_found = |known: String| Error::ModelNotFound {
+            model: name.to_string(),
+            version: version.map(str::to_string),
+            known,
+        };
+        let models = self.read();
+        let entry = models.get(name).ok_or_else(|| not_found(String::new()))?;
+        let found = match version {
+            None | Some("") => entry.default_version(),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| entry.versions.get_key_value(&n).map(|(k, s)| (*k, s))),
+        };
+        match found {
+            Some((_, VersionState::Ready(handle))) => Ok(Arc::clone(handle)),
+            Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
+                model: name.to_string(),
+                version: v.to_string(),
+                reason: format!("its load failed: {reason}"),
+            }),
+            None => match &entry.error {
+                Some(reason) => Err(Error::ModelNotReady {
+                    model: name.to_string(),
+                    version: version.unwrap_or("default").to_string(),
+                    reason: format!("its load failed: {reason}"),
+                }),
+                None => {
+                    let versions: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
+                    Err(not_found(format!("versions: {}", versions.join(", "))))
+                }
+            },
+        }
+    }
+
+    /// Replaces every model with `models` (the first load).
+    pub fn set_all(&self, models: HashMap<String, ModelVersions>) {
+        *self.write() = models;
+    }
+
+    /// Puts `versions` in place of model `name`'s, unless `keep_old` and the
+    /// model is already there; returns what it replaced, or `Err(())` when
+    /// it kept the old versions.
+    pub fn replace(
+        &self,
+        name: &str,
+        versions: ModelVersions,
+        keep_old: bool,
+    ) -> Result<Option<ModelVersions>, ModelVersions> {
+        let mut models = self.write();
+        if keep_old && models.contains_key(name) {
+            return Err(versions);
+        }
+        Ok(models.insert(name.to_string(), versions))
+    }
+
+    /// Takes model `name` out; its handles still held elsewhere keep serving
+    /// what they admitted.
+    pub fn remove(&self, name: &str) -> Option<ModelVersions> {
+        self.write().remove(name)
+    }
+
+    /// Takes every model out (shutdown), closing their queues.
+    pub fn close_all(&self) {
+        for handle in self.ready_handles() {
+            handle.close();
+        }
+        self.write().clear();
+    }
+
+    /// Sets the readiness metrics of `old` versions of model `name` to 0,
+    /// unless the same version serves again.
+    pub fn mark_gone(&self, name: &str, old: &ModelVersions) {
+        let now = self.read();
+        for version in old.versions.keys() {
+            let serving = now
+                .get(name)
+                .is_some_and(|m| matches!(m.versions.get(version), Some(VersionState::Ready(_))));
+            if !serving {
+                let v = version.to_string();
+                metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => v.clone())
+                    .set(0.0);
+                if let Some(VersionState::Ready(h)) = old.versions.get(version) {
+                    metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
+                        "version" => v, "family" => h.family.clone())
+                    .set(0.0);
+                }
+            }
+        }
+    }
+
+    /// The repository index: every model directory on disk and every model
+    /// known, each loaded or failed version with its state.
+    pub fn index(&self, on_disk: &[ModelDir]) -> Vec<IndexEntry> {
+        let models = self.all();
+        let mut index = Vec::new();
+        let mut names: Vec<&str> = on_disk.iter().map(|m| m.name.as_str()).collect();
+        names.extend(models.keys().map(String::as_str));
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let Some(model) = models.get(name) else {
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: String::new(),
+                    state: "UNAVAILABLE",
+                    reason: "unloaded".to_string(),
+                });
+                continue;
+            };
+            if let Some(reason) = &model.error {
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: String::new(),
+                    state: "UNAVAILABLE",
+                    reason: reason.clone(),
+                });
+            }
+            for (version, state) in &model.versions {
+                let (state, reason) = match state {
+                    VersionState::Ready(_) => ("READY", String::new()),
+                    VersionState::Failed(reason) => ("UNAVAILABLE", reason.clone()),
+                };
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: version.to_string(),
+                    state,
+                    reason,
+                });
+            }
+        }
+        index
+    }
+}

@@ -1,0 +1,380 @@
+//! The worker: an executor thread's life, from compiling its family's graph to
+//! serving batches until its family's queue closes.
+//!
+//! The loader calls [`spawn`] once per executor of a family. Each thread
+//! compiles the family's graph on the chosen engine ([`CompileInput`]), times
+//! its buckets against `runtime.inline_budget` ([`inline_rows`]), reports once
+//! on its [`LoadReport`], then takes batches from the family's [`Intake`]
+//! (the batcher's channel half: the channel callers send admitted jobs to,
+//! and the [`Batcher`] policy over what has arrived) until the channel closes
+//! and the queue is empty. Jobs leave the queue counts (their tickets are
+//! released) as they are taken out, before they run.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tickserve_core::{
+    Buckets, CompileRequest, CompiledModel, Device, EngineError, Signature, Weight,
+};
+use tickserve_onnx::ModelGraph;
+
+use crate::batcher::{Batcher, Decision, Queued};
+use crate::engines::SharedEngine;
+use crate::executor::{Executor, FamilyLinks};
+use crate::job::Job;
+
+/// What an executor thread compiles: a family's graph for every bucket, on
+/// the engine and device chosen for it.
+#[derive(Debug)]
+pub struct CompileInput {
+    /// The family key, for metrics and messages.
+    pub family: String,
+    /// The graph: weights as constants, or as inputs when `weights` is given.
+    pub graph: ModelGraph,
+    /// The batch sizes to compile.
+    pub buckets: Buckets,
+    /// The first member's weights, for a graph that takes them as inputs.
+    pub weights: Option<Vec<Weight>>,
+    /// Where it runs.
+    pub device: Device,
+    /// The engine that compiles it.
+    pub engine: SharedEngine,
+}
+
+impl CompileInput {
+    fn compile(&self) -> Result<Box<dyn CompiledModel>, EngineError> {
+        self.engine.compile(&CompileRequest {
+            family: &self.family,
+            graph: &self.graph,
+            buckets: &self.buckets,
+            weights: self.weights.as_deref(),
+            device: self.device,
+        })
+    }
+}
+
+/// What an executor reports once it has compiled: the full signature and
+/// the executor itself.
+pub type Compiled = (Signature, Arc<Mutex<Executor>>);
+
+/// Where an executor reports, once, whether its compile succeeded.
+pub type LoadReport = Receiver<Result<Compiled, EngineError>>;
+
+/// The batcher's channel half, shared by every executor thread of a family:
+/// the channel callers send admitted jobs to, and the [`Batcher`] policy over
+/// what has arrived. The executor that holds the lock is the one waiting for the
+/// next batch; the others wait for the lock.
+#[derive(Debug)]
+pub struct Intake<J = Job> {
+    channel: Receiver<J>,
+    batcher: Batcher<J>,
+    /// Set once every sender is gone: what is queued goes at once, then the
+    /// executors stop.
+    closing: bool,
+    /// Set when a request reached this executor while it waited on an empty
+    /// queue: it was idle, so the request runs at once, with whatever came
+    /// along with it, instead of waiting `max_queue_delay` for company.
+    woken_idle: bool,
+}
+
+impl<J: Queued> Intake<J> {
+    /// An intake over `channel` with the family's batching settings.
+    pub fn new(channel: Receiver<J>, largest: usize, max_delay: Duration) -> Intake<J> {
+        Intake {
+            channel,
+            batcher: Batcher::new(largest, max_delay),
+            closing: false,
+            woken_idle: false,
+        }
+    }
+
+    /// Waits until a batch is due and moves it into `batch`, and any expired
+    /// jobs into `expired`. Returns false once the channel is closed and
+    /// nothing is left.
+    fn next(&mut self, batch: &mut Vec<J>, expired: &mut Vec<J>) -> bool {
+        loop {
+            while let Ok(job) = self.channel.try_recv() {
+                self.batcher.push(job);
+            }
+            let now = Instant::now();
+            self.batcher.take_expired(now, expired);
+            if !expired.is_empty() {
+                return true; // answer them now, then come back
+            }
+            match self.batcher.decide(now, self.closing || self.woken_idle) {
+                Decision::Run(count) => {
+                    self.batcher.take(count, batch);
+                    self.woken_idle = false;
+                    return true;
+                }
+                Decision::WaitUntil(due) => {
+                    match self
+                        .channel
+                        .recv_timeout(due.saturating_duration_since(now))
+                    {
+                        Ok(job) => self.batcher.push(job),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => self.closing = true,
+                    }
+                }
+                Decision::Empty if self.closing => return false,
+                Decision::Empty => match self.channel.recv() {
+                    Ok(job) => {
+                        self.batcher.push(job);
+                        self.woken_idle = true;
+                    }
+                    Err(_) => self.closing = true,
+                },
+            }
+        }
+    }
+}
+
+/// An executor thread's loop: takes the next batch from the shared intake and
+/// answers it, until the intake is closed and empty.
+fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
+    let mut batch: Vec<Job> = Vec::new();
+    let mut expired: Vec<Job> = Vec::new();
+    loop {
+        let more = intake
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .next(&mut batch, &mut expired);
+        let mut executor = executor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for job in batch.iter_mut().chain(expired.iter_mut()) {
+            job.ticket.release();
+        }
+        executor.forget_retired();
+        for job in expired.drain(..) {
+            executor.refuse_expired(job);
+        }
+        // A caller that left has nothing to compute for.
+        batch.retain(|job| !job.reply.is_closed());
+        executor.answer_batch(&mut batch);
+        if !more {
+            return;
+        }
+    }
+}
+
+/// What every executor thread of a family is started with besides its graph.
+#[derive(Debug, Clone)]
+pub struct WorkerStart {
+    /// The family's queue.
+    pub intake: Arc<Mutex<Intake>>,
+    /// What the executors share with their family.
+    pub links: FamilyLinks,
+    /// `runtime.inline_budget`.
+    pub inline_budget: Duration,
+}
+
+/// Starts executor thread `index` of family `input.family`: it compiles the
+/// graph, reports on the returned receiver, and on success serves batches
+/// from the family's intake.
+pub fn spawn(
+    input: Arc<CompileInput>,
+    start: WorkerStart,
+    index: usize,
+) -> std::io::Result<(JoinHandle<()>, LoadReport)> {
+    let (report_tx, report_rx) = std::sync::mpsc::sync_channel(1);
+    let thread_name = format!(
+        "exec-{}-{index}",
+        &input.family[..input.family.len().min(8)]
+    );
+    let handle = std::thread::Builder::new()
+        .name(thread_name)
+        .spawn(move || {
+            let compiled = input.compile();
+            drop(input);
+            match compiled {
+                Ok(mut model) => {
+                    let signature = model.signature().clone();
+                    let inline_rows = inline_rows(model.as_mut(), start.inline_budget);
+                    let executor = Executor::new(model, start.links, inline_rows);
+                    let executor = Arc::new(Mutex::new(executor));
+                    let _ = report_tx.send(Ok((signature, Arc::clone(&executor))));
+                    drop(report_tx);
+                    serve(&executor, &start.intake);
+                }
+                Err(e) => {
+                    let _ = report_tx.send(Err(e));
+                }
+            }
+        })?;
+    Ok((handle, report_rx))
+}
+
+/// The rows of the largest bucket whose run fits in `budget` (median of
+/// five runs, after the engine's warm-up): requests up to that many rows may
+/// run on their caller's thread (`runtime.inline_budget`). 0 for models whose
+/// work must stay on their own thread, or whose smallest bucket is already
+/// too slow.
+fn inline_rows(model: &mut dyn CompiledModel, budget: Duration) -> usize {
+    if !model.runs_on_any_thread() || budget.is_zero() {
+        return 0;
+    }
+    let sizes = model.buckets().sizes().to_vec();
+    let mut rows = 0;
+    for (bucket, size) in sizes.into_iter().enumerate() {
+        let mut times = [Duration::ZERO; 5];
+        for time in &mut times {
+            let started = Instant::now();
+            if model.run(bucket, tickserve_core::SOLE_MEMBER).is_err() {
+                return rows;
+            }
+            *time = started.elapsed();
+        }
+        times.sort_unstable();
+        if times[2] > budget {
+            break;
+        }
+        rows = size;
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tickserve_core::{MemberId, Signature};
+
+    const BUDGET: Duration = Duration::from_micros(100);
+
+    /// A compiled model whose runs take nothing below bucket `slow_from` and
+    /// at least three budgets from it on.
+    struct Paced {
+        signature: Signature,
+        buckets: Buckets,
+        slow_from: usize,
+        any_thread: bool,
+    }
+
+    impl Paced {
+        fn new(slow_from: usize, any_thread: bool) -> Paced {
+            Paced {
+                signature: Signature {
+                    inputs: Vec::new(),
+                    outputs: Vec::new(),
+                },
+                buckets: Buckets::new(&[1, 2, 4, 8], None).unwrap(),
+                slow_from,
+                any_thread,
+            }
+        }
+    }
+
+    impl CompiledModel for Paced {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+        fn buckets(&self) -> &Buckets {
+            &self.buckets
+        }
+        fn device(&self) -> &str {
+            "cpu"
+        }
+        fn input_mut(&mut self, _: usize, _: usize) -> &mut [u8] {
+            &mut []
+        }
+        fn run(&mut self, bucket: usize, _: MemberId) -> Result<(), EngineError> {
+            if bucket >= self.slow_from {
+                std::thread::sleep(3 * BUDGET);
+            }
+            Ok(())
+        }
+        fn output(&self, _: usize, _: usize) -> &[u8] {
+            &[]
+        }
+        fn add_member(&mut self, _: MemberId, _: &[Weight]) -> Result<(), EngineError> {
+            Ok(())
+        }
+        fn remove_member(&mut self, _: MemberId) {}
+        fn runs_on_any_thread(&self) -> bool {
+            self.any_thread
+        }
+    }
+
+    #[test]
+    fn requests_run_inline_up_to_the_largest_bucket_within_the_budget() {
+        assert_eq!(inline_rows(&mut Paced::new(2, true), BUDGET), 2);
+        assert_eq!(inline_rows(&mut Paced::new(4, true), BUDGET), 8);
+    }
+
+    #[test]
+    fn nothing_runs_inline_when_the_smallest_bucket_is_too_slow() {
+        assert_eq!(inline_rows(&mut Paced::new(0, true), BUDGET), 0);
+    }
+
+    #[test]
+    fn a_zero_budget_runs_nothing_inline() {
+        assert_eq!(inline_rows(&mut Paced::new(4, true), Duration::ZERO), 0);
+    }
+
+    /// A queued request of one row, admitted when it was made.
+    #[derive(Debug)]
+    struct Row(Instant);
+
+    impl Queued for Row {
+        fn rows(&self) -> usize {
+            1
+        }
+        fn admitted(&self) -> Instant {
+            self.0
+        }
+        fn deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn member(&self) -> MemberId {
+            tickserve_core::SOLE_MEMBER
+        }
+    }
+
+    /// An intake with a long `max_queue_delay`, and its sender.
+    fn patient_intake(delay: Duration) -> (std::sync::mpsc::Sender<Row>, Intake<Row>) {
+        let (sender, channel) = std::sync::mpsc::channel();
+        (sender, Intake::new(channel, 64, delay))
+    }
+
+    #[test]
+    fn a_request_reaching_an_idle_executor_runs_without_waiting_for_company() {
+        let (sender, mut intake) = patient_intake(Duration::from_secs(3600));
+        let (done, batches) = std::sync::mpsc::channel();
+        // The executor waits on the empty queue...
+        let executor = std::thread::spawn(move || {
+            let (mut batch, mut expired) = (Vec::new(), Vec::new());
+            intake.next(&mut batch, &mut expired);
+            done.send(batch.len()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        // ...and a request comes: it goes now, not after the hour's delay.
+        sender.send(Row(Instant::now())).unwrap();
+        let sent = batches.recv_timeout(Duration::from_secs(60));
+        assert_eq!(sent, Ok(1), "the idle executor waited for company");
+        executor.join().unwrap();
+    }
+
+    #[test]
+    fn requests_that_came_while_the_executor_was_busy_wait_for_company() {
+        let delay = Duration::from_millis(30);
+        let (sender, mut intake) = patient_intake(delay);
+        // Queued while the executor was running something else.
+        let admitted = Instant::now();
+        sender.send(Row(admitted)).unwrap();
+        sender.send(Row(admitted)).unwrap();
+        let (mut batch, mut expired) = (Vec::new(), Vec::new());
+        assert!(intake.next(&mut batch, &mut expired));
+        assert_eq!(batch.len(), 2);
+        assert!(admitted.elapsed() >= delay, "went before max_queue_delay");
+    }
+
+    #[test]
+    fn models_bound_to_their_thread_never_run_inline() {
+        assert_eq!(inline_rows(&mut Paced::new(4, false), BUDGET), 0);
+    }
+}

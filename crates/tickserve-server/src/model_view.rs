@@ -1,0 +1,363 @@
+//! What the front ends tell clients about a model version, built once from
+//! its handle and encoded by each protocol: Triton's model configuration and
+//! its statistics.
+//!
+//! The views say true things: the platform and backend of the engine each
+//! replica runs on, one instance group per replica (`KIND_GPU` with its GPU
+//! for replicas on a GPU) whose count is the replica's executors, the buckets
+//! as `preferred_batch_size`, the configured `max_queue_delay`, and
+//! `max_request_rows` as `max_batch_size`. HTTP serializes the views as they
+//! are (Triton's JSON names); gRPC copies them field by field into its
+//! messages (`grpc::model_config`, `grpc::model_statistics`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use tickserve_core::{DataType, Device, TensorSpec};
+use tickserve_runtime::stats::Stat;
+use tickserve_runtime::{Loaded, ModelHandle};
+
+/// Triton's model configuration of one model version.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelConfigView {
+    /// The model's name.
+    pub name: String,
+    /// The first replica's engine, as Triton names platforms (`onnxruntime_onnx`).
+    pub platform: &'static str,
+    /// The first replica's engine, as Triton names backends (`onnxruntime`).
+    pub backend: &'static str,
+    /// The most rows one request may carry (`max_request_rows`).
+    pub max_batch_size: usize,
+    /// The inputs, batch dimension left out.
+    pub input: Vec<TensorView>,
+    /// The outputs, batch dimension left out.
+    pub output: Vec<TensorView>,
+    /// One group per replica.
+    pub instance_group: Vec<InstanceGroupView>,
+    /// The batcher's settings.
+    pub dynamic_batching: DynamicBatchingView,
+    /// `family`: the family key.
+    pub parameters: BTreeMap<&'static str, ParameterView>,
+}
+
+/// One input or output of the model configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TensorView {
+    /// Its name.
+    pub name: String,
+    /// Its datatype as the configuration spells it (`TYPE_FP32`).
+    pub data_type: String,
+    /// Its dimensions after the batch.
+    pub dims: Vec<usize>,
+    /// Its datatype.
+    #[serde(skip)]
+    pub datatype: DataType,
+}
+
+/// Where a group of model instances runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum InstanceKind {
+    /// On the CPU.
+    #[serde(rename = "KIND_CPU")]
+    Cpu,
+    /// On the GPUs listed.
+    #[serde(rename = "KIND_GPU")]
+    Gpu,
+}
+
+/// One replica, as Triton's `instance_group` describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstanceGroupView {
+    /// The group's name: the model's, then `_1`, `_2` for later replicas.
+    pub name: String,
+    /// CPU or GPU.
+    pub kind: InstanceKind,
+    /// Executors of this replica (each with its own compiled graph).
+    pub count: usize,
+    /// The GPU, for a GPU replica.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<usize>,
+}
+
+/// The batcher's settings, as Triton's `dynamic_batching` describes them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DynamicBatchingView {
+    /// The buckets: the batch sizes compiled.
+    pub preferred_batch_size: Vec<usize>,
+    /// The configured `max_queue_delay`, in microseconds.
+    pub max_queue_delay_microseconds: u64,
+}
+
+/// A configuration parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParameterView {
+    /// Its value.
+    pub string_value: String,
+}
+
+impl ModelConfigView {
+    /// The configuration of model `name`'s version `loaded`.
+    pub fn of(name: &str, loaded: &Loaded) -> ModelConfigView {
+        let first = loaded.placements.first();
+        let instance_group = loaded
+            .placements
+            .iter()
+            .enumerate()
+            .map(|(index, replica)| InstanceGroupView {
+                name: if index == 0 {
+                    name.to_string()
+                } else {
+                    format!("{name}_{index}")
+                },
+                kind: match replica.device {
+                    Device::Cpu => InstanceKind::Cpu,
+                    Device::Gpu(_) => InstanceKind::Gpu,
+                },
+                count: loaded.settings.executors,
+                gpus: match replica.device {
+                    Device::Cpu => Vec::new(),
+                    Device::Gpu(ordinal) => vec![ordinal],
+                },
+            })
+            .collect();
+        ModelConfigView {
+            name: name.to_string(),
+            platform: first.map_or("onnxruntime_onnx", |r| r.platform),
+            backend: first.map_or("onnxruntime", |r| r.backend),
+            max_batch_size: loaded.settings.limits.max_request_rows,
+            input: tensors(&loaded.signature.inputs),
+            output: tensors(&loaded.signature.outputs),
+            instance_group,
+            dynamic_batching: DynamicBatchingView {
+                preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
+                max_queue_delay_microseconds: u64::try_from(
+                    loaded.settings.max_queue_delay.as_micros(),
+                )
+                .unwrap_or(u64::MAX),
+            },
+            parameters: [(
+                "family",
+                ParameterView {
+                    string_value: loaded.family.clone(),
+                },
+            )]
+            .into(),
+        }
+    }
+}
+
+fn tensors(specs: &[TensorSpec]) -> Vec<TensorView> {
+    specs
+        .iter()
+        .map(|t| TensorView {
+            name: t.name.clone(),
+            data_type: format!("TYPE_{}", t.datatype.as_str()),
+            dims: t.dims.clone(),
+            datatype: t.datatype,
+        })
+        .collect()
+}
+
+/// A count and a total time, as Triton's statistics report them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DurationView {
+    /// How many.
+    pub count: u64,
+    /// Total nanoseconds.
+    pub ns: u64,
+}
+
+impl From<Stat> for DurationView {
+    fn from(stat: Stat) -> Self {
+        DurationView {
+            count: stat.count,
+            ns: stat.ns,
+        }
+    }
+}
+
+/// Triton's statistics of one model version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatisticsView {
+    /// The model's name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// Milliseconds since the epoch of the last answered request.
+    pub last_inference: u64,
+    /// Rows answered.
+    pub inference_count: u64,
+    /// Engine runs.
+    pub execution_count: u64,
+    /// Per request: outcome, queue and compute times.
+    pub inference_stats: InferenceStatsView,
+    /// Engine runs per bucket.
+    pub batch_stats: Vec<BatchStatsView>,
+}
+
+/// Per-request durations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InferenceStatsView {
+    /// Answered with a prediction.
+    pub success: DurationView,
+    /// Failed after admission.
+    pub fail: DurationView,
+    /// Waiting in the queue.
+    pub queue: DurationView,
+    /// Copying rows in.
+    pub compute_input: DurationView,
+    /// Engine time.
+    pub compute_infer: DurationView,
+    /// Copying rows out.
+    pub compute_output: DurationView,
+}
+
+/// Engine runs of one bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BatchStatsView {
+    /// The bucket's size.
+    pub batch_size: usize,
+    /// Its runs and their engine time.
+    pub compute_infer: DurationView,
+}
+
+impl StatisticsView {
+    /// The statistics of `handle`'s version now.
+    pub fn of(handle: &ModelHandle) -> StatisticsView {
+        let s = handle.stats.snapshot();
+        StatisticsView {
+            name: handle.name.clone(),
+            version: handle.version.clone(),
+            last_inference: s.last_inference_ms,
+            inference_count: s.inference_count,
+            execution_count: s.execution_count,
+            inference_stats: InferenceStatsView {
+                success: s.success.into(),
+                fail: s.fail.into(),
+                queue: s.queue.into(),
+                compute_input: s.compute_input.into(),
+                compute_infer: s.compute_infer.into(),
+                compute_output: s.compute_output.into(),
+            },
+            batch_stats: handle
+                .settings
+                .buckets
+                .sizes()
+                .iter()
+                .zip(&s.batches)
+                .map(|(&batch_size, &stat)| BatchStatsView {
+                    batch_size,
+                    compute_infer: stat.into(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tickserve_core::config::NanPolicy;
+    use tickserve_core::validate::Limits;
+    use tickserve_core::{Buckets, Signature};
+    use tickserve_runtime::admission::ModelQueue;
+    use tickserve_runtime::{ModelSettings, ModelStats, ReplicaInfo};
+
+    use super::*;
+
+    /// A version placed on `devices`, with its engines' names.
+    fn loaded(placements: Vec<ReplicaInfo>) -> Loaded {
+        Loaded {
+            signature: Signature {
+                inputs: vec![TensorSpec {
+                    name: "x".into(),
+                    datatype: DataType::Fp32,
+                    dims: vec![8],
+                }],
+                outputs: vec![TensorSpec {
+                    name: "y".into(),
+                    datatype: DataType::Fp32,
+                    dims: vec![1],
+                }],
+            },
+            settings: ModelSettings {
+                buckets: Buckets::new(&[1, 8, 32], None).unwrap(),
+                limits: Limits {
+                    max_request_rows: 96,
+                    nan_policy: NanPolicy::Reject,
+                },
+                max_queue_rows: 1024,
+                max_queue_delay: Duration::from_micros(40),
+                executors: 3,
+                default_timeout: None,
+            },
+            family: "f00d".into(),
+            shares_graph: true,
+            device: String::new(),
+            placements,
+            load_time: Duration::ZERO,
+            stats: Arc::new(ModelStats::new(3)),
+            queue: Arc::new(ModelQueue::new("m", 1024)),
+        }
+    }
+
+    const CUDA: (&str, &str) = ("tickserve_cuda", "tickserve_cuda");
+
+    #[test]
+    fn a_gpu_replica_is_kind_gpu_with_its_gpu_on_its_engine() {
+        let on = |device| ReplicaInfo {
+            device,
+            platform: CUDA.0,
+            backend: CUDA.1,
+        };
+        let view = ModelConfigView::of("m", &loaded(vec![on(Device::Gpu(0)), on(Device::Gpu(1))]));
+        assert_eq!((view.platform, view.backend), CUDA);
+        assert_eq!(
+            view.instance_group,
+            vec![
+                InstanceGroupView {
+                    name: "m".into(),
+                    kind: InstanceKind::Gpu,
+                    count: 3,
+                    gpus: vec![0],
+                },
+                InstanceGroupView {
+                    name: "m_1".into(),
+                    kind: InstanceKind::Gpu,
+                    count: 3,
+                    gpus: vec![1],
+                },
+            ]
+        );
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["instance_group"][1]["kind"], "KIND_GPU");
+        assert_eq!(json["instance_group"][1]["gpus"], serde_json::json!([1]));
+    }
+
+    #[test]
+    fn the_batcher_settings_are_the_configured_ones() {
+        let cpu = ReplicaInfo {
+            device: Device::Cpu,
+            platform: "onnxruntime_onnx",
+            backend: "onnxruntime",
+        };
+        let view = ModelConfigView::of("m", &loaded(vec![cpu]));
+        assert_eq!(
+            view.dynamic_batching,
+            DynamicBatchingView {
+                preferred_batch_size: vec![1, 8, 32],
+                max_queue_delay_microseconds: 40,
+            }
+        );
+        assert_eq!(view.max_batch_size, 96);
+        assert_eq!(view.instance_group[0].kind, InstanceKind::Cpu);
+        assert!(view.instance_group[0].gpus.is_empty());
+        let json = serde_json::to_value(&view).unwrap();
+        assert!(json["instance_group"][0].get("gpus").is_none());
+        assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
+    }
+}
