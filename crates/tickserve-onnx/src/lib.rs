@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 
-mod family;
+mod family_key;
 
 use prost::Message;
 use tickserve_core::config::ModelConfig;
@@ -141,9 +141,9 @@ impl OnnxModel {
     }
 
     /// The model's family key: equal for models whose graphs differ only in
-    /// the values of their weights (see the `family` module).
+    /// the values of their weights (see the `family_key` module).
     pub fn family_key(&self) -> String {
-        family::family_key(&self.model)
+        family_key::family_key(&self.model)
     }
 
     /// This model with its weights turned into graph inputs (no initializers

@@ -29,7 +29,7 @@ use crate::stats::RequestCost;
 #[derive(Debug, Clone)]
 pub struct FamilyLinks {
     /// The family key, for the weight-swap metric.
-    pub family: String,
+    pub family_key: String,
     /// Members that left; each executor frees their weights.
     pub retired: Arc<RetiredLog>,
     /// Bucket runs by any executor of the family.
@@ -73,7 +73,7 @@ impl Executor {
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
         let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
-            "family" => links.family.clone(), "device" => model.device().to_string());
+            "family" => links.family_key.clone(), "device" => model.device().to_string());
         let device_compute = if model.runs_on_any_thread() {
             Vec::new()
         } else {
@@ -83,7 +83,7 @@ impl Executor {
                 .iter()
                 .map(|size| {
                     metrics::histogram!(names::DEVICE_COMPUTE_DURATION,
-                        "family" => links.family.clone(), "bucket" => size.to_string(),
+                        "family" => links.family_key.clone(), "bucket" => size.to_string(),
                         "device" => model.device().to_string())
                 })
                 .collect()

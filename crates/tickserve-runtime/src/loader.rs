@@ -243,7 +243,7 @@ impl Loader<'_> {
             settings.max_queue_delay,
         )));
         let links = FamilyLinks {
-            family: first.family.clone(),
+            family_key: first.family.clone(),
             retired: Arc::new(RetiredLog::default()),
             runs: Arc::new(AtomicU64::new(0)),
         };
@@ -255,7 +255,7 @@ impl Loader<'_> {
         );
         let engine = (choice.engine.platform(), choice.engine.backend());
         let input = Arc::new(CompileInput {
-            family: first.family.clone(),
+            family_key: first.family.clone(),
             graph: first.graph,
             buckets: settings.buckets.clone(),
             weights: first.weights,
@@ -563,7 +563,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
             let loaded = Loaded {
                 signature: first.signature.clone(),
                 settings: first.settings.clone(),
-                family: first.family.key.clone(),
+                family_key: first.family.key.clone(),
                 shares_graph: first.family.shares_graph,
                 device: devices.join(","),
                 placements: joined
@@ -579,7 +579,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
                 queue: Arc::clone(&first.member.queue),
             };
             metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
-                "version" => version.clone(), "family" => loaded.family.clone())
+                "version" => version.clone(), "family" => loaded.family_key.clone())
             .set(1.0);
             let replicas = joined
                 .into_iter()

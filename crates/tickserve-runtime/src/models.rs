@@ -43,7 +43,7 @@ pub struct Loaded {
     /// The effective settings.
     pub settings: ModelSettings,
     /// The family key: equal for models that differ only in weight values.
-    pub family: String,
+    pub family_key: String,
     /// True when it shares its family's compiled graph (weights bound per run).
     pub shares_graph: bool,
     /// Where its replicas run (`cpu`, `gpu:0,gpu:1`).
@@ -340,7 +340,7 @@ impl Models {
                     .set(0.0);
                 if let Some(VersionState::Ready(h)) = old.versions.get(version) {
                     metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
-                        "version" => v, "family" => h.family.clone())
+                        "version" => v, "family" => h.family_key.clone())
                     .set(0.0);
                 }
             }

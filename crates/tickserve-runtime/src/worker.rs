@@ -30,7 +30,7 @@ use crate::job::Job;
 #[derive(Debug)]
 pub struct CompileInput {
     /// The family key, for metrics and messages.
-    pub family: String,
+    pub family_key: String,
     /// The graph: weights as constants, or as inputs when `weights` is given.
     pub graph: ModelGraph,
     /// The batch sizes to compile.
@@ -46,7 +46,7 @@ pub struct CompileInput {
 impl CompileInput {
     fn compile(&self) -> Result<Box<dyn CompiledModel>, EngineError> {
         self.engine.compile(&CompileRequest {
-            family: &self.family,
+            family: &self.family_key,
             graph: &self.graph,
             buckets: &self.buckets,
             weights: self.weights.as_deref(),
@@ -172,7 +172,7 @@ pub struct WorkerStart {
     pub inline_budget: Duration,
 }
 
-/// Starts executor thread `index` of family `input.family`: it compiles the
+/// Starts executor thread `index` of family `input.family_key`: it compiles the
 /// graph, reports on the returned receiver, and on success serves batches
 /// from the family's intake.
 pub fn spawn(
@@ -183,7 +183,7 @@ pub fn spawn(
     let (report_tx, report_rx) = std::sync::mpsc::sync_channel(1);
     let thread_name = format!(
         "exec-{}-{index}",
-        &input.family[..input.family.len().min(8)]
+        &input.family_key[..input.family_key.len().min(8)]
     );
     let handle = std::thread::Builder::new()
         .name(thread_name)

@@ -150,7 +150,7 @@ fn log_models(runtime: &Runtime) {
                     signature = %h.signature.summary(),
                     buckets = ?h.settings.buckets.sizes(),
                     device = %h.device,
-                    family = %h.family,
+                    family = %h.family_key,
                     compile_ms = format!("{:.1}", h.load_time.as_secs_f64() * 1e3),
                     "loaded"
                 ),
@@ -186,7 +186,7 @@ fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
                     "READY",
                     h.device,
                     h.load_time.as_secs_f64() * 1e3,
-                    h.family,
+                    h.family_key,
                     format!("{:?}", h.settings.buckets.sizes()),
                     h.signature.summary()
                 ),

@@ -138,7 +138,7 @@ impl ModelConfigView {
             parameters: [(
                 "family",
                 ParameterView {
-                    string_value: loaded.family.clone(),
+                    string_value: loaded.family_key.clone(),
                 },
             )]
             .into(),
@@ -295,7 +295,7 @@ mod tests {
                 executors: 3,
                 default_timeout: None,
             },
-            family: "f00d".into(),
+            family_key: "f00d".into(),
             shares_graph: true,
             device: String::new(),
             placements,

@@ -26,7 +26,7 @@ async fn serving_compiles_nothing() {
                 panic!("sample model {name} failed to load");
             };
             let family = if h.shares_graph {
-                h.family.clone()
+                h.family_key.clone()
             } else {
                 format!("{name} alone")
             };

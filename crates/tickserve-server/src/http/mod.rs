@@ -194,7 +194,7 @@ async fn model_metadata(
         "platform": ModelConfigView::of(&handle.name, &handle.loaded).platform,
         "inputs": tensors(&handle.signature.inputs),
         "outputs": tensors(&handle.signature.outputs),
-        "parameters": { "family": handle.family },
+        "parameters": { "family": handle.family_key },
     }))
     .into_response())
 }
