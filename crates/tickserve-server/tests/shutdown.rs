@@ -10,7 +10,13 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_answers_what_was_admitted() {
     let repository = common::root().join("config/models");
-    let server = common::start(&common::config(&repository)).await;
+    let mut config = common::config(&repository);
+    // 24 requests of 512 rows: room for all of them in the queue, so every one
+    // is admitted however fast the executor drains it (with the default 4096
+    // rows, a slow moment answered one of them 429, and the test waited for
+    // it to be admitted: a flake seen on the old runtime too, 1 run in 8).
+    config.model_defaults.max_queue_rows = 24 * 512;
+    let server = common::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     let client = reqwest::Client::new();
     assert_eq!(
@@ -28,6 +34,7 @@ async fn shutdown_answers_what_was_admitted() {
     let (body, json_len) = common::seq_lstm_body(rows);
     let url = format!("{base}/v2/models/seq_lstm/infer");
     let tasks = common::flood(&url, &body, json_len, 24);
+    assert!(24 * rows <= config.model_defaults.max_queue_rows);
     // Wait until every request is admitted (queued or answered), then stop.
     let handle = server.shared().runtime.model("seq_lstm", None).unwrap();
     let admitted = || handle.queue.rows() / rows + handle.stats.snapshot().success.count as usize;

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Old binary against new, in one run: perf_analyzer over gRPC on alpha_mlp (one row
+per request) at concurrency 1 and 8, the server pinned to one core and perf_analyzer to
+another (as scripts/bench_batching.py pins them), the two binaries taking turns round
+by round so that the machine's drift falls on both alike. Prints each round and a
+Markdown table of medians with the new/old ratios.
+
+    # the old binary, from a commit, in a worktree of its own:
+    git worktree add /tmp/tickserve-old-tree COMMIT
+    (cd /tmp/tickserve-old-tree && cargo build --release -p tickserve-server)
+    cargo build --release -p tickserve-server
+    python3 scripts/bench_ab.py --old /tmp/tickserve-old-tree/target/release/tickserve \\
+        --new target/release/tickserve            # 3 rounds of 4 s windows: about 3 minutes
+
+Both servers run config/tickserve.toml from this checkout (the sample repository).
+"""
+import argparse
+import csv
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server import ROOT, Server  # noqa: E402
+
+PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
+
+
+def measure(grpc_port, concurrency, cpus, interval_ms):
+    """One perf_analyzer run: (requests/s, p50 µs, p99 µs)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "pa.csv"
+        command = ["taskset", "-c", cpus, str(PERF_ANALYZER), "-m", "alpha_mlp",
+                   "-u", f"127.0.0.1:{grpc_port}", "-i", "grpc",
+                   "--concurrency-range", str(concurrency),
+                   "--measurement-interval", str(interval_ms), "-f", str(out)]
+        run = subprocess.run(command, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"perf_analyzer failed:\n{run.stdout}\n{run.stderr}")
+        row = next(csv.DictReader(open(out)))
+        return (float(row["Inferences/Second"]), float(row["p50 latency"]),
+                float(row["p99 latency"]))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--old", required=True, help="the old server binary")
+    p.add_argument("--new", required=True, help="the new server binary")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--interval", type=int, default=4000, help="measurement window, ms")
+    p.add_argument("--server-cpus", default="0")
+    p.add_argument("--client-cpus", default="1")
+    p.add_argument("--concurrency", default="1,8")
+    args = p.parse_args()
+    if not PERF_ANALYZER.exists():
+        sys.exit(f"perf_analyzer wrapper not found at {PERF_ANALYZER}")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    results = {(which, c): [] for which in ("old", "new") for c in levels}
+    for round_ in range(1, args.rounds + 1):
+        # Alternate which goes first, so neither always runs on a warmer machine.
+        order = ("old", "new") if round_ % 2 else ("new", "old")
+        for which in order:
+            binary = getattr(args, which)
+            with Server(binary=binary, taskset_cpus=args.server_cpus) as server:
+                for c in levels:
+                    r = measure(server.grpc_port, c, args.client_cpus, args.interval)
+                    results[(which, c)].append(r)
+                    print(f"round {round_} {which} c{c}: {r[0]:.0f} req/s, "
+                          f"p50 {r[1]:.0f} µs, p99 {r[2]:.0f} µs", flush=True)
+    print()
+    print(f"medians of {args.rounds} rounds, {args.interval} ms windows, server on cpus "
+          f"{args.server_cpus}, perf_analyzer on cpus {args.client_cpus}")
+    print()
+    print("| concurrency | binary | requests/s | p50 (µs) | p99 (µs) |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for c in levels:
+        med = {w: [statistics.median(x[i] for x in results[(w, c)]) for i in range(3)]
+               for w in ("old", "new")}
+        for w in ("old", "new"):
+            rps, p50, p99 = med[w]
+            print(f"| {c} | {w} | {rps:.0f} | {p50:.0f} | {p99:.0f} |")
+        ratio = [n / o if o else float("nan") for n, o in zip(med["new"], med["old"])]
+        print(f"| {c} | new/old | {ratio[0]:.2f} | {ratio[1]:.2f} | {ratio[2]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
