@@ -4,8 +4,9 @@
     python3 scripts/bench_batching.py                 # about 6 minutes
     python3 scripts/bench_batching.py --quick         # 2 s measurement windows, about 4 minutes
 
-Starts the release server (target/release/tickserve; build it first:
-cargo build --release -p tickserve-server) on the sample repository twice:
+Starts the release server (target/release/tickserve, or $TICKSERVE_BIN; build it first:
+cargo build --release -p tickserve-server) through scripts/server.py on the sample
+repository twice:
 
   - unbatched: every bucket but 1 removed (`buckets = [1]`): each request is its own run;
   - batched: the shipped defaults (buckets 1..64, max_queue_delay 0, one executor).
@@ -38,16 +39,16 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 K6 = ROOT / ".venv/bin/k6"
-SERVER = ROOT / "target/release/tickserve"
 TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import free_port, metric_sum  # noqa: E402
+from bench_common import metric_sum  # noqa: E402
+from server import Server, binary_path  # noqa: E402
+
+SERVER = binary_path()  # $TICKSERVE_BIN, else target/release/tickserve
 
 
 def requests_served(http):
@@ -64,52 +65,33 @@ def children_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-class Server:
-    """The release server on the sample repository, optionally pinned to `cpus`."""
-
-    def __init__(self, work, name, model_defaults, cpus):
-        self.http, self.grpc = free_port(), free_port()
-        config = work / f"{name}.toml"
-        config.write_text(
-            f'[server]\nhost = "127.0.0.1"\nhttp_port = {self.http}\ngrpc_port = {self.grpc}\n'
-            f'[runtime]\nonnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"\n'
-            f'[repository]\npath = "{ROOT / "config/models"}"\n'
-            f'[model_defaults]\n{model_defaults}\n')
-        pin = ["taskset", "-c", cpus] if cpus else []
-        self.log = open(work / f"{name}.log", "w")
-        self.process = subprocess.Popen(
-            pin + [str(SERVER), "serve", "--config", str(config)],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/health/ready", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise SystemExit(f"server {name} did not become ready; see {work / name}.log")
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(timeout=30)
-        self.log.close()
+def sample_server(work, name, model_defaults, cpus):
+    """The release server on the sample repository with `model_defaults`, optionally
+    pinned to `cpus`; scripts/server.py starts it, waits for ready and stops it."""
+    config = work / f"{name}.toml"
+    config.write_text(
+        f'[server]\nhost = "127.0.0.1"\n'
+        f'[runtime]\nonnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"\n'
+        f'[repository]\npath = "{ROOT / "config/models"}"\n'
+        f'[model_defaults]\n{model_defaults}\n')
+    return Server(config=config, log=work / f"{name}.log", taskset_cpus=cpus)
 
 
 def measured(server, command):
     """Runs `command`; returns (server CPU s, client CPU s, requests served) over it."""
-    server_cpu, client_cpu = cpu_seconds(server.process.pid), children_cpu()
-    served = requests_served(server.http)
+    server_cpu, client_cpu = cpu_seconds(server.pid), children_cpu()
+    served = requests_served(server.http_port)
     subprocess.run(command, check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    return (cpu_seconds(server.process.pid) - server_cpu, children_cpu() - client_cpu,
-            requests_served(server.http) - served)
+    return (cpu_seconds(server.pid) - server_cpu, children_cpu() - client_cpu,
+            requests_served(server.http_port) - served)
 
 
 def perf_analyzer(server, concurrency, cpus, interval_ms, out):
     csv_path = out.with_suffix(".csv")
     command = (["taskset", "-c", cpus] if cpus else []) + [
         "bash", "-c",
-        f'"$0" -m alpha_mlp -u 127.0.0.1:{server.grpc} -i grpc --concurrency-range {concurrency} '
+        f'"$0" -m alpha_mlp -u 127.0.0.1:{server.grpc_port} -i grpc --concurrency-range {concurrency} '
         f'--measurement-interval {interval_ms} -f {csv_path} > {out} 2>&1',
         str(PERF_ANALYZER)]
     server_cpu, client_cpu, served = measured(server, command)
@@ -132,7 +114,7 @@ def k6_open_loop(server, rate, duration, out):
     summary = out.with_suffix(".json")
     command = [str(K6), "run", "-q", "-e", "SCENARIO=steady", "-e", f"RATE={rate}",
                "-e", f"DURATION={duration}", "-e", "PREALLOCATED_VUS=200",
-               "-e", f"TICKSERVE_HTTP=http://127.0.0.1:{server.http}",
+               "-e", f"TICKSERVE_HTTP=http://127.0.0.1:{server.http_port}",
                "--summary-export", str(summary), "loadtest/http.js"]
     server_cpu, client_cpu, served = measured(
         server, ["bash", "-c", '"$@" > "$0" 2>&1 || true', str(out)] + command)
@@ -173,24 +155,18 @@ def main():
         for placement, server_cpus, client_cpus in (
                 ("shared", None, None), ("pinned", args.server_cpus, args.client_cpus)):
             for name, defaults in (("unbatched", "buckets = [1]"), ("batched", "")):
-                server = Server(work, f"{name}-{placement}", defaults, server_cpus)
-                try:
+                with sample_server(work, f"{name}-{placement}", defaults, server_cpus) as server:
                     for c in (1, 8, 32):
                         row = perf_analyzer(server, c, client_cpus, interval,
                                             out / f"pa_{name}_{placement}_{c}.txt")
                         row.update(server=name, placement=placement)
                         results["closed_loop"].append(row)
                         print(row, file=sys.stderr)
-                finally:
-                    server.stop()
-        server = Server(work, "batched-open-loop", "", None)
-        try:
+        with sample_server(work, "batched-open-loop", "", None) as server:
             for rate in (args.rate, 2 * args.rate):
                 row = k6_open_loop(server, rate, duration, out / f"k6_{rate}.txt")
                 results["open_loop"].append(row)
                 print(row, file=sys.stderr)
-        finally:
-            server.stop()
     (ROOT / "target/bench/batching.json").write_text(json.dumps(results, indent=2))
 
     print("| placement | server | concurrency | requests/s | p50 (µs) | p99 (µs) "

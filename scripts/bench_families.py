@@ -7,8 +7,8 @@
 Writes N models of the tick architecture (float32 [batch, 16] -> Gemm 16x32 ->
 Relu -> Gemm 32x1, each with its own random weights) into a temporary
 repository, then for sharing on and off starts the release server on it
-(target/release/tickserve; build it first: cargo build --release -p tickserve-server)
-and reports:
+(target/release/tickserve, or $TICKSERVE_BIN; build it first:
+cargo build --release -p tickserve-server) through scripts/server.py and reports:
 
   - ready: seconds from starting the process to /v2/health/ready answering 200
   - RSS after load (VmRSS of the process, once ready)
@@ -24,7 +24,6 @@ server share this machine's cores.
 """
 import argparse
 import json
-import os
 import pathlib
 import shutil
 import statistics
@@ -39,7 +38,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_models  # noqa: E402  (the sample models' own generator)
-from bench_common import free_port, get, metric_sum  # noqa: E402
+from bench_common import metric_sum  # noqa: E402
+from server import Server, binary_path  # noqa: E402
 
 
 def write_member(root, index):
@@ -59,31 +59,19 @@ def rss_mib(pid):
 
 
 def run(share, repo, members, args, work):
-    http, grpc = free_port(), free_port()
-    config = work / f"tickserve-{'shared' if share else 'unshared'}.toml"
+    name = "shared" if share else "unshared"
+    config = work / f"tickserve-{name}.toml"
     config.write_text(
-        f'[server]\nhost = "127.0.0.1"\nhttp_port = {http}\ngrpc_port = {grpc}\n'
+        f'[server]\nhost = "127.0.0.1"\n'
         f'[runtime]\nonnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"\n'
         f'[repository]\npath = "{repo}"\n'
         f'[model_defaults]\nshare_weights = {"true" if share else "false"}\n')
-    log = open(work / f"server-{'shared' if share else 'unshared'}.log", "w")
-    started = time.monotonic()
-    server = subprocess.Popen([str(ROOT / "target/release/tickserve"), "serve", "--config", str(config)],
-                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "info"})
-    try:
-        while True:
-            if server.poll() is not None:
-                sys.exit(f"the server stopped while loading; see {log.name}")
-            try:
-                if get(f"http://127.0.0.1:{http}/v2/health/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
-        ready = time.monotonic() - started
-        result = {"sharing": share, "members": members, "ready_s": round(ready, 2),
+    with Server(config=config, log=work / f"server-{name}.log", env={"RUST_LOG": "info"},
+                stop_timeout=60) as server:
+        http = server.http_port
+        result = {"sharing": share, "members": members, "ready_s": round(server.ready_s, 2),
                   "rss_mib": round(rss_mib(server.pid), 1), "compilations": compilations(http)}
-        summary = work / f"k6-{'shared' if share else 'unshared'}.json"
+        summary = work / f"k6-{name}.json"
         subprocess.run([str(ROOT / ".venv/bin/k6"), "run", "-q", "-e", "SCENARIO=family",
                         "-e", f"FAMILY_SIZE={members}", "-e", f"RATE={args.rate}",
                         "-e", f"DURATION={args.duration}", "-e", f"TICKSERVE_HTTP=http://127.0.0.1:{http}",
@@ -112,10 +100,6 @@ def run(share, repo, members, args, work):
             for index in range(members, members + args.new_members):
                 shutil.rmtree(repo / f"tick_{index:03d}")
         return result
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
 
 
 def main():
@@ -125,8 +109,9 @@ def main():
     p.add_argument("--duration", default="20s", help="k6 run length per configuration")
     p.add_argument("--new-members", type=int, default=20)
     args = p.parse_args()
-    if not (ROOT / "target/release/tickserve").exists():
-        sys.exit("build the server first: cargo build --release -p tickserve-server")
+    if not binary_path().exists():
+        sys.exit(f"{binary_path()} is missing: build the server first "
+                 "(cargo build --release -p tickserve-server), or set TICKSERVE_BIN")
     out = ROOT / "target/bench"
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tickserve-families-") as tmp:
