@@ -297,8 +297,8 @@ impl Models {
     }
 
     /// Puts `versions` in place of model `name`'s, unless `keep_old` and the
-    /// model is already there; returns what it replaced, or `Err(())` when
-    /// it kept the old versions.
+    /// model is already there; returns what it replaced, or gives `versions`
+    /// back as the error when it kept the old ones.
     pub fn replace(
         &self,
         name: &str,
