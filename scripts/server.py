@@ -30,6 +30,7 @@ and answers what it admitted), waits, then kills.
 """
 import argparse
 import collections
+import ctypes
 import os
 import pathlib
 import signal
@@ -79,6 +80,17 @@ def port_in_use(port):
         except OSError:
             return True
     return False
+
+
+def _stop_with_parent():
+    """Runs in the server's process before exec: asks Linux to send it SIGTERM when
+    the process that started it dies, so that a benchmark killed before its `with`
+    block could stop the server (SIGKILL, an unhandled SIGTERM) leaves none behind.
+    Survives taskset's exec."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() is then the only way
 
 
 class Server:
@@ -144,7 +156,8 @@ class Server:
             started = time.monotonic()
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=ROOT,
-                                            env={**os.environ, **self.env})
+                                            env={**os.environ, **self.env},
+                                            preexec_fn=_stop_with_parent)
         self.pid = self.process.pid
         url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
         while True:
