@@ -64,7 +64,7 @@ pub struct RuntimeConfig {
     /// The environment variable `TICKSERVE_ONNXRUNTIME_LIBRARY` overrides it.
     pub onnxruntime_library: PathBuf,
     /// ONNX Runtime intra-op threads per session. 1 is fastest for the small
-    /// models tickserve serves (see README, "Thread settings").
+    /// models tickserve serves (see docs/performance.md, "Thread settings").
     pub intra_op_threads: usize,
     /// Let the CUDA engine's fp32 products use TF32 tensor cores (faster,
     /// about 1e-3 relative error). Off: results match the CPU within 1e-5.
@@ -122,8 +122,8 @@ pub struct ModelDefaults {
     /// Executors (threads, each with its own compiled sessions) per model.
     pub executors: usize,
     /// Models of one family (same graph, different weights) share one compiled
-    /// graph per bucket, each run binding its model's weights (README, "Model
-    /// families"). `false` compiles every model on its own, weights as constants.
+    /// graph per bucket, each run binding its model's weights (docs/families.md).
+    /// `false` compiles every model on its own, weights as constants.
     pub share_weights: bool,
     /// Where models run, one replica per entry (see [`ModelConfig::devices`]).
     pub devices: Vec<Placement>,

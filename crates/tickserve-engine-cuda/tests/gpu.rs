@@ -1,5 +1,5 @@
 //! On a GPU (ignored elsewhere; run with `--ignored` on the GPU machine, see
-//! README "CUDA engine"): every bucket of `alpha_mlp`, the `cuda_ops`
+//! docs/cuda.md): every bucket of `alpha_mlp`, the `cuda_ops`
 //! fixture and every `tick_*` member (one family graph, members swapped by
 //! pointer, run by run) gives what ONNX Runtime gives on the CPU within 1e-5
 //! relative, on fresh random inputs; compiling made one graph per bucket and

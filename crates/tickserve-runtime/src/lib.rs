@@ -12,10 +12,11 @@
 //! | [`batcher`] | the batching policy, a plain struct tested on explicit instants |
 //! | [`job`] | one admitted request's envelope |
 //! | [`executor`] | a compiled model on one device, and the bucket runs |
+//! | [`settings`] | a model's effective settings |
 //! | [`engines`] | the engines, and the choice of one per replica (the only code naming ONNX Runtime or CUDA) |
 //! | [`worker`] | an executor thread: compile, time the inline budget, serve batches from the intake |
 //! | [`family`] | a compiled graph on its executors and its queue; `submit` runs at once or admits |
-//! | [`settings`], [`repository`] | a model's effective settings; the repository on disk |
+//! | [`repository`] | the repository on disk |
 //! | [`models`] | the registry: handles, versions, the index; `ModelHandle::infer` |
 //! | [`loader`] | loading many versions into families in parallel |
 //! | this file | the [`Runtime`] facade |

@@ -1,6 +1,6 @@
 //! Loopback round trips against a real in-process server, one request at a
 //! time over one connection: the floor (an empty RPC / GET) and a single-row
-//! `alpha_mlp` inference, so the README can state inference latency as a
+//! `alpha_mlp` inference, so docs/performance.md can state inference latency as a
 //! multiple of the transport's own cost.
 //!
 //!     cargo bench -p tickserve-server --bench roundtrip
