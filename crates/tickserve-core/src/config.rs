@@ -298,6 +298,17 @@ impl ServerConfig {
         if self.server.max_request_bytes < 1024 {
             return Err("server.max_request_bytes must be at least 1024".into());
         }
+        use crate::durations::{MAX_INLINE_BUDGET, MAX_QUEUE_DELAY, check};
+        check(
+            "model_defaults.max_queue_delay",
+            d.max_queue_delay,
+            MAX_QUEUE_DELAY,
+        )?;
+        check(
+            "runtime.inline_budget",
+            self.runtime.inline_budget,
+            MAX_INLINE_BUDGET,
+        )?;
         Ok(())
     }
 }
@@ -351,6 +362,20 @@ mod tests {
     fn unknown_keys_are_errors() {
         assert!(toml::from_str::<ModelConfig>("bucket = [1]").is_err());
         assert!(toml::from_str::<ServerConfig>("[server]\nport = 1").is_err());
+    }
+
+    #[test]
+    fn absurd_durations_in_the_server_config_are_refused_naming_key_and_limit() {
+        let config: ServerConfig =
+            toml::from_str("[model_defaults]\nmax_queue_delay = \"100000000000s\"").unwrap();
+        let error = config.validate().unwrap_err();
+        assert!(
+            error.starts_with("model_defaults.max_queue_delay is") && error.ends_with("1s"),
+            "{error}"
+        );
+        let config: ServerConfig = toml::from_str("[runtime]\ninline_budget = \"2s\"").unwrap();
+        let error = config.validate().unwrap_err();
+        assert!(error.starts_with("runtime.inline_budget is 2s"), "{error}");
     }
 
     /// Every configuration file shipped in the repository parses and validates.

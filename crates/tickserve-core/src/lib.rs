@@ -9,6 +9,7 @@
 pub mod buckets;
 pub mod config;
 pub mod datatype;
+pub mod durations;
 pub mod engine;
 pub mod error;
 pub mod metrics;

@@ -126,7 +126,9 @@ impl<J: Queued> Batcher<J> {
             rows += job.rows();
             count += 1;
         }
-        let due = oldest.admitted() + self.max_delay;
+        // max_queue_delay is at most a second (checked at load); should the
+        // sum not fit, the batch goes now.
+        let due = oldest.admitted().checked_add(self.max_delay).unwrap_or(now);
         if rows == self.largest || at_once || now >= due {
             Decision::Run(count)
         } else {

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use tickserve_core::durations;
 use tickserve_core::validate::validate;
 use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, metrics as names};
 
@@ -112,9 +113,11 @@ impl ModelHandle {
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
         let valid = validate(&request, &self.signature, &self.settings.limits)?;
         let admitted = Instant::now();
-        let deadline = request
-            .deadline
-            .or_else(|| self.settings.default_timeout.map(|t| admitted + t));
+        let deadline = request.deadline.or_else(|| {
+            self.settings
+                .default_timeout
+                .map(|t| durations::deadline_after(admitted, t))
+        });
         let Some(replica) = self.route() else {
             return Err(Error::ModelNotReady {
                 model: self.name.clone(),

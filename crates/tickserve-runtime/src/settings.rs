@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tickserve_core::Buckets;
 use tickserve_core::config::{ModelConfig, ModelDefaults, NanPolicy};
+use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::validate::Limits;
 
 /// Settings of one model, fixed at load.
@@ -49,6 +50,11 @@ impl ModelSettings {
                 "max_queue_rows ({max_queue_rows}) must be at least max_request_rows ({max_request_rows})"
             ));
         }
+        let max_queue_delay = config.max_queue_delay.unwrap_or(defaults.max_queue_delay);
+        durations::check("max_queue_delay", max_queue_delay, MAX_QUEUE_DELAY)?;
+        if let Some(timeout) = config.timeout {
+            durations::check("timeout", timeout, MAX_TIMEOUT)?;
+        }
         let default_nan = if tree_ensemble {
             NanPolicy::Allow
         } else {
@@ -61,7 +67,7 @@ impl ModelSettings {
                 nan_policy: config.nan_policy.unwrap_or(default_nan),
             },
             max_queue_rows,
-            max_queue_delay: config.max_queue_delay.unwrap_or(defaults.max_queue_delay),
+            max_queue_delay,
             executors,
             default_timeout: config.timeout,
         })

@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use tickserve_core::durations;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
@@ -79,7 +80,7 @@ pub fn decode(
         .into_iter()
         .flatten()
         .min()
-        .map(|t| Instant::now() + t);
+        .map(|t| durations::deadline_after(Instant::now(), t));
     let outputs = (!request.outputs.is_empty())
         .then(|| request.outputs.into_iter().map(|o| o.name).collect());
     let version = (!request.model_version.is_empty()).then_some(request.model_version);
@@ -256,16 +257,17 @@ fn bytes_to_typed(datatype: DataType, data: &[u8]) -> pb::InferTensorContents {
     c
 }
 
-/// Parses a `grpc-timeout` header value (`100m`, `5S`, `250u`).
+/// Parses a `grpc-timeout` header value as the gRPC spec writes it: 1 to 8
+/// digits and a unit (`100m`, `5S`, `250u`); `None` for anything else.
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    if value.len() < 2 {
+    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let (digits, unit) = value.split_at(value.len() - 1);
     let n: u64 = digits.parse().ok()?;
     Some(match unit {
-        "H" => Duration::from_secs(n.checked_mul(3600)?),
-        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
         "S" => Duration::from_secs(n),
         "m" => Duration::from_millis(n),
         "u" => Duration::from_micros(n),
@@ -285,6 +287,18 @@ mod tests {
         assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
         assert_eq!(parse_grpc_timeout("x"), None);
         assert_eq!(parse_grpc_timeout("10q"), None);
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("+5S"), None);
+        assert_eq!(
+            parse_grpc_timeout("99999999H"),
+            Some(Duration::from_secs(99_999_999 * 3600))
+        );
+        assert_eq!(
+            parse_grpc_timeout("123456789S"),
+            None,
+            "9 digits: over the spec's 8"
+        );
+        assert_eq!(parse_grpc_timeout("5é"), None);
     }
 
     #[test]

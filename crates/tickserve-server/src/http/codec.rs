@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use tickserve_core::durations;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
@@ -154,8 +155,8 @@ pub fn decode(
             )
         }
     };
-    let deadline =
-        param_u64(params, "timeout").map(|us| Instant::now() + Duration::from_micros(us));
+    let deadline = param_u64(params, "timeout")
+        .map(|us| durations::deadline_after(Instant::now(), Duration::from_micros(us)));
     Ok(Decoded {
         request: InferRequest {
             model: model.to_string(),

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tickserve_core::durations;
 use tickserve_core::{Error, ErrorKind};
 use tickserve_runtime::ModelHandle;
 use tokio::sync::watch;
@@ -322,7 +323,7 @@ async fn infer_inner(
         &handle.signature,
     )?;
     if let Some(timeout) = header_timeout {
-        let by_header = Instant::now() + timeout;
+        let by_header = durations::deadline_after(Instant::now(), timeout);
         decoded.request.deadline = Some(
             decoded
                 .request

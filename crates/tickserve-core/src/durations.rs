@@ -1,0 +1,68 @@
+//! Durations from clients and configuration files, with a stated maximum each
+//! and checked arithmetic: a client's number can never overflow an `Instant`,
+//! and an absurd configured value stops the load, naming its key and limit.
+//!
+//! A client's timeout (`grpc-timeout`, the `Tickserve-Timeout` header, the
+//! `timeout` parameter) longer than [`MAX_TIMEOUT`] counts as [`MAX_TIMEOUT`]:
+//! asking for "no hurry" is legitimate, and no request waits in tickserve for
+//! an hour (queues are bounded in rows). Configured durations are refused
+//! above their maximum instead, since a typo there affects every request.
+
+use std::time::{Duration, Instant};
+
+/// The longest deadline a request can have: a client's longer timeout is
+/// shortened to it; a model's `timeout` may not exceed it.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The longest `max_queue_delay`: how long a queued request may wait for
+/// company. A second is already far beyond any trading use.
+pub const MAX_QUEUE_DELAY: Duration = Duration::from_secs(1);
+
+/// The longest `runtime.inline_budget`.
+pub const MAX_INLINE_BUDGET: Duration = Duration::from_secs(1);
+
+/// The deadline `timeout` after `now`, `timeout` shortened to [`MAX_TIMEOUT`].
+pub fn deadline_after(now: Instant, timeout: Duration) -> Instant {
+    let timeout = timeout.min(MAX_TIMEOUT);
+    // An hour after a real `Instant` always fits; should it not, the request
+    // gets the latest deadline that does rather than a panic.
+    now.checked_add(timeout).unwrap_or(now)
+}
+
+/// Checks configured duration `key` against its maximum `limit`.
+pub fn check(key: &str, value: Duration, limit: Duration) -> Result<(), String> {
+    if value > limit {
+        return Err(format!(
+            "{key} is {}; the most it may be is {}",
+            humantime::format_duration(value),
+            humantime::format_duration(limit)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_timeout_is_the_longest_deadline_not_a_panic() {
+        let now = Instant::now();
+        assert_eq!(deadline_after(now, Duration::MAX), now + MAX_TIMEOUT);
+        assert_eq!(
+            deadline_after(now, Duration::from_secs(10_000_000_000_000_000_000)),
+            now + MAX_TIMEOUT
+        );
+        assert_eq!(
+            deadline_after(now, Duration::from_micros(250)),
+            now + Duration::from_micros(250)
+        );
+    }
+
+    #[test]
+    fn a_configured_duration_over_its_limit_names_key_and_limit() {
+        let error = check("max_queue_delay", Duration::from_secs(5), MAX_QUEUE_DELAY).unwrap_err();
+        assert_eq!(error, "max_queue_delay is 5s; the most it may be is 1s");
+        assert_eq!(check("timeout", MAX_TIMEOUT, MAX_TIMEOUT), Ok(()));
+    }
+}
