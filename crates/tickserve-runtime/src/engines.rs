@@ -64,6 +64,16 @@ impl Engines {
         })
     }
 
+    /// Engines of the caller's choosing: `cpu` for CPU replicas, `gpu` for
+    /// replicas on `gpus`.
+    pub fn new(cpu: SharedEngine, gpu: SharedEngine, gpus: Gpus) -> Engines {
+        Engines {
+            cpu,
+            gpu,
+            gpus: Arc::new(gpus),
+        }
+    }
+
     /// The devices of a model placed on `placements` (its `devices`, or the
     /// server's), one per replica; see [`replicas`].
     pub fn replicas(&self, placements: &[Placement]) -> Result<Vec<Device>, String> {

@@ -10,8 +10,9 @@
 //! ([`crate::worker`]) calls it for queued jobs, and a caller's own thread
 //! calls [`Executor::answer`] when it finds the executor idle.
 
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tickserve_core::validate::ValidRequest;
@@ -25,7 +26,7 @@ use crate::member::{Member, RetiredLog};
 use crate::stats::RequestCost;
 
 /// What the executors of one family share with it: read from the family
-/// (members that left), written for it (runs), and its key for metrics.
+/// (members that left), written for it (runs, health), and its key for metrics.
 #[derive(Debug, Clone)]
 pub struct FamilyLinks {
     /// The family key, for the weight-swap metric.
@@ -34,6 +35,29 @@ pub struct FamilyLinks {
     pub retired: Arc<RetiredLog>,
     /// Bucket runs by any executor of the family.
     pub runs: Arc<AtomicU64>,
+    /// Whether the family can still run.
+    pub health: Arc<FamilyHealth>,
+}
+
+/// Whether a family can run: set once, by the executor whose engine reported
+/// its device lost; the family then takes no more requests, its models report
+/// not ready, and a reload founds a new family instead of joining this one.
+#[derive(Debug, Default)]
+pub struct FamilyHealth {
+    failure: OnceLock<String>,
+}
+
+impl FamilyHealth {
+    /// Why the family cannot run, once it cannot.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    fn fail(&self, reason: String) {
+        if self.failure.set(reason.clone()).is_ok() {
+            tracing::error!(%reason, "a family stopped: its models are not ready until reloaded");
+        }
+    }
 }
 
 /// A family's compiled graph on one device and what running it needs.
@@ -45,12 +69,15 @@ pub struct Executor {
     input_row_bytes: Vec<usize>,
     output_row_bytes: Vec<usize>,
     retired: Arc<RetiredLog>,
+    health: Arc<FamilyHealth>,
     /// How many retired ids this executor has already freed.
     retired_seen: usize,
     /// The member whose weights the last run bound.
     last_member: Option<MemberId>,
     weight_swaps: metrics::Counter,
     runs: Arc<AtomicU64>,
+    /// The family key, for messages.
+    family_key: String,
     /// GPU time per bucket (CUDA events), for engines that measure it.
     device_compute: Vec<metrics::Histogram>,
     /// See [`Executor::inline_rows`].
@@ -94,10 +121,12 @@ impl Executor {
             input_row_bytes,
             output_row_bytes,
             retired: links.retired,
+            health: links.health,
             retired_seen: 0,
             last_member: None,
             weight_swaps,
             runs: links.runs,
+            family_key: links.family_key.clone(),
             device_compute,
             inline_rows,
         }
@@ -144,13 +173,35 @@ impl Executor {
             self.weight_swaps.increment(1);
         }
         self.last_member = Some(member.id);
+        if let Some(reason) = self.health.failure() {
+            return Err(Error::ModelNotReady {
+                model: member.name.clone(),
+                version: member.version.clone(),
+                reason: format!("its family stopped: {reason}"),
+            });
+        }
         let started = Instant::now();
-        self.model
-            .run(bucket, member.id)
-            .map_err(|e| Error::Internal {
+        // A panic inside the engine fails this run only: it is caught here,
+        // so the executor thread goes on and no lock is poisoned (the run-at-
+        // once path holds the executor's mutex).
+        let model = &mut self.model;
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| model.run(bucket, member.id)))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::Internal(format!(
+                    "the engine panicked: {}",
+                    panic_message(panic.as_ref())
+                )))
+            });
+        if let Err(e) = outcome {
+            if let EngineError::DeviceLost(_) = &e {
+                self.health
+                    .fail(format!("{e} (family {})", self.family_key));
+            }
+            return Err(Error::Internal {
                 model: member.name.clone(),
                 message: e.to_string(),
-            })?;
+            });
+        }
         let elapsed = started.elapsed();
         self.runs.fetch_add(1, Ordering::Relaxed);
         if let (Some(time), Some(histogram)) =
@@ -266,6 +317,22 @@ impl Executor {
         };
         let answers: Vec<Result<Vec<OutputTensor>, Error>> = match result {
             Ok(outputs) => outputs.into_iter().map(Ok).collect(),
+            Err(Error::Internal { .. }) if self.health.failure().is_none() => {
+                // The run failed, the device did not: one request may be at
+                // fault (a row that makes the engine panic, say). Each runs
+                // alone, so the others get their predictions.
+                for job in live {
+                    let result = self.answer(
+                        &job.member,
+                        &job.request,
+                        job.id,
+                        job.admitted,
+                        job.deadline,
+                    );
+                    let _ = job.reply.send(result);
+                }
+                return;
+            }
             Err(e) => vec![Err(e); live.len()],
         };
         for ((job, mut cost), outputs) in live.into_iter().zip(costs).zip(answers) {
@@ -397,6 +464,15 @@ impl Executor {
             timing: cost.timing(),
         })
     }
+}
+
+/// The text of a caught panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// An empty output tensor for `rows` rows of `spec`, with room for `bytes`.

@@ -20,7 +20,7 @@ use tickserve_core::{Device, EngineError, Error, InferResponse, Signature, Weigh
 use tokio::sync::oneshot;
 
 use crate::admission::{FamilyRows, Ticket};
-use crate::executor::{Executor, FamilyLinks};
+use crate::executor::{Executor, FamilyHealth, FamilyLinks};
 use crate::job::Job;
 use crate::member::{Member, RetiredLog, Version};
 use crate::settings::ModelSettings;
@@ -56,6 +56,8 @@ pub struct Family {
     retired: Arc<RetiredLog>,
     /// Bucket runs by its executors.
     runs: Arc<AtomicU64>,
+    /// Whether it can still run (an executor marks it failed).
+    health: Arc<FamilyHealth>,
     /// The most rows a request may have to run on its caller's thread when
     /// an executor is idle (the least over its executors; 0 for GPU
     /// families, whose work stays on the executor threads).
@@ -120,6 +122,7 @@ impl Family {
             rows: Arc::new(FamilyRows::default()),
             retired: parts.links.retired,
             runs: parts.links.runs,
+            health: parts.links.health,
             inline_rows,
             next_member: AtomicU32::new(1),
         }
@@ -143,6 +146,11 @@ impl Family {
     /// Bucket runs by its executors so far.
     pub fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Why it cannot run any more (its device was lost), if it cannot.
+    pub fn failure(&self) -> Option<&str> {
+        self.health.failure()
     }
 
     /// Rows queued for any member now.

@@ -79,7 +79,12 @@ impl Runtime {
     /// this machine does not have; other model failures are recorded per
     /// model.
     pub fn load(config: &ServerConfig) -> Result<Runtime, String> {
-        let engines = Engines::start(config)?;
+        Runtime::load_with(config, Engines::start(config)?)
+    }
+
+    /// [`Runtime::load`] on engines of the caller's choosing (tests wrap an
+    /// engine to inject faults).
+    pub fn load_with(config: &ServerConfig, engines: Engines) -> Result<Runtime, String> {
         engines
             .replicas(&config.model_defaults.devices)
             .map_err(|e| format!("model_defaults.devices: {e}"))?;
@@ -152,6 +157,12 @@ impl Runtime {
     /// True when every model version loaded.
     pub fn all_ready(&self) -> bool {
         self.models.all_ready()
+    }
+
+    /// Brings `tickserve_model_ready` up to date with the families' health
+    /// (called before each scrape).
+    pub fn refresh_readiness(&self) {
+        self.models.refresh_readiness();
     }
 
     /// The model version asked for (`None`: the default), ready to serve:

@@ -172,7 +172,12 @@ impl Loader<'_> {
                     }
                 };
                 let sharing = p.weights.is_some();
-                let live = families.get(&p.group).and_then(Weak::upgrade);
+                // A family that stopped (its device lost) takes no new
+                // members: the version founds a new family instead.
+                let live = families
+                    .get(&p.group)
+                    .and_then(Weak::upgrade)
+                    .filter(|f| f.failure().is_none());
                 if let Some(family) = live.filter(|_| sharing) {
                     joining.push((index, p, Destination::Live(family)));
                 } else if let Some(&at) = by_group.get(&p.group).filter(|_| sharing) {
@@ -246,6 +251,7 @@ impl Loader<'_> {
             family_key: first.family.clone(),
             retired: Arc::new(RetiredLog::default()),
             runs: Arc::new(AtomicU64::new(0)),
+            health: Arc::default(),
         };
         let choice = self.engines.choose(
             &first.candidate.name,
@@ -273,10 +279,11 @@ impl Loader<'_> {
         for index in 0..settings.executors {
             match worker::spawn(Arc::clone(&input), start.clone(), index) {
                 Ok((thread, report)) => {
-                    self.threads
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(thread);
+                    let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+                    // Threads of families that died have ended: forget them,
+                    // so reloads do not grow the list.
+                    threads.retain(|t| !t.is_finished());
+                    threads.push(thread);
                     reports.push(report);
                 }
                 Err(e) => spawn_error = Some(format!("cannot start an executor thread: {e}")),

@@ -108,6 +108,21 @@ impl ModelHandle {
             .collect()
     }
 
+    /// Why it cannot serve, when none of its replicas' families can run.
+    pub fn failure(&self) -> Option<String> {
+        let failures: Vec<&str> = self
+            .replicas
+            .iter()
+            .map(|r| r.family.failure())
+            .collect::<Option<Vec<&str>>>()?;
+        Some(failures.join("; "))
+    }
+
+    /// True while at least one replica can run.
+    pub fn is_ready(&self) -> bool {
+        self.failure().is_none()
+    }
+
     /// Validates `request` against this version, and answers it on the
     /// replica with the shortest queue.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
@@ -122,7 +137,10 @@ impl ModelHandle {
             return Err(Error::ModelNotReady {
                 model: self.name.clone(),
                 version: self.version.clone(),
-                reason: "it has no replica".to_string(),
+                reason: match self.failure() {
+                    Some(reason) => format!("its family stopped: {reason}; reload it"),
+                    None => "it has no replica".to_string(),
+                },
             });
         };
         let submission = Submission {
@@ -141,12 +159,14 @@ impl ModelHandle {
         }
     }
 
-    /// The replica with the shortest queue, taking turns among equals.
+    /// The replica with the shortest queue among those that can run, taking
+    /// turns among equals.
     fn route(&self) -> Option<&Replica> {
         let count = self.replicas.len();
         let start = self.next_replica.fetch_add(1, Ordering::Relaxed);
         (0..count)
             .map(|i| &self.replicas[(start + i) % count])
+            .filter(|r| r.family.failure().is_none())
             .min_by_key(|r| r.family.queued_rows())
     }
 }
@@ -329,6 +349,16 @@ impl Models {
         self.write().clear();
     }
 
+    /// Sets every ready version's readiness metric from its replicas' health
+    /// (a family whose device was lost makes its models not ready).
+    pub fn refresh_readiness(&self) {
+        for handle in self.ready_handles() {
+            metrics::gauge!(names::MODEL_READY, "model" => handle.name.clone(),
+                "version" => handle.version.clone())
+            .set(if handle.is_ready() { 1.0 } else { 0.0 });
+        }
+    }
+
     /// Sets the readiness metrics of `old` versions of model `name` to 0,
     /// unless the same version serves again.
     pub fn mark_gone(&self, name: &str, old: &ModelVersions) {
@@ -379,7 +409,10 @@ impl Models {
             }
             for (version, state) in &model.versions {
                 let (state, reason) = match state {
-                    VersionState::Ready(_) => ("READY", String::new()),
+                    VersionState::Ready(h) => match h.failure() {
+                        None => ("READY", String::new()),
+                        Some(reason) => ("UNAVAILABLE", format!("its family stopped: {reason}")),
+                    },
                     VersionState::Failed(reason) => ("UNAVAILABLE", reason.clone()),
                 };
                 index.push(IndexEntry {

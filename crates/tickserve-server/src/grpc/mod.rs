@@ -310,7 +310,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = request.into_inner();
         let ready = match self.shared.runtime.model(&r.name, optional(&r.version)) {
-            Ok(_) => self.shared.ready(),
+            Ok(handle) => self.shared.ready() && handle.is_ready(),
             Err(e @ Error::ModelNotFound { .. }) => return Err(status(&e)),
             Err(_) => false,
         };

@@ -79,7 +79,13 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/v2/repository/models/{model}/unload",
             post(repository_unload),
         )
-        .route("/metrics", get(|| async { observe::render() }))
+        .route(
+            "/metrics",
+            get(|State(shared): State<Arc<Shared>>| async move {
+                shared.runtime.refresh_readiness();
+                observe::render()
+            }),
+        )
         .with_state(shared)
 }
 
@@ -204,8 +210,8 @@ async fn model_ready(
     State(shared): State<Arc<Shared>>,
     Path(path): Path<ModelPath>,
 ) -> Result<StatusCode, HttpError> {
-    lookup(&shared, &path)?;
-    Ok(if shared.ready() {
+    let handle = lookup(&shared, &path)?;
+    Ok(if shared.ready() && handle.is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

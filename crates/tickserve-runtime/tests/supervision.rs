@@ -1,0 +1,318 @@
+//! Supervised executors, with faults injected by a test engine wrapped around
+//! the real ONNX Runtime engine: a row whose first feature is [`PANIC`] makes
+//! the engine panic, one whose first feature is [`LOSE_DEVICE`] makes it
+//! report its device lost.
+//!
+//! A panic fails only the request that caused it (the other requests of its
+//! batch run again alone and get their predictions), the executor goes on,
+//! and the model stays ready. A lost device makes its family's models not
+//! ready (they answer UNAVAILABLE, the index says why); reloading a model
+//! founds a new family rather than joining the dead one.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use tickserve_core::config::ServerConfig;
+use tickserve_core::{
+    Buckets, CompileRequest, CompiledModel, DataType, Engine, EngineError, Error, InferRequest,
+    InputTensor, MemberId, Signature, Weight,
+};
+use tickserve_engine_cuda::Gpus;
+use tickserve_engine_ort::{OrtEngine, OrtOptions};
+use tickserve_onnx::ModelGraph;
+use tickserve_runtime::admission::{FamilyRows, ModelQueue, Ticket};
+use tickserve_runtime::engines::Engines;
+use tickserve_runtime::executor::{Executor, FamilyLinks};
+use tickserve_runtime::job::Job;
+use tickserve_runtime::member::{Member, RetiredLog, Version};
+use tickserve_runtime::{ModelStats, Runtime};
+
+/// A first feature that makes the engine panic.
+const PANIC: f32 = 7777.0;
+/// A first feature that makes the engine report its device lost.
+const LOSE_DEVICE: f32 = 6666.0;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn library() -> PathBuf {
+    root().join(".local/lib/libonnxruntime.so.1.31.1")
+}
+
+/// ONNX Runtime, with faults on marked rows.
+#[derive(Debug)]
+struct FaultyEngine(OrtEngine);
+
+impl Engine<ModelGraph> for FaultyEngine {
+    fn platform(&self) -> &'static str {
+        self.0.platform()
+    }
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+    fn compile(
+        &self,
+        request: &CompileRequest<'_, ModelGraph>,
+    ) -> Result<Box<dyn CompiledModel>, EngineError> {
+        let inner = Engine::compile(&self.0, request)?;
+        Ok(Box::new(Faulty { inner }))
+    }
+}
+
+struct Faulty {
+    inner: Box<dyn CompiledModel>,
+}
+
+impl Faulty {
+    /// The first feature of each row of bucket `bucket`'s first input.
+    fn first_features(&mut self, bucket: usize) -> Vec<f32> {
+        let row_bytes = self.inner.signature().inputs[0].row_bytes();
+        self.inner
+            .input_mut(bucket, 0)
+            .chunks_exact(row_bytes)
+            .map(|row| f32::from_le_bytes([row[0], row[1], row[2], row[3]]))
+            .collect()
+    }
+}
+
+impl CompiledModel for Faulty {
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+    fn buckets(&self) -> &Buckets {
+        self.inner.buckets()
+    }
+    fn device(&self) -> &str {
+        self.inner.device()
+    }
+    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
+        self.inner.input_mut(bucket, input)
+    }
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
+        let firsts = self.first_features(bucket);
+        if firsts.contains(&PANIC) {
+            panic!("a poisoned row (injected)");
+        }
+        if firsts.contains(&LOSE_DEVICE) {
+            return Err(EngineError::DeviceLost("injected".to_string()));
+        }
+        self.inner.run(bucket, member)
+    }
+    fn output(&self, bucket: usize, output: usize) -> &[u8] {
+        self.inner.output(bucket, output)
+    }
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
+        self.inner.add_member(member, weights)
+    }
+    fn remove_member(&mut self, member: MemberId) {
+        self.inner.remove_member(member);
+    }
+}
+
+fn faulty_engine() -> Arc<FaultyEngine> {
+    let ort = OrtEngine::new(
+        &library(),
+        OrtOptions {
+            intra_op_threads: 1,
+        },
+    )
+    .expect("the engine starts (run scripts/setup.sh first)");
+    Arc::new(FaultyEngine(ort))
+}
+
+/// A runtime over a scratch copy of the sample models `models`, on the faulty engine.
+fn runtime(
+    models: &[&str],
+    adjust: impl FnOnce(&mut ServerConfig),
+) -> (Runtime, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    for name in models {
+        let version = dir.path().join(name).join("1");
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::copy(
+            root().join(format!("config/models/{name}/1/model.onnx")),
+            version.join("model.onnx"),
+        )
+        .unwrap();
+    }
+    let mut config = ServerConfig::default();
+    config.repository.path = dir.path().to_path_buf();
+    config.runtime.onnxruntime_library = library();
+    adjust(&mut config);
+    let engine = faulty_engine();
+    let engines = Engines::new(engine.clone(), engine, Gpus::Absent("test".into()));
+    (Runtime::load_with(&config, engines).unwrap(), dir)
+}
+
+fn rows(model: &str, width: usize, firsts: &[f32]) -> InferRequest {
+    let values: Vec<f32> = firsts
+        .iter()
+        .flat_map(|&first| std::iter::once(first).chain((1..width).map(|i| i as f32 / 64.0)))
+        .collect();
+    InferRequest {
+        model: model.to_string(),
+        version: None,
+        id: String::new(),
+        inputs: vec![InputTensor {
+            name: "features".into(),
+            datatype: DataType::Fp32,
+            shape: vec![firsts.len() as i64, width as i64],
+            data: values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        }],
+        outputs: None,
+        deadline: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_run_fails_only_its_request_and_the_model_stays_ready() {
+    let (runtime, _dir) = runtime(&["alpha_mlp"], |_| {});
+    let alone = runtime.infer(rows("alpha_mlp", 50, &[0.5])).await.unwrap();
+    // On the caller's thread (run at once) and on the executor thread (too
+    // many rows to run at once), a panic is an INTERNAL answer, nothing more.
+    for firsts in [vec![PANIC], vec![PANIC; 200]] {
+        let error = runtime
+            .infer(rows("alpha_mlp", 50, &firsts))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, Error::Internal { message, .. } if message.contains("panicked")),
+            "{error:?}"
+        );
+        let again = runtime.infer(rows("alpha_mlp", 50, &[0.5])).await.unwrap();
+        assert_eq!(again.outputs, alone.outputs, "served as before");
+    }
+    let handle = runtime.model("alpha_mlp", None).unwrap();
+    assert!(handle.is_ready());
+    assert!(runtime.index().unwrap().iter().all(|e| e.state == "READY"));
+    runtime.shutdown();
+}
+
+#[test]
+fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
+    let (runtime, _dir) = runtime(&["alpha_mlp"], |_| {});
+    let handle = runtime.model("alpha_mlp", None).unwrap();
+    let signature = handle.signature.clone();
+    // The same graph compiled by hand on the faulty engine, driven directly
+    // with one batch of three requests, the middle one poisoned.
+    let engine = faulty_engine();
+    let onnx = std::fs::read(root().join("config/models/alpha_mlp/1/model.onnx")).unwrap();
+    let onnx = tickserve_onnx::OnnxModel::parse(&onnx).unwrap();
+    let graph = ModelGraph {
+        signature: onnx.signature(&Default::default()).unwrap(),
+        onnx,
+    };
+    let buckets = Buckets::new(&[1, 4], None).unwrap();
+    let model = Engine::compile(
+        engine.as_ref(),
+        &CompileRequest {
+            family: "test",
+            graph: &graph,
+            buckets: &buckets,
+            weights: None,
+            device: tickserve_core::Device::Cpu,
+        },
+    )
+    .unwrap();
+    let links = FamilyLinks {
+        family_key: "test".into(),
+        retired: Arc::new(RetiredLog::default()),
+        runs: Arc::new(AtomicU64::new(0)),
+        health: Arc::default(),
+    };
+    let mut executor = Executor::new(model, links.clone(), 0);
+    let queue = Arc::new(ModelQueue::new("alpha_mlp", 64));
+    let member = Arc::new(Member::new(
+        0,
+        Version {
+            name: "alpha_mlp".into(),
+            version: "1".into(),
+            stats: Arc::new(ModelStats::new(2)),
+            queue: Arc::clone(&queue),
+        },
+        buckets.sizes(),
+        tickserve_core::Device::Cpu,
+        Arc::clone(&links.retired),
+    ));
+    let family_rows = Arc::new(FamilyRows::default());
+    let mut answers = Vec::new();
+    let mut jobs = Vec::new();
+    for first in [0.5, PANIC, 0.25] {
+        let request = rows("alpha_mlp", 50, &[first]);
+        let valid =
+            tickserve_core::validate::validate(&request, &signature, &handle.settings.limits)
+                .unwrap();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        jobs.push(Job {
+            member: Arc::clone(&member),
+            request: valid,
+            id: format!("{first}"),
+            admitted: Instant::now(),
+            deadline: None,
+            ticket: Ticket::admit(&queue, &family_rows, 1).unwrap(),
+            reply,
+        });
+        answers.push(answer);
+    }
+    executor.answer_batch(&mut jobs);
+    let results: Vec<_> = answers
+        .into_iter()
+        .map(|mut a| a.try_recv().expect("every caller is answered"))
+        .collect();
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(
+        matches!(&results[1], Err(Error::Internal { .. })),
+        "{:?}",
+        results[1]
+    );
+    assert!(results[2].is_ok(), "{:?}", results[2]);
+    assert!(links.health.failure().is_none(), "a panic is not fatal");
+    drop(executor);
+    runtime.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_device_makes_its_family_not_ready_until_a_reload() {
+    let (runtime, _dir) = runtime(&["tick_000", "tick_001"], |_| {});
+    let tick = |name: &str, first: f32| rows(name, 16, &[first]);
+    runtime.infer(tick("tick_000", 0.5)).await.unwrap();
+    let error = runtime
+        .infer(tick("tick_000", LOSE_DEVICE))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::Internal { .. }), "{error:?}");
+    // Both members of the family stop: not ready, UNAVAILABLE with the reason.
+    for name in ["tick_000", "tick_001"] {
+        let handle = runtime.model(name, None).unwrap();
+        assert!(!handle.is_ready(), "{name}");
+        let error = runtime.infer(tick(name, 0.5)).await.unwrap_err();
+        assert!(
+            matches!(&error, Error::ModelNotReady { reason, .. } if reason.contains("device lost")),
+            "{name}: {error:?}"
+        );
+    }
+    let index = runtime.index().unwrap();
+    assert!(
+        index
+            .iter()
+            .all(|e| e.state == "UNAVAILABLE" && e.reason.contains("device lost")),
+        "{index:?}"
+    );
+    // A reload founds a new family instead of joining the dead one.
+    runtime.load_model("tick_000").unwrap();
+    assert!(runtime.model("tick_000", None).unwrap().is_ready());
+    runtime.infer(tick("tick_000", 0.5)).await.unwrap();
+    assert!(!runtime.model("tick_001", None).unwrap().is_ready());
+    runtime.load_model("tick_001").unwrap();
+    runtime.infer(tick("tick_001", 0.5)).await.unwrap();
+    runtime.shutdown();
+}
