@@ -82,7 +82,11 @@ pub fn validate(
             }
             Some(_) => {}
         }
-        inputs.push(tensor.data.clone());
+        inputs.push(if spec.datatype == crate::DataType::Bool {
+            normalized_bools(&tensor.data)
+        } else {
+            tensor.data.clone()
+        });
     }
     let rows = rows.map(|(r, _)| r).unwrap_or(0);
     if rows > limits.max_request_rows {
@@ -227,6 +231,19 @@ fn check_tensor(
     Ok(rows)
 }
 
+/// BOOL data as engines read it (C++ `bool`: 0 or 1, anything else is
+/// undefined behaviour in their kernels): any non-zero byte is true. The bytes
+/// are copied only when one is neither 0 nor 1.
+fn normalized_bools(data: &Bytes) -> Bytes {
+    if data.iter().all(|&b| b <= 1) {
+        return data.clone();
+    }
+    data.iter()
+        .map(|&b| u8::from(b != 0))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
 /// The first NaN or infinity in little-endian float data, with its index.
 fn first_non_finite(size: usize, data: &[u8]) -> Option<(usize, f64)> {
     if size == 4 {
@@ -253,6 +270,37 @@ fn names(specs: &[TensorSpec]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bool_bytes_other_than_0_and_1_are_read_as_true() {
+        let signature = Signature {
+            inputs: vec![TensorSpec {
+                name: "mask".into(),
+                datatype: crate::DataType::Bool,
+                dims: vec![4],
+            }],
+            outputs: Vec::new(),
+        };
+        let request = InferRequest {
+            model: "m".into(),
+            version: None,
+            id: String::new(),
+            inputs: vec![crate::InputTensor {
+                name: "mask".into(),
+                datatype: crate::DataType::Bool,
+                shape: vec![1, 4],
+                data: Bytes::from_static(&[0, 1, 2, 255]),
+            }],
+            outputs: None,
+            deadline: None,
+        };
+        let limits = Limits {
+            max_request_rows: 8,
+            nan_policy: NanPolicy::Reject,
+        };
+        let valid = validate(&request, &signature, &limits).unwrap();
+        assert_eq!(&valid.inputs[0][..], &[0, 1, 1, 1]);
+    }
     use crate::{DataType, InputTensor};
 
     fn signature() -> Signature {

@@ -169,3 +169,53 @@ async fn overflowing_durations_are_refused_or_bounded_never_a_panic() {
     good(http_infer(&http, &base, &[], json!({})).await);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bool_bytes_are_normalized_and_every_error_status_has_a_json_body() {
+    let repository = common::fixture_repository();
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+
+    // BOOL as raw bytes 2, 0 and 255 (the binary extension carries any byte):
+    // read as true, false, true, never handed to the engine as they came.
+    let header = json!({"inputs": [
+        {"name": "ids", "datatype": "INT64", "shape": [1, 3], "parameters": {"binary_data_size": 24}},
+        {"name": "mask", "datatype": "BOOL", "shape": [1, 3], "parameters": {"binary_data_size": 3}},
+        {"name": "scale", "datatype": "FP64", "shape": [1, 3], "parameters": {"binary_data_size": 24}}]});
+    let mut body = serde_json::to_vec(&header).unwrap();
+    let json_len = body.len();
+    body.extend([1i64, 2, 3].iter().flat_map(|v| v.to_le_bytes()));
+    body.extend([2u8, 0, 255]);
+    body.extend([0.5f64; 3].iter().flat_map(|v| v.to_le_bytes()));
+    let response = http
+        .post(format!("{base}/v2/models/typed_io/infer"))
+        .header("Inference-Header-Content-Length", json_len)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["outputs"][1]["data"], json!([1, 0, 3]));
+
+    // A wrong method and an unknown path answer with the JSON error body.
+    for (method, path, status) in [
+        (reqwest::Method::GET, "/v2/models/alpha_mlp/infer", 405),
+        (reqwest::Method::DELETE, "/v2/models/alpha_mlp", 405),
+        (reqwest::Method::GET, "/v3/nothing/here", 404),
+    ] {
+        let response = http
+            .request(method.clone(), format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{method} {path}");
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"].as_str().unwrap_or_default();
+        assert!(message.contains(path), "{method} {path}: {body}");
+    }
+    let (status, text) = http_infer(&http, &base, &[], json!({})).await;
+    assert_eq!(status, 200, "{text}");
+    server.shutdown().await.unwrap();
+}

@@ -86,7 +86,34 @@ pub fn router(shared: Arc<Shared>) -> Router {
                 observe::render()
             }),
         )
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(shared)
+}
+
+/// 404 for a path tickserve does not serve, with the JSON error body every
+/// other error has.
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let message = format!("no endpoint {method} {}", uri.path());
+    (
+        StatusCode::NOT_FOUND,
+        axum::Json(json!({ "error": message })),
+    )
+        .into_response()
+}
+
+/// 405 for a method an endpoint does not take (a GET on an infer URL, say),
+/// with the JSON error body.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let message = format!(
+        "{} does not take {method}; see docs/protocol.md for each endpoint's method",
+        uri.path()
+    );
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        axum::Json(json!({ "error": message })),
+    )
+        .into_response()
 }
 
 /// How much of an oversized body is read and dropped before the 413 goes out.
