@@ -42,6 +42,11 @@ pub struct ListenConfig {
     /// Inference requests in flight across the server (both protocols) beyond
     /// which a new one is answered RESOURCE_EXHAUSTED / 429 at once; 0: no limit.
     pub max_inflight: usize,
+    /// Server readiness (`/v2/health/ready`, gRPC ServerReady) only while
+    /// every model of the repository serves (Triton's strict readiness): an
+    /// orchestrator sends no traffic to a server whose models failed to load.
+    /// `false`: ready once the server accepts requests.
+    pub strict_readiness: bool,
 }
 
 impl Default for ListenConfig {
@@ -52,6 +57,7 @@ impl Default for ListenConfig {
             grpc_port: 8001,
             max_request_bytes: 16 * 1024 * 1024,
             max_inflight: 0,
+            strict_readiness: true,
         }
     }
 }

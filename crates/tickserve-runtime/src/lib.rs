@@ -154,7 +154,7 @@ impl Runtime {
         self.models.ready_handles()
     }
 
-    /// True when every model version loaded.
+    /// True when every model version loaded and can run.
     pub fn all_ready(&self) -> bool {
         self.models.all_ready()
     }

@@ -262,13 +262,13 @@ impl Models {
             .collect()
     }
 
-    /// True when every model version loaded.
+    /// True when every model version loaded and can run.
     pub fn all_ready(&self) -> bool {
         self.read().values().all(|m| {
             m.error.is_none()
                 && m.versions
                     .values()
-                    .all(|s| matches!(s, VersionState::Ready(_)))
+                    .all(|s| matches!(s, VersionState::Ready(h) if h.is_ready()))
         })
     }
 

@@ -64,6 +64,8 @@ pub struct Shared {
     pub inflight: std::sync::atomic::AtomicUsize,
     /// The most requests in flight (0: no limit).
     pub max_inflight: usize,
+    /// `server.strict_readiness`.
+    pub strict_readiness: bool,
 }
 
 /// One admitted inference request; dropping it lets another in.
@@ -90,9 +92,15 @@ impl Shared {
         Ok(InflightSlot(self))
     }
 
-    /// Server readiness: accepting requests.
+    /// Accepting requests (between load and shutdown).
     pub fn ready(&self) -> bool {
         self.accepting.load(Ordering::Relaxed)
+    }
+
+    /// What the server readiness endpoints answer: accepting requests and,
+    /// with `server.strict_readiness`, every model serving.
+    pub fn server_ready(&self) -> bool {
+        self.ready() && (!self.strict_readiness || self.runtime.all_ready())
     }
 }
 
@@ -126,6 +134,7 @@ impl Server {
             max_request_bytes: config.server.max_request_bytes,
             inflight: std::sync::atomic::AtomicUsize::new(0),
             max_inflight: config.server.max_inflight,
+            strict_readiness: config.server.strict_readiness,
         });
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))

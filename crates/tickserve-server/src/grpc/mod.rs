@@ -300,7 +300,7 @@ impl GrpcInferenceService for InferenceService {
         _: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
         Ok(Response::new(pb::ServerReadyResponse {
-            ready: self.shared.ready(),
+            ready: self.shared.server_ready(),
         }))
     }
 

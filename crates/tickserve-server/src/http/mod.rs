@@ -195,7 +195,7 @@ impl IntoResponse for HttpError {
 }
 
 async fn server_ready(State(shared): State<Arc<Shared>>) -> StatusCode {
-    if shared.ready() {
+    if shared.server_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
