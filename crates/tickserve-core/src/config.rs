@@ -47,6 +47,23 @@ pub struct ListenConfig {
     /// orchestrator sends no traffic to a server whose models failed to load.
     /// `false`: ready once the server accepts requests.
     pub strict_readiness: bool,
+    /// Open connections, both front ends together; one more is closed at once.
+    pub max_connections: usize,
+    /// The longest a client may take to send a request's headers (HTTP/1),
+    /// including the wait for the next request on a kept-alive connection:
+    /// slow and idle clients are closed after it.
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    /// The longest wait for the next piece of a request body (both front
+    /// ends); a body that stalls longer fails its request.
+    #[serde(deserialize_with = "duration")]
+    pub body_read_timeout: Duration,
+    /// Concurrent streams (requests) per HTTP/2 connection (gRPC and h2c).
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 keep-alive: a ping after this long without traffic; a peer
+    /// that does not answer within as long again is closed.
+    #[serde(deserialize_with = "duration")]
+    pub http2_keep_alive: Duration,
 }
 
 impl Default for ListenConfig {
@@ -58,6 +75,11 @@ impl Default for ListenConfig {
             max_request_bytes: 16 * 1024 * 1024,
             max_inflight: 0,
             strict_readiness: true,
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(5),
+            body_read_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 256,
+            http2_keep_alive: Duration::from_secs(30),
         }
     }
 }
@@ -304,7 +326,23 @@ impl ServerConfig {
         if self.server.max_request_bytes < 1024 {
             return Err("server.max_request_bytes must be at least 1024".into());
         }
-        use crate::durations::{MAX_INLINE_BUDGET, MAX_QUEUE_DELAY, check};
+        use crate::durations::{MAX_INLINE_BUDGET, MAX_QUEUE_DELAY, MAX_TIMEOUT, check};
+        let listen = &self.server;
+        if listen.max_connections == 0 || listen.max_concurrent_streams == 0 {
+            return Err(
+                "server.max_connections and server.max_concurrent_streams must be positive".into(),
+            );
+        }
+        for (key, value) in [
+            ("server.header_read_timeout", listen.header_read_timeout),
+            ("server.body_read_timeout", listen.body_read_timeout),
+            ("server.http2_keep_alive", listen.http2_keep_alive),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{key} must be positive"));
+            }
+            check(key, value, MAX_TIMEOUT)?;
+        }
         check(
             "model_defaults.max_queue_delay",
             d.max_queue_delay,

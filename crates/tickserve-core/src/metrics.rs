@@ -25,6 +25,9 @@ pub const QUEUE_ROWS: &str = "tickserve_queue_rows";
 /// Requests refused by load shedding, labelled `model`, `reason`
 /// (`queue_full`, `deadline_exceeded`, `inflight_limit`).
 pub const REJECTIONS: &str = "tickserve_rejections_total";
+/// Connections closed at once because `server.max_connections` were open,
+/// labelled `protocol`.
+pub const CONNECTIONS_REFUSED: &str = "tickserve_connections_refused_total";
 /// Resident memory of the server process, in bytes (read at each scrape).
 pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";
 /// CPU time of the server process, user plus system, in seconds (read at each scrape).
@@ -106,6 +109,11 @@ pub fn describe() {
         REJECTIONS,
         Unit::Count,
         "Requests refused by load shedding, by model and reason."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        Unit::Count,
+        "Connections closed at once because server.max_connections were open, by protocol."
     );
     describe_histogram!(
         DEVICE_COMPUTE_DURATION,

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod control;
 pub mod grpc;
 pub mod http;
+pub mod listen;
 pub mod model_view;
 pub mod observe;
 
@@ -146,12 +147,19 @@ impl Server {
         let http_addr = http_listener.local_addr()?;
         let grpc_addr = grpc_listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
+        let limits = Arc::new(listen::ConnectionLimits::new(&config.server));
         let http_task = tokio::spawn(http::serve(
             http_listener,
             Arc::clone(&shared),
+            Arc::clone(&limits),
             stopped.clone(),
         ));
-        let grpc_task = tokio::spawn(grpc::serve(grpc_listener, Arc::clone(&shared), stopped));
+        let grpc_task = tokio::spawn(grpc::serve(
+            grpc_listener,
+            Arc::clone(&shared),
+            limits,
+            stopped,
+        ));
         Ok(Server {
             http_addr,
             grpc_addr,

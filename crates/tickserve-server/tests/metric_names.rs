@@ -16,6 +16,11 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         &["bucket", "device", "model"],
     ),
     (
+        "tickserve_connections_refused_total",
+        "counter",
+        &["protocol"],
+    ),
+    (
         "tickserve_graph_compilations_total",
         "counter",
         &["bucket", "device", "family"],

@@ -11,6 +11,7 @@ use tickserve_runtime::ModelHandle;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::listen::{self, ConnectionLimits};
 use crate::model_view::{DurationView, InstanceKind, ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
 use crate::{
@@ -26,11 +27,12 @@ pub mod pb {
 
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 
-/// Serves gRPC on `listener` until `stop` turns true.
+/// Serves gRPC on `listener` within `limits` until `stop` turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    limits: Arc<ConnectionLimits>,
+    stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let limit = shared.max_request_bytes;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -40,7 +42,7 @@ pub async fn serve(
     let service = GrpcInferenceServiceServer::new(InferenceService { shared })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
-    // Served by hyper through axum rather than tonic's transport: tonic's
+    // Served by hyper (`listen`) rather than tonic's transport: tonic's
     // transport answers a `grpc-timeout` that runs out with CANCELLED before the
     // handler runs; tickserve applies the deadline itself (it is checked when
     // the request is dispatched) and answers DEADLINE_EXCEEDED.
@@ -50,19 +52,14 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_invalid_argument::<axum::body::Body>,
         ));
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
+    let mut stopping = stop.clone();
+    tokio::spawn(async move {
+        let _ = stopping.wait_for(|stopped| *stopped).await;
+        health
+            .set_not_serving::<GrpcInferenceServiceServer<InferenceService>>()
+            .await;
     });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|stopped| *stopped).await;
-            health
-                .set_not_serving::<GrpcInferenceServiceServer<InferenceService>>()
-                .await;
-        })
-        .await?;
-    Ok(())
+    listen::serve(listener, router, limits, "grpc", stop).await
 }
 
 /// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE

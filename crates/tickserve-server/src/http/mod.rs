@@ -22,6 +22,7 @@ use tickserve_core::{Error, ErrorKind};
 use tickserve_runtime::ModelHandle;
 use tokio::sync::watch;
 
+use crate::listen::{self, ConnectionLimits};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
 use crate::{
@@ -29,22 +30,14 @@ use crate::{
     control,
 };
 
-/// Serves HTTP on `listener` until `stop` turns true.
+/// Serves HTTP on `listener` within `limits` until `stop` turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    limits: Arc<ConnectionLimits>,
+    stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(shared))
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|stopped| *stopped).await;
-        })
-        .await?;
-    Ok(())
+    listen::serve(listener, router(shared), limits, "http", stop).await
 }
 
 /// The HTTP routes.

@@ -1,0 +1,153 @@
+//! Connection limits against hostile clients on loopback (raw TCP sockets
+//! beside a normal client): slow headers, idle keep-alive connections, silent
+//! connections, stalled bodies and a connection flood are each cut off, while
+//! the normal client keeps being served.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const ROW: &str = r#"{"inputs":[{"name":"features","datatype":"FP32","shape":[1,50],"data":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}]}"#;
+
+/// One normal inference request over a fresh connection: its status.
+async fn normal(http: std::net::SocketAddr) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://{http}/v2/models/alpha_mlp/infer"))
+        .body(ROW)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Reads until the server closes `stream` or `within` passes: what it sent,
+/// and whether it closed.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let until = Instant::now() + within;
+    let mut buffer = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buffer[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+fn repository() -> std::path::PathBuf {
+    common::root().join("config/models")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_idle_and_silent_clients_are_closed_while_others_are_served() {
+    let mut config = common::config(&repository());
+    config.server.header_read_timeout = Duration::from_millis(300);
+    config.server.body_read_timeout = Duration::from_millis(300);
+    let server = common::start(&config).await;
+    let (http, grpc) = (server.http_addr, server.grpc_addr);
+
+    // Headers that never finish (slowloris).
+    let mut slow = TcpStream::connect(http).await.unwrap();
+    slow.write_all(b"POST /v2/models/alpha_mlp/infer HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // A kept-alive connection left idle after one request.
+    let mut idle = TcpStream::connect(http).await.unwrap();
+    idle.write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Connections that send nothing at all, to either front end.
+    let mut silent_http = TcpStream::connect(http).await.unwrap();
+    let mut silent_grpc = TcpStream::connect(grpc).await.unwrap();
+    // A body that stalls after 10 of its 1000 bytes.
+    let mut stalled = TcpStream::connect(http).await.unwrap();
+    stalled
+        .write_all(
+            b"POST /v2/models/alpha_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"",
+        )
+        .await
+        .unwrap();
+
+    // Meanwhile a normal client is served, again and again.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(500) {
+        assert_eq!(normal(http).await, 200);
+    }
+
+    let within = Duration::from_secs(5);
+    let (sent, closed) = read_until_closed(&mut slow, within).await;
+    assert!(closed, "slow headers still open: {sent}");
+    let (sent, closed) = read_until_closed(&mut idle, within).await;
+    assert!(
+        closed && sent.starts_with("HTTP/1.1 200"),
+        "idle keep-alive: {closed} {sent}"
+    );
+    for (name, stream) in [("HTTP", &mut silent_http), ("gRPC", &mut silent_grpc)] {
+        let (sent, closed) = read_until_closed(stream, within).await;
+        assert!(closed && sent.is_empty(), "silent {name}: {closed} {sent}");
+    }
+    let (sent, closed) = read_until_closed(&mut stalled, within).await;
+    assert!(
+        sent.starts_with("HTTP/1.1 400") && sent.contains("cannot read the request body"),
+        "stalled body: {closed} {sent}"
+    );
+    assert_eq!(normal(http).await, 200);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_is_capped_at_max_connections() {
+    let mut config = common::config(&repository());
+    config.server.max_connections = 8;
+    config.server.header_read_timeout = Duration::from_secs(30);
+    let server = common::start(&config).await;
+    let http = server.http_addr;
+
+    // Eight connections, half of them on each front end, hold every slot.
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let addr = if i % 2 == 0 { http } else { server.grpc_addr };
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        // A byte, so the server has read from it and counts it as open.
+        stream.write_all(b"G").await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The ninth is closed at once, on either front end.
+    for addr in [http, server.grpc_addr] {
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let (sent, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
+        assert!(closed && sent.is_empty(), "over the limit: {closed} {sent}");
+    }
+    // Once some leave, a normal client is served again.
+    held.truncate(5);
+    let until = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        match reqwest::Client::new()
+            .post(format!("http://{http}/v2/models/alpha_mlp/infer"))
+            .body(ROW)
+            .send()
+            .await
+        {
+            Ok(r) => break r.status().as_u16(),
+            Err(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("not served after connections closed: {e}"),
+        }
+    };
+    assert_eq!(status, 200);
+    let metrics = common::metrics_text(&format!("http://{http}")).await;
+    assert!(
+        common::counter_total(&metrics, "tickserve_connections_refused_total") >= 2.0,
+        "refusals counted"
+    );
+    drop(held);
+    server.shutdown().await.unwrap();
+}
