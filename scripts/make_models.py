@@ -200,6 +200,18 @@ def fixtures(root):
          root, "tree_gbt")
     # Every op of the CUDA engine's set in one graph, with two outputs.
     save(every_cuda_op(np.random.default_rng(13)), root, "cuda_ops")
+    # Rows that depend on each other (each row minus the mean over the batch):
+    # served without batching requests together, or refused when model.toml says so.
+    for name, config in [("batch_mean", None), ("batch_mean_refused", 'mixed_rows = "refuse"\n')]:
+        graph = helper.make_graph(
+            [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[0], keepdims=1),
+             helper.make_node("Sub", ["x", "mean"], ["centered"])],
+            name,
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+            [helper.make_tensor_value_info("centered", TensorProto.FLOAT, ["batch", 4])],
+        )
+        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), root, name,
+             config=config)
     # Not an ONNX file at all: refused at load while the others serve.
     bad = root / "broken" / "1"
     bad.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,17 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// What tickserve does with a model whose rows depend on each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MixedRows {
+    /// Serve it, one request per run (a client's rows never meet another's).
+    #[default]
+    Unbatched,
+    /// Fail its load.
+    Refuse,
+}
+
 /// Where the models are.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -258,6 +269,11 @@ pub struct ModelConfig {
     /// Whether this model shares its family's compiled graph (default: the
     /// server's `model_defaults.share_weights`).
     pub share_weights: Option<bool>,
+    /// What to do when the model's rows depend on each other (checked at
+    /// load: a few random rows run alone and inside a full bucket of others
+    /// must agree): `"unbatched"` (the default) serves it without ever
+    /// running two requests together, `"refuse"` fails its load.
+    pub mixed_rows: Option<MixedRows>,
     /// Where the model runs, one replica per entry: `["gpu:0", "gpu:1"]`,
     /// `["auto"]`, `["cpu"]`; an entry twice is two replicas on that device.
     /// Default: the server's `model_defaults.devices`.
@@ -370,6 +386,7 @@ mod tests {
             max_request_rows = 8
             max_queue_rows = 16
             max_queue_delay = "100us"
+            mixed_rows = "refuse"
             executors = 2
             devices = ["gpu:1", "gpu:1", "cpu"]
             nan_policy = "allow"
@@ -383,6 +400,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.timeout, Some(Duration::from_micros(250)));
         assert_eq!(c.max_queue_delay, Some(Duration::from_micros(100)));
+        assert_eq!(c.mixed_rows, Some(MixedRows::Refuse));
         assert_eq!(c.executors, Some(2));
         assert_eq!(c.dimensions["seq"], 30);
         assert_eq!(c.inputs["window"].dims, vec![30, 8]);

@@ -63,6 +63,9 @@ pub struct Batcher<J> {
     entries: VecDeque<J>,
     largest: usize,
     max_delay: Duration,
+    /// Never run two requests together (a model whose rows depend on each
+    /// other): every batch is one request.
+    one_per_run: bool,
 }
 
 impl<J: Queued> Batcher<J> {
@@ -72,7 +75,13 @@ impl<J: Queued> Batcher<J> {
             entries: VecDeque::new(),
             largest,
             max_delay,
+            one_per_run: false,
         }
+    }
+
+    /// From now on every batch is one request, never two together.
+    pub fn one_request_per_run(&mut self) {
+        self.one_per_run = true;
     }
 
     /// Adds an admitted request at the back.
@@ -112,7 +121,7 @@ impl<J: Queued> Batcher<J> {
         let Some(oldest) = self.entries.front() else {
             return Decision::Empty;
         };
-        if oldest.rows() >= self.largest {
+        if oldest.rows() >= self.largest || self.one_per_run {
             return Decision::Run(1);
         }
         let member = oldest.member();
@@ -304,6 +313,24 @@ mod tests {
         }
         assert_eq!(batch.iter().map(|r| r.rows).collect::<Vec<_>>(), vec![2, 4]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_model_whose_rows_mix_runs_one_request_at_a_time() {
+        let t0 = Instant::now();
+        let mut q = Batcher::new(64, us(1_000));
+        q.one_request_per_run();
+        for rows in [1, 2, 3] {
+            q.push(req(rows, t0));
+        }
+        let mut ran = Vec::new();
+        while let Decision::Run(n) = q.decide(t0, false) {
+            assert_eq!(n, 1, "two requests in one run");
+            let mut batch = Vec::new();
+            q.take(n, &mut batch);
+            ran.extend(batch.iter().map(|r| r.rows));
+        }
+        assert_eq!(ran, [1, 2, 3]);
     }
 
     #[test]

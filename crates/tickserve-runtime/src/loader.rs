@@ -273,6 +273,7 @@ impl Loader<'_> {
             intake,
             links: links.clone(),
             inline_budget: self.inline_budget,
+            mixed_rows: settings.mixed_rows,
         };
         let mut reports = Vec::with_capacity(settings.executors);
         let mut spawn_error = None;
@@ -415,10 +416,11 @@ fn parse(
         let replica = format!("device={}#{}", candidate.device, candidate.replica);
         let group = if weights.is_some() {
             format!(
-                "{family} {replica} buckets={:?} executors={} delay={:?} signature={:?}",
+                "{family} {replica} buckets={:?} executors={} delay={:?} mixed_rows={:?} signature={:?}",
                 settings.buckets.sizes(),
                 settings.executors,
                 settings.max_queue_delay,
+                settings.mixed_rows,
                 signature
             )
         } else {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tickserve_core::Buckets;
-use tickserve_core::config::{ModelConfig, ModelDefaults, NanPolicy};
+use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::validate::Limits;
 
@@ -24,6 +24,8 @@ pub struct ModelSettings {
     pub executors: usize,
     /// Deadline for requests that bring none.
     pub default_timeout: Option<Duration>,
+    /// What to do if its rows turn out to depend on each other.
+    pub mixed_rows: MixedRows,
 }
 
 impl ModelSettings {
@@ -70,6 +72,7 @@ impl ModelSettings {
             max_queue_delay,
             executors,
             default_timeout: config.timeout,
+            mixed_rows: config.mixed_rows.unwrap_or_default(),
         })
     }
 }

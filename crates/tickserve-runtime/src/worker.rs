@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use tickserve_core::config::MixedRows;
 use tickserve_core::{
-    Buckets, CompileRequest, CompiledModel, Device, EngineError, Signature, Weight,
+    Buckets, CompileRequest, CompiledModel, DataType, Device, EngineError, SOLE_MEMBER, Signature,
+    Weight,
 };
 use tickserve_onnx::ModelGraph;
 
@@ -90,6 +92,11 @@ impl<J: Queued> Intake<J> {
         }
     }
 
+    /// From now on every batch is one request (see [`Batcher::one_request_per_run`]).
+    pub fn one_request_per_run(&mut self) {
+        self.batcher.one_request_per_run();
+    }
+
     /// Waits until a batch is due and moves it into `batch`, and any expired
     /// jobs into `expired`. Returns false once the channel is closed and
     /// nothing is left.
@@ -161,6 +168,103 @@ fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
     }
 }
 
+/// Rows checked alone against their place in a full bucket.
+const INDEPENDENCE_ROWS: usize = 3;
+
+/// Whether a row's answer depends on the other rows of its run (a reduction
+/// over the batch axis, say), which would let one client's rows change
+/// another's answer: the largest bucket is filled with pseudo-random rows
+/// and run, then its first rows run alone in the smallest bucket (the rest
+/// zeros); each must get the same answer, within 1e-3 relative. `Some` says
+/// which output and row differed. Floats are drawn in [-1, 1); integers and
+/// booleans are 0 or 1.
+fn rows_depend_on_each_other(model: &mut dyn CompiledModel) -> Result<Option<String>, EngineError> {
+    let sizes = model.buckets().sizes().to_vec();
+    let (Some(&smallest), Some(&largest)) = (sizes.first(), sizes.last()) else {
+        return Ok(None);
+    };
+    if largest < 2 {
+        return Ok(None);
+    }
+    let signature = model.signature().clone();
+    let (small, large) = (0, sizes.len() - 1);
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        // xorshift64*: deterministic, no dependency.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    for (input, spec) in signature.inputs.iter().enumerate() {
+        let size = spec.datatype.size();
+        for element in model.input_mut(large, input).chunks_exact_mut(size) {
+            let bits = next();
+            match spec.datatype {
+                DataType::Fp32 => {
+                    let v = (bits >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                    element.copy_from_slice(&v.to_le_bytes());
+                }
+                DataType::Fp64 => {
+                    let v = (bits >> 11) as f64 / (1u64 << 52) as f64 - 1.0;
+                    element.copy_from_slice(&v.to_le_bytes());
+                }
+                _ => {
+                    element.fill(0);
+                    element[0] = (bits >> 63) as u8;
+                }
+            }
+        }
+    }
+    model.run(large, SOLE_MEMBER)?;
+    let together: Vec<Vec<u8>> = (0..signature.outputs.len())
+        .map(|output| model.output(large, output).to_vec())
+        .collect();
+    for row in 0..INDEPENDENCE_ROWS.min(largest) {
+        for (input, spec) in signature.inputs.iter().enumerate() {
+            let bytes = spec.row_bytes();
+            let source = model.input_mut(large, input)[row * bytes..(row + 1) * bytes].to_vec();
+            let target = model.input_mut(small, input);
+            target.fill(0);
+            target[..bytes].copy_from_slice(&source);
+        }
+        model.run(small, SOLE_MEMBER)?;
+        for (output, spec) in signature.outputs.iter().enumerate() {
+            let bytes = spec.row_bytes();
+            let alone = &model.output(small, output)[..bytes];
+            let within = &together[output][row * bytes..(row + 1) * bytes];
+            if !close(spec.datatype, alone, within) {
+                return Ok(Some(format!(
+                    "output '{}' of row {row} differs alone and among {largest} rows \
+                     (buckets {smallest} and {largest})",
+                    spec.name
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Whether two rows of `datatype` agree: floats within 1e-3 relative (engines'
+/// kernels differ by a few ulps between bucket sizes), the rest exactly.
+fn close(datatype: DataType, a: &[u8], b: &[u8]) -> bool {
+    let near = |x: f64, y: f64| (x - y).abs() <= 1e-3 * x.abs().max(y.abs()).max(1.0);
+    match datatype {
+        DataType::Fp32 => a.chunks_exact(4).zip(b.chunks_exact(4)).all(|(x, y)| {
+            near(
+                f32::from_le_bytes([x[0], x[1], x[2], x[3]]).into(),
+                f32::from_le_bytes([y[0], y[1], y[2], y[3]]).into(),
+            )
+        }),
+        DataType::Fp64 => a.chunks_exact(8).zip(b.chunks_exact(8)).all(|(x, y)| {
+            let x: [u8; 8] = x.try_into().unwrap_or_default();
+            let y: [u8; 8] = y.try_into().unwrap_or_default();
+            near(f64::from_le_bytes(x), f64::from_le_bytes(y))
+        }),
+        _ => a == b,
+    }
+}
+
 /// What every executor thread of a family is started with besides its graph.
 #[derive(Debug, Clone)]
 pub struct WorkerStart {
@@ -170,6 +274,8 @@ pub struct WorkerStart {
     pub links: FamilyLinks,
     /// `runtime.inline_budget`.
     pub inline_budget: Duration,
+    /// What to do if the model's rows depend on each other.
+    pub mixed_rows: MixedRows,
 }
 
 /// Starts executor thread `index` of family `input.family_key`: it compiles the
@@ -188,7 +294,31 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
-            let compiled = input.compile();
+            let compiled = input.compile().and_then(|mut model| {
+                match rows_depend_on_each_other(model.as_mut())? {
+                    None => {}
+                    Some(evidence) if start.mixed_rows == MixedRows::Refuse => {
+                        return Err(EngineError::InvalidModel(format!(
+                            "its rows depend on each other ({evidence}), and its model.toml \
+                             says mixed_rows = \"refuse\""
+                        )));
+                    }
+                    Some(evidence) => {
+                        tracing::warn!(
+                            family = %input.family_key,
+                            %evidence,
+                            "the model's rows depend on each other: it is served one request \
+                             per run (a client's rows never meet another's)"
+                        );
+                        start
+                            .intake
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .one_request_per_run();
+                    }
+                }
+                Ok(model)
+            });
             drop(input);
             match compiled {
                 Ok(mut model) => {

@@ -294,6 +294,7 @@ mod tests {
                 max_queue_delay: Duration::from_micros(40),
                 executors: 3,
                 default_timeout: None,
+                mixed_rows: Default::default(),
             },
             family_key: "f00d".into(),
             shares_graph: true,

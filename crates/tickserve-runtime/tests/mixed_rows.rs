@@ -1,0 +1,93 @@
+//! A model whose rows depend on each other (each row minus the batch mean:
+//! the fixtures' `batch_mean`) is found at load and never runs two requests
+//! together, so one client's rows cannot change another's answer; with
+//! `mixed_rows = "refuse"` its load fails saying why.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tickserve_core::config::ServerConfig;
+use tickserve_core::{DataType, InferRequest, InputTensor};
+use tickserve_runtime::{Runtime, VersionState};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn row(values: [f32; 4]) -> InferRequest {
+    InferRequest {
+        model: "batch_mean".into(),
+        version: None,
+        id: String::new(),
+        inputs: vec![InputTensor {
+            name: "x".into(),
+            datatype: DataType::Fp32,
+            shape: vec![1, 4],
+            data: values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        }],
+        outputs: None,
+        deadline: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_rows_mix_never_runs_two_requests_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new(root().join(".venv/bin/python"))
+        .arg(root().join("scripts/make_models.py"))
+        .arg("--fixtures")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(
+        made.success(),
+        "make_models.py --fixtures (run scripts/setup.sh first)"
+    );
+    let mut config = ServerConfig::default();
+    config.repository.path = dir.path().to_path_buf();
+    config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
+    // Every request through the executor thread, waiting for company: the
+    // conditions in which requests are batched together.
+    config.runtime.inline_budget = Duration::ZERO;
+    config.model_defaults.max_queue_delay = Duration::from_millis(20);
+    let runtime = Arc::new(Runtime::load(&config).unwrap());
+
+    let models = runtime.models();
+    let Some((_, VersionState::Failed(reason))) = models["batch_mean_refused"].default_version()
+    else {
+        panic!("batch_mean_refused loaded")
+    };
+    assert!(
+        reason.contains("depend on each other") && reason.contains("refuse"),
+        "{reason}"
+    );
+
+    // Alone, each row minus its own mean is zero; batched with others it
+    // would not be. Many clients at once, each must get exactly zeros.
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let runtime = Arc::clone(&runtime);
+            tokio::spawn(async move {
+                let base = i as f32;
+                runtime.infer(row([base, base, base, base])).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let answer = task.await.unwrap().unwrap();
+        assert!(
+            answer.outputs[0].data.iter().all(|&b| b == 0),
+            "another client's rows changed this answer: {:?}",
+            answer.outputs[0].data
+        );
+    }
+    let runtime = Arc::try_unwrap(runtime).ok().unwrap();
+    runtime.shutdown();
+}
