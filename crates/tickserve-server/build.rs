@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // gRPC frame buffer, then copied once into the bucket buffer.
     config.bytes([".inference.ModelInferRequest.raw_input_contents"]);
     tonic_prost_build::configure()
+        // prost's codec behind a check of repeated-field entry counts.
+        .codec_path("crate::grpc::bounded::BoundedCodec")
         .build_client(true)
         .build_server(true)
         .compile_with_config(

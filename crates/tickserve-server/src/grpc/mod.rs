@@ -1,6 +1,7 @@
 //! The gRPC front end: `inference.GRPCInferenceService` of the KServe v2
 //! protocol (with Triton's ModelConfig and ModelStatistics) and `grpc.health.v1`.
 
+pub mod bounded;
 pub mod convert;
 
 use std::sync::Arc;

@@ -10,8 +10,12 @@
 
 use std::time::{Duration, Instant};
 
+use std::marker::PhantomData;
+
+use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tickserve_core::durations;
 use tickserve_core::validate::unknown_datatype;
@@ -20,33 +24,114 @@ use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, 
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
+/// The most inputs, and the most outputs, one request may name.
+pub const MAX_TENSORS: usize = 64;
+/// The most dimensions one input's shape may have.
+pub const MAX_RANK: usize = 32;
+/// The most bytes of JSON one `parameters` object may take.
+pub const MAX_PARAMETER_BYTES: usize = 64 * 1024;
+/// The longest request id, in bytes.
+pub const MAX_ID_BYTES: usize = 1024;
+
+// Memory held while decoding stays a small multiple of the body: tensor data
+// and parameters are kept as borrowed raw JSON text until the datatype is
+// known, then tensor data is read straight into typed bytes (no JSON value
+// tree: a tree costs tens of bytes per number); lists are capped.
 #[derive(Deserialize)]
-struct RequestJson {
+struct RequestJson<'a> {
     #[serde(default)]
     id: Option<String>,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
-    inputs: Vec<InputJson>,
-    #[serde(default)]
-    outputs: Option<Vec<OutputJson>>,
+    #[serde(default, borrow)]
+    parameters: Option<&'a RawValue>,
+    #[serde(borrow, deserialize_with = "inputs")]
+    inputs: Vec<InputJson<'a>>,
+    #[serde(default, borrow, deserialize_with = "outputs")]
+    outputs: Option<Vec<OutputJson<'a>>>,
 }
 
 #[derive(Deserialize)]
-struct InputJson {
+struct InputJson<'a> {
     name: String,
+    #[serde(deserialize_with = "shape")]
     shape: Vec<i64>,
     datatype: String,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
-    #[serde(default)]
-    data: Option<Value>,
+    #[serde(default, borrow)]
+    parameters: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
-struct OutputJson {
+struct OutputJson<'a> {
     name: String,
-    #[serde(default)]
-    parameters: Option<Map<String, Value>>,
+    #[serde(default, borrow)]
+    parameters: Option<&'a RawValue>,
+}
+
+/// A JSON list of at most `limit` entries (`what` names them in the error).
+fn at_most<'de, D, T>(d: D, limit: usize, what: &'static str) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T> {
+        limit: usize,
+        what: &'static str,
+        entries: PhantomData<T>,
+    }
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a list of at most {} {}", self.limit, self.what)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut entries = Vec::new();
+            while let Some(entry) = seq.next_element()? {
+                if entries.len() == self.limit {
+                    return Err(de::Error::custom(format!(
+                        "more than {} {} (tickserve's limit)",
+                        self.limit, self.what
+                    )));
+                }
+                entries.push(entry);
+            }
+            Ok(entries)
+        }
+    }
+    d.deserialize_seq(Bounded {
+        limit,
+        what,
+        entries: PhantomData,
+    })
+}
+
+fn inputs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<InputJson<'de>>, D::Error> {
+    at_most(d, MAX_TENSORS, "inputs")
+}
+
+fn outputs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<OutputJson<'de>>>, D::Error> {
+    at_most(d, MAX_TENSORS, "outputs").map(Some)
+}
+
+fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
+    at_most(d, MAX_RANK, "dimensions in a shape")
+}
+
+/// A `parameters` object, parsed only when it is small.
+fn parameters(raw: Option<&RawValue>) -> Result<Option<Map<String, Value>>, String> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let text = raw.get();
+    if text.len() > MAX_PARAMETER_BYTES {
+        return Err(format!(
+            "parameters take {} bytes of JSON; at most {MAX_PARAMETER_BYTES}",
+            text.len()
+        ));
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| format!("parameters must be a JSON object: {e}"))
 }
 
 /// A decoded request and how its answer must be encoded.
@@ -81,6 +166,12 @@ pub fn decode(
     }
     let parsed: RequestJson = serde_json::from_slice(&body[..json_len])
         .map_err(|e| Error::request(model, format!("malformed JSON request body: {e}")))?;
+    if parsed.id.as_ref().is_some_and(|id| id.len() > MAX_ID_BYTES) {
+        return Err(Error::request(
+            model,
+            format!("the request id is longer than {MAX_ID_BYTES} bytes"),
+        ));
+    }
     let mut binary = body.slice(json_len..);
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
@@ -92,7 +183,9 @@ pub fn decode(
                 &input.datatype,
             ));
         };
-        let binary_size = param_u64(input.parameters.as_ref(), "binary_data_size");
+        let input_parameters = parameters(input.parameters)
+            .map_err(|e| Error::input(model, &input.name, "small parameters", e))?;
+        let binary_size = param_u64(input_parameters.as_ref(), "binary_data_size");
         let data = match (binary_size, input.data) {
             (Some(size), None) => {
                 let size = size as usize;
@@ -106,7 +199,9 @@ pub fn decode(
                 }
                 binary.split_to(size)
             }
-            (None, Some(value)) => json_to_bytes(model, &input.name, datatype, &value)?.into(),
+            (None, Some(raw)) => {
+                json_to_bytes(model, &input.name, datatype, &input.shape, raw)?.into()
+            }
             (Some(_), Some(_)) => {
                 return Err(Error::input(
                     model,
@@ -140,19 +235,23 @@ pub fn decode(
             ),
         ));
     }
-    let params = parsed.parameters.as_ref();
+    let request_parameters = parameters(parsed.parameters).map_err(|e| Error::request(model, e))?;
+    let params = request_parameters.as_ref();
     let binary_default = param_bool(params, "binary_data_output").unwrap_or(false);
     let (outputs, binary_outputs) = match parsed.outputs {
         None => (None, None),
         Some(list) => {
-            let flags = list
-                .iter()
-                .map(|o| param_bool(o.parameters.as_ref(), "binary_data").unwrap_or(binary_default))
-                .collect();
-            (
-                Some(list.into_iter().map(|o| o.name).collect()),
-                Some(flags),
-            )
+            let mut flags = Vec::with_capacity(list.len());
+            let mut names = Vec::with_capacity(list.len());
+            for output in list {
+                let output_parameters = parameters(output.parameters)
+                    .map_err(|e| Error::request(model, format!("output '{}': {e}", output.name)))?;
+                flags.push(
+                    param_bool(output_parameters.as_ref(), "binary_data").unwrap_or(binary_default),
+                );
+                names.push(output.name);
+            }
+            (Some(names), Some(flags))
         }
     };
     let deadline = param_u64(params, "timeout")
@@ -179,51 +278,163 @@ fn param_bool(params: Option<&Map<String, Value>>, key: &str) -> Option<bool> {
     params?.get(key)?.as_bool()
 }
 
-/// Converts JSON tensor data (flat or nested) into little-endian bytes.
+/// Converts JSON tensor data (flat or nested, row-major) straight into
+/// little-endian bytes of `datatype`, reading no more elements than `shape`
+/// holds (the validation that follows says what was wrong).
 fn json_to_bytes(
     model: &str,
     input: &str,
     datatype: DataType,
-    value: &Value,
+    shape: &[i64],
+    raw: &RawValue,
 ) -> Result<Vec<u8>, Error> {
-    let mut out = Vec::new();
-    let mut stack = vec![value];
-    let mut index = 0usize;
-    // Depth-first, left to right: row-major order for nested arrays.
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::Array(items) => stack.extend(items.iter().rev()),
-            scalar => {
-                push_scalar(&mut out, datatype, scalar).map_err(|what| {
-                    Error::input(
-                        model,
-                        input,
-                        format!("{datatype} values"),
-                        format!("{what} at element {index}"),
-                    )
-                })?;
-                index += 1;
-            }
-        }
-    }
+    let text = raw.get();
+    // Each JSON element takes at least two bytes ("0,"), so the text bounds
+    // the element count whatever the shape claims.
+    let elements = shape
+        .iter()
+        .try_fold(1usize, |n, &d| {
+            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+        })
+        .unwrap_or(usize::MAX)
+        .min(text.len() / 2 + 1);
+    let mut out = Vec::with_capacity(elements.saturating_mul(datatype.size()));
+    let mut count = 0usize;
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let seed = Elements {
+        datatype,
+        out: &mut out,
+        count: &mut count,
+        limit: elements,
+    };
+    seed.deserialize(&mut reader)
+        .and_then(|()| reader.end())
+        .map_err(|e| {
+            let what = e.to_string();
+            // Our own messages carry " at element N"; serde's line/column
+            // positions mean nothing to a client here.
+            let what = what.split(" at line ").next().unwrap_or(&what).to_string();
+            Error::input(model, input, format!("{datatype} values"), what)
+        })?;
     Ok(out)
 }
 
-fn push_scalar(out: &mut Vec<u8>, datatype: DataType, v: &Value) -> Result<(), String> {
-    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: &Value) -> Result<T, String> {
-        let bad = || format!("{v}");
-        if let Some(i) = v.as_i64() {
-            T::try_from(i).map_err(|_| format!("{v} (out of range)"))
-        } else if let Some(u) = v.as_u64() {
-            T::try_from(u).map_err(|_| format!("{v} (out of range)"))
-        } else {
-            Err(bad())
+/// Reads tensor elements of one datatype into `out`, nested lists flattened.
+struct Elements<'o> {
+    datatype: DataType,
+    out: &'o mut Vec<u8>,
+    count: &'o mut usize,
+    limit: usize,
+}
+
+impl Elements<'_> {
+    fn reborrow(&mut self) -> Elements<'_> {
+        Elements {
+            datatype: self.datatype,
+            out: self.out,
+            count: self.count,
+            limit: self.limit,
         }
     }
-    let float = |v: &Value| v.as_f64().ok_or_else(|| format!("{v}"));
+
+    fn push<E: de::Error>(self, value: Scalar) -> Result<(), E> {
+        let index = *self.count;
+        if index >= self.limit {
+            return Err(E::custom(format!(
+                "more elements than the shape holds ({} at least)",
+                index + 1
+            )));
+        }
+        push_scalar(self.out, self.datatype, value)
+            .map_err(|what| E::custom(format!("{what} at element {index}")))?;
+        *self.count += 1;
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Elements<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Elements<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} values, flat or nested in lists", self.datatype)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self.reborrow())?.is_some() {}
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.push(Scalar::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.push(Scalar::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.push(Scalar::Uint(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.push(Scalar::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        let index = *self.count;
+        Err(E::custom(format!("{v:?} at element {index}")))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        let index = *self.count;
+        Err(E::custom(format!("null at element {index}")))
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        let index = *self.count;
+        Err(de::Error::custom(format!("an object at element {index}")))
+    }
+}
+
+/// One JSON scalar.
+#[derive(Debug, Clone, Copy)]
+enum Scalar {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+}
+
+impl std::fmt::Display for Scalar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scalar::Bool(b) => write!(f, "{b}"),
+            Scalar::Int(i) => write!(f, "{i}"),
+            Scalar::Uint(u) => write!(f, "{u}"),
+            Scalar::Float(x) => write!(
+                f,
+                "{}",
+                serde_json::Number::from_f64(*x).map_or_else(|| x.to_string(), |n| n.to_string())
+            ),
+        }
+    }
+}
+
+fn push_scalar(out: &mut Vec<u8>, datatype: DataType, v: Scalar) -> Result<(), String> {
+    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: Scalar) -> Result<T, String> {
+        match v {
+            Scalar::Int(i) => T::try_from(i).map_err(|_| format!("{v} (out of range)")),
+            Scalar::Uint(u) => T::try_from(u).map_err(|_| format!("{v} (out of range)")),
+            _ => Err(format!("{v}")),
+        }
+    }
+    let float = |v: Scalar| match v {
+        Scalar::Int(i) => Ok(i as f64),
+        Scalar::Uint(u) => Ok(u as f64),
+        Scalar::Float(x) => Ok(x),
+        Scalar::Bool(_) => Err(format!("{v}")),
+    };
     match datatype {
         DataType::Bool => match v {
-            Value::Bool(b) => out.push(u8::from(*b)),
+            Scalar::Bool(b) => out.push(u8::from(b)),
             other => return Err(format!("{other}")),
         },
         DataType::Uint8 => out.extend(int::<u8>(v)?.to_le_bytes()),

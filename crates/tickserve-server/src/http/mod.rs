@@ -151,6 +151,10 @@ async fn read_body(
     Ok(buffer.freeze())
 }
 
+/// Bodies up to this size are decoded on the async worker that read them;
+/// larger ones on a blocking thread.
+const DECODE_IN_PLACE_BYTES: usize = 256 * 1024;
+
 /// The request header that sets a deadline on an HTTP inference request, as a
 /// duration (`2ms`, `250us`); with the `timeout` parameter too, the earlier wins.
 pub const TIMEOUT_HEADER: &str = "tickserve-timeout";
@@ -341,13 +345,34 @@ async fn infer_inner(
                 })?,
         ),
     };
-    let mut decoded = codec::decode(
-        &path.model,
-        path.version,
-        &body,
-        header_length,
-        &handle.signature,
-    )?;
+    let mut decoded = if body.len() <= DECODE_IN_PLACE_BYTES {
+        codec::decode(
+            &path.model,
+            path.version,
+            &body,
+            header_length,
+            &handle.signature,
+        )?
+    } else {
+        // A large body is decoded off the async workers, so that it does not
+        // hold up every other connection meanwhile.
+        let handle = Arc::clone(&handle);
+        let model = path.model.clone();
+        tokio::task::spawn_blocking(move || {
+            codec::decode(
+                &model,
+                path.version,
+                &body,
+                header_length,
+                &handle.signature,
+            )
+        })
+        .await
+        .map_err(|e| Error::Internal {
+            model: path.model.clone(),
+            message: format!("decoding the request failed: {e}"),
+        })??
+    };
     if let Some(timeout) = header_timeout {
         let by_header = durations::deadline_after(Instant::now(), timeout);
         decoded.request.deadline = Some(
