@@ -47,6 +47,9 @@ pub struct ListenConfig {
     /// orchestrator sends no traffic to a server whose models failed to load.
     /// `false`: ready once the server accepts requests.
     pub strict_readiness: bool,
+    /// Bytes of inference requests (bodies, messages) held at once across the
+    /// server; a request that would go over is answered 429 at once.
+    pub max_inflight_bytes: usize,
     /// Open connections, both front ends together; one more is closed at once.
     pub max_connections: usize,
     /// The longest a client may take to send a request's headers (HTTP/1),
@@ -75,6 +78,7 @@ impl Default for ListenConfig {
             max_request_bytes: 16 * 1024 * 1024,
             max_inflight: 0,
             strict_readiness: true,
+            max_inflight_bytes: 1024 * 1024 * 1024,
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(5),
             body_read_timeout: Duration::from_secs(10),
@@ -154,6 +158,9 @@ pub struct ModelDefaults {
     /// The most rows waiting for one model's executor; a request that would
     /// go over is answered RESOURCE_EXHAUSTED / 429 at once.
     pub max_queue_rows: usize,
+    /// The most bytes of input waiting for one model's executors (a queued
+    /// request keeps its whole input alive); beyond it, 429 at once.
+    pub max_queue_bytes: usize,
     /// How long a queued request may wait for others to join its batch
     /// (`"0us"`: not at all; an idle executor never waits).
     #[serde(deserialize_with = "duration")]
@@ -174,6 +181,7 @@ impl Default for ModelDefaults {
             buckets: DEFAULT_BUCKETS.to_vec(),
             max_request_rows: 1024,
             max_queue_rows: 4096,
+            max_queue_bytes: 64 * 1024 * 1024,
             max_queue_delay: Duration::ZERO,
             executors: 1,
             share_weights: true,
@@ -261,6 +269,8 @@ pub struct ModelConfig {
     pub max_request_rows: Option<usize>,
     /// The most rows waiting for this model's executor.
     pub max_queue_rows: Option<usize>,
+    /// The most bytes of input waiting (default: `model_defaults.max_queue_bytes`).
+    pub max_queue_bytes: Option<usize>,
     /// How long a queued request may wait for others to join its batch.
     #[serde(default, deserialize_with = "optional_duration")]
     pub max_queue_delay: Option<Duration>,
@@ -344,6 +354,13 @@ impl ServerConfig {
         }
         use crate::durations::{MAX_INLINE_BUDGET, MAX_QUEUE_DELAY, MAX_TIMEOUT, check};
         let listen = &self.server;
+        if d.max_queue_bytes == 0 || listen.max_inflight_bytes < listen.max_request_bytes {
+            return Err(
+                "model_defaults.max_queue_bytes must be positive, and server.max_inflight_bytes \
+                 at least server.max_request_bytes"
+                    .into(),
+            );
+        }
         if listen.max_connections == 0 || listen.max_concurrent_streams == 0 {
             return Err(
                 "server.max_connections and server.max_concurrent_streams must be positive".into(),

@@ -99,6 +99,28 @@ pub enum Error {
         /// The model's `max_queue_rows`.
         limit: usize,
     },
+    /// The model's queue cannot take the request's bytes; it was not admitted.
+    #[error(
+        "model '{model}': queue is full ({queued} bytes waiting, limit {limit}; this request has {bytes}); retry later"
+    )]
+    QueueBytesFull {
+        /// The model asked for.
+        model: String,
+        /// Bytes of input waiting when the request came.
+        queued: usize,
+        /// The request's input bytes.
+        bytes: usize,
+        /// The model's `max_queue_bytes`.
+        limit: usize,
+    },
+    /// The server holds `limit` bytes of requests in flight; this one was not admitted.
+    #[error(
+        "server is at its limit of {limit} bytes of requests in flight (server.max_inflight_bytes); retry later"
+    )]
+    OverloadedBytes {
+        /// The server's `max_inflight_bytes`.
+        limit: usize,
+    },
     /// The server has `limit` inference requests in flight; this one was not admitted.
     #[error("server is at its limit of {limit} requests in flight; retry later")]
     Overloaded {
@@ -230,7 +252,10 @@ impl Error {
             | Error::TooManyRows { .. }
             | Error::LoadFailed { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
-            Error::QueueFull { .. } | Error::Overloaded { .. } => ErrorKind::ResourceExhausted,
+            Error::QueueFull { .. }
+            | Error::QueueBytesFull { .. }
+            | Error::Overloaded { .. }
+            | Error::OverloadedBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
         }

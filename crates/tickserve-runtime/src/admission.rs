@@ -2,8 +2,10 @@
 //! the ticket each admitted request holds while it waits.
 //!
 //! Two counts, two questions. A model version's [`ModelQueue`] answers "may
-//! this request wait?" (its `max_queue_rows`, counted over the version's
-//! replicas, with the queue-depth gauge and the rejection counters). A family's
+//! this request wait?" (its `max_queue_rows` and `max_queue_bytes`, counted
+//! over the version's replicas, with the queue-depth gauge and the rejection
+//! counters: a queued request keeps its whole input alive, so rows alone
+//! would not bound memory). A family's
 //! [`FamilyRows`] answers "is anything waiting here?" (the run-at-once check
 //! and the router's shortest queue). [`Ticket::admit`] raises both at once and
 //! the ticket lowers both when it is released or dropped, so no path can raise
@@ -21,21 +23,37 @@ use tickserve_core::metrics as names;
 pub struct ModelQueue {
     rows: AtomicUsize,
     limit: usize,
+    bytes: AtomicUsize,
+    byte_limit: usize,
     depth: metrics::Gauge,
     full: metrics::Counter,
+    bytes_full: metrics::Counter,
     expired: metrics::Counter,
+}
+
+/// Why a request could not wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its rows would go over `max_queue_rows`; this many were waiting.
+    Rows(usize),
+    /// Its bytes would go over `max_queue_bytes`; this many were waiting.
+    Bytes(usize),
 }
 
 impl ModelQueue {
     /// An empty queue count for model `model` (the metrics' label) that
-    /// admits up to `limit` rows (its `max_queue_rows`).
-    pub fn new(model: &str, limit: usize) -> ModelQueue {
+    /// admits up to `limit` rows (its `max_queue_rows`) and `byte_limit`
+    /// bytes of input (its `max_queue_bytes`).
+    pub fn new(model: &str, limit: usize, byte_limit: usize) -> ModelQueue {
         let rejected = |reason: &'static str| metrics::counter!(names::REJECTIONS, "model" => model.to_string(), "reason" => reason);
         ModelQueue {
             rows: AtomicUsize::new(0),
             limit,
+            bytes: AtomicUsize::new(0),
+            byte_limit,
             depth: metrics::gauge!(names::QUEUE_ROWS, "model" => model.to_string()),
             full: rejected("queue_full"),
+            bytes_full: rejected("queue_bytes_full"),
             expired: rejected("deadline_exceeded"),
         }
     }
@@ -50,12 +68,23 @@ impl ModelQueue {
         self.limit
     }
 
+    /// The most bytes of input that may wait (`max_queue_bytes`).
+    pub fn byte_limit(&self) -> usize {
+        self.byte_limit
+    }
+
+    /// Bytes of input waiting now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Acquire)
+    }
+
     /// Counts a request refused because its deadline passed while it waited.
     pub fn expired(&self) {
         self.expired.increment(1);
     }
 
-    fn leave(&self, rows: usize) {
+    fn leave(&self, rows: usize, bytes: usize) {
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
         let before = self.rows.fetch_sub(rows, Ordering::AcqRel);
         self.depth.set(before.saturating_sub(rows) as f64);
     }
@@ -77,28 +106,39 @@ impl FamilyRows {
 #[derive(Debug)]
 pub struct Ticket {
     rows: usize,
+    bytes: usize,
     model: Arc<ModelQueue>,
     family: Arc<FamilyRows>,
 }
 
 impl Ticket {
-    /// Admits `rows` if the model's queue stays within its limit; otherwise
-    /// counts the rejection and returns the rows already waiting.
+    /// Admits `rows` rows of `bytes` bytes if the model's queue stays within
+    /// both its limits; otherwise counts the rejection and says which limit
+    /// and what was waiting.
     pub fn admit(
         model: &Arc<ModelQueue>,
         family: &Arc<FamilyRows>,
         rows: usize,
-    ) -> Result<Ticket, usize> {
+        bytes: usize,
+    ) -> Result<Ticket, Refused> {
         let before = model.rows.fetch_add(rows, Ordering::AcqRel);
         if before.saturating_add(rows) > model.limit {
             model.rows.fetch_sub(rows, Ordering::AcqRel);
             model.full.increment(1);
-            return Err(before);
+            return Err(Refused::Rows(before));
+        }
+        let bytes_before = model.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if bytes_before.saturating_add(bytes) > model.byte_limit {
+            model.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            model.rows.fetch_sub(rows, Ordering::AcqRel);
+            model.bytes_full.increment(1);
+            return Err(Refused::Bytes(bytes_before));
         }
         model.depth.set((before + rows) as f64);
         family.0.fetch_add(rows, Ordering::AcqRel);
         Ok(Ticket {
             rows,
+            bytes,
             model: Arc::clone(model),
             family: Arc::clone(family),
         })
@@ -108,8 +148,9 @@ impl Ticket {
     /// run, or refused); a second release does nothing.
     pub fn release(&mut self) {
         let rows = std::mem::take(&mut self.rows);
-        if rows > 0 {
-            self.model.leave(rows);
+        let bytes = std::mem::take(&mut self.bytes);
+        if rows > 0 || bytes > 0 {
+            self.model.leave(rows, bytes);
             self.family.0.fetch_sub(rows, Ordering::AcqRel);
         }
     }
@@ -127,18 +168,18 @@ mod tests {
 
     #[test]
     fn the_queue_admits_rows_up_to_its_limit_and_no_further() {
-        let model = Arc::new(ModelQueue::new("m", 8));
+        let model = Arc::new(ModelQueue::new("m", 8, 1000));
         let family = Arc::new(FamilyRows::default());
-        let six = Ticket::admit(&model, &family, 6).ok();
+        let six = Ticket::admit(&model, &family, 6, 60).ok();
         assert!(six.is_some());
         assert_eq!(
-            Ticket::admit(&model, &family, 3).err(),
-            Some(6),
+            Ticket::admit(&model, &family, 3, 30).err(),
+            Some(Refused::Rows(6)),
             "6 + 3 rows would go over 8"
         );
         assert_eq!(model.rows(), 6, "a refused request leaves nothing behind");
         assert_eq!(family.rows(), 6);
-        let two = Ticket::admit(&model, &family, 2);
+        let two = Ticket::admit(&model, &family, 2, 20);
         assert!(two.is_ok());
         drop(six);
         drop(two);
@@ -146,10 +187,26 @@ mod tests {
     }
 
     #[test]
-    fn a_ticket_gives_its_rows_back_once() {
-        let model = Arc::new(ModelQueue::new("m", 8));
+    fn the_queue_admits_bytes_up_to_its_limit_and_no_further() {
+        let model = Arc::new(ModelQueue::new("m", 100, 1000));
         let family = Arc::new(FamilyRows::default());
-        let mut ticket = Ticket::admit(&model, &family, 4).ok();
+        let big = Ticket::admit(&model, &family, 1, 900).ok();
+        assert!(big.is_some());
+        assert_eq!(
+            Ticket::admit(&model, &family, 1, 200).err(),
+            Some(Refused::Bytes(900)),
+            "one row, but 900 + 200 bytes would go over 1000"
+        );
+        assert_eq!((model.rows(), model.bytes(), family.rows()), (1, 900, 1));
+        drop(big);
+        assert_eq!((model.rows(), model.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_ticket_gives_its_rows_back_once() {
+        let model = Arc::new(ModelQueue::new("m", 8, 1000));
+        let family = Arc::new(FamilyRows::default());
+        let mut ticket = Ticket::admit(&model, &family, 4, 40).ok();
         if let Some(t) = ticket.as_mut() {
             t.release();
             t.release();

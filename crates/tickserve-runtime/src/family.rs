@@ -19,7 +19,7 @@ use tickserve_core::validate::ValidRequest;
 use tickserve_core::{Device, EngineError, Error, InferResponse, Signature, Weight};
 use tokio::sync::oneshot;
 
-use crate::admission::{FamilyRows, Ticket};
+use crate::admission::{FamilyRows, Refused, Ticket};
 use crate::executor::{Executor, FamilyHealth, FamilyLinks};
 use crate::job::Job;
 use crate::member::{Member, RetiredLog, Version};
@@ -212,13 +212,24 @@ impl Family {
             Err(submission) => submission,
         };
         let rows = submission.request.rows;
+        let bytes = submission.request.inputs.iter().map(|d| d.len()).sum();
         let ticket =
-            Ticket::admit(&member.queue, &self.rows, rows).map_err(|queued| Error::QueueFull {
-                model: member.name.clone(),
-                queued,
-                rows,
-                limit: member.queue.limit(),
-            })?;
+            Ticket::admit(&member.queue, &self.rows, rows, bytes).map_err(
+                |refused| match refused {
+                    Refused::Rows(queued) => Error::QueueFull {
+                        model: member.name.clone(),
+                        queued,
+                        rows,
+                        limit: member.queue.limit(),
+                    },
+                    Refused::Bytes(queued) => Error::QueueBytesFull {
+                        model: member.name.clone(),
+                        queued,
+                        bytes,
+                        limit: member.queue.byte_limit(),
+                    },
+                },
+            )?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             member: Arc::clone(member),

@@ -62,7 +62,11 @@ impl Candidate {
                 name: self.name.clone(),
                 version: self.version.to_string(),
                 stats: Arc::new(ModelStats::new(settings.buckets.sizes().len())),
-                queue: Arc::new(ModelQueue::new(&self.name, settings.max_queue_rows)),
+                queue: Arc::new(ModelQueue::new(
+                    &self.name,
+                    settings.max_queue_rows,
+                    settings.max_queue_bytes,
+                )),
             })
             .clone()
     }

@@ -18,6 +18,8 @@ pub struct ModelSettings {
     pub limits: Limits,
     /// The most rows waiting for the executor.
     pub max_queue_rows: usize,
+    /// The most bytes of input waiting for the executor.
+    pub max_queue_bytes: usize,
     /// How long a queued request may wait for company.
     pub max_queue_delay: Duration,
     /// Executor threads, each with its own compiled sessions.
@@ -69,6 +71,7 @@ impl ModelSettings {
                 nan_policy: config.nan_policy.unwrap_or(default_nan),
             },
             max_queue_rows,
+            max_queue_bytes: config.max_queue_bytes.unwrap_or(defaults.max_queue_bytes),
             max_queue_delay,
             executors,
             default_timeout: config.timeout,

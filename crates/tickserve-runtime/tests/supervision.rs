@@ -230,7 +230,7 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
         health: Arc::default(),
     };
     let mut executor = Executor::new(model, links.clone(), 0);
-    let queue = Arc::new(ModelQueue::new("alpha_mlp", 64));
+    let queue = Arc::new(ModelQueue::new("alpha_mlp", 64, 1 << 20));
     let member = Arc::new(Member::new(
         0,
         Version {
@@ -258,7 +258,7 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
             id: format!("{first}"),
             admitted: Instant::now(),
             deadline: None,
-            ticket: Ticket::admit(&queue, &family_rows, 1).unwrap(),
+            ticket: Ticket::admit(&queue, &family_rows, 1, 200).unwrap(),
             reply,
         });
         answers.push(answer);

@@ -67,6 +67,25 @@ pub struct Shared {
     pub max_inflight: usize,
     /// `server.strict_readiness`.
     pub strict_readiness: bool,
+    /// Bytes of inference requests held now, both protocols together.
+    pub inflight_bytes: std::sync::atomic::AtomicUsize,
+    /// `server.max_inflight_bytes`.
+    pub max_inflight_bytes: usize,
+}
+
+/// An admitted request's bytes in the server-wide budget; dropping it gives
+/// them back.
+pub struct InflightBytes<'a> {
+    shared: &'a Shared,
+    bytes: usize,
+}
+
+impl Drop for InflightBytes<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .inflight_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// One admitted inference request; dropping it lets another in.
@@ -91,6 +110,22 @@ impl Shared {
             });
         }
         Ok(InflightSlot(self))
+    }
+
+    /// Takes `bytes` (a request's body or message) into the server-wide
+    /// budget, or refuses at once when they would go over it.
+    pub fn admit_bytes(&self, bytes: usize) -> Result<InflightBytes<'_>, tickserve_core::Error> {
+        let before = self.inflight_bytes.fetch_add(bytes, Ordering::AcqRel);
+        if before.saturating_add(bytes) > self.max_inflight_bytes {
+            self.inflight_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(tickserve_core::Error::OverloadedBytes {
+                limit: self.max_inflight_bytes,
+            });
+        }
+        Ok(InflightBytes {
+            shared: self,
+            bytes,
+        })
     }
 
     /// Accepting requests (between load and shutdown).
@@ -136,6 +171,8 @@ impl Server {
             inflight: std::sync::atomic::AtomicUsize::new(0),
             max_inflight: config.server.max_inflight,
             strict_readiness: config.server.strict_readiness,
+            inflight_bytes: std::sync::atomic::AtomicUsize::new(0),
+            max_inflight_bytes: config.server.max_inflight_bytes,
         });
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))

@@ -291,6 +291,7 @@ mod tests {
                     nan_policy: NanPolicy::Reject,
                 },
                 max_queue_rows: 1024,
+                max_queue_bytes: 1 << 20,
                 max_queue_delay: Duration::from_micros(40),
                 executors: 3,
                 default_timeout: None,
@@ -302,7 +303,7 @@ mod tests {
             placements,
             load_time: Duration::ZERO,
             stats: Arc::new(ModelStats::new(3)),
-            queue: Arc::new(ModelQueue::new("m", 1024)),
+            queue: Arc::new(ModelQueue::new("m", 1024, 1 << 20)),
         }
     }
 

@@ -67,3 +67,48 @@ async fn the_inflight_limit_answers_429_at_once() {
     assert!(ok > 0 && shed > 0, "{ok} served, {shed} shed");
     server.shutdown().await.unwrap();
 }
+
+/// A queue bounded in bytes: one 64-row request (61 KiB of input) fits in
+/// `max_queue_bytes = 100000`, a second does not, however few rows wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_full_of_bytes_answers_429_at_once() {
+    let repository = tempfile::tempdir().unwrap();
+    let model = repository.path().join("seq_lstm");
+    std::fs::create_dir_all(model.join("1")).unwrap();
+    std::fs::copy(
+        common::root().join("config/models/seq_lstm/1/model.onnx"),
+        model.join("1/model.onnx"),
+    )
+    .unwrap();
+    std::fs::write(
+        model.join("model.toml"),
+        "buckets = [1, 2, 4, 8]\nmax_request_rows = 64\nmax_queue_bytes = 100000\n",
+    )
+    .unwrap();
+    let server = common::start(&common::config(repository.path())).await;
+    let url = format!("http://{}/v2/models/seq_lstm/infer", server.http_addr);
+    let (ok, shed) = served_and_shed(&url, 64, 64, "bytes waiting, limit 100000").await;
+    assert!(ok > 0 && shed > 0, "{ok} served, {shed} shed");
+    let metrics = common::metrics_text(&format!("http://{}", server.http_addr)).await;
+    assert!(
+        metrics
+            .contains(r#"tickserve_rejections_total{model="seq_lstm",reason="queue_bytes_full"}"#),
+        "rejections are counted by reason"
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// The server-wide budget of bytes in flight: bodies that would go over it
+/// are refused at once, whatever model they are for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inflight_bytes_budget_answers_429_at_once() {
+    let mut config = common::config(&common::root().join("config/models"));
+    config.server.max_request_bytes = 1 << 20;
+    config.server.max_inflight_bytes = 1 << 20;
+    let server = common::start(&config).await;
+    let url = format!("http://{}/v2/models/seq_lstm/infer", server.http_addr);
+    // 512 rows: 491 KiB of body each; two fit in the budget, a third does not.
+    let (ok, shed) = served_and_shed(&url, 512, 24, "bytes of requests in flight").await;
+    assert!(ok > 0 && shed > 0, "{ok} served, {shed} shed");
+    server.shutdown().await.unwrap();
+}

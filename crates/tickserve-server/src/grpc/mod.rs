@@ -379,6 +379,9 @@ impl GrpcInferenceService for InferenceService {
                 return Err(Error::ShuttingDown);
             }
             let _slot = self.shared.admit()?;
+            let _bytes = self
+                .shared
+                .admit_bytes(prost::Message::encoded_len(&request))?;
             let handle = handle?;
             let timeout = timeout.map_err(|got| {
                 Error::request(

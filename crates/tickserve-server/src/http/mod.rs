@@ -314,6 +314,7 @@ async fn infer_inner(
     // Admitted after the body is read: refusing with unread bytes would reset
     // the connection instead of answering 429.
     let _slot = shared.admit()?;
+    let _bytes = shared.admit_bytes(body.len())?;
     let handle = handle?;
     let header_length = match headers.get(codec::HEADER_LENGTH) {
         None => None,
