@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Soak: an open loop at a stated rate for a stated time over both protocols (k6, the
+`steady` scenario of loadtest/, HTTP and gRPC at once, each at half the rate), against a
+release build started here; once a minute it reads the server's /metrics and prints a
+row: resident memory, compilations, requests and errors in that minute, and the
+server-side latency percentiles of that minute (from tickserve_request_duration_seconds,
+interpolated within its buckets). At the end: RSS growth after the first minute
+(warm-up), compilations after ready, errors, and whether each is within the bar
+(RSS growth under 1 %, compilations flat, no errors).
+
+    cargo build --release -p tickserve-server
+    python3 scripts/soak.py                      # 10 minutes at 1000 requests/s
+    python3 scripts/soak.py --minutes 2 --rate 500
+
+Client and server share this machine's cores.
+"""
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_common import get  # noqa: E402
+from server import ROOT, Server  # noqa: E402
+
+K6 = ROOT / ".venv/bin/k6"
+
+
+def scrape(http):
+    """The metrics this script follows, from the server's /metrics."""
+    _, text = get(f"http://127.0.0.1:{http}/metrics")
+
+    def total(name, labels=""):
+        pattern = rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$"
+        return sum(float(m.group(2)) for m in re.finditer(pattern, text, re.M)
+                   if labels in (m.group(1) or ""))
+
+    buckets = {}
+    for m in re.finditer(r'^tickserve_request_duration_seconds_bucket\{([^}]*)\} (\S+)$', text, re.M):
+        le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+        buckets[le] = buckets.get(le, 0.0) + float(m.group(2))
+    errors = sum(float(v) for labels, v in re.findall(
+        r'^tickserve_requests_total\{([^}]*)\} (\S+)$', text, re.M) if 'code="ok"' not in labels)
+    return {
+        "rss": total("tickserve_process_resident_memory_bytes"),
+        "compilations": total("tickserve_graph_compilations_total"),
+        "requests": total("tickserve_requests_total"),
+        "errors": errors,
+        "buckets": buckets,
+    }
+
+
+def percentile(before, after, q):
+    """The q-quantile (µs) of the requests between two scrapes, from histogram buckets."""
+    edges = sorted((float("inf") if le == "+Inf" else float(le), le) for le in after)
+    counts = [(edge, after[le] - before.get(le, 0.0)) for edge, le in edges]
+    total = counts[-1][1] if counts else 0
+    if total <= 0:
+        return float("nan")
+    target, previous_edge, previous_count = q * total, 0.0, 0.0
+    for edge, count in counts:
+        if count >= target:
+            if edge == float("inf"):
+                return previous_edge * 1e6
+            share = (target - previous_count) / max(count - previous_count, 1e-9)
+            return (previous_edge + share * (edge - previous_edge)) * 1e6
+        previous_edge, previous_count = edge, count
+    return previous_edge * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=int, default=10)
+    p.add_argument("--rate", type=int, default=1000, help="requests per second, both protocols")
+    p.add_argument("--binary", help="the server (default: $TICKSERVE_BIN, else target/release/tickserve)")
+    args = p.parse_args()
+    duration = f"{args.minutes * 60 + 5}s"
+    with Server(binary=args.binary) as server:
+        ready = scrape(server.http_port)
+        clients = []
+        for protocol, address in [("http", f"http://127.0.0.1:{server.http_port}"),
+                                  ("grpc", f"127.0.0.1:{server.grpc_port}")]:
+            clients.append(subprocess.Popen(
+                [str(K6), "run", "-q", "--no-summary", "--no-thresholds",
+                 "-e", "SCENARIO=steady", "-e", f"RATE={args.rate // 2}", "-e", f"DURATION={duration}",
+                 "-e", f"TICKSERVE_{protocol.upper()}={address}", str(ROOT / f"loadtest/{protocol}.js")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT))
+        print(f"soak: {args.rate} requests/s (half HTTP, half gRPC) for {args.minutes} min; "
+              f"server pid {server.pid}", flush=True)
+        print("| minute | RSS (MiB) | compilations | requests | errors | p50 (µs) | p99 (µs) |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        rows, last = [], ready
+        started = time.monotonic()
+        for minute in range(1, args.minutes + 1):
+            time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
+            now = scrape(server.http_port)
+            row = (minute, now["rss"] / 2**20, now["compilations"], now["requests"] - last["requests"],
+                   now["errors"] - last["errors"], percentile(last["buckets"], now["buckets"], 0.5),
+                   percentile(last["buckets"], now["buckets"], 0.99))
+            rows.append((row, now))
+            print("| {} | {:.1f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |".format(*row), flush=True)
+            last = now
+        for client in clients:
+            client.wait(timeout=120)
+    if len(rows) < 2:
+        return 0
+    warm = rows[0][1]["rss"]
+    end = rows[-1][1]["rss"]
+    growth = (end - warm) / warm * 100
+    compilations = rows[-1][1]["compilations"] - ready["compilations"]
+    errors = rows[-1][1]["errors"] - ready["errors"]
+    verdict = growth < 1.0 and compilations == 0 and errors == 0
+    print(f"\nRSS after warm-up (minute 1) {warm / 2**20:.1f} MiB, at the end {end / 2**20:.1f} MiB: "
+          f"{growth:+.2f} % (bar: under 1 %); compilations after ready: {compilations:.0f} (bar: 0); "
+          f"errors: {errors:.0f} (bar: 0) -> {'within the bar' if verdict else 'OUTSIDE the bar'}")
+    return 0 if verdict else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
