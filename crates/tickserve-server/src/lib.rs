@@ -11,6 +11,7 @@
 
 pub mod cli;
 pub mod control;
+pub mod fuzzing;
 pub mod grpc;
 pub mod http;
 pub mod listen;

@@ -1,0 +1,97 @@
+//! Entry points for fuzzing what hostile bytes reach first: the HTTP/JSON
+//! decoder (with and without the binary-tensor split), the gRPC request
+//! conversion, and the configuration parsers. Each takes arbitrary bytes and
+//! must return, never panic; what it returns does not matter.
+//!
+//! The cargo-fuzz targets in `fuzz/` call these (nightly, libFuzzer); the
+//! `fuzz_corpus` integration test replays the committed corpus through them on
+//! stable, so every finding, once added to the corpus, stays a regression case.
+
+use std::time::Duration;
+
+use prost::Message;
+use tickserve_core::config::{ModelConfig, ModelDefaults, ServerConfig};
+use tickserve_core::validate::{Limits, validate};
+use tickserve_core::{DataType, Signature, TensorSpec};
+
+use crate::grpc::{bounded, convert, pb};
+use crate::http::codec;
+
+/// The signature requests are decoded and validated against: one input of
+/// each kind a model may take.
+fn signature() -> Signature {
+    let spec = |name: &str, datatype, dims: Vec<usize>| TensorSpec {
+        name: name.into(),
+        datatype,
+        dims,
+    };
+    Signature {
+        inputs: vec![
+            spec("features", DataType::Fp32, vec![4]),
+            spec("ids", DataType::Int64, vec![3]),
+            spec("mask", DataType::Bool, vec![3]),
+        ],
+        outputs: vec![spec("y", DataType::Fp32, vec![1])],
+    }
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_request_rows: 64,
+        nan_policy: tickserve_core::config::NanPolicy::Reject,
+    }
+}
+
+/// An HTTP/JSON request body, all JSON.
+pub fn http_json(data: &[u8]) {
+    let body = bytes::Bytes::copy_from_slice(data);
+    if let Ok(decoded) = codec::decode("m", None, &body, None, &signature()) {
+        let _ = validate(&decoded.request, &signature(), &limits());
+    }
+}
+
+/// An HTTP body with the binary tensor extension: the first two bytes give
+/// the JSON header's length (`Inference-Header-Content-Length`), the rest is
+/// the body.
+pub fn http_binary(data: &[u8]) {
+    let Some((length, body)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let header_length = usize::from(u16::from_le_bytes(*length));
+    let body = bytes::Bytes::copy_from_slice(body);
+    if let Ok(decoded) = codec::decode("m", None, &body, Some(header_length), &signature()) {
+        let _ = validate(&decoded.request, &signature(), &limits());
+    }
+}
+
+/// A gRPC `ModelInferRequest` message as it comes off the wire, and a
+/// `grpc-timeout` header made of the same bytes.
+pub fn grpc_request(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = convert::parse_grpc_timeout(text);
+    }
+    if bounded::check_entries(data).is_err() {
+        return;
+    }
+    let Ok(request) = pb::ModelInferRequest::decode(data) else {
+        return;
+    };
+    if let Ok((request, _raw)) =
+        convert::decode(request, Some(Duration::from_millis(5)), &signature())
+    {
+        let _ = validate(&request, &signature(), &limits());
+    }
+}
+
+/// A `model.toml` and a `tickserve.toml`, parsed, validated and resolved.
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(model) = toml::from_str::<ModelConfig>(text) {
+        let _ = tickserve_runtime::ModelSettings::resolve(&model, &ModelDefaults::default(), false);
+    }
+    if let Ok(server) = toml::from_str::<ServerConfig>(text) {
+        let _ = server.validate();
+    }
+}
