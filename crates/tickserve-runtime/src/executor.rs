@@ -275,14 +275,7 @@ impl Executor {
     pub fn answer_batch(&mut self, jobs: &mut Vec<Job>) {
         if jobs.len() <= 1 {
             if let Some(job) = jobs.pop() {
-                let result = self.answer(
-                    &job.member,
-                    &job.request,
-                    job.id,
-                    job.admitted,
-                    job.deadline,
-                );
-                let _ = job.reply.send(result);
+                self.answer_alone(job);
             }
             return;
         }
@@ -322,14 +315,7 @@ impl Executor {
                 // fault (a row that makes the engine panic, say). Each runs
                 // alone, so the others get their predictions.
                 for job in live {
-                    let result = self.answer(
-                        &job.member,
-                        &job.request,
-                        job.id,
-                        job.admitted,
-                        job.deadline,
-                    );
-                    let _ = job.reply.send(result);
+                    self.answer_alone(job);
                 }
                 return;
             }
@@ -350,6 +336,18 @@ impl Executor {
                 timing: cost.timing(),
             }));
         }
+    }
+
+    /// Answers one queued job on its own (see [`Executor::answer`]).
+    fn answer_alone(&mut self, job: Job) {
+        let result = self.answer(
+            &job.member,
+            &job.request,
+            job.id,
+            job.admitted,
+            job.deadline,
+        );
+        let _ = job.reply.send(result);
     }
 
     /// Runs several requests of `member` whose rows fit together in one

@@ -26,8 +26,8 @@ async fn served_and_shed(url: &str, rows: usize, count: usize, message: &str) ->
     (ok, shed)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_answers_429_at_once() {
+/// A repository holding only `seq_lstm`, with `model_toml`.
+fn seq_lstm_alone(model_toml: &str) -> tempfile::TempDir {
     let repository = tempfile::tempdir().unwrap();
     let model = repository.path().join("seq_lstm");
     std::fs::create_dir_all(model.join("1")).unwrap();
@@ -36,13 +36,16 @@ async fn a_full_queue_answers_429_at_once() {
         model.join("1/model.onnx"),
     )
     .unwrap();
+    std::fs::write(model.join("model.toml"), model_toml).unwrap();
+    repository
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_at_once() {
     // Room for one 64-row request in the queue; buckets up to 8 rows, so every
     // request needs eight runs and goes through the queue (none runs at once).
-    std::fs::write(
-        model.join("model.toml"),
-        "buckets = [1, 2, 4, 8]\nmax_request_rows = 64\nmax_queue_rows = 64\n",
-    )
-    .unwrap();
+    let repository =
+        seq_lstm_alone("buckets = [1, 2, 4, 8]\nmax_request_rows = 64\nmax_queue_rows = 64\n");
     let server = common::start(&common::config(repository.path())).await;
     let url = format!("http://{}/v2/models/seq_lstm/infer", server.http_addr);
     let (ok, shed) = served_and_shed(&url, 64, 64, "queue is full").await;
@@ -72,19 +75,8 @@ async fn the_inflight_limit_answers_429_at_once() {
 /// `max_queue_bytes = 100000`, a second does not, however few rows wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_full_of_bytes_answers_429_at_once() {
-    let repository = tempfile::tempdir().unwrap();
-    let model = repository.path().join("seq_lstm");
-    std::fs::create_dir_all(model.join("1")).unwrap();
-    std::fs::copy(
-        common::root().join("config/models/seq_lstm/1/model.onnx"),
-        model.join("1/model.onnx"),
-    )
-    .unwrap();
-    std::fs::write(
-        model.join("model.toml"),
-        "buckets = [1, 2, 4, 8]\nmax_request_rows = 64\nmax_queue_bytes = 100000\n",
-    )
-    .unwrap();
+    let repository =
+        seq_lstm_alone("buckets = [1, 2, 4, 8]\nmax_request_rows = 64\nmax_queue_bytes = 100000\n");
     let server = common::start(&common::config(repository.path())).await;
     let url = format!("http://{}/v2/models/seq_lstm/infer", server.http_addr);
     let (ok, shed) = served_and_shed(&url, 64, 64, "bytes waiting, limit 100000").await;
