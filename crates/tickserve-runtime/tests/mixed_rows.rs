@@ -5,36 +5,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tickserve_core::InferRequest;
 use tickserve_core::config::ServerConfig;
-use tickserve_core::{DataType, InferRequest, InputTensor};
 use tickserve_runtime::{Runtime, VersionState};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{request, root};
 
 fn row(values: [f32; 4]) -> InferRequest {
-    InferRequest {
-        model: "batch_mean".into(),
-        version: None,
-        id: String::new(),
-        inputs: vec![InputTensor {
-            name: "x".into(),
-            datatype: DataType::Fp32,
-            shape: vec![1, 4],
-            data: values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        }],
-        outputs: None,
-        deadline: None,
-    }
+    request("batch_mean", "x", vec![1, 4], &values)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

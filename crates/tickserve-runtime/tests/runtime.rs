@@ -3,23 +3,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tickserve_core::Error;
 use tickserve_core::config::ServerConfig;
-use tickserve_core::{DataType, Error, InferRequest, InputTensor};
 
 use tickserve_runtime::{ModelHandle, Runtime, VersionState};
-use tokio::task::JoinHandle;
 
-/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
-/// the test executables run from another checkout), else this checkout.
-fn root() -> PathBuf {
-    std::env::var_os("TICKSERVE_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-}
+mod common;
+use common::{request, root};
+use tokio::task::JoinHandle;
 
 fn sample_runtime() -> Runtime {
     runtime_with(|_| {})
@@ -39,26 +32,6 @@ fn features(rows: usize, width: usize, seed: u32) -> Vec<f32> {
             ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0
         })
         .collect()
-}
-
-fn request(model: &str, input: &str, shape: Vec<i64>, values: &[f32]) -> InferRequest {
-    InferRequest {
-        model: model.to_string(),
-        version: None,
-        id: "t".into(),
-        inputs: vec![InputTensor {
-            name: input.to_string(),
-            datatype: DataType::Fp32,
-            shape,
-            data: values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        }],
-        outputs: None,
-        deadline: None,
-    }
 }
 
 fn floats(bytes: &[u8]) -> Vec<f32> {

@@ -11,15 +11,15 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use tickserve_core::config::ServerConfig;
 use tickserve_core::{
-    Buckets, CompileRequest, CompiledModel, DataType, Engine, EngineError, Error, InferRequest,
-    InputTensor, MemberId, Signature, Weight,
+    Buckets, CompileRequest, CompiledModel, Engine, EngineError, Error, InferRequest, MemberId,
+    Signature, Weight,
 };
 use tickserve_engine_cuda::Gpus;
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
@@ -31,14 +31,13 @@ use tickserve_runtime::job::Job;
 use tickserve_runtime::member::{Member, RetiredLog, Version};
 use tickserve_runtime::{ModelStats, Runtime};
 
+mod common;
+use common::{request, root};
+
 /// A first feature that makes the engine panic.
 const PANIC: f32 = 7777.0;
 /// A first feature that makes the engine report its device lost.
 const LOSE_DEVICE: f32 = 6666.0;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn library() -> PathBuf {
     root().join(".local/lib/libonnxruntime.so.1.31.1")
@@ -149,28 +148,18 @@ fn runtime(
     (Runtime::load_with(&config, engines).unwrap(), dir)
 }
 
+/// One request of a row per entry of `firsts`: that first feature, then a ramp.
 fn rows(model: &str, width: usize, firsts: &[f32]) -> InferRequest {
     let values: Vec<f32> = firsts
         .iter()
         .flat_map(|&first| std::iter::once(first).chain((1..width).map(|i| i as f32 / 64.0)))
         .collect();
-    InferRequest {
-        model: model.to_string(),
-        version: None,
-        id: String::new(),
-        inputs: vec![InputTensor {
-            name: "features".into(),
-            datatype: DataType::Fp32,
-            shape: vec![firsts.len() as i64, width as i64],
-            data: values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        }],
-        outputs: None,
-        deadline: None,
-    }
+    request(
+        model,
+        "features",
+        vec![firsts.len() as i64, width as i64],
+        &values,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
