@@ -120,6 +120,9 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// The largest `server.max_connections` (far above any file-descriptor limit).
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
 /// What tickserve does with a model whose rows depend on each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -361,6 +364,12 @@ impl ServerConfig {
                     .into(),
             );
         }
+        if listen.max_connections > MAX_CONNECTIONS {
+            return Err(format!(
+                "server.max_connections is {}; the most it may be is {MAX_CONNECTIONS}",
+                listen.max_connections
+            ));
+        }
         if listen.max_connections == 0 || listen.max_concurrent_streams == 0 {
             return Err(
                 "server.max_connections and server.max_concurrent_streams must be positive".into(),
@@ -455,6 +464,10 @@ mod tests {
         let config: ServerConfig = toml::from_str("[runtime]\ninline_budget = \"2s\"").unwrap();
         let error = config.validate().unwrap_err();
         assert!(error.starts_with("runtime.inline_budget is 2s"), "{error}");
+        let config: ServerConfig =
+            toml::from_str("[server]\nmax_connections = 18446744073709551615").unwrap();
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("server.max_connections"), "{error}");
     }
 
     /// Every configuration file shipped in the repository parses and validates.

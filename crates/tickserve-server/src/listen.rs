@@ -38,7 +38,11 @@ impl ConnectionLimits {
     /// The limits of `config` (`[server]` in `tickserve.toml`).
     pub fn new(config: &ListenConfig) -> ConnectionLimits {
         ConnectionLimits {
-            open: Arc::new(Semaphore::new(config.max_connections)),
+            // `validate` bounds it; a config that skipped validation (tests
+            // build theirs) still cannot make the semaphore panic.
+            open: Arc::new(Semaphore::new(
+                config.max_connections.min(Semaphore::MAX_PERMITS),
+            )),
             max_connections: config.max_connections,
             header_read_timeout: config.header_read_timeout,
             body_read_timeout: config.body_read_timeout,
