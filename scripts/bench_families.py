@@ -65,7 +65,8 @@ def run(share, repo, members, args, work):
         f'[server]\nhost = "127.0.0.1"\n'
         f'[runtime]\nonnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"\n'
         f'[repository]\npath = "{repo}"\n'
-        f'[model_defaults]\nshare_weights = {"true" if share else "false"}\n')
+        f'[model_defaults]\nshare_weights = {"true" if share else "false"}\n'
+        f'[security]\nmodel_control_mode = "explicit"\n')  # members are loaded at run time
     with Server(config=config, log=work / f"server-{name}.log", env={"RUST_LOG": "info"},
                 stop_timeout=60) as server:
         http = server.http_port

@@ -52,6 +52,17 @@ def scrape(http):
     }
 
 
+def process(pid):
+    """Threads, open file descriptors (listeners, connections, files) and anonymous
+    resident memory (MiB, the heap's share of RSS) of the server, from /proc."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))
+    fds = len(list(pathlib.Path(f"/proc/{pid}/fd").iterdir()))
+    rollup = pathlib.Path(f"/proc/{pid}/smaps_rollup").read_text()
+    anonymous = int(re.search(r"^Anonymous:\s+(\d+) kB", rollup, re.M).group(1)) / 1024
+    return threads, fds, anonymous
+
+
 def percentile(before, after, q):
     """The q-quantile (µs) of the requests between two scrapes, from histogram buckets."""
     edges = sorted((float("inf") if le == "+Inf" else float(le), le) for le in after)
@@ -75,32 +86,41 @@ def main():
     p.add_argument("--minutes", type=int, default=10)
     p.add_argument("--rate", type=int, default=1000, help="requests per second, both protocols")
     p.add_argument("--binary", help="the server (default: $TICKSERVE_BIN, else target/release/tickserve)")
+    p.add_argument("--protocols", default="http,grpc",
+                   help="the front ends to load, sharing the rate (default: http,grpc)")
+    p.add_argument("--config", help="the server's tickserve.toml (default: config/tickserve.toml)")
     args = p.parse_args()
     duration = f"{args.minutes * 60 + 5}s"
-    with Server(binary=args.binary) as server:
+    with Server(binary=args.binary, **({'config': args.config} if args.config else {})) as server:
         ready = scrape(server.http_port)
         clients = []
-        for protocol, address in [("http", f"http://127.0.0.1:{server.http_port}"),
-                                  ("grpc", f"127.0.0.1:{server.grpc_port}")]:
+        addresses = {"http": f"http://127.0.0.1:{server.http_port}",
+                     "grpc": f"127.0.0.1:{server.grpc_port}"}
+        protocols = args.protocols.split(",")
+        for protocol in protocols:
+            address = addresses[protocol]
             clients.append(subprocess.Popen(
                 [str(K6), "run", "-q", "--no-summary", "--no-thresholds",
-                 "-e", "SCENARIO=steady", "-e", f"RATE={args.rate // 2}", "-e", f"DURATION={duration}",
+                 "-e", "SCENARIO=steady", "-e", f"RATE={args.rate // len(protocols)}", "-e", f"DURATION={duration}",
                  "-e", f"TICKSERVE_{protocol.upper()}={address}", str(ROOT / f"loadtest/{protocol}.js")],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT))
-        print(f"soak: {args.rate} requests/s (half HTTP, half gRPC) for {args.minutes} min; "
+        print(f"soak: {args.rate} requests/s ({' and '.join(protocols)}) for {args.minutes} min; "
               f"server pid {server.pid}", flush=True)
-        print("| minute | RSS (MiB) | compilations | requests | errors | p50 (µs) | p99 (µs) |")
-        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| minute | RSS (MiB) | anonymous (MiB) | threads | fds | compilations | requests "
+              "| errors | p50 (µs) | p99 (µs) |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         rows, last = [], ready
         started = time.monotonic()
         for minute in range(1, args.minutes + 1):
             time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
             now = scrape(server.http_port)
-            row = (minute, now["rss"] / 2**20, now["compilations"], now["requests"] - last["requests"],
+            threads, fds, anonymous = process(server.pid)
+            row = (minute, now["rss"] / 2**20, anonymous, threads, fds, now["compilations"], now["requests"] - last["requests"],
                    now["errors"] - last["errors"], percentile(last["buckets"], now["buckets"], 0.5),
                    percentile(last["buckets"], now["buckets"], 0.99))
             rows.append((row, now))
-            print("| {} | {:.1f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |".format(*row), flush=True)
+            print("| {} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |"
+                  .format(*row), flush=True)
             last = now
         for client in clients:
             client.wait(timeout=120)

@@ -13,6 +13,13 @@ use serde::{Deserialize, Deserializer};
 
 use crate::buckets::DEFAULT_BUCKETS;
 
+mod security;
+
+pub use security::{
+    EndpointGroup, FrontEnd, KeySource, ModelControlMode, Restriction, Secret, SecurityConfig,
+    TlsConfig,
+};
+
 /// The whole server configuration (`config/tickserve.toml`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -25,6 +32,8 @@ pub struct ServerConfig {
     pub repository: RepositoryConfig,
     /// Settings every model gets unless its `model.toml` says otherwise.
     pub model_defaults: ModelDefaults,
+    /// Model control, keys per endpoint group, TLS.
+    pub security: SecurityConfig,
 }
 
 /// Listening addresses and request limits.
@@ -67,6 +76,12 @@ pub struct ListenConfig {
     /// that does not answer within as long again is closed.
     #[serde(deserialize_with = "duration")]
     pub http2_keep_alive: Duration,
+    /// A connection with no request open for this long is closed (HTTP/2:
+    /// GOAWAY, and its client reconnects on its next call). An HTTP/1
+    /// connection waiting for its next request is closed sooner, at
+    /// `header_read_timeout`.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 impl Default for ListenConfig {
@@ -84,6 +99,7 @@ impl Default for ListenConfig {
             body_read_timeout: Duration::from_secs(10),
             max_concurrent_streams: 256,
             http2_keep_alive: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -334,6 +350,7 @@ impl ServerConfig {
 
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
+        self.security.validate()?;
         let d = &self.model_defaults;
         crate::Buckets::new(&d.buckets, None)
             .map_err(|e| format!("model_defaults.buckets: {e}"))?;
@@ -379,6 +396,7 @@ impl ServerConfig {
             ("server.header_read_timeout", listen.header_read_timeout),
             ("server.body_read_timeout", listen.body_read_timeout),
             ("server.http2_keep_alive", listen.http2_keep_alive),
+            ("server.idle_timeout", listen.idle_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!("{key} must be positive"));

@@ -140,6 +140,18 @@ pub enum Error {
     /// The server is shutting down and admits no new work.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// Model control is off: clients may not load or unload models.
+    #[error(
+        "model '{model}': {operation} refused: model control is off \
+         (security.model_control_mode = \"none\", Triton's --model-control-mode=none); \
+         the repository index stays readable"
+    )]
+    ModelControlOff {
+        /// The model asked for.
+        model: String,
+        /// `load` or `unload`.
+        operation: &'static str,
+    },
     /// The engine failed on a request that passed validation. A bug or a
     /// resource failure, never the client's fault.
     #[error("model '{model}': internal error: {message}")]
@@ -183,6 +195,8 @@ pub enum ErrorKind {
     DeadlineExceeded,
     /// A failure inside the server.
     Internal,
+    /// The server's settings do not allow the operation; no credential helps.
+    FailedPrecondition,
 }
 
 /// gRPC status codes, as numbers (so the core needs no gRPC crate).
@@ -199,6 +213,8 @@ pub mod grpc_code {
     pub const INTERNAL: i32 = 13;
     /// UNAVAILABLE.
     pub const UNAVAILABLE: i32 = 14;
+    /// FAILED_PRECONDITION.
+    pub const FAILED_PRECONDITION: i32 = 9;
 }
 
 impl ErrorKind {
@@ -211,6 +227,7 @@ impl ErrorKind {
             ErrorKind::ResourceExhausted => grpc_code::RESOURCE_EXHAUSTED,
             ErrorKind::DeadlineExceeded => grpc_code::DEADLINE_EXCEEDED,
             ErrorKind::Internal => grpc_code::INTERNAL,
+            ErrorKind::FailedPrecondition => grpc_code::FAILED_PRECONDITION,
         }
     }
 
@@ -224,6 +241,7 @@ impl ErrorKind {
             ErrorKind::ResourceExhausted => 429,
             ErrorKind::DeadlineExceeded => 504,
             ErrorKind::Internal => 500,
+            ErrorKind::FailedPrecondition => 403,
         }
     }
 
@@ -237,6 +255,7 @@ impl ErrorKind {
             ErrorKind::ResourceExhausted => "resource_exhausted",
             ErrorKind::DeadlineExceeded => "deadline_exceeded",
             ErrorKind::Internal => "internal",
+            ErrorKind::FailedPrecondition => "failed_precondition",
         }
     }
 }
@@ -258,6 +277,7 @@ impl Error {
             | Error::OverloadedBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
+            Error::ModelControlOff { .. } => ErrorKind::FailedPrecondition,
         }
     }
 
@@ -298,6 +318,7 @@ mod tests {
             (ErrorKind::NotFound, 5, 404),
             (ErrorKind::PayloadTooLarge, 3, 413),
             (ErrorKind::Unavailable, 14, 503),
+            (ErrorKind::FailedPrecondition, 9, 403),
             (ErrorKind::ResourceExhausted, 8, 429),
             (ErrorKind::DeadlineExceeded, 4, 504),
             (ErrorKind::Internal, 13, 500),

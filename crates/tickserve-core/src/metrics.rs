@@ -28,6 +28,17 @@ pub const REJECTIONS: &str = "tickserve_rejections_total";
 /// Connections closed at once because `server.max_connections` were open,
 /// labelled `protocol`.
 pub const CONNECTIONS_REFUSED: &str = "tickserve_connections_refused_total";
+/// Requests refused before any handler ran, labelled `protocol`, `group`
+/// (the endpoint group) and `reason` (`missing_key`, `wrong_key`).
+pub const ACCESS_REFUSED: &str = "tickserve_access_refused_total";
+/// Repository load and unload refused because model control is off,
+/// labelled `protocol`.
+pub const MODEL_CONTROL_REFUSED: &str = "tickserve_model_control_refused_total";
+/// TLS handshakes that failed (no or an untrusted client certificate, a
+/// client that does not speak TLS), labelled `protocol`.
+pub const TLS_HANDSHAKE_FAILURES: &str = "tickserve_tls_handshake_failures_total";
+/// Times the TLS certificate and key were loaded anew from their files.
+pub const TLS_RELOADS: &str = "tickserve_tls_reloads_total";
 /// Resident memory of the server process, in bytes (read at each scrape).
 pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";
 /// CPU time of the server process, user plus system, in seconds (read at each scrape).
@@ -109,6 +120,26 @@ pub fn describe() {
         REJECTIONS,
         Unit::Count,
         "Requests refused by load shedding, by model and reason."
+    );
+    describe_counter!(
+        ACCESS_REFUSED,
+        Unit::Count,
+        "Requests refused for a missing or wrong key, by protocol, endpoint group and reason."
+    );
+    describe_counter!(
+        MODEL_CONTROL_REFUSED,
+        Unit::Count,
+        "Repository load and unload refused because security.model_control_mode is none, by protocol."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        Unit::Count,
+        "TLS handshakes that failed (no or an untrusted client certificate, plain text on a TLS port), by protocol."
+    );
+    describe_counter!(
+        TLS_RELOADS,
+        Unit::Count,
+        "Times the TLS certificate and key were loaded anew from their files."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

@@ -23,6 +23,10 @@ pub struct InputTensor {
     pub data: Bytes,
 }
 
+/// The longest request id, in bytes, over every protocol (an id is echoed in
+/// the answer and in logs).
+pub const MAX_ID_BYTES: usize = 1024;
+
 /// An inference request, as decoded from either protocol.
 #[derive(Debug, Clone)]
 pub struct InferRequest {

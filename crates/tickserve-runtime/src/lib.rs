@@ -209,10 +209,7 @@ impl Runtime {
             Error::ModelNotFound {
                 model: name.to_string(),
                 version: None,
-                known: format!(
-                    "no directory {name} in the repository {}",
-                    self.config.repository.path.display()
-                ),
+                known: format!("no directory {name} in the model repository"),
             }
         })?;
         let candidates = self.candidates_of(entry).map_err(failed)?;
@@ -288,7 +285,7 @@ impl Runtime {
         if entry.versions.is_empty() {
             return Err(format!(
                 "no version directories: expected {}/<version>/model.onnx",
-                entry.dir.display()
+                entry.name
             ));
         }
         let placements = config

@@ -391,8 +391,12 @@ fn parse(
     let started = Instant::now();
     let read = || -> Result<_, String> {
         let path = &candidate.onnx_path;
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let bytes = std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read {}/{}/model.onnx: {e}",
+                candidate.name, candidate.version
+            )
+        })?;
         let onnx = OnnxModel::parse(&bytes)?;
         let settings =
             ModelSettings::resolve(&candidate.config, defaults, onnx.is_tree_ensemble())?;

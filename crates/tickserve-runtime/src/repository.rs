@@ -1,5 +1,9 @@
 //! Scans a model repository in Triton's layout:
 //! `ROOT/NAME/VERSION/model.onnx`, with an optional `ROOT/NAME/model.toml`.
+//!
+//! Messages name files relative to the repository (`alpha/model.toml`): they
+//! reach clients (load errors, the index), who have no business knowing
+//! where the server keeps its files.
 
 use std::path::{Path, PathBuf};
 
@@ -21,8 +25,8 @@ pub struct ModelDir {
 /// Lists the models under `root`, sorted by name. Errors only when `root`
 /// itself cannot be read.
 pub fn scan(root: &Path) -> Result<Vec<ModelDir>, String> {
-    let entries = std::fs::read_dir(root)
-        .map_err(|e| format!("cannot read the model repository {}: {e}", root.display()))?;
+    let entries =
+        std::fs::read_dir(root).map_err(|e| format!("cannot read the model repository: {e}"))?;
     let mut models = Vec::new();
     for entry in entries.flatten() {
         let dir = entry.path();
@@ -51,7 +55,9 @@ pub fn scan_one(root: &Path, name: &str) -> Option<ModelDir> {
 }
 
 fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
-    let config = ModelConfig::load(&dir.join("model.toml"));
+    let toml = dir.join("model.toml");
+    let config = ModelConfig::load(&toml)
+        .map_err(|e| e.replace(&toml.display().to_string(), &format!("{name}/model.toml")));
     let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.flatten()

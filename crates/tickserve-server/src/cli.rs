@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use tickserve_core::config::ServerConfig;
+use tickserve_core::config::{FrontEnd, ModelControlMode, Restriction, ServerConfig};
 use tickserve_runtime::{Runtime, VersionState};
 
 /// tickserve: a low-latency inference server for trading models (KServe v2 over gRPC and HTTP).
@@ -45,6 +45,21 @@ struct ServeArgs {
     /// gRPC port (overrides server.grpc_port).
     #[arg(long)]
     grpc_port: Option<u16>,
+    /// `none` (the default: every model loads at start, clients cannot load
+    /// or unload) or `explicit` (they can); overrides
+    /// security.model_control_mode.
+    #[arg(long, value_parser = ["none", "explicit"])]
+    model_control_mode: Option<String>,
+    /// Triton's `GROUPS:KEY=VALUE`: the groups answer HTTP requests only with
+    /// the header `KEY: VALUE` (or `Authorization: Bearer VALUE`). Write VALUE
+    /// as `env:NAME` or `file:PATH`: a literal key is visible in `ps`.
+    /// Repeatable; adds to security.restricted.
+    #[arg(long, value_name = "GROUPS:KEY=VALUE")]
+    http_restricted_api: Vec<String>,
+    /// The same for gRPC, where the key travels as the metadata
+    /// `triton-grpc-protocol-KEY`.
+    #[arg(long, value_name = "GROUPS:KEY=VALUE")]
+    grpc_restricted_protocol: Vec<String>,
 }
 
 impl CommonArgs {
@@ -89,6 +104,29 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = args.grpc_port {
         config.server.grpc_port = p;
     }
+    if let Some(mode) = &args.model_control_mode {
+        config.security.model_control_mode = ModelControlMode::parse(mode)
+            .with_context(|| format!("--model-control-mode {mode}: expected none or explicit"))?;
+    }
+    for (texts, front_end, flag) in [
+        (
+            &args.http_restricted_api,
+            FrontEnd::Http,
+            "--http-restricted-api",
+        ),
+        (
+            &args.grpc_restricted_protocol,
+            FrontEnd::Grpc,
+            "--grpc-restricted-protocol",
+        ),
+    ] {
+        for text in texts {
+            let restriction = Restriction::parse_triton(text, front_end)
+                .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+            config.security.restricted.push(restriction);
+        }
+    }
+    config.security.validate().map_err(anyhow::Error::msg)?;
     tracing::info!(config = ?config, "effective configuration");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

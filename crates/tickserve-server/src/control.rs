@@ -2,13 +2,20 @@
 //! the repository index, and loading and unloading models while serving.
 //! Loading reads files and may compile, so every operation runs on a blocking
 //! thread, never on the async workers that answer inference requests.
+//!
+//! With `security.model_control_mode = "none"` (the default) load and unload
+//! are refused with FAILED_PRECONDITION / HTTP 403, counted by protocol; the
+//! index stays readable.
 
 use std::sync::Arc;
 
 use tickserve_core::Error;
+use tickserve_core::config::ModelControlMode;
+use tickserve_core::metrics as names;
 use tickserve_runtime::IndexEntry;
 
 use crate::Shared;
+use crate::observe::Protocol;
 
 /// A model control operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,12 +26,25 @@ pub enum Operation {
     Unload,
 }
 
-/// Loads or unloads `model` (see [`tickserve_runtime::Runtime::load_model`]).
+/// Loads or unloads `model` (see [`tickserve_runtime::Runtime::load_model`]),
+/// asked over `protocol`.
 pub async fn change(
     shared: &Arc<Shared>,
+    protocol: Protocol,
     operation: Operation,
     model: String,
 ) -> Result<(), Error> {
+    if shared.model_control_mode == ModelControlMode::None {
+        metrics::counter!(names::MODEL_CONTROL_REFUSED, "protocol" => protocol.label())
+            .increment(1);
+        return Err(Error::ModelControlOff {
+            model,
+            operation: match operation {
+                Operation::Load => "load",
+                Operation::Unload => "unload",
+            },
+        });
+    }
     if !shared.ready() {
         return Err(Error::ShuttingDown);
     }

@@ -9,6 +9,7 @@
 //! [`InferRequest`]: tickserve_core::InferRequest
 //! [`InferResponse`]: tickserve_core::InferResponse
 
+pub mod access;
 pub mod cli;
 pub mod control;
 pub mod fuzzing;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use tickserve_core::config::ServerConfig;
+use tickserve_core::config::{FrontEnd, ServerConfig};
 use tickserve_runtime::Runtime;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -72,6 +73,8 @@ pub struct Shared {
     pub inflight_bytes: std::sync::atomic::AtomicUsize,
     /// `server.max_inflight_bytes`.
     pub max_inflight_bytes: usize,
+    /// `security.model_control_mode`: whether clients may load and unload.
+    pub model_control_mode: tickserve_core::config::ModelControlMode,
 }
 
 /// An admitted request's bytes in the server-wide budget; dropping it gives
@@ -159,11 +162,16 @@ impl Server {
     pub async fn start(config: &ServerConfig) -> anyhow::Result<Server> {
         observe::install_recorder();
         let runtime = {
-            let config = config.clone();
-            tokio::task::spawn_blocking(move || Runtime::load(&config))
+            let owned = config.clone();
+            tokio::task::spawn_blocking(move || Runtime::load(&owned))
                 .await
                 .context("model loading panicked")?
-                .map_err(anyhow::Error::msg)?
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{e} (repository.path = {})",
+                        config.repository.path.display()
+                    )
+                })?
         };
         let shared = Arc::new(Shared {
             runtime,
@@ -174,6 +182,7 @@ impl Server {
             strict_readiness: config.server.strict_readiness,
             inflight_bytes: std::sync::atomic::AtomicUsize::new(0),
             max_inflight_bytes: config.server.max_inflight_bytes,
+            model_control_mode: config.security.model_control_mode,
         });
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))
@@ -186,15 +195,23 @@ impl Server {
         let grpc_addr = grpc_listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let limits = Arc::new(listen::ConnectionLimits::new(&config.server));
+        let http_access = Arc::new(
+            access::Access::new(&config.security, FrontEnd::Http).map_err(anyhow::Error::msg)?,
+        );
+        let grpc_access = Arc::new(
+            access::Access::new(&config.security, FrontEnd::Grpc).map_err(anyhow::Error::msg)?,
+        );
         let http_task = tokio::spawn(http::serve(
             http_listener,
             Arc::clone(&shared),
+            http_access,
             Arc::clone(&limits),
             stopped.clone(),
         ));
         let grpc_task = tokio::spawn(grpc::serve(
             grpc_listener,
             Arc::clone(&shared),
+            grpc_access,
             limits,
             stopped,
         ));

@@ -96,7 +96,8 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    fn label(self) -> &'static str {
+    /// The `protocol` label of every metric (`http`, `grpc`).
+    pub const fn label(self) -> &'static str {
         match self {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",

@@ -3,11 +3,18 @@
 //! peak resident memory of the process is the measure, and other tests in
 //! the same process would move it).
 //!
-//! The bound: a 14 MiB body may raise the process's peak resident memory by
-//! at most 6 × 16 MiB = 96 MiB. Justification: the client's copy of the body
-//! and the server's read buffer (2 × body), tensor data read straight into
-//! typed bytes (at most 4 bytes per 2 bytes of JSON for FP32: 2 × body), and
-//! allocator slack. A JSON value tree of the same body took 329 MiB.
+//! The bound over HTTP: a 14 MiB body may raise the process's peak resident
+//! memory by at most 6 × 16 MiB = 96 MiB. Justification: the client's copy of
+//! the body and the server's read buffer (2 × body), tensor data read
+//! straight into typed bytes (at most 4 bytes per 2 bytes of JSON for FP32:
+//! 2 × body), and allocator slack. A JSON value tree of the same body took
+//! 329 MiB.
+//!
+//! Over gRPC: a 14 MiB message may raise it by at most 8 × 16 MiB = 128 MiB:
+//! the test's message and tonic's encode buffer (2 ×), the server's frame
+//! (1 ×), what prost may decode before the request is refused (the codec's
+//! walk holds it to 4 × the message, `grpc::bounded::AMPLIFICATION`), and
+//! slack. Empty `inputs` entries once took 1.9 GiB.
 
 #![allow(clippy::unwrap_used)]
 
@@ -31,9 +38,14 @@ fn reset_peak() {
 }
 
 const BOUND: u64 = 6 * 16 * 1024 * 1024;
+const GRPC_BOUND: u64 = 8 * 16 * 1024 * 1024;
+
+/// One test at a time: both measure the same process's peak.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amplification_bodies_stay_within_a_small_multiple_of_their_size() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let server = common::start(&common::config(&common::root().join("config/models"))).await;
     let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
     let client = reqwest::Client::new();
@@ -87,6 +99,192 @@ async fn amplification_bodies_stay_within_a_small_multiple_of_their_size() {
             .await
             .unwrap();
         assert_eq!(ok.status(), 200);
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// A protobuf field of wire type 2: key, length, payload.
+fn field(number: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![(number << 3) | 2];
+    let mut len = payload.len();
+    loop {
+        let byte = (len & 0x7f) as u8;
+        len >>= 7;
+        if len == 0 {
+            out.push(byte);
+            break;
+        }
+        out.push(byte | 0x80);
+    }
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A `ModelInferRequest` for `alpha_mlp` with one input built of `parts`
+/// (already-encoded fields of `InferInputTensor`).
+fn infer_message(parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut message = field(1, b"alpha_mlp");
+    message.extend(field(5, &parts.concat()));
+    message
+}
+
+/// Writes already-encoded messages as they are; reads answers with prost.
+struct RawCodec;
+
+struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: bytes::Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put(dst, item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = bytes::Bytes;
+    type Decode = pb::ModelInferResponse;
+    type Encoder = RawEncoder;
+    type Decoder = tonic_prost::ProstDecoder<pb::ModelInferResponse>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic::codec::Codec::decoder(&mut tonic_prost::ProstCodec::<
+            pb::ModelInferRequest,
+            pb::ModelInferResponse,
+        >::default())
+    }
+}
+
+use tickserve_server::grpc::pb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amplification_messages_stay_within_a_small_multiple_of_their_size() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel.clone())
+        .max_encoding_message_size(64 << 20)
+        .max_decoding_message_size(64 << 20);
+    let mut client = pb::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel);
+    let size = 14 << 20;
+    let named = || vec![field(1, b"features"), field(2, b"FP32"), field(3, &[1, 50])];
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "empty inputs entries",
+            {
+                let mut m = field(1, b"alpha_mlp");
+                m.extend(std::iter::repeat_n([0x2a, 0x00], size / 2).flatten());
+                m
+            },
+            "ModelInferRequest.inputs holds more than",
+        ),
+        (
+            "empty bytes_contents entries",
+            infer_message(&[named().concat(), field(5, &[0x42, 0x00].repeat(size / 2))]),
+            "bytes_contents",
+        ),
+        (
+            "a shape of one-byte dimensions",
+            infer_message(&[field(3, &vec![1u8; size])]),
+            "InferInputTensor.shape holds more than",
+        ),
+        (
+            "input parameters with distinct keys",
+            infer_message(&[(0..size / 12)
+                .flat_map(|i: usize| field(4, &field(1, format!("{i:x}").as_bytes())))
+                .collect()]),
+            "parameters holds more than",
+        ),
+        (
+            "INT32 zeros under a one-row shape",
+            infer_message(&[
+                field(1, b"features"),
+                field(2, b"INT32"),
+                field(3, &[1, 50]),
+                field(5, &field(2, &vec![0u8; size])),
+            ]),
+            "expected 50 values in contents.int_contents",
+        ),
+        (
+            "a 14 MiB id",
+            {
+                let mut m = infer_message(&[named().concat()]);
+                m.extend(field(3, &vec![b'x'; size]));
+                m
+            },
+            "the request id is longer than 1024 bytes",
+        ),
+    ];
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/inference.GRPCInferenceService/ModelInfer",
+    );
+    for (name, message, expected) in cases {
+        let len = message.len();
+        assert!(len < 16 << 20, "{name}: {len}");
+        reset_peak();
+        let before = peak_rss();
+        raw.ready().await.unwrap();
+        let status = raw
+            .unary(
+                tonic::Request::new(bytes::Bytes::from(message)),
+                path.clone(),
+                RawCodec,
+            )
+            .await
+            .unwrap_err();
+        let grown = peak_rss().saturating_sub(before);
+        println!(
+            "{name} ({len} bytes): {:?}, peak resident memory +{} MiB",
+            status.code(),
+            grown >> 20
+        );
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{name}: {status:?}"
+        );
+        assert!(
+            status.message().contains(expected),
+            "{name}: {}",
+            status.message()
+        );
+        assert!(
+            grown <= GRPC_BOUND,
+            "{name}: a {len} byte message raised peak memory by {grown} bytes"
+        );
+        // A normal request right after.
+        let ok = client
+            .model_infer(pb::ModelInferRequest {
+                model_name: "alpha_mlp".into(),
+                inputs: vec![pb::model_infer_request::InferInputTensor {
+                    name: "features".into(),
+                    datatype: "FP32".into(),
+                    shape: vec![1, 50],
+                    contents: Some(pb::InferTensorContents {
+                        fp32_contents: vec![0.5; 50],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(ok.into_inner().outputs.len(), 1, "{name}");
     }
     server.shutdown().await.unwrap();
 }

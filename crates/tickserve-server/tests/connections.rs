@@ -1,7 +1,7 @@
 //! Connection limits against hostile clients on loopback (raw TCP sockets
-//! beside a normal client): slow headers, idle keep-alive connections, silent
-//! connections, stalled bodies and a connection flood are each cut off, while
-//! the normal client keeps being served.
+//! beside a normal client): slow headers, idle keep-alive connections, idle
+//! HTTP/2 connections, silent connections, stalled bodies and a connection
+//! flood are each cut off, while the normal client keeps being served.
 
 #![allow(clippy::unwrap_used)]
 
@@ -149,5 +149,93 @@ async fn a_connection_flood_is_capped_at_max_connections() {
         "refusals counted"
     );
     drop(held);
+    server.shutdown().await.unwrap();
+}
+
+/// The HTTP/2 frame types in `bytes` (a server's side of a connection).
+fn frame_types(bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = usize::from(bytes[at]) << 16
+            | usize::from(bytes[at + 1]) << 8
+            | usize::from(bytes[at + 2]);
+        types.push(bytes[at + 3]);
+        at += 9 + len;
+    }
+    types
+}
+
+/// The payloads of the PING frames (not acknowledgements) in `bytes`.
+fn pings(bytes: &[u8]) -> Vec<[u8; 8]> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at + 9 <= bytes.len() {
+        let len = usize::from(bytes[at]) << 16
+            | usize::from(bytes[at + 1]) << 8
+            | usize::from(bytes[at + 2]);
+        let (kind, flags) = (bytes[at + 3], bytes[at + 4]);
+        if kind == 6 && flags & 1 == 0 && len == 8 && at + 17 <= bytes.len() {
+            found.push(bytes[at + 9..at + 17].try_into().unwrap());
+        }
+        at += 9 + len;
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_sent_goaway_and_closed() {
+    let mut config = common::config(&repository());
+    config.server.idle_timeout = Duration::from_millis(300);
+    let server = common::start(&config).await;
+    for address in [server.grpc_addr, server.http_addr] {
+        // The HTTP/2 preface and an empty SETTINGS frame, then nothing.
+        let mut idle = TcpStream::connect(address).await.unwrap();
+        idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let until = Instant::now() + Duration::from_secs(20);
+        let mut buffer = [0u8; 4096];
+        let mut answered = 0;
+        let closed = loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, idle.read(&mut buffer)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break true,
+                Ok(Ok(n)) => {
+                    got.extend_from_slice(&buffer[..n]);
+                    // Answer the server's PINGs, as every HTTP/2 client does
+                    // (a graceful close waits for the answer).
+                    for ping in pings(&got).into_iter().skip(answered) {
+                        let mut ack = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
+                        ack.extend_from_slice(&ping);
+                        idle.write_all(&ack).await.unwrap();
+                        answered += 1;
+                    }
+                }
+                Err(_) => break false,
+            }
+        };
+        let types = frame_types(&got);
+        assert!(closed, "{address}: still open; frames {types:?}");
+        assert!(
+            types.contains(&0x7),
+            "{address}: no GOAWAY before closing: {types:?}"
+        );
+        assert_eq!(normal(server.http_addr).await, 200);
+    }
+    // A client keeps working across the close: it reconnects.
+    let mut client = tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
+        format!("http://{}", server.grpc_addr),
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        client
+            .server_ready(tickserve_server::grpc::pb::ServerReadyRequest {})
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
     server.shutdown().await.unwrap();
 }

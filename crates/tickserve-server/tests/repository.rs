@@ -7,6 +7,8 @@
 
 mod common;
 
+use tickserve_core::config::ModelControlMode;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_and_unload_with_tritonclient() {
     let source = common::root().join("config/models");
@@ -14,7 +16,9 @@ async fn load_and_unload_with_tritonclient() {
     for model in ["alpha_mlp", "tick_000", "tick_001"] {
         copy_dir(&source.join(model), &scratch.path().join(model));
     }
-    let server = common::start(&common::config(scratch.path())).await;
+    let mut config = common::config(scratch.path());
+    config.security.model_control_mode = ModelControlMode::Explicit;
+    let server = common::start(&config).await;
     common::run_python_check(
         &server,
         "repository_check.py",

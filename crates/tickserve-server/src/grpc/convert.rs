@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use tickserve_core::durations;
+use tickserve_core::request::MAX_ID_BYTES;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
@@ -23,6 +24,12 @@ pub fn decode(
     signature: &Signature,
 ) -> Result<(InferRequest, bool), Error> {
     let model = request.model_name;
+    if request.id.len() > MAX_ID_BYTES {
+        return Err(Error::request(
+            &model,
+            format!("the request id is longer than {MAX_ID_BYTES} bytes"),
+        ));
+    }
     let raw = !request.raw_input_contents.is_empty();
     if raw && request.raw_input_contents.len() != request.inputs.len() {
         return Err(Error::request(
@@ -56,7 +63,7 @@ pub fn decode(
             }
             (Some(bytes), _) => bytes,
             (None, Some(contents)) => {
-                typed_to_bytes(&model, &input.name, datatype, &contents)?.into()
+                typed_to_bytes(&model, &input.name, datatype, &input.shape, &contents)?.into()
             }
             (None, None) => bytes::Bytes::new(),
         };
@@ -108,11 +115,13 @@ fn contents_empty(c: &pb::InferTensorContents) -> bool {
         && c.bytes_contents.is_empty()
 }
 
-/// Converts typed contents into little-endian bytes of `datatype`.
+/// Converts typed contents into little-endian bytes of `datatype`, after
+/// checking that they hold as many values as `shape` asks for.
 fn typed_to_bytes(
     model: &str,
     input: &str,
     datatype: DataType,
+    shape: &[i64],
     c: &pb::InferTensorContents,
 ) -> Result<Vec<u8>, Error> {
     fn narrow<S: Copy + std::fmt::Display, T: TryFrom<S>>(
@@ -145,6 +154,43 @@ fn typed_to_bytes(
         DataType::Fp32 => "fp32_contents",
         DataType::Fp64 => "fp64_contents",
     };
+    // The count first: contents that do not fill the shape are refused before
+    // anything is converted (a wrong shape costs no copy).
+    let count = match datatype {
+        DataType::Bool => c.bool_contents.len(),
+        DataType::Int8 | DataType::Int16 | DataType::Int32 => c.int_contents.len(),
+        DataType::Int64 => c.int64_contents.len(),
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 => c.uint_contents.len(),
+        DataType::Uint64 => c.uint64_contents.len(),
+        DataType::Fp32 => c.fp32_contents.len(),
+        DataType::Fp64 => c.fp64_contents.len(),
+    };
+    if count > 0 {
+        let expected = shape.iter().try_fold(1usize, |product, &dim| {
+            usize::try_from(dim)
+                .ok()
+                .and_then(|dim| product.checked_mul(dim))
+        });
+        match expected {
+            Some(expected) if expected == count => {}
+            Some(expected) => {
+                return Err(Error::input(
+                    model,
+                    input,
+                    format!("{expected} values in contents.{field} (shape {shape:?})"),
+                    count.to_string(),
+                ));
+            }
+            None => {
+                return Err(Error::input(
+                    model,
+                    input,
+                    "a shape of non-negative dimensions with an element count that fits in memory",
+                    format!("{shape:?}"),
+                ));
+            }
+        }
+    }
     let out = match datatype {
         DataType::Bool => c.bool_contents.iter().map(|&b| u8::from(b)).collect(),
         DataType::Int8 => narrow(&c.int_contents, model, input, datatype, |v: i8| {
@@ -307,7 +353,7 @@ mod tests {
             fp64_contents: vec![1.0],
             ..Default::default()
         };
-        let err = typed_to_bytes("m", "x", DataType::Fp32, &c).unwrap_err();
+        let err = typed_to_bytes("m", "x", DataType::Fp32, &[1], &c).unwrap_err();
         assert!(
             err.to_string()
                 .contains("expected FP32 data in contents.fp32_contents"),
@@ -317,10 +363,34 @@ mod tests {
             int_contents: vec![1, 200],
             ..Default::default()
         };
-        let err = typed_to_bytes("m", "x", DataType::Int8, &c).unwrap_err();
+        let err = typed_to_bytes("m", "x", DataType::Int8, &[2], &c).unwrap_err();
         assert!(
             err.to_string().contains("200 (out of range) at element 1"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn typed_contents_that_do_not_fill_the_shape_are_refused_before_conversion() {
+        let c = pb::InferTensorContents {
+            fp32_contents: vec![0.0; 7],
+            ..Default::default()
+        };
+        let err = typed_to_bytes("m", "x", DataType::Fp32, &[1, 50], &c).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("expected 50 values in contents.fp32_contents (shape [1, 50]), got 7"),
+            "{err}"
+        );
+        let err = typed_to_bytes("m", "x", DataType::Fp32, &[-1, 7], &c).unwrap_err();
+        assert!(err.to_string().contains("non-negative"), "{err}");
+        let err = typed_to_bytes("m", "x", DataType::Fp32, &[i64::MAX, i64::MAX], &c).unwrap_err();
+        assert!(err.to_string().contains("non-negative"), "{err}");
+        assert_eq!(
+            typed_to_bytes("m", "x", DataType::Fp32, &[7], &c)
+                .unwrap()
+                .len(),
+            28
         );
     }
 }

@@ -12,6 +12,7 @@ use tickserve_runtime::ModelHandle;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::access::Access;
 use crate::listen::{self, ConnectionLimits};
 use crate::model_view::{DurationView, InstanceKind, ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
@@ -28,10 +29,12 @@ pub mod pb {
 
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 
-/// Serves gRPC on `listener` within `limits` until `stop` turns true.
+/// Serves gRPC on `listener` behind `access`, within `limits`, until `stop`
+/// turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
+    access: Arc<Access>,
     limits: Arc<ConnectionLimits>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -53,6 +56,7 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_invalid_argument::<axum::body::Body>,
         ));
+    let router = crate::access::apply(router, access);
     let mut stopping = stop.clone();
     tokio::spawn(async move {
         let _ = stopping.wait_for(|stopped| *stopped).await;
@@ -269,9 +273,14 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let r = request.into_inner();
-        control::change(&self.shared, control::Operation::Load, r.model_name)
-            .await
-            .map_err(|e| status(&e))?;
+        control::change(
+            &self.shared,
+            Protocol::Grpc,
+            control::Operation::Load,
+            r.model_name,
+        )
+        .await
+        .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -280,9 +289,14 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let r = request.into_inner();
-        control::change(&self.shared, control::Operation::Unload, r.model_name)
-            .await
-            .map_err(|e| status(&e))?;
+        control::change(
+            &self.shared,
+            Protocol::Grpc,
+            control::Operation::Unload,
+            r.model_name,
+        )
+        .await
+        .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 

@@ -30,8 +30,7 @@ pub const MAX_TENSORS: usize = 64;
 pub const MAX_RANK: usize = 32;
 /// The most bytes of JSON one `parameters` object may take.
 pub const MAX_PARAMETER_BYTES: usize = 64 * 1024;
-/// The longest request id, in bytes.
-pub const MAX_ID_BYTES: usize = 1024;
+pub use tickserve_core::request::MAX_ID_BYTES;
 
 // Memory held while decoding stays a small multiple of the body: tensor data
 // and parameters are kept as borrowed raw JSON text until the datatype is

@@ -22,6 +22,7 @@ use tickserve_core::{Error, ErrorKind};
 use tickserve_runtime::ModelHandle;
 use tokio::sync::watch;
 
+use crate::access::Access;
 use crate::listen::{self, ConnectionLimits};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
@@ -30,14 +31,17 @@ use crate::{
     control,
 };
 
-/// Serves HTTP on `listener` within `limits` until `stop` turns true.
+/// Serves HTTP on `listener` behind `access`, within `limits`, until `stop`
+/// turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
+    access: Arc<Access>,
     limits: Arc<ConnectionLimits>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    listen::serve(listener, router(shared), limits, "http", stop).await
+    let router = crate::access::apply(router(shared), access);
+    listen::serve(listener, router, limits, "http", stop).await
 }
 
 /// The HTTP routes.
@@ -451,7 +455,7 @@ async fn repository_load(
     State(shared): State<Arc<Shared>>,
     Path(model): Path<String>,
 ) -> Result<axum::Json<Value>, HttpError> {
-    control::change(&shared, control::Operation::Load, model).await?;
+    control::change(&shared, Protocol::Http, control::Operation::Load, model).await?;
     Ok(axum::Json(json!({})))
 }
 
@@ -461,6 +465,6 @@ async fn repository_unload(
     State(shared): State<Arc<Shared>>,
     Path(model): Path<String>,
 ) -> Result<axum::Json<Value>, HttpError> {
-    control::change(&shared, control::Operation::Unload, model).await?;
+    control::change(&shared, Protocol::Http, control::Operation::Unload, model).await?;
     Ok(axum::Json(json!({})))
 }
