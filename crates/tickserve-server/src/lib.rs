@@ -18,6 +18,7 @@ pub mod http;
 pub mod listen;
 pub mod model_view;
 pub mod observe;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -201,10 +202,26 @@ impl Server {
         let grpc_access = Arc::new(
             access::Access::new(&config.security, FrontEnd::Grpc).map_err(anyhow::Error::msg)?,
         );
+        let tls_for =
+            |front_end: FrontEnd, alpn: &[&[u8]]| -> anyhow::Result<Option<Arc<tls::Tls>>> {
+                match &config.security.tls {
+                    Some(settings) if settings.front_ends.contains(&front_end) => Ok(Some(
+                        Arc::new(tls::Tls::new(settings, alpn).map_err(anyhow::Error::msg)?),
+                    )),
+                    _ => Ok(None),
+                }
+            };
+        let http_tls = tls_for(FrontEnd::Http, &[b"h2", b"http/1.1"])?;
+        let grpc_tls = tls_for(FrontEnd::Grpc, &[b"h2"])?;
+        let watched: Vec<_> = http_tls.iter().chain(grpc_tls.iter()).cloned().collect();
+        if !watched.is_empty() {
+            tokio::spawn(tls::watch_files(watched, stopped.clone()));
+        }
         let http_task = tokio::spawn(http::serve(
             http_listener,
             Arc::clone(&shared),
             http_access,
+            http_tls,
             Arc::clone(&limits),
             stopped.clone(),
         ));
@@ -212,6 +229,7 @@ impl Server {
             grpc_listener,
             Arc::clone(&shared),
             grpc_access,
+            grpc_tls,
             limits,
             stopped,
         ));

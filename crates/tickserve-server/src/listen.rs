@@ -5,7 +5,8 @@
 //! limit between the pieces of a request body, a cap on concurrent HTTP/2
 //! streams per connection, and an idle timeout: a connection with no request
 //! open that long is closed gracefully (HTTP/2: GOAWAY). Dead HTTP/2 peers
-//! are found by keep-alive pings.
+//! are found by keep-alive pings. With TLS, the handshake is held to the
+//! header-read time too, and a failed one is counted.
 //!
 //! `http::serve` and `grpc::serve` call [`serve`]; it accepts until the stop
 //! signal, then stops accepting and lets the open connections finish what
@@ -28,6 +29,8 @@ use tickserve_core::metrics as names;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+
+use crate::tls::Tls;
 use tower::ServiceBuilder;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
@@ -63,11 +66,18 @@ impl ConnectionLimits {
     }
 }
 
-/// Serves `router` on `listener` within `limits` until `stop` turns true.
-/// `protocol` labels the log lines and the refused-connections metric.
+/// A connection's byte stream: TCP, or TLS over TCP.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for S {}
+
+/// Serves `router` on `listener` (over `tls` when given) within `limits`
+/// until `stop` turns true. `protocol` labels the log lines and the
+/// connection metrics.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    tls: Option<Arc<Tls>>,
     limits: Arc<ConnectionLimits>,
     protocol: &'static str,
     mut stop: watch::Receiver<bool>,
@@ -87,6 +97,7 @@ pub async fn serve(
         .keep_alive_interval(limits.http2_keep_alive)
         .keep_alive_timeout(limits.http2_keep_alive);
     let refused = metrics::counter!(names::CONNECTIONS_REFUSED, "protocol" => protocol);
+    let handshake_failed = metrics::counter!(names::TLS_HANDSHAKE_FAILURES, "protocol" => protocol);
     let mut connections = JoinSet::new();
     loop {
         // Finished connections leave the set as new ones come.
@@ -126,6 +137,8 @@ pub async fn serve(
         let first_bytes_within = limits.header_read_timeout;
         let idle_timeout = limits.idle_timeout;
         let mut stop = stop.clone();
+        let tls = tls.clone();
+        let handshake_failed = handshake_failed.clone();
         connections.spawn(async move {
             // A connection that sends nothing at all (not even which HTTP
             // version it speaks, which hyper's own timers do not cover) is
@@ -135,8 +148,29 @@ pub async fn serve(
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return,
             }
+            let stream: Box<dyn Stream> = match tls {
+                None => Box::new(tcp),
+                // The handshake is held to the same time as the first bytes.
+                Some(tls) => {
+                    let accepted =
+                        tokio::time::timeout(first_bytes_within, tls.acceptor().accept(tcp)).await;
+                    match accepted {
+                        Ok(Ok(stream)) => Box::new(stream),
+                        Ok(Err(e)) => {
+                            handshake_failed.increment(1);
+                            tracing::debug!(protocol, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            handshake_failed.increment(1);
+                            tracing::debug!(protocol, "TLS handshake timed out");
+                            return;
+                        }
+                    }
+                }
+            };
             let connection = builder.serve_connection_with_upgrades(
-                TokioIo::new(tcp),
+                TokioIo::new(stream),
                 TowerToHyperService::new(service),
             );
             tokio::pin!(connection);

@@ -16,6 +16,7 @@ use crate::access::Access;
 use crate::listen::{self, ConnectionLimits};
 use crate::model_view::{DurationView, InstanceKind, ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
+use crate::tls::Tls;
 use crate::{
     COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, Shared,
     control,
@@ -29,12 +30,14 @@ pub mod pb {
 
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 
-/// Serves gRPC on `listener` behind `access`, within `limits`, until `stop`
+/// Serves gRPC on `listener` behind `access`, over `tls` when
+/// given, within `limits`, until `stop`
 /// turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     access: Arc<Access>,
+    tls: Option<Arc<Tls>>,
     limits: Arc<ConnectionLimits>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -64,7 +67,7 @@ pub async fn serve(
             .set_not_serving::<GrpcInferenceServiceServer<InferenceService>>()
             .await;
     });
-    listen::serve(listener, router, limits, "grpc", stop).await
+    listen::serve(listener, router, tls, limits, "grpc", stop).await
 }
 
 /// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE

@@ -26,22 +26,25 @@ use crate::access::Access;
 use crate::listen::{self, ConnectionLimits};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::{self, Protocol};
+use crate::tls::Tls;
 use crate::{
     COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, Shared,
     control,
 };
 
-/// Serves HTTP on `listener` behind `access`, within `limits`, until `stop`
+/// Serves HTTP on `listener` behind `access`, over `tls` when
+/// given, within `limits`, until `stop`
 /// turns true.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     access: Arc<Access>,
+    tls: Option<Arc<Tls>>,
     limits: Arc<ConnectionLimits>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let router = crate::access::apply(router(shared), access);
-    listen::serve(listener, router, limits, "http", stop).await
+    listen::serve(listener, router, tls, limits, "http", stop).await
 }
 
 /// The HTTP routes.
