@@ -28,15 +28,16 @@ from server import ROOT, Server  # noqa: E402
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 
 
-def measure(grpc_port, concurrency, cpus, interval_ms, attempts=3):
+def measure(grpc_port, concurrency, cpus, interval_ms, attempts=3, host="127.0.0.1", extra=()):
     """One perf_analyzer measurement: (requests/s, p50 µs, p99 µs). perf_analyzer gives
     up when no three windows in twenty agree within 20 % (a noisy moment on a shared
-    machine); that measurement is tried again, up to `attempts` times."""
+    machine); that measurement is tried again, up to `attempts` times. `extra`: more
+    perf_analyzer flags (TLS's, say)."""
     for attempt in range(1, attempts + 1):
         with tempfile.TemporaryDirectory() as tmp:
             out = pathlib.Path(tmp) / "pa.csv"
             command = ["taskset", "-c", cpus, str(PERF_ANALYZER), "-m", "alpha_mlp",
-                       "-u", f"127.0.0.1:{grpc_port}", "-i", "grpc",
+                       "-u", f"{host}:{grpc_port}", "-i", "grpc", *extra,
                        "--concurrency-range", str(concurrency),
                        "--measurement-interval", str(interval_ms),
                        "--stability-percentage", "20", "--max-trials", "20", "-f", str(out)]

@@ -52,6 +52,11 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         &["code", "model", "protocol"],
     ),
     (
+        "tickserve_tls_handshake_failures_total",
+        "counter",
+        &["protocol"],
+    ),
+    (
         "tickserve_weight_swaps_total",
         "counter",
         &["device", "family"],

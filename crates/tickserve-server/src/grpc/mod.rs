@@ -420,11 +420,16 @@ impl GrpcInferenceService for InferenceService {
         let (message, timing) = result.map_err(|e| status(&e))?;
         let mut response = Response::new(message);
         let metadata = response.metadata_mut();
-        metadata.insert(QUEUE_TIME_HEADER, (timing.queue.as_micros() as u64).into());
-        metadata.insert(
-            COMPUTE_TIME_HEADER,
-            (timing.compute.as_micros() as u64).into(),
-        );
+        // Values that change with every answer stay out of HPACK's table
+        // (see `http::never_indexed`).
+        for (key, micros) in [
+            (QUEUE_TIME_HEADER, timing.queue.as_micros()),
+            (COMPUTE_TIME_HEADER, timing.compute.as_micros()),
+        ] {
+            let mut value = tonic::metadata::MetadataValue::from(micros as u64);
+            value.set_sensitive(true);
+            metadata.insert(key, value);
+        }
         Ok(response)
     }
 

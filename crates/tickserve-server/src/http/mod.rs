@@ -400,11 +400,11 @@ async fn infer_inner(
     let h = reply.headers_mut();
     h.insert(
         QUEUE_TIME_HEADER,
-        HeaderValue::from(response.timing.queue.as_micros() as u64),
+        never_indexed(response.timing.queue.as_micros() as u64),
     );
     h.insert(
         COMPUTE_TIME_HEADER,
-        HeaderValue::from(response.timing.compute.as_micros() as u64),
+        never_indexed(response.timing.compute.as_micros() as u64),
     );
     match encoded.header_length {
         Some(n) => {
@@ -470,4 +470,14 @@ async fn repository_unload(
 ) -> Result<axum::Json<Value>, HttpError> {
     control::change(&shared, Protocol::Http, control::Operation::Unload, model).await?;
     Ok(axum::Json(json!({})))
+}
+
+/// A header value that changes with every answer (a timing): marked so
+/// HTTP/2's header compression never keeps it in its table, where it would
+/// only push useful entries out and keep each answer's value alive for the
+/// next hundred answers.
+fn never_indexed(value: u64) -> HeaderValue {
+    let mut value = HeaderValue::from(value);
+    value.set_sensitive(true);
+    value
 }
