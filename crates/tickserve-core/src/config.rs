@@ -154,14 +154,20 @@ pub enum MixedRows {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RepositoryConfig {
-    /// The model repository: `PATH/NAME/VERSION/model.onnx`.
+    /// The model repository: `PATH/NAME/VERSION/model.onnx` (Triton's
+    /// layout), or one model as KServe hands it over: `PATH/model.onnx` or
+    /// `PATH/VERSION/model.onnx`.
     pub path: PathBuf,
+    /// The name the single model of a single-model repository is served under
+    /// (KServe: the InferenceService's name, `--model-name {{.Name}}`).
+    pub model_name: String,
 }
 
 impl Default for RepositoryConfig {
     fn default() -> Self {
         RepositoryConfig {
             path: PathBuf::from("config/models"),
+            model_name: "model".to_string(),
         }
     }
 }

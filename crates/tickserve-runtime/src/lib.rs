@@ -96,7 +96,7 @@ impl Runtime {
             threads: Mutex::new(Vec::new()),
             control: Mutex::new(()),
         };
-        let found = repository::scan(&config.repository.path)?;
+        let found = repository::scan(&config.repository)?;
         // A model placed on a GPU that is not there stops the start: the
         // operator asked for hardware this machine lacks.
         let misplaced: Vec<String> = found
@@ -191,7 +191,7 @@ impl Runtime {
     /// The repository index: every model directory, and each loaded or
     /// failed version with its state.
     pub fn index(&self) -> Result<Vec<IndexEntry>, String> {
-        let on_disk = repository::scan(&self.config.repository.path)?;
+        let on_disk = repository::scan(&self.config.repository)?;
         Ok(self.models.index(&on_disk))
     }
 
@@ -205,7 +205,7 @@ impl Runtime {
             model: name.to_string(),
             reason,
         };
-        let entry = repository::scan_one(&self.config.repository.path, name).ok_or_else(|| {
+        let entry = repository::scan_one(&self.config.repository, name).ok_or_else(|| {
             Error::ModelNotFound {
                 model: name.to_string(),
                 version: None,
@@ -255,7 +255,7 @@ impl Runtime {
                 tracing::info!(model = name, "unloaded");
                 Ok(())
             }
-            None if repository::scan_one(&self.config.repository.path, name).is_some() => Ok(()),
+            None if repository::scan_one(&self.config.repository, name).is_some() => Ok(()),
             None => Err(Error::ModelNotFound {
                 model: name.to_string(),
                 version: None,

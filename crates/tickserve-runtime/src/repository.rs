@@ -1,5 +1,8 @@
 //! Scans a model repository in Triton's layout:
-//! `ROOT/NAME/VERSION/model.onnx`, with an optional `ROOT/NAME/model.toml`.
+//! `ROOT/NAME/VERSION/model.onnx`, with an optional `ROOT/NAME/model.toml`;
+//! or, as KServe hands one model to its server, a single-model layout:
+//! `ROOT/model.onnx` (version 1) or `ROOT/VERSION/model.onnx`, with an
+//! optional `ROOT/model.toml`, served as `repository.model_name`.
 //!
 //! Messages name files relative to the repository (`alpha/model.toml`): they
 //! reach clients (load errors, the index), who have no business knowing
@@ -7,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tickserve_core::config::ModelConfig;
+use tickserve_core::config::{ModelConfig, RepositoryConfig};
 
 /// One model directory of the repository.
 #[derive(Debug)]
@@ -22,11 +25,18 @@ pub struct ModelDir {
     pub versions: Vec<(u64, PathBuf)>,
 }
 
-/// Lists the models under `root`, sorted by name. Errors only when `root`
-/// itself cannot be read.
-pub fn scan(root: &Path) -> Result<Vec<ModelDir>, String> {
+/// Lists the models of `repository`, sorted by name. Errors only when its
+/// root itself cannot be read.
+pub fn scan(repository: &RepositoryConfig) -> Result<Vec<ModelDir>, String> {
+    let root = repository.path.as_path();
     let entries =
         std::fs::read_dir(root).map_err(|e| format!("cannot read the model repository: {e}"))?;
+    if is_single_model(root) {
+        return Ok(vec![read_model_dir(
+            root.to_path_buf(),
+            repository.model_name.clone(),
+        )]);
+    }
     let mut models = Vec::new();
     for entry in entries.flatten() {
         let dir = entry.path();
@@ -48,10 +58,33 @@ pub fn scan(root: &Path) -> Result<Vec<ModelDir>, String> {
 /// Reads model `name` of the repository at `root` alone (a model control
 /// request: no need to list the whole repository); `None` if there is no such
 /// directory.
-pub fn scan_one(root: &Path, name: &str) -> Option<ModelDir> {
+pub fn scan_one(repository: &RepositoryConfig, name: &str) -> Option<ModelDir> {
+    let root = repository.path.as_path();
+    if is_single_model(root) {
+        return (name == repository.model_name)
+            .then(|| read_model_dir(root.to_path_buf(), name.to_string()));
+    }
     let valid = !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\']);
     let dir = root.join(name);
     (valid && dir.is_dir()).then(|| read_model_dir(dir, name.to_string()))
+}
+
+/// KServe's single-model layout: `root/model.onnx`, or only version
+/// directories (numeric names) under `root`.
+fn is_single_model(root: &Path) -> bool {
+    if root.join("model.onnx").is_file() {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return false;
+    };
+    let dirs: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|name| !name.starts_with('.'))
+        .collect();
+    !dirs.is_empty() && dirs.iter().all(|d| d.parse::<u64>().is_ok())
 }
 
 fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
@@ -69,6 +102,11 @@ fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
                 .collect()
         })
         .unwrap_or_default();
+    // The single-model layout's `model.onnx` at the top is version 1.
+    let top = dir.join("model.onnx");
+    if top.is_file() && !versions.iter().any(|(v, _)| *v == 1) {
+        versions.push((1, top));
+    }
     versions.sort_by_key(|(v, _)| *v);
     ModelDir {
         name,

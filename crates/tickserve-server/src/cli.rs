@@ -12,6 +12,9 @@ use tickserve_runtime::{Runtime, VersionState};
 #[derive(Debug, Parser)]
 #[command(name = "tickserve", version)]
 pub struct Cli {
+    /// `text` (colours only on a terminal) or `json` (one object per line).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,9 +33,14 @@ struct CommonArgs {
     /// The server configuration file.
     #[arg(long, default_value = "config/tickserve.toml")]
     config: PathBuf,
-    /// The model repository (overrides repository.path).
+    /// The model repository (overrides repository.path; without it,
+    /// KServe's `STORAGE_URI` is honoured).
     #[arg(long)]
     model_repository: Option<PathBuf>,
+    /// The name a single-model repository's model is served under (overrides
+    /// repository.model_name; KServe: `--model-name={{.Name}}`).
+    #[arg(long)]
+    model_name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -67,22 +75,65 @@ impl CommonArgs {
         let mut config = ServerConfig::load(&self.config).map_err(anyhow::Error::msg)?;
         if let Some(repo) = &self.model_repository {
             config.repository.path = repo.clone();
+        } else if let Ok(uri) = std::env::var("STORAGE_URI") {
+            config.repository.path = storage_uri_path(&uri);
+            tracing::info!(
+                storage_uri = %uri,
+                repository = %config.repository.path.display(),
+                "model repository from STORAGE_URI"
+            );
+        }
+        if let Some(name) = &self.model_name {
+            config.repository.model_name = name.clone();
         }
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(config)
     }
 }
 
+/// Where KServe's `STORAGE_URI` puts the models: a local path (`file://`
+/// or absolute) is used as it is; any other (`gs://`, `s3://`, `pvc://`, …)
+/// has been fetched by KServe's storage initializer into `/mnt/models`.
+pub fn storage_uri_path(uri: &str) -> PathBuf {
+    if let Some(path) = uri.strip_prefix("file://") {
+        PathBuf::from(path)
+    } else if uri.starts_with('/') {
+        PathBuf::from(uri)
+    } else {
+        PathBuf::from("/mnt/models")
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event; ANSI colours only when standard error is a
+    /// terminal (a log file or a collector gets none).
+    Text,
+    /// One JSON object per line (timestamp, level, message, fields), for log
+    /// collectors.
+    Json,
+}
+
+/// Logs to standard error, filtered by `RUST_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .init();
+    init_logging(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
