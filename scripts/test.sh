@@ -26,5 +26,8 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
 
+echo "== deploy/ manifests against the Kubernetes and KServe schemas"
+.venv/bin/python deploy/validate.py
+
 echo "== the Grafana dashboard's queries against a real Prometheus"
 deploy/prometheus/check.sh target/debug/tickserve
