@@ -214,9 +214,7 @@ impl Server {
         let http_tls = tls_for(FrontEnd::Http, &[b"h2", b"http/1.1"])?;
         let grpc_tls = tls_for(FrontEnd::Grpc, &[b"h2"])?;
         let watched: Vec<_> = http_tls.iter().chain(grpc_tls.iter()).cloned().collect();
-        if !watched.is_empty() {
-            tokio::spawn(tls::watch_files(watched, stopped.clone()));
-        }
+        tokio::spawn(tls::watch_files(watched, stopped.clone()));
         let http_task = tokio::spawn(http::serve(
             http_listener,
             Arc::clone(&shared),

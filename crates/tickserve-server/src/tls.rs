@@ -88,19 +88,18 @@ impl Tls {
 }
 
 /// Looks at the files of every front end's TLS every interval, and at once on
-/// SIGHUP, until `stop` turns true.
+/// SIGHUP, until `stop` turns true. Runs without TLS too: SIGHUP then only
+/// logs, so a hangup never ends the server (its default action would).
 pub async fn watch_files(tls: Vec<Arc<Tls>>, mut stop: watch::Receiver<bool>) {
-    let Some(interval) = tls.iter().map(|t| t.interval()).min() else {
-        return;
-    };
+    let interval = tls.iter().map(|t| t.interval()).min();
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .map_err(|e| tracing::warn!(error = %e, "cannot watch SIGHUP; TLS files are only polled"))
+        .map_err(|e| tracing::warn!(error = %e, "cannot watch SIGHUP"))
         .ok();
-    let mut tick = tokio::time::interval(interval);
+    let mut tick = tokio::time::interval(interval.unwrap_or(Duration::from_secs(3600)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let force = tokio::select! {
-            _ = tick.tick() => false,
+            _ = tick.tick(), if interval.is_some() => false,
             Some(()) = async {
                 match hangup.as_mut() {
                     Some(signal) => signal.recv().await,
@@ -109,6 +108,10 @@ pub async fn watch_files(tls: Vec<Arc<Tls>>, mut stop: watch::Receiver<bool>) {
             } => true,
             _ = stop.wait_for(|stopped| *stopped) => return,
         };
+        if force && tls.is_empty() {
+            tracing::info!("SIGHUP: no TLS files to load anew");
+            continue;
+        }
         let tls = tls.clone();
         // Reading files blocks; it runs off the async workers.
         let _ = tokio::task::spawn_blocking(move || {

@@ -267,23 +267,7 @@ async fn amplification_messages_stay_within_a_small_multiple_of_their_size() {
             "{name}: a {len} byte message raised peak memory by {grown} bytes"
         );
         // A normal request right after.
-        let ok = client
-            .model_infer(pb::ModelInferRequest {
-                model_name: "alpha_mlp".into(),
-                inputs: vec![pb::model_infer_request::InferInputTensor {
-                    name: "features".into(),
-                    datatype: "FP32".into(),
-                    shape: vec![1, 50],
-                    contents: Some(pb::InferTensorContents {
-                        fp32_contents: vec![0.5; 50],
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let ok = client.model_infer(common::grpc_alpha_row()).await.unwrap();
         assert_eq!(ok.into_inner().outputs.len(), 1, "{name}");
     }
     server.shutdown().await.unwrap();

@@ -24,23 +24,6 @@ async fn grpc_client(
         .unwrap()
 }
 
-fn one_row() -> pb::ModelInferRequest {
-    pb::ModelInferRequest {
-        model_name: "alpha_mlp".into(),
-        inputs: vec![pb::model_infer_request::InferInputTensor {
-            name: "features".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 50],
-            contents: Some(pb::InferTensorContents {
-                fp32_contents: vec![0.5; 50],
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_load_and_unload_are_refused_and_the_index_is_served() {
     let server = common::start(&common::config(&common::root().join("config/models"))).await;
@@ -91,7 +74,7 @@ async fn by_default_load_and_unload_are_refused_and_the_index_is_served() {
         .into_inner();
     assert!(index.models.iter().any(|m| m.name == "alpha_mlp"));
     // Still serving what it served.
-    grpc.model_infer(one_row()).await.unwrap();
+    grpc.model_infer(common::grpc_alpha_row()).await.unwrap();
     let metrics = http
         .get(format!("{base}/metrics"))
         .send()
@@ -175,7 +158,7 @@ async fn grpc_call(
             .await
             .map(drop),
         EndpointGroup::Inference => client
-            .model_infer(with(one_row(), metadata))
+            .model_infer(with(common::grpc_alpha_row(), metadata))
             .await
             .map(drop),
         EndpointGroup::ModelConfig => client

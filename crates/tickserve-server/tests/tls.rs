@@ -118,23 +118,6 @@ async fn tls_client(
     Ok(GrpcInferenceServiceClient::new(channel))
 }
 
-fn one_row() -> pb::ModelInferRequest {
-    pb::ModelInferRequest {
-        model_name: "alpha_mlp".into(),
-        inputs: vec![pb::model_infer_request::InferInputTensor {
-            name: "features".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 50],
-            contents: Some(pb::InferTensorContents {
-                fp32_contents: vec![0.5; 50],
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
 fn models() -> PathBuf {
     common::root().join("config/models")
 }
@@ -232,7 +215,7 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_the_ca_signed() {
     let mut client = tls_client(server.grpc_addr, &ca, Some((&cert, &key)))
         .await
         .unwrap();
-    client.model_infer(one_row()).await.unwrap();
+    client.model_infer(common::grpc_alpha_row()).await.unwrap();
     let metrics = tickserve_server::observe::render();
     assert!(
         common::counter_total(&metrics, "tickserve_tls_handshake_failures_total") >= 2.0,
@@ -259,7 +242,7 @@ async fn a_rotated_certificate_is_served_without_a_failed_request() {
         let (sent, failed, stop) = (sent.clone(), failed.clone(), stop.clone());
         async move {
             while !stop.load(Ordering::Relaxed) {
-                match steady.model_infer(one_row()).await {
+                match steady.model_infer(common::grpc_alpha_row()).await {
                     Ok(_) => sent.fetch_add(1, Ordering::Relaxed),
                     Err(_) => failed.fetch_add(1, Ordering::Relaxed),
                 };
@@ -289,7 +272,7 @@ async fn a_rotated_certificate_is_served_without_a_failed_request() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut rotated = rotated.expect("new connections get the new certificate");
-    rotated.model_infer(one_row()).await.unwrap();
+    rotated.model_infer(common::grpc_alpha_row()).await.unwrap();
     assert!(
         tls_client(server.grpc_addr, &first.pem(), None)
             .await

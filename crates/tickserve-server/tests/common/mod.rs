@@ -158,3 +158,22 @@ pub async fn metrics_text(base: &str) -> String {
         .await
         .unwrap()
 }
+
+/// A one-row `alpha_mlp` request over gRPC (50 features of 0.5, typed contents).
+pub fn grpc_alpha_row() -> tickserve_server::grpc::pb::ModelInferRequest {
+    use tickserve_server::grpc::pb;
+    pb::ModelInferRequest {
+        model_name: "alpha_mlp".into(),
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "features".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 50],
+            contents: Some(pb::InferTensorContents {
+                fp32_contents: vec![0.5; 50],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
