@@ -152,35 +152,36 @@ async fn a_connection_flood_is_capped_at_max_connections() {
     server.shutdown().await.unwrap();
 }
 
-/// The HTTP/2 frame types in `bytes` (a server's side of a connection).
-fn frame_types(bytes: &[u8]) -> Vec<u8> {
-    let mut types = Vec::new();
-    let mut at = 0;
-    while at + 9 <= bytes.len() {
-        let len = usize::from(bytes[at]) << 16
-            | usize::from(bytes[at + 1]) << 8
-            | usize::from(bytes[at + 2]);
-        types.push(bytes[at + 3]);
-        at += 9 + len;
-    }
-    types
-}
-
-/// The payloads of the PING frames (not acknowledgements) in `bytes`.
-fn pings(bytes: &[u8]) -> Vec<[u8; 8]> {
+/// The HTTP/2 frames in `bytes` (a server's side of a connection), whole
+/// ones only: (type, flags, payload).
+fn frames(bytes: &[u8]) -> Vec<(u8, u8, &[u8])> {
     let mut found = Vec::new();
     let mut at = 0;
     while at + 9 <= bytes.len() {
         let len = usize::from(bytes[at]) << 16
             | usize::from(bytes[at + 1]) << 8
             | usize::from(bytes[at + 2]);
-        let (kind, flags) = (bytes[at + 3], bytes[at + 4]);
-        if kind == 6 && flags & 1 == 0 && len == 8 && at + 17 <= bytes.len() {
-            found.push(bytes[at + 9..at + 17].try_into().unwrap());
-        }
+        let Some(payload) = bytes.get(at + 9..at + 9 + len) else {
+            break;
+        };
+        found.push((bytes[at + 3], bytes[at + 4], payload));
         at += 9 + len;
     }
     found
+}
+
+/// The frame types in `bytes`.
+fn frame_types(bytes: &[u8]) -> Vec<u8> {
+    frames(bytes).into_iter().map(|(kind, _, _)| kind).collect()
+}
+
+/// The payloads of the PING frames (not acknowledgements) in `bytes`.
+fn pings(bytes: &[u8]) -> Vec<[u8; 8]> {
+    frames(bytes)
+        .into_iter()
+        .filter(|(kind, flags, _)| *kind == 6 && flags & 1 == 0)
+        .filter_map(|(_, _, payload)| payload.try_into().ok())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
