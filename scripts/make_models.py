@@ -212,6 +212,39 @@ def fixtures(root):
         )
         save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), root, name,
              config=config)
+    # TF Serving's half_plus_two (y = 0.5 x + 2, one float per row), named as
+    # tf2onnx names tensors ("x:0"), at TF Serving's test version 123; NaN passes
+    # (TF Serving's JSON conformance examples send it).
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x:0", "half"], ["halved"]),
+         helper.make_node("Add", ["halved", "two"], ["y:0"])],
+        "half_plus_two",
+        [helper.make_tensor_value_info("x:0", TensorProto.FLOAT, ["batch"])],
+        [helper.make_tensor_value_info("y:0", TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+         numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), root,
+         "half_plus_two", 123, config='nan_policy = "allow"\n')
+    # Two inputs of two datatypes and two outputs, for TF Serving's named rows and columns:
+    # total = sum(signal) + sum(sensor), doubled = 2 sensor.
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["signal:0", "axis1"], ["signal_sum"], keepdims=0),
+         helper.make_node("ReduceSum", ["sensor", "axes12"], ["sensor_sum"], keepdims=0),
+         helper.make_node("Cast", ["sensor_sum"], ["sensor_sum_f"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["signal_sum", "sensor_sum_f"], ["total"]),
+         helper.make_node("Mul", ["sensor", "two_i"], ["doubled:0"])],
+        "tf_two_inputs",
+        [helper.make_tensor_value_info("signal:0", TensorProto.FLOAT, ["batch", 5]),
+         helper.make_tensor_value_info("sensor", TensorProto.INT64, ["batch", 2, 2])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"]),
+         helper.make_tensor_value_info("doubled:0", TensorProto.INT64, ["batch", 2, 2])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+         numpy_helper.from_array(np.array([1, 2], np.int64), "axes12"),
+         numpy_helper.from_array(np.array(2, np.int64), "two_i")],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), root,
+         "tf_two_inputs")
     # Not an ONNX file at all: refused at load while the others serve.
     bad = root / "broken" / "1"
     bad.mkdir(parents=True, exist_ok=True)

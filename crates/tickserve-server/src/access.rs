@@ -191,6 +191,17 @@ pub fn http_group(path: &str) -> Option<EndpointGroup> {
     if path.starts_with("/v2/repository/") {
         return Some(EndpointGroup::ModelRepository);
     }
+    if let Some(tf_path) = path.strip_prefix("/v1/models/") {
+        // TF Serving's REST API, read by the same parser as its handlers.
+        let target = crate::tfserving::rest::parse(tf_path).ok()?;
+        return Some(if target.verb.is_some() {
+            EndpointGroup::Inference
+        } else if target.metadata {
+            EndpointGroup::Metadata
+        } else {
+            EndpointGroup::Health
+        });
+    }
     let rest = path.strip_prefix("/v2/models/")?;
     if rest == "stats" {
         return Some(EndpointGroup::Statistics);
@@ -218,6 +229,14 @@ pub fn http_group(path: &str) -> Option<EndpointGroup> {
 pub fn grpc_group(path: &str) -> Option<EndpointGroup> {
     if path.starts_with("/grpc.health.v1.Health/") {
         return Some(EndpointGroup::Health);
+    }
+    match path {
+        "/tensorflow.serving.PredictionService/Predict" => return Some(EndpointGroup::Inference),
+        "/tensorflow.serving.PredictionService/GetModelMetadata" => {
+            return Some(EndpointGroup::Metadata);
+        }
+        "/tensorflow.serving.ModelService/GetModelStatus" => return Some(EndpointGroup::Health),
+        _ => {}
     }
     let method = path.strip_prefix("/inference.GRPCInferenceService/")?;
     Some(match method {
@@ -281,6 +300,12 @@ mod tests {
             ("/v2/repository/index", Some(G::ModelRepository)),
             ("/v2/repository/models/m/unload", Some(G::ModelRepository)),
             ("/metrics", Some(G::Metrics)),
+            ("/v1/models/m:predict", Some(G::Inference)),
+            ("/v1/models/m/versions/3:predict", Some(G::Inference)),
+            ("/v1/models/m/metadata", Some(G::Metadata)),
+            ("/v1/models/m", Some(G::Health)),
+            ("/v1/models/m/versions/3", Some(G::Health)),
+            ("/v1/models/m/bogus/path", None),
             ("/v2/models/m/bogus", None),
             ("/elsewhere", None),
         ] {
@@ -295,6 +320,14 @@ mod tests {
             Some(G::ModelRepository)
         );
         assert_eq!(grpc_group("/grpc.health.v1.Health/Check"), Some(G::Health));
+        assert_eq!(
+            grpc_group("/tensorflow.serving.PredictionService/Predict"),
+            Some(G::Inference)
+        );
+        assert_eq!(
+            grpc_group("/tensorflow.serving.ModelService/GetModelStatus"),
+            Some(G::Health)
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod http;
 pub mod listen;
 pub mod model_view;
 pub mod observe;
+pub mod tfserving;
 pub mod tls;
 
 use std::net::SocketAddr;

@@ -93,14 +93,21 @@ pub enum Protocol {
     Http,
     /// KServe v2 over gRPC.
     Grpc,
+    /// TF Serving's REST API (`/v1/models/...`).
+    TfServingRest,
+    /// TF Serving's gRPC API (`tensorflow.serving.PredictionService`).
+    TfServingGrpc,
 }
 
 impl Protocol {
-    /// The `protocol` label of every metric (`http`, `grpc`).
+    /// The `protocol` label of every metric (`http`, `grpc`, `tfs_rest`,
+    /// `tfs_grpc`).
     pub const fn label(self) -> &'static str {
         match self {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",
+            Protocol::TfServingRest => "tfs_rest",
+            Protocol::TfServingGrpc => "tfs_grpc",
         }
     }
 }

@@ -35,6 +35,7 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use super::pb;
+use crate::tfserving::grpc::pb as tf;
 
 /// The most entries one repeated (or map) field of a message may hold: far
 /// above any real request (a model has a handful of inputs), far below what
@@ -113,8 +114,11 @@ impl<U: prost::Message + Default + 'static> Decoder for BoundedDecoder<U> {
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         // The frame is one contiguous buffer (tonic's DecodeBuf over BytesMut).
         if src.chunk().len() == src.remaining() {
-            let checked = if TypeId::of::<U>() == TypeId::of::<pb::ModelInferRequest>() {
+            let message = TypeId::of::<U>();
+            let checked = if message == TypeId::of::<pb::ModelInferRequest>() {
                 check_infer_request(src.chunk())
+            } else if message == TypeId::of::<tf::serving::PredictRequest>() {
+                check_predict_request(src.chunk())
             } else {
                 check_entries(src.chunk())
             };
@@ -292,17 +296,122 @@ const REQUEST: Schema = Schema {
     ],
 };
 
+/// `tensorflow.TensorShapeProto.Dim`.
+const TF_DIM: Schema = Schema {
+    name: "TensorShapeProto.Dim",
+    size: size_of::<tf::tensor_shape_proto::Dim>(),
+    fields: &[
+        (1, "size", varint(8), usize::MAX),
+        (2, "name", Kind::Bytes, usize::MAX),
+    ],
+};
+
+/// `tensorflow.TensorShapeProto`.
+const TF_SHAPE: Schema = Schema {
+    name: "TensorShapeProto",
+    size: size_of::<tf::TensorShapeProto>(),
+    fields: &[
+        (2, "dim", Kind::Message(&TF_DIM), MAX_DIMS),
+        (3, "unknown_rank", varint(1), usize::MAX),
+    ],
+};
+
+/// `tensorflow.TensorProto`, field numbers as in `proto/tensorflow/core/framework/tensor.proto`.
+const TF_TENSOR: Schema = Schema {
+    name: "TensorProto",
+    size: size_of::<tf::TensorProto>(),
+    fields: &[
+        (1, "dtype", varint(4), usize::MAX),
+        (2, "tensor_shape", Kind::Message(&TF_SHAPE), usize::MAX),
+        (3, "version_number", varint(4), usize::MAX),
+        (4, "tensor_content", Kind::Bytes, usize::MAX),
+        (13, "half_val", varint(4), usize::MAX),
+        (5, "float_val", Kind::Fixed { width: 4 }, usize::MAX),
+        (6, "double_val", Kind::Fixed { width: 8 }, usize::MAX),
+        (7, "int_val", varint(4), usize::MAX),
+        (8, "string_val", Kind::Bytes, MAX_ENTRIES),
+        (9, "scomplex_val", Kind::Fixed { width: 4 }, usize::MAX),
+        (10, "int64_val", varint(8), usize::MAX),
+        (11, "bool_val", varint(1), usize::MAX),
+        (12, "dcomplex_val", Kind::Fixed { width: 8 }, usize::MAX),
+        (16, "uint32_val", varint(4), usize::MAX),
+        (17, "uint64_val", varint(8), usize::MAX),
+        (18, "float8_val", Kind::Bytes, usize::MAX),
+    ],
+};
+
+/// A `map<string, TensorProto>` entry: its key, value and a hash slot.
+const TF_INPUT_ENTRY: Schema = Schema {
+    name: "inputs entry",
+    size: size_of::<String>() + size_of::<tf::TensorProto>() + 16,
+    fields: &[
+        (1, "key", Kind::Bytes, usize::MAX),
+        (2, "value", Kind::Message(&TF_TENSOR), usize::MAX),
+    ],
+};
+
+/// `google.protobuf.Int64Value`.
+const TF_INT64_VALUE: Schema = Schema {
+    name: "Int64Value",
+    size: size_of::<i64>(),
+    fields: &[(1, "value", varint(8), usize::MAX)],
+};
+
+/// `tensorflow.serving.ModelSpec`.
+const TF_MODEL_SPEC: Schema = Schema {
+    name: "ModelSpec",
+    size: size_of::<tf::serving::ModelSpec>(),
+    fields: &[
+        (1, "name", Kind::Bytes, usize::MAX),
+        (2, "version", Kind::Message(&TF_INT64_VALUE), usize::MAX),
+        (3, "signature_name", Kind::Bytes, usize::MAX),
+        (4, "version_label", Kind::Bytes, usize::MAX),
+    ],
+};
+
+/// `tensorflow.serving.PredictRequest`, field numbers as in
+/// `proto/tensorflow_serving/apis/predict.proto`.
+const PREDICT_REQUEST: Schema = Schema {
+    name: "PredictRequest",
+    size: size_of::<tf::serving::PredictRequest>(),
+    fields: &[
+        (1, "model_spec", Kind::Message(&TF_MODEL_SPEC), usize::MAX),
+        (2, "inputs", Kind::Message(&TF_INPUT_ENTRY), MAX_ENTRIES),
+        (3, "output_filter", Kind::Bytes, MAX_ENTRIES),
+    ],
+};
+
 /// Walks a `ModelInferRequest` through its schema: a repeated field over its
 /// count limit, or a message whose decoded size would pass
 /// [`AMPLIFICATION`] × its size + [`SLACK_BYTES`], is an error naming the
 /// field. A malformed message passes (prost refuses it with its own message).
 pub fn check_infer_request(bytes: &[u8]) -> Result<(), String> {
+    check_message(bytes, &REQUEST, "raw_input_contents")
+}
+
+/// Walks a TF Serving `PredictRequest` as [`check_infer_request`] walks a
+/// `ModelInferRequest`.
+pub fn check_predict_request(bytes: &[u8]) -> Result<(), String> {
+    check_message(bytes, &PREDICT_REQUEST, "tensor_content")
+}
+
+/// Walks `bytes` through `schema`; `raw_field` is where large tensors belong,
+/// for the error.
+fn check_message(
+    bytes: &[u8],
+    schema: &'static Schema,
+    raw_field: &'static str,
+) -> Result<(), String> {
     let budget = bytes
         .len()
         .saturating_mul(AMPLIFICATION)
         .saturating_add(SLACK_BYTES);
-    let mut walk = Walk { budget, used: 0 };
-    match walk.message(bytes, &REQUEST) {
+    let mut walk = Walk {
+        budget,
+        used: 0,
+        raw_field,
+    };
+    match walk.message(bytes, schema) {
         Ok(()) | Err(Stop::Malformed) => Ok(()),
         Err(Stop::Refused(error)) => Err(error),
     }
@@ -320,6 +429,8 @@ enum Stop {
 struct Walk {
     budget: usize,
     used: usize,
+    /// The field large tensors belong in, for the error.
+    raw_field: &'static str,
 }
 
 impl Walk {
@@ -330,16 +441,17 @@ impl Walk {
             return Err(Stop::Refused(format!(
                 "the message would take more than {AMPLIFICATION} times its size (+{} KiB) \
                  in memory once decoded (reached at {}.{field}); send large tensors in \
-                 raw_input_contents",
+                 {}",
                 SLACK_BYTES >> 10,
                 schema.name,
+                self.raw_field,
             )));
         }
         Ok(())
     }
 
     fn message(&mut self, bytes: &[u8], schema: &'static Schema) -> Result<(), Stop> {
-        let mut counts = [0usize; 8];
+        let mut counts = [0usize; 24];
         let mut at = 0;
         while at < bytes.len() {
             let (key, next) = varint_at(bytes, at).ok_or(Stop::Malformed)?;

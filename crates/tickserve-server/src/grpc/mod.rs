@@ -1,5 +1,7 @@
 //! The gRPC front end: `inference.GRPCInferenceService` of the KServe v2
-//! protocol (with Triton's ModelConfig and ModelStatistics) and `grpc.health.v1`.
+//! protocol (with Triton's ModelConfig and ModelStatistics), TF Serving's
+//! `PredictionService` and `ModelService` ([`crate::tfserving`]) and
+//! `grpc.health.v1`.
 
 pub mod bounded;
 pub mod convert;
@@ -46,6 +48,8 @@ pub async fn serve(
     health
         .set_serving::<GrpcInferenceServiceServer<InferenceService>>()
         .await;
+    let (predictions, model_status) =
+        crate::tfserving::grpc::TfServing::services(Arc::clone(&shared), limit);
     let service = GrpcInferenceServiceServer::new(InferenceService { shared })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
@@ -55,6 +59,8 @@ pub async fn serve(
     // the request is dispatched) and answers DEADLINE_EXCEEDED.
     let router = tonic::service::Routes::new(health_service)
         .add_service(service)
+        .add_service(predictions)
+        .add_service(model_status)
         .into_axum_router()
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_invalid_argument::<axum::body::Body>,

@@ -80,6 +80,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
             post(repository_unload),
         )
         .route(
+            "/v1/models/{*path}",
+            get(crate::tfserving::rest::get).post(crate::tfserving::rest::post),
+        )
+        .route(
             "/metrics",
             get(|State(shared): State<Arc<Shared>>| async move {
                 shared.runtime.refresh_readiness();
@@ -124,7 +128,7 @@ const DRAIN_FACTOR: usize = 4;
 
 /// Reads a request body of at most `limit` bytes. An oversized body is
 /// answered 413; it is drained first unless it is far too large.
-async fn read_body(
+pub(crate) async fn read_body(
     model: &str,
     body: Body,
     limit: usize,
@@ -160,7 +164,7 @@ async fn read_body(
 
 /// Bodies up to this size are decoded on the async worker that read them;
 /// larger ones on a blocking thread.
-const DECODE_IN_PLACE_BYTES: usize = 256 * 1024;
+pub(crate) const DECODE_IN_PLACE_BYTES: usize = 256 * 1024;
 
 /// The request header that sets a deadline on an HTTP inference request, as a
 /// duration (`2ms`, `250us`); with the `timeout` parameter too, the earlier wins.
@@ -172,8 +176,30 @@ struct ModelPath {
     version: Option<String>,
 }
 
+/// The deadline a request's [`TIMEOUT_HEADER`] sets, if it has one.
+pub(crate) fn timeout_header(
+    model: &str,
+    headers: &HeaderMap,
+) -> Result<Option<std::time::Duration>, Error> {
+    let Some(v) = headers.get(TIMEOUT_HEADER) else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| humantime::parse_duration(s.trim()).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            Error::request(
+                model,
+                format!(
+                    "the {TIMEOUT_HEADER} header must be a duration like \"2ms\" or \"250us\"; got {v:?}"
+                ),
+            )
+        })
+}
+
 /// An error as an HTTP response: `{"error": "..."}` with its kind's status.
-struct HttpError(Error);
+pub(crate) struct HttpError(pub(crate) Error);
 
 impl From<Error> for HttpError {
     fn from(e: Error) -> Self {
@@ -337,22 +363,7 @@ async fn infer_inner(
                 })?,
         ),
     };
-    let header_timeout = match headers.get(TIMEOUT_HEADER) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|s| humantime::parse_duration(s.trim()).ok())
-                .ok_or_else(|| {
-                    Error::request(
-                        &path.model,
-                        format!(
-                            "the {TIMEOUT_HEADER} header must be a duration like \"2ms\" or \"250us\"; got {v:?}"
-                        ),
-                    )
-                })?,
-        ),
-    };
+    let header_timeout = timeout_header(&path.model, headers)?;
     let mut decoded = if body.len() <= DECODE_IN_PLACE_BYTES {
         codec::decode(
             &path.model,

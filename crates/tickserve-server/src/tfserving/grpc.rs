@@ -1,0 +1,327 @@
+//! TF Serving's gRPC API on the gRPC port: `PredictionService` (Predict,
+//! GetModelMetadata) and `ModelService` (GetModelStatus), with messages
+//! generated from `proto/tensorflow*` (wire-compatible with TF Serving's).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prost::Message;
+use tickserve_core::{Error, InferRequest, Signature, TensorSpec};
+use tickserve_runtime::ModelHandle;
+use tonic::{Request, Response, Status};
+
+use super::tensor;
+use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, no_labels, output, tf_dtype};
+use crate::Shared;
+use crate::grpc::convert::parse_grpc_timeout;
+use crate::observe::{self, Protocol};
+
+/// TF Serving's generated types, servers and clients, by protobuf package.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("tensorflow");
+
+    /// `tensorflow.error`.
+    pub mod error {
+        tonic::include_proto!("tensorflow.error");
+    }
+
+    /// `tensorflow.serving`.
+    pub mod serving {
+        tonic::include_proto!("tensorflow.serving");
+    }
+}
+
+use pb::serving::model_service_server::{ModelService, ModelServiceServer};
+use pb::serving::prediction_service_server::{PredictionService, PredictionServiceServer};
+use pb::serving::{
+    GetModelMetadataRequest, GetModelMetadataResponse, GetModelStatusRequest,
+    GetModelStatusResponse, ModelSpec, ModelVersionStatus, PredictRequest, PredictResponse,
+    SignatureDefMap, StatusProto, model_spec::VersionChoice,
+};
+
+/// The `type_url` of the `signature_def` metadata field's `Any`.
+const SIGNATURE_DEF_MAP_TYPE: &str = "type.googleapis.com/tensorflow.serving.SignatureDefMap";
+
+/// TF Serving's two services over the shared runtime.
+#[derive(Clone)]
+pub struct TfServing {
+    shared: Arc<Shared>,
+}
+
+impl TfServing {
+    /// The services over `shared`, each limited to `limit` bytes per message.
+    pub fn services(
+        shared: Arc<Shared>,
+        limit: usize,
+    ) -> (
+        PredictionServiceServer<TfServing>,
+        ModelServiceServer<TfServing>,
+    ) {
+        let service = TfServing { shared };
+        (
+            PredictionServiceServer::new(service.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(usize::MAX),
+            ModelServiceServer::new(service)
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(usize::MAX),
+        )
+    }
+
+    /// The model version a `ModelSpec` names.
+    fn model(&self, spec: Option<&ModelSpec>) -> Result<Arc<ModelHandle>, Error> {
+        let (name, version) = spec_target(spec)?;
+        self.shared.runtime.model(&name, version.as_deref())
+    }
+}
+
+fn status(error: &Error) -> Status {
+    Status::new(
+        tonic::Code::from(error.kind().grpc_code()),
+        error.to_string(),
+    )
+}
+
+/// The model name and version a `ModelSpec` asks for; a missing spec or name,
+/// a version label or another signature are request errors.
+fn spec_target(spec: Option<&ModelSpec>) -> Result<(String, Option<String>), Error> {
+    let Some(spec) = spec.filter(|s| !s.name.is_empty()) else {
+        return Err(Error::request(
+            "_tfserving",
+            "the request has no model_spec with a model name",
+        ));
+    };
+    check_signature(&spec.name, &spec.signature_name)?;
+    let version = match &spec.version_choice {
+        None => None,
+        Some(VersionChoice::Version(v)) => {
+            if *v < 0 {
+                return Err(Error::request(
+                    &spec.name,
+                    format!("model_spec.version {v} is negative"),
+                ));
+            }
+            Some(v.to_string())
+        }
+        Some(VersionChoice::VersionLabel(label)) => return Err(no_labels(&spec.name, label)),
+    };
+    Ok((spec.name.clone(), version))
+}
+
+/// The `ModelSpec` of an answer from `handle`.
+fn answer_spec(handle: &ModelHandle) -> ModelSpec {
+    ModelSpec {
+        name: handle.name.clone(),
+        version_choice: handle
+            .version
+            .parse::<i64>()
+            .ok()
+            .map(VersionChoice::Version),
+        signature_name: SIGNATURE_NAME.to_string(),
+    }
+}
+
+/// Converts a `PredictRequest` for `handle` into the runtime's request.
+fn predict_request(
+    handle: &ModelHandle,
+    request: PredictRequest,
+    max_bytes: usize,
+    timeout: Option<std::time::Duration>,
+) -> Result<InferRequest, Error> {
+    let model = handle.name.as_str();
+    let signature: &Signature = &handle.signature;
+    let mut inputs = Vec::with_capacity(request.inputs.len());
+    for (name, tensor_proto) in request.inputs {
+        let spec = super::input(model, signature, &name)?;
+        if inputs
+            .iter()
+            .any(|t: &tickserve_core::InputTensor| t.name == spec.name)
+        {
+            return Err(Error::request(
+                model,
+                format!(
+                    "inputs name '{}' twice (as '{name}' and as its alias)",
+                    spec.name
+                ),
+            ));
+        }
+        inputs.push(tensor::decode(model, spec, tensor_proto, max_bytes)?);
+    }
+    let outputs = if request.output_filter.is_empty() {
+        None
+    } else {
+        let mut names: Vec<String> = Vec::with_capacity(request.output_filter.len());
+        for name in &request.output_filter {
+            let onnx = output(model, signature, name)?;
+            if names.contains(&onnx) {
+                return Err(Error::request(
+                    model,
+                    format!("output_filter names '{name}' twice"),
+                ));
+            }
+            names.push(onnx);
+        }
+        Some(names)
+    };
+    Ok(InferRequest {
+        model: model.to_string(),
+        version: Some(handle.version.clone()),
+        id: String::new(),
+        inputs,
+        outputs,
+        deadline: timeout.map(|d| tickserve_core::durations::deadline_after(Instant::now(), d)),
+    })
+}
+
+/// A tensor's `TensorInfo`: its ONNX name, dtype and shape (batch -1).
+fn tensor_info(spec: &TensorSpec) -> pb::TensorInfo {
+    pb::TensorInfo {
+        encoding: Some(pb::tensor_info::Encoding::Name(spec.name.clone())),
+        dtype: tf_dtype(spec.datatype),
+        tensor_shape: Some(tensor::shape(&spec.protocol_shape())),
+    }
+}
+
+/// The model's one signature, `serving_default`.
+pub fn signature_def(signature: &Signature) -> pb::SignatureDef {
+    let map = |specs: &[TensorSpec]| {
+        specs
+            .iter()
+            .map(|t| (alias(&t.name).to_string(), tensor_info(t)))
+            .collect()
+    };
+    pb::SignatureDef {
+        inputs: map(&signature.inputs),
+        outputs: map(&signature.outputs),
+        method_name: PREDICT_METHOD.to_string(),
+        defaults: Default::default(),
+    }
+}
+
+#[tonic::async_trait]
+impl PredictionService for TfServing {
+    async fn predict(
+        &self,
+        request: Request<PredictRequest>,
+    ) -> Result<Response<PredictResponse>, Status> {
+        let started = Instant::now();
+        let timeout = match request.metadata().get("grpc-timeout") {
+            None => Ok(None),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(parse_grpc_timeout)
+                .map(Some)
+                .ok_or_else(|| format!("{v:?}")),
+        };
+        let request = request.into_inner();
+        let runtime = &self.shared.runtime;
+        let handle = self.model(request.model_spec.as_ref());
+        let label = match &handle {
+            Ok(h) => h.name.clone(),
+            Err(_) => runtime.model_label(
+                request
+                    .model_spec
+                    .as_ref()
+                    .map(|s| s.name.as_str())
+                    .unwrap_or_default(),
+            ),
+        };
+        let result = async {
+            if !self.shared.ready() {
+                return Err(Error::ShuttingDown);
+            }
+            let _slot = self.shared.admit()?;
+            let _bytes = self.shared.admit_bytes(request.encoded_len())?;
+            let handle = handle?;
+            let timeout = timeout.map_err(|got| {
+                Error::request(
+                    &handle.name,
+                    format!(
+                        "the grpc-timeout header must be 1 to 8 digits and a unit \
+                         (H, M, S, m, u, n); got {got}"
+                    ),
+                )
+            })?;
+            let infer = predict_request(&handle, request, self.shared.max_request_bytes, timeout)?;
+            let response = handle.infer(infer).await?;
+            Ok(PredictResponse {
+                model_spec: Some(answer_spec(&handle)),
+                outputs: response
+                    .outputs
+                    .iter()
+                    .map(|o| (alias(&o.name).to_string(), tensor::encode(o)))
+                    .collect(),
+            })
+        }
+        .await;
+        observe::record_request(Protocol::TfServingGrpc, &label, started, &result);
+        result.map(Response::new).map_err(|e| status(&e))
+    }
+
+    async fn get_model_metadata(
+        &self,
+        request: Request<GetModelMetadataRequest>,
+    ) -> Result<Response<GetModelMetadataResponse>, Status> {
+        let request = request.into_inner();
+        let handle = self
+            .model(request.model_spec.as_ref())
+            .map_err(|e| status(&e))?;
+        if request.metadata_field.is_empty() {
+            return Err(status(&Error::request(
+                &handle.name,
+                "GetModelMetadataRequest must name at least one metadata_field (\"signature_def\")",
+            )));
+        }
+        if let Some(other) = request
+            .metadata_field
+            .iter()
+            .find(|f| *f != "signature_def")
+        {
+            return Err(status(&Error::request(
+                &handle.name,
+                format!("metadata field \"{other}\" is not supported; \"signature_def\" is"),
+            )));
+        }
+        let map = SignatureDefMap {
+            signature_def: [(SIGNATURE_NAME.to_string(), signature_def(&handle.signature))]
+                .into_iter()
+                .collect(),
+        };
+        let any = prost_types::Any {
+            type_url: SIGNATURE_DEF_MAP_TYPE.to_string(),
+            value: map.encode_to_vec(),
+        };
+        Ok(Response::new(GetModelMetadataResponse {
+            model_spec: Some(answer_spec(&handle)),
+            metadata: [("signature_def".to_string(), any)].into_iter().collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl ModelService for TfServing {
+    async fn get_model_status(
+        &self,
+        request: Request<GetModelStatusRequest>,
+    ) -> Result<Response<GetModelStatusResponse>, Status> {
+        let request = request.into_inner();
+        let (name, version) = spec_target(request.model_spec.as_ref()).map_err(|e| status(&e))?;
+        let statuses = super::version_statuses(&self.shared.runtime, &name, version.as_deref())
+            .map_err(|e| status(&e))?
+            .into_iter()
+            .map(|s| ModelVersionStatus {
+                version: i64::try_from(s.version).unwrap_or(i64::MAX),
+                state: s.state as i32,
+                status: Some(StatusProto {
+                    error_code: s.code as i32,
+                    error_message: s.message,
+                }),
+            })
+            .collect();
+        Ok(Response::new(GetModelStatusResponse {
+            model_version_status: statuses,
+        }))
+    }
+}

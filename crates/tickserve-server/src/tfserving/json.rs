@@ -1,0 +1,976 @@
+//! TF Serving's JSON for `:predict`: the row format (`instances`) and the
+//! column format (`inputs`) in, `predictions` and `outputs` out.
+//!
+//! Tensors carry no shape in this format: it is read from the nesting of the
+//! lists (a ragged list is an error), and the element type from the model's
+//! signature. Values are read straight into little-endian bytes, without a
+//! JSON value tree, as the v2 codec does. `NaN`, `Infinity` and `-Infinity`
+//! are accepted as bare tokens and written back the same way, as TF Serving
+//! does; other floats are written as the shortest text that reads back to
+//! the same value.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use tickserve_core::{DataType, Error, InferResponse, InputTensor, Signature, TensorSpec};
+
+use super::{SIGNATURE_NAME, alias, check_signature, input};
+
+/// The most dimensions a tensor may have in the JSON (the v2 front end's limit).
+pub const MAX_RANK: usize = 32;
+
+/// A `:predict` body.
+#[derive(Deserialize)]
+struct PredictJson<'a> {
+    #[serde(default)]
+    signature_name: Option<String>,
+    #[serde(default, borrow)]
+    instances: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    inputs: Option<&'a RawValue>,
+}
+
+/// Which format a request used, which decides the format of its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `instances` in, `predictions` out.
+    Row,
+    /// `inputs` in, `outputs` out.
+    Column,
+}
+
+/// A decoded `:predict` body.
+#[derive(Debug)]
+pub struct Predict {
+    /// The inputs, under their ONNX names.
+    pub inputs: Vec<InputTensor>,
+    /// The format the answer takes.
+    pub format: Format,
+}
+
+/// Decodes a `:predict` body for `model` with `signature`.
+pub fn decode(model: &str, signature: &Signature, body: &[u8]) -> Result<Predict, Error> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| Error::request(model, format!("the body is not UTF-8 JSON: {e}")))?;
+    let text = quote_non_finite(text);
+    let parsed: PredictJson = serde_json::from_str(&text)
+        .map_err(|e| Error::request(model, format!("JSON parse error: {e}")))?;
+    check_signature(model, parsed.signature_name.as_deref().unwrap_or_default())?;
+    match (parsed.instances, parsed.inputs) {
+        (Some(_), Some(_)) => Err(Error::request(
+            model,
+            "the body has both 'instances' (row format) and 'inputs' (column format); send one",
+        )),
+        (None, None) => Err(Error::request(
+            model,
+            "the body has neither 'instances' (row format) nor 'inputs' (column format)",
+        )),
+        (Some(rows), None) => Ok(Predict {
+            inputs: decode_rows(model, signature, rows)?,
+            format: Format::Row,
+        }),
+        (None, Some(columns)) => Ok(Predict {
+            inputs: decode_columns(model, signature, columns)?,
+            format: Format::Column,
+        }),
+    }
+}
+
+/// True when `raw` is a JSON object other than `{"b64": ...}`: a set of
+/// named tensors rather than one tensor's value.
+fn is_named(raw: &str) -> bool {
+    if !raw.trim_start().starts_with('{') {
+        return false;
+    }
+    let keys: Result<std::collections::BTreeMap<Cow<'_, str>, IgnoredAny>, _> =
+        serde_json::from_str(raw);
+    !keys.is_ok_and(|k| k.len() == 1 && k.contains_key("b64"))
+}
+
+/// The model's only input, for a request that does not name its inputs.
+fn sole_input<'s>(model: &str, signature: &'s Signature) -> Result<&'s TensorSpec, Error> {
+    match signature.inputs.as_slice() {
+        [only] => Ok(only),
+        inputs => Err(Error::request(
+            model,
+            format!(
+                "the request gives one unnamed tensor; signature '{SIGNATURE_NAME}' has {} \
+                 inputs ({}): name them (a list of objects in 'instances', or an object in \
+                 'inputs')",
+                inputs.len(),
+                super::aliases(inputs)
+            ),
+        )),
+    }
+}
+
+/// One input being gathered from rows: its spec, its bytes so far and the
+/// shape of each row (the first row's; the others must match).
+struct Gathering<'s> {
+    spec: &'s TensorSpec,
+    data: Vec<u8>,
+    row_shape: Option<Vec<usize>>,
+}
+
+impl Gathering<'_> {
+    /// Appends one row's value.
+    fn push(&mut self, model: &str, row: usize, raw: &str) -> Result<(), Error> {
+        let shape = read_tensor(model, self.spec, raw, &mut self.data)?;
+        match &self.row_shape {
+            None => self.row_shape = Some(shape),
+            Some(first) if *first != shape => {
+                return Err(Error::input(
+                    model,
+                    alias(&self.spec.name),
+                    format!("every instance shaped {first:?}, as the first (a ragged tensor is not)"),
+                    format!("{shape:?} in instance {row}"),
+                ));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// The row format: a list of one input's values, or a list of objects naming
+/// each input's value; every instance is one row of the batch.
+fn decode_rows(
+    model: &str,
+    signature: &Signature,
+    rows: &RawValue,
+) -> Result<Vec<InputTensor>, Error> {
+    let mut visitor = RowsVisitor {
+        model,
+        signature,
+        gathering: Vec::new(),
+        rows: 0,
+        named: None,
+        error: None,
+    };
+    let mut reader = serde_json::Deserializer::from_str(rows.get());
+    let outcome = (&mut reader)
+        .deserialize_seq(&mut visitor)
+        .and_then(|()| reader.end());
+    if let Some(error) = visitor.error.take() {
+        return Err(error);
+    }
+    outcome.map_err(|e| {
+        Error::request(
+            model,
+            format!("'instances' must be a list of instances: {}", clean(&e)),
+        )
+    })?;
+    if visitor.rows == 0 {
+        return Err(Error::request(model, "'instances' is an empty list"));
+    }
+    let rows = visitor.rows;
+    Ok(visitor
+        .gathering
+        .into_iter()
+        .map(|g| InputTensor {
+            name: g.spec.name.clone(),
+            datatype: g.spec.datatype,
+            shape: std::iter::once(rows as i64)
+                .chain(
+                    g.row_shape
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|d| d as i64),
+                )
+                .collect(),
+            data: g.data.into(),
+        })
+        .collect())
+}
+
+/// Walks the `instances` list one instance at a time (nothing but the typed
+/// bytes is kept); the first instance decides whether instances are named.
+struct RowsVisitor<'m, 's> {
+    model: &'m str,
+    signature: &'s Signature,
+    gathering: Vec<Gathering<'s>>,
+    rows: usize,
+    named: Option<bool>,
+    /// A request error met inside the walk (serde's error type cannot carry it).
+    error: Option<Error>,
+}
+
+impl RowsVisitor<'_, '_> {
+    fn row(&mut self, raw: &str) -> Result<(), Error> {
+        let model = self.model;
+        let row = self.rows;
+        let named = *self.named.get_or_insert_with(|| is_named(raw));
+        if !named {
+            if self.gathering.is_empty() {
+                self.gathering.push(Gathering {
+                    spec: sole_input(model, self.signature)?,
+                    data: Vec::new(),
+                    row_shape: None,
+                });
+            }
+            self.gathering[0].push(model, row, raw)?;
+            return Ok(());
+        }
+        let fields: Vec<(Cow<'_, str>, &RawValue)> = named_fields(raw).map_err(|e| {
+            Error::request(
+                model,
+                format!("instance {row} must be an object of named inputs, as the first: {e}"),
+            )
+        })?;
+        let mut seen = BTreeSet::new();
+        for (name, value) in &fields {
+            let spec = input(model, self.signature, name)?;
+            if !seen.insert(spec.name.as_str()) {
+                return Err(Error::request(
+                    model,
+                    format!("instance {row} names input '{name}' twice"),
+                ));
+            }
+            let at = match self.gathering.iter().position(|g| g.spec.name == spec.name) {
+                Some(at) => at,
+                None if row == 0 => {
+                    self.gathering.push(Gathering {
+                        spec,
+                        data: Vec::new(),
+                        row_shape: None,
+                    });
+                    self.gathering.len() - 1
+                }
+                None => {
+                    return Err(Error::request(
+                        model,
+                        format!("instance {row} names input '{name}', which instance 0 does not"),
+                    ));
+                }
+            };
+            self.gathering[at].push(model, row, value.get())?;
+        }
+        if seen.len() != self.gathering.len() {
+            return Err(Error::request(
+                model,
+                format!(
+                    "instance {row} names {} inputs; instance 0 names {} (every instance names the same inputs)",
+                    seen.len(),
+                    self.gathering.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Visitor<'de> for &mut RowsVisitor<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of instances")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(raw) = seq.next_element::<&RawValue>()? {
+            if let Err(e) = self.row(raw.get()) {
+                self.error = Some(e);
+                return Err(de::Error::custom("a bad instance"));
+            }
+            self.rows += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The fields of a JSON object, values kept as raw text, at most one per
+/// input a model may have (the v2 front end's limit).
+fn named_fields(raw: &str) -> Result<Vec<(Cow<'_, str>, &RawValue)>, String> {
+    struct Fields;
+    impl<'de> Visitor<'de> for Fields {
+        type Value = Vec<(Cow<'de, str>, &'de RawValue)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut fields = Vec::new();
+            while let Some(entry) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
+                if fields.len() == crate::http::codec::MAX_TENSORS {
+                    return Err(de::Error::custom(format!(
+                        "more than {} named tensors (tickserve's limit)",
+                        crate::http::codec::MAX_TENSORS
+                    )));
+                }
+                fields.push(entry);
+            }
+            Ok(fields)
+        }
+    }
+    let mut reader = serde_json::Deserializer::from_str(raw);
+    reader
+        .deserialize_map(Fields)
+        .and_then(|f| reader.end().map(|()| f))
+        .map_err(|e| clean(&e))
+}
+
+/// The column format: one tensor for the model's only input, or an object of
+/// named tensors; each tensor's first dimension is the batch.
+fn decode_columns(
+    model: &str,
+    signature: &Signature,
+    columns: &RawValue,
+) -> Result<Vec<InputTensor>, Error> {
+    let tensor = |spec: &TensorSpec, raw: &str| -> Result<InputTensor, Error> {
+        let mut data = Vec::new();
+        let shape = read_tensor(model, spec, raw, &mut data)?;
+        Ok(InputTensor {
+            name: spec.name.clone(),
+            datatype: spec.datatype,
+            shape: shape.into_iter().map(|d| d as i64).collect(),
+            data: data.into(),
+        })
+    };
+    if !is_named(columns.get()) {
+        return Ok(vec![tensor(sole_input(model, signature)?, columns.get())?]);
+    }
+    let fields = named_fields(columns.get()).map_err(|e| {
+        Error::request(
+            model,
+            format!("'inputs' must be a tensor or an object of named tensors: {e}"),
+        )
+    })?;
+    let mut inputs: Vec<InputTensor> = Vec::with_capacity(fields.len());
+    for (name, raw) in &fields {
+        let spec = input(model, signature, name)?;
+        if inputs.iter().any(|t| t.name == spec.name) {
+            return Err(Error::request(
+                model,
+                format!("'inputs' names input '{name}' twice"),
+            ));
+        }
+        inputs.push(tensor(spec, raw.get())?);
+    }
+    Ok(inputs)
+}
+
+/// serde_json's message without its line and column (meaningless to a
+/// client of a rewritten body).
+fn clean(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    text.split(" at line ").next().unwrap_or(&text).to_string()
+}
+
+/// Reads one tensor's value (a scalar or nested lists) as `spec`'s datatype
+/// into `out`, and returns its shape as the nesting gives it.
+fn read_tensor(
+    model: &str,
+    spec: &TensorSpec,
+    raw: &str,
+    out: &mut Vec<u8>,
+) -> Result<Vec<usize>, Error> {
+    let mut state = Nesting {
+        datatype: spec.datatype,
+        out,
+        rank: None,
+        dims: Vec::new(),
+        count: 0,
+    };
+    let mut reader = serde_json::Deserializer::from_str(raw);
+    let read = NestingSeed {
+        state: &mut state,
+        depth: 0,
+    }
+    .deserialize(&mut reader)
+    .and_then(|()| reader.end());
+    let name = alias(&spec.name);
+    let expected = || {
+        format!(
+            "{} values (a {} tensor, nested lists of equal length)",
+            super::tf_dtype_name(super::tf_dtype(spec.datatype)),
+            spec.datatype
+        )
+    };
+    read.map_err(|e| Error::input(model, name, expected(), clean(&e)))?;
+    let rank = state.rank.unwrap_or(0);
+    let dims: Option<Vec<usize>> = state.dims.iter().take(rank).copied().collect();
+    dims.ok_or_else(|| Error::input(model, name, expected(), "lists of unknown length"))
+}
+
+/// What a tensor's walk has learnt so far.
+struct Nesting<'o> {
+    datatype: DataType,
+    out: &'o mut Vec<u8>,
+    /// The depth of the scalars (or of the innermost empty list), once met.
+    rank: Option<usize>,
+    /// The length of the lists at each depth, once a list there has ended.
+    dims: Vec<Option<usize>>,
+    /// Elements read.
+    count: usize,
+}
+
+impl Nesting<'_> {
+    fn at_depth<E: de::Error>(&mut self, depth: usize) -> Result<(), E> {
+        match self.rank {
+            None => {
+                self.rank = Some(depth);
+                Ok(())
+            }
+            Some(rank) if rank == depth => Ok(()),
+            Some(_) => Err(E::custom(format!(
+                "a ragged tensor (lists nested to different depths, at element {})",
+                self.count
+            ))),
+        }
+    }
+
+    fn scalar<E: de::Error>(&mut self, depth: usize, value: Scalar<'_>) -> Result<(), E> {
+        self.at_depth(depth)?;
+        let index = self.count;
+        push(self.out, self.datatype, value)
+            .map_err(|what| E::custom(format!("{what} at element {index}")))?;
+        self.count += 1;
+        Ok(())
+    }
+}
+
+/// One value inside a tensor at `depth`.
+struct NestingSeed<'a, 'o> {
+    state: &'a mut Nesting<'o>,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for NestingSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NestingSeed<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} values, nested in lists", self.state.datatype)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_RANK {
+            return Err(de::Error::custom(format!(
+                "lists nested more than {MAX_RANK} deep (tickserve's limit)"
+            )));
+        }
+        let mut length = 0usize;
+        while seq
+            .next_element_seed(NestingSeed {
+                state: &mut *self.state,
+                depth: self.depth + 1,
+            })?
+            .is_some()
+        {
+            length += 1;
+        }
+        if length == 0 {
+            // An empty list: the innermost level, unless deeper lists say otherwise.
+            self.state.at_depth::<A::Error>(self.depth + 1)?;
+        }
+        let dims = &mut self.state.dims;
+        if dims.len() <= self.depth {
+            dims.resize(self.depth + 1, None);
+        }
+        match dims[self.depth] {
+            None => dims[self.depth] = Some(length),
+            Some(first) if first != length => {
+                return Err(de::Error::custom(format!(
+                    "a ragged tensor (lists of {first} and {length} elements at depth {})",
+                    self.depth
+                )));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.state.scalar(self.depth, Scalar::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.state.scalar(self.depth, Scalar::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.state.scalar(self.depth, Scalar::Uint(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.state.scalar(self.depth, Scalar::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.state.scalar(self.depth, Scalar::Text(v))
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        self.visit_str(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        let index = self.state.count;
+        Err(E::custom(format!("null at element {index}")))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let index = self.state.count;
+        let b64 = map.next_key::<Cow<'de, str>>()?.is_some_and(|k| k == "b64");
+        Err(de::Error::custom(if b64 {
+            format!(
+                "{{\"b64\": ...}} at element {index} (base64 carries DT_STRING values, which \
+                 tickserve does not serve)"
+            )
+        } else {
+            format!("an object at element {index}")
+        }))
+    }
+}
+
+/// One JSON scalar.
+#[derive(Debug, Clone, Copy)]
+enum Scalar<'a> {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Text(&'a str),
+}
+
+/// Appends `value` as `datatype`; the error names the value.
+fn push(out: &mut Vec<u8>, datatype: DataType, value: Scalar<'_>) -> Result<(), String> {
+    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: Scalar<'_>) -> Result<T, String> {
+        match v {
+            Scalar::Int(i) => T::try_from(i).map_err(|_| format!("{i} (out of range)")),
+            Scalar::Uint(u) => T::try_from(u).map_err(|_| format!("{u} (out of range)")),
+            other => Err(describe(other)),
+        }
+    }
+    let float = |v: Scalar<'_>| match v {
+        Scalar::Int(i) => Ok(i as f64),
+        Scalar::Uint(u) => Ok(u as f64),
+        Scalar::Float(x) => Ok(x),
+        Scalar::Text("NaN") => Ok(f64::NAN),
+        Scalar::Text("Infinity") => Ok(f64::INFINITY),
+        Scalar::Text("-Infinity") => Ok(f64::NEG_INFINITY),
+        other => Err(describe(other)),
+    };
+    match datatype {
+        DataType::Bool => match value {
+            Scalar::Bool(b) => out.push(u8::from(b)),
+            other => return Err(describe(other)),
+        },
+        DataType::Uint8 => out.extend(int::<u8>(value)?.to_le_bytes()),
+        DataType::Uint16 => out.extend(int::<u16>(value)?.to_le_bytes()),
+        DataType::Uint32 => out.extend(int::<u32>(value)?.to_le_bytes()),
+        DataType::Uint64 => out.extend(int::<u64>(value)?.to_le_bytes()),
+        DataType::Int8 => out.extend(int::<i8>(value)?.to_le_bytes()),
+        DataType::Int16 => out.extend(int::<i16>(value)?.to_le_bytes()),
+        DataType::Int32 => out.extend(int::<i32>(value)?.to_le_bytes()),
+        DataType::Int64 => out.extend(int::<i64>(value)?.to_le_bytes()),
+        DataType::Fp32 => out.extend((float(value)? as f32).to_le_bytes()),
+        DataType::Fp64 => out.extend(float(value)?.to_le_bytes()),
+    }
+    Ok(())
+}
+
+fn describe(value: Scalar<'_>) -> String {
+    match value {
+        Scalar::Bool(b) => b.to_string(),
+        Scalar::Int(i) => i.to_string(),
+        Scalar::Uint(u) => u.to_string(),
+        Scalar::Float(x) => format_f64(x),
+        Scalar::Text(t) if t.len() > 40 => format!("a string of {} bytes", t.len()),
+        Scalar::Text(t) => format!("{t:?}"),
+    }
+}
+
+/// Turns the bare tokens `NaN`, `Infinity` and `-Infinity` (outside strings)
+/// into the strings `"NaN"`, `"Infinity"`, `"-Infinity"`, which the decoder
+/// reads as floats; the text is copied only when it has such a token.
+fn quote_non_finite(text: &str) -> Cow<'_, str> {
+    let bytes = text.as_bytes();
+    let token_at = |i: usize| -> Option<&'static str> {
+        ["NaN", "Infinity", "-Infinity"]
+            .into_iter()
+            .find(|t| bytes[i..].starts_with(t.as_bytes()))
+    };
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let mut in_string = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if (b == b'N' || b == b'I' || b == b'-')
+            && let Some(token) = token_at(i)
+        {
+            let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 64));
+            o.push_str(&text[copied..i]);
+            o.push('"');
+            o.push_str(token);
+            o.push('"');
+            i += token.len();
+            copied = i;
+            continue;
+        }
+        i += 1;
+    }
+    match out {
+        None => Cow::Borrowed(text),
+        Some(mut o) => {
+            o.push_str(&text[copied..]);
+            Cow::Owned(o)
+        }
+    }
+}
+
+/// Encodes an answer: `{"predictions": ...}` for a row request (one value per
+/// instance; objects by output name when there are several outputs),
+/// `{"outputs": ...}` for a column request (the tensor, or an object of
+/// tensors).
+pub fn encode(response: &InferResponse, format: Format) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        64 + response
+            .outputs
+            .iter()
+            .map(|o| o.data.len() * 3)
+            .sum::<usize>(),
+    );
+    let one = response.outputs.len() == 1;
+    match format {
+        Format::Column => {
+            out.extend_from_slice(b"{\"outputs\":");
+            if one {
+                let o = &response.outputs[0];
+                write_tensor(&mut out, o.datatype, &o.data, &dims(&o.shape));
+            } else {
+                out.push(b'{');
+                for (i, o) in response.outputs.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_key(&mut out, alias(&o.name));
+                    write_tensor(&mut out, o.datatype, &o.data, &dims(&o.shape));
+                }
+                out.push(b'}');
+            }
+            out.push(b'}');
+        }
+        Format::Row => {
+            out.extend_from_slice(b"{\"predictions\":[");
+            let rows = response
+                .outputs
+                .first()
+                .and_then(|o| o.shape.first())
+                .map_or(0, |&r| usize::try_from(r).unwrap_or(0));
+            for row in 0..rows {
+                if row > 0 {
+                    out.push(b',');
+                }
+                if !one {
+                    out.push(b'{');
+                }
+                for (i, o) in response.outputs.iter().enumerate() {
+                    let shape = dims(&o.shape);
+                    let row_dims = shape.get(1..).unwrap_or_default();
+                    let row_bytes = row_dims.iter().product::<usize>() * o.datatype.size();
+                    let slice = o
+                        .data
+                        .get(row * row_bytes..(row + 1) * row_bytes)
+                        .unwrap_or_default();
+                    if !one {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        write_key(&mut out, alias(&o.name));
+                    }
+                    write_tensor(&mut out, o.datatype, slice, row_dims);
+                }
+                if !one {
+                    out.push(b'}');
+                }
+            }
+            out.extend_from_slice(b"]}");
+        }
+    }
+    out
+}
+
+fn dims(shape: &[i64]) -> Vec<usize> {
+    shape
+        .iter()
+        .map(|&d| usize::try_from(d).unwrap_or(0))
+        .collect()
+}
+
+fn write_key(out: &mut Vec<u8>, key: &str) {
+    // Serializing a string into a vector cannot fail.
+    let _ = serde_json::to_writer(&mut *out, key);
+    out.push(b':');
+}
+
+/// Writes `data` as nested lists of `dims` (a scalar when `dims` is empty).
+fn write_tensor(out: &mut Vec<u8>, datatype: DataType, data: &[u8], dims: &[usize]) {
+    let size = datatype.size();
+    let Some((&first, rest)) = dims.split_first() else {
+        write_scalar(out, datatype, data.get(..size).unwrap_or_default());
+        return;
+    };
+    let step = rest.iter().product::<usize>() * size;
+    out.push(b'[');
+    for i in 0..first {
+        if i > 0 {
+            out.push(b',');
+        }
+        let part = data.get(i * step..(i + 1) * step).unwrap_or_default();
+        write_tensor(out, datatype, part, rest);
+    }
+    out.push(b']');
+}
+
+fn write_scalar(out: &mut Vec<u8>, datatype: DataType, bytes: &[u8]) {
+    macro_rules! le {
+        ($t:ty) => {{
+            let mut a = [0u8; size_of::<$t>()];
+            if bytes.len() == a.len() {
+                a.copy_from_slice(bytes);
+            }
+            <$t>::from_le_bytes(a)
+        }};
+    }
+    let text = match datatype {
+        DataType::Bool => (bytes.first().is_some_and(|&b| b != 0)).to_string(),
+        DataType::Uint8 => le!(u8).to_string(),
+        DataType::Uint16 => le!(u16).to_string(),
+        DataType::Uint32 => le!(u32).to_string(),
+        DataType::Uint64 => le!(u64).to_string(),
+        DataType::Int8 => le!(i8).to_string(),
+        DataType::Int16 => le!(i16).to_string(),
+        DataType::Int32 => le!(i32).to_string(),
+        DataType::Int64 => le!(i64).to_string(),
+        DataType::Fp32 => format_f32(le!(f32)),
+        DataType::Fp64 => format_f64(le!(f64)),
+    };
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// The shortest text that reads back as `x` (as an f32), or TF Serving's
+/// tokens for the non-finite values.
+fn format_f32(x: f32) -> String {
+    if x.is_finite() {
+        // serde_json writes floats with ryu: the shortest round-trip text.
+        serde_json::to_string(&x).unwrap_or_default()
+    } else {
+        non_finite(x.is_nan(), x.is_sign_positive()).to_string()
+    }
+}
+
+fn format_f64(x: f64) -> String {
+    if x.is_finite() {
+        serde_json::to_string(&x).unwrap_or_default()
+    } else {
+        non_finite(x.is_nan(), x.is_sign_positive()).to_string()
+    }
+}
+
+const fn non_finite(nan: bool, positive: bool) -> &'static str {
+    match (nan, positive) {
+        (true, _) => "NaN",
+        (false, true) => "Infinity",
+        (false, false) => "-Infinity",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tickserve_core::OutputTensor;
+
+    fn spec(name: &str, datatype: DataType, dims: Vec<usize>) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims,
+        }
+    }
+
+    fn one_input() -> Signature {
+        Signature {
+            inputs: vec![spec("x:0", DataType::Fp32, vec![])],
+            outputs: vec![spec("y:0", DataType::Fp32, vec![])],
+        }
+    }
+
+    fn two_inputs() -> Signature {
+        Signature {
+            inputs: vec![
+                spec("signal", DataType::Fp32, vec![3]),
+                spec("sensor", DataType::Int64, vec![2, 2]),
+            ],
+            outputs: vec![spec("y", DataType::Fp32, vec![])],
+        }
+    }
+
+    fn floats(t: &InputTensor) -> Vec<f32> {
+        t.data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn row_and_column_formats_agree() {
+        let s = one_input();
+        let rows = decode("m", &s, br#"{"instances": [1.0, 2.0, 5.0]}"#).unwrap();
+        let columns = decode("m", &s, br#"{"inputs": [1.0, 2.0, 5.0]}"#).unwrap();
+        let named = decode(
+            "m",
+            &s,
+            br#"{"instances": [{"x": 1.0}, {"x": 2}, {"x:0": 5}]}"#,
+        )
+        .unwrap();
+        for p in [&rows, &columns, &named] {
+            assert_eq!(p.inputs[0].shape, vec![3]);
+            assert_eq!(p.inputs[0].name, "x:0");
+            assert_eq!(floats(&p.inputs[0]), vec![1.0, 2.0, 5.0]);
+        }
+        assert_eq!(rows.format, Format::Row);
+        assert_eq!(columns.format, Format::Column);
+    }
+
+    #[test]
+    fn named_rows_gather_each_input() {
+        let s = two_inputs();
+        let body = br#"{"instances": [
+            {"signal": [1, 2, 3], "sensor": [[1, 2], [3, 4]]},
+            {"sensor": [[4, 5], [6, 8]], "signal": [3, 4, 1]}]}"#;
+        let p = decode("m", &s, body).unwrap();
+        assert_eq!(p.inputs[0].shape, vec![2, 3]);
+        assert_eq!(p.inputs[1].shape, vec![2, 2, 2]);
+        assert_eq!(floats(&p.inputs[0]), vec![1.0, 2.0, 3.0, 3.0, 4.0, 1.0]);
+        let column = br#"{"inputs": {"signal": [[1, 2, 3], [3, 4, 1]], "sensor": [[[1, 2], [3, 4]], [[4, 5], [6, 8]]]}}"#;
+        let c = decode("m", &s, column).unwrap();
+        assert_eq!(c.inputs[0].data, p.inputs[0].data);
+        assert_eq!(c.inputs[1].data, p.inputs[1].data);
+    }
+
+    #[test]
+    fn bad_bodies_are_named() {
+        let s = one_input();
+        let cases: [(&[u8], &str); 10] = [
+            (br#"{"instances": [1], "inputs": [1]}"#, "both"),
+            (br#"{"signature_name": "serving_default"}"#, "neither"),
+            (
+                br#"{"signature_name": "other", "instances": [1]}"#,
+                "\"other\" not found",
+            ),
+            (br#"{"instances": [[1], 2]}"#, "ragged"),
+            (br#"{"inputs": [[1, 2], [3]]}"#, "ragged"),
+            (br#"{"instances": ["a"]}"#, "\"a\""),
+            (br#"{"instances": [{"b64": "aGk="}]}"#, "DT_STRING"),
+            (br#"{"instances": [{"z": 1}]}"#, "no input 'z'"),
+            (br#"{"instances": []}"#, "empty"),
+            (b"instances = [1, 2]", "JSON parse error"),
+        ];
+        for (body, expected) in cases {
+            let e = decode("m", &s, body).unwrap_err().to_string();
+            assert!(
+                e.contains(expected),
+                "{}: {e}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let e = decode("m", &two_inputs(), br#"{"instances": [1, 2]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has 2 inputs (signal, sensor)"), "{e}");
+        let e = decode(
+            "m",
+            &two_inputs(),
+            br#"{"instances": [{"signal": [1, 2, 3], "sensor": [[1, 2], [3, 4]]}, {"signal": [1, 2, 3]}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("instance 1 names 1 inputs; instance 0 names 2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn non_finite_tokens_read_and_write() {
+        let s = one_input();
+        let p = decode(
+            "m",
+            &s,
+            br#"{"instances": [NaN, Infinity, -Infinity, 1.5], "note": "NaN"}"#,
+        )
+        .unwrap();
+        let v = floats(&p.inputs[0]);
+        assert!(v[0].is_nan() && v[1] == f32::INFINITY && v[2] == f32::NEG_INFINITY && v[3] == 1.5);
+        let response = InferResponse {
+            model: "m".into(),
+            version: "1".into(),
+            id: String::new(),
+            outputs: vec![OutputTensor {
+                name: "y:0".into(),
+                datatype: DataType::Fp32,
+                shape: vec![4],
+                data: [f32::NAN, f32::NEG_INFINITY, 0.1, 3.0]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            }],
+            timing: Default::default(),
+        };
+        assert_eq!(
+            String::from_utf8(encode(&response, Format::Row)).unwrap(),
+            r#"{"predictions":[NaN,-Infinity,0.1,3.0]}"#
+        );
+        assert_eq!(
+            String::from_utf8(encode(&response, Format::Column)).unwrap(),
+            r#"{"outputs":[NaN,-Infinity,0.1,3.0]}"#
+        );
+    }
+
+    #[test]
+    fn several_outputs_are_objects() {
+        let response = InferResponse {
+            model: "m".into(),
+            version: "1".into(),
+            id: String::new(),
+            outputs: vec![
+                OutputTensor {
+                    name: "a:0".into(),
+                    datatype: DataType::Int64,
+                    shape: vec![2, 2],
+                    data: [1i64, 2, 3, 4]
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                },
+                OutputTensor {
+                    name: "b".into(),
+                    datatype: DataType::Bool,
+                    shape: vec![2],
+                    data: vec![1, 0],
+                },
+            ],
+            timing: Default::default(),
+        };
+        assert_eq!(
+            String::from_utf8(encode(&response, Format::Row)).unwrap(),
+            r#"{"predictions":[{"a":[1,2],"b":true},{"a":[3,4],"b":false}]}"#
+        );
+        assert_eq!(
+            String::from_utf8(encode(&response, Format::Column)).unwrap(),
+            r#"{"outputs":{"a":[[1,2],[3,4]],"b":[true,false]}}"#
+        );
+    }
+}
