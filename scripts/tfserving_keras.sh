@@ -11,6 +11,7 @@
 # .local/tfs-venv (once), writes the model to a temporary repository, and starts
 # target/release/tickserve on it (scripts/server.py).
 set -euo pipefail
+export TF_CPP_MIN_LOG_LEVEL=2
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 venv=.local/tfs-venv
