@@ -2,7 +2,7 @@
 """Soak: an open loop at a stated rate for a stated time over both protocols (k6, the
 `steady` scenario of loadtest/, HTTP and gRPC at once, each at half the rate), against a
 release build started here; once a minute it reads the server's /metrics and prints a
-row: resident memory, compilations, requests and errors in that minute, and the
+row: resident memory, the allocator's live bytes, compilations, requests and errors in that minute, and the
 server-side latency percentiles of that minute (from tickserve_request_duration_seconds,
 interpolated within its buckets). At the end: RSS growth after the first minute
 (warm-up), compilations after ready, errors, and whether each is within the bar
@@ -45,6 +45,7 @@ def scrape(http):
         r'^tickserve_requests_total\{([^}]*)\} (\S+)$', text, re.M) if 'code="ok"' not in labels)
     return {
         "rss": total("tickserve_process_resident_memory_bytes"),
+        "heap": total("tickserve_heap_allocated_bytes"),
         "compilations": total("tickserve_graph_compilations_total"),
         "requests": total("tickserve_requests_total"),
         "errors": errors,
@@ -106,20 +107,21 @@ def main():
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT))
         print(f"soak: {args.rate} requests/s ({' and '.join(protocols)}) for {args.minutes} min; "
               f"server pid {server.pid}", flush=True)
-        print("| minute | RSS (MiB) | anonymous (MiB) | threads | fds | compilations | requests "
-              "| errors | p50 (µs) | p99 (µs) |")
-        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| minute | RSS (MiB) | anonymous (MiB) | heap allocated (MiB) | threads | fds "
+              "| compilations | requests | errors | p50 (µs) | p99 (µs) |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         rows, last = [], ready
         started = time.monotonic()
         for minute in range(1, args.minutes + 1):
             time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
             now = scrape(server.http_port)
             threads, fds, anonymous = process(server.pid)
-            row = (minute, now["rss"] / 2**20, anonymous, threads, fds, now["compilations"], now["requests"] - last["requests"],
+            row = (minute, now["rss"] / 2**20, anonymous, now["heap"] / 2**20, threads, fds,
+                   now["compilations"], now["requests"] - last["requests"],
                    now["errors"] - last["errors"], percentile(last["buckets"], now["buckets"], 0.5),
                    percentile(last["buckets"], now["buckets"], 0.99))
             rows.append((row, now))
-            print("| {} | {:.1f} | {:.1f} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |"
+            print("| {} | {:.1f} | {:.1f} | {:.2f} | {} | {} | {:.0f} | {:.0f} | {:.0f} | {:.0f} | {:.0f} |"
                   .format(*row), flush=True)
             last = now
         for client in clients:

@@ -324,6 +324,9 @@ pub struct ModelConfig {
     pub inputs: BTreeMap<String, TensorOverride>,
     /// Per-output dimension overrides.
     pub outputs: BTreeMap<String, TensorOverride>,
+    /// Monte Carlo input noise: the most samples, per-feature sigmas, inputs
+    /// never perturbed.
+    pub monte_carlo: crate::monte_carlo::MonteCarloConfig,
 }
 
 impl ModelConfig {

@@ -41,6 +41,13 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "tickserve_tls_handshake_failures_total
 pub const TLS_RELOADS: &str = "tickserve_tls_reloads_total";
 /// Resident memory of the server process, in bytes (read at each scrape).
 pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";
+/// Bytes the server's live allocations hold (jemalloc's `stats.allocated`,
+/// read at each scrape): what a leak would grow, without the allocator's own
+/// free pages.
+pub const HEAP_ALLOCATED: &str = "tickserve_heap_allocated_bytes";
+/// Bytes of physical memory the allocator holds (jemalloc's `stats.resident`:
+/// live allocations, their pages' free space and its own metadata).
+pub const HEAP_RESIDENT: &str = "tickserve_heap_resident_bytes";
 /// CPU time of the server process, user plus system, in seconds (read at each scrape).
 pub const PROCESS_CPU: &str = "tickserve_process_cpu_seconds_total";
 /// 1 for each loaded model version, labelled `model`, `version`, `family`
@@ -99,6 +106,16 @@ pub fn describe() {
         PROCESS_RESIDENT_MEMORY,
         Unit::Bytes,
         "Resident memory of the server process."
+    );
+    describe_gauge!(
+        HEAP_ALLOCATED,
+        Unit::Bytes,
+        "Bytes the server's live allocations hold (jemalloc stats.allocated)."
+    );
+    describe_gauge!(
+        HEAP_RESIDENT,
+        Unit::Bytes,
+        "Physical memory the allocator holds (jemalloc stats.resident)."
     );
     describe_counter!(
         PROCESS_CPU,

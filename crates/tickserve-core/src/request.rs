@@ -42,6 +42,8 @@ pub struct InferRequest {
     pub outputs: Option<Vec<String>>,
     /// When the answer stops being useful; `None` for no deadline.
     pub deadline: Option<Instant>,
+    /// Monte Carlo input noise (`mc_samples` and friends), if asked for.
+    pub monte_carlo: Option<crate::monte_carlo::MonteCarlo>,
 }
 
 /// One output tensor of a response.

@@ -293,6 +293,7 @@ mod tests {
             }],
             outputs: None,
             deadline: None,
+            monte_carlo: None,
         };
         let limits = Limits {
             max_request_rows: 8,
@@ -332,6 +333,7 @@ mod tests {
             }],
             outputs: None,
             deadline: None,
+            monte_carlo: None,
         }
     }
 

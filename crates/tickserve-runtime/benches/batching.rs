@@ -45,6 +45,7 @@ fn one_row() -> InferRequest {
         }],
         outputs: None,
         deadline: None,
+        monte_carlo: None,
     }
 }
 

@@ -398,9 +398,13 @@ fn parse(
             )
         })?;
         let onnx = OnnxModel::parse(&bytes)?;
-        let settings =
-            ModelSettings::resolve(&candidate.config, defaults, onnx.is_tree_ensemble())?;
         let signature = onnx.signature(&candidate.config)?;
+        let settings = ModelSettings::resolve(
+            &candidate.config,
+            defaults,
+            &signature.inputs,
+            onnx.is_tree_ensemble(),
+        )?;
         let family = onnx.family_key();
         let share = candidate
             .config

@@ -127,6 +127,21 @@ impl ModelHandle {
     /// replica with the shortest queue.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
         let valid = validate(&request, &self.signature, &self.settings.limits)?;
+        // Monte Carlo: the request's rows, each as many noisy copies, run as
+        // one request; the answer is their summary.
+        let monte_carlo = match &request.monte_carlo {
+            None => None,
+            Some(mc) => Some(self.settings.monte_carlo.plan(
+                &self.name,
+                &self.signature,
+                mc,
+                valid.rows,
+            )?),
+        };
+        let valid = match &monte_carlo {
+            Some(plan) => plan.expand(&valid, &self.signature),
+            None => valid,
+        };
         let admitted = Instant::now();
         let deadline = request.deadline.or_else(|| {
             self.settings
@@ -149,7 +164,11 @@ impl ModelHandle {
             admitted,
             deadline,
         };
-        replica.family.submit(&replica.member, submission).await
+        let answer = replica.family.submit(&replica.member, submission).await?;
+        Ok(match monte_carlo {
+            Some(plan) => plan.reduce(answer),
+            None => answer,
+        })
     }
 
     /// Closes every replica's queue (shutdown).

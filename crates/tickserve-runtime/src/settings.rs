@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use tickserve_core::Buckets;
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
+use tickserve_core::monte_carlo::MonteCarloSettings;
 use tickserve_core::validate::Limits;
+use tickserve_core::{Buckets, TensorSpec};
 
 /// Settings of one model, fixed at load.
 #[derive(Debug, Clone)]
@@ -28,13 +29,17 @@ pub struct ModelSettings {
     pub default_timeout: Option<Duration>,
     /// What to do if its rows turn out to depend on each other.
     pub mixed_rows: MixedRows,
+    /// Monte Carlo input noise: the most samples, which inputs are perturbed.
+    pub monte_carlo: MonteCarloSettings,
 }
 
 impl ModelSettings {
-    /// Merges `config` over `defaults`; `tree_ensemble` picks the NaN default.
+    /// Merges `config` over `defaults` for a model with `inputs`;
+    /// `tree_ensemble` picks the NaN default.
     pub fn resolve(
         config: &ModelConfig,
         defaults: &ModelDefaults,
+        inputs: &[TensorSpec],
         tree_ensemble: bool,
     ) -> Result<ModelSettings, String> {
         let sizes = config.buckets.as_deref().unwrap_or(&defaults.buckets);
@@ -76,6 +81,7 @@ impl ModelSettings {
             executors,
             default_timeout: config.timeout,
             mixed_rows: config.mixed_rows.unwrap_or_default(),
+            monte_carlo: MonteCarloSettings::resolve(&config.monte_carlo, inputs, max_queue_rows)?,
         })
     }
 }

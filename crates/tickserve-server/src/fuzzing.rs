@@ -89,7 +89,12 @@ pub fn config(data: &[u8]) {
         return;
     };
     if let Ok(model) = toml::from_str::<ModelConfig>(text) {
-        let _ = tickserve_runtime::ModelSettings::resolve(&model, &ModelDefaults::default(), false);
+        let _ = tickserve_runtime::ModelSettings::resolve(
+            &model,
+            &ModelDefaults::default(),
+            &signature().inputs,
+            false,
+        );
     }
     if let Ok(server) = toml::from_str::<ServerConfig>(text) {
         let _ = server.validate();

@@ -9,6 +9,16 @@
 //! [`InferRequest`]: tickserve_core::InferRequest
 //! [`InferResponse`]: tickserve_core::InferResponse
 
+/// jemalloc serves every allocation of a process that links the server (the
+/// binary and the tests alike), ONNX Runtime's included: the
+/// `unprefixed_malloc_on_supported_platforms` feature exports `malloc`, `free`
+/// and the rest, which the dynamically loaded library binds to. Under glibc's
+/// allocator the resident memory crept under steady load (docs/performance.md,
+/// "Soak"); jemalloc also reports its live bytes (`tickserve_heap_*`).
+#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 pub mod access;
 pub mod cli;
 pub mod control;

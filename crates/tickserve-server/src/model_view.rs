@@ -135,15 +135,42 @@ impl ModelConfigView {
                 )
                 .unwrap_or(u64::MAX),
             },
-            parameters: [(
-                "family",
-                ParameterView {
-                    string_value: loaded.family_key.clone(),
-                },
-            )]
-            .into(),
+            parameters: monte_carlo_parameters(loaded)
+                .into_iter()
+                .chain([("family", loaded.family_key.clone())])
+                .map(|(key, string_value)| (key, ParameterView { string_value }))
+                .collect(),
         }
     }
+}
+
+/// What a Monte Carlo request to this model may ask and gets back, for the
+/// model configuration (`parameters`): its sample limit, the inputs it
+/// perturbs, and how answers are named.
+fn monte_carlo_parameters(loaded: &Loaded) -> Vec<(&'static str, String)> {
+    let settings = &loaded.settings.monte_carlo;
+    let perturbed: Vec<&str> = loaded
+        .signature
+        .inputs
+        .iter()
+        .zip(&settings.perturbed)
+        .filter(|(_, p)| p.is_some())
+        .map(|(t, _)| t.name.as_str())
+        .collect();
+    if perturbed.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        ("monte_carlo_max_samples", settings.max_samples.to_string()),
+        ("monte_carlo_inputs", perturbed.join(",")),
+        (
+            "monte_carlo_outputs",
+            "OUTPUT_mean and OUTPUT_std (mc_output=moments, the default), OUTPUT_qP per quantile \
+             P in percent (mc_output=quantiles), OUTPUT_samples [rows, samples, ...] \
+             (mc_output=samples)"
+                .to_string(),
+        ),
+    ]
 }
 
 fn tensors(specs: &[TensorSpec]) -> Vec<TensorView> {
@@ -296,6 +323,10 @@ mod tests {
                 executors: 3,
                 default_timeout: None,
                 mixed_rows: Default::default(),
+                monte_carlo: tickserve_core::monte_carlo::MonteCarloSettings {
+                    max_samples: 1024,
+                    perturbed: vec![Some(Vec::new())],
+                },
             },
             family_key: "f00d".into(),
             shares_graph: true,

@@ -57,6 +57,26 @@ pub fn render() -> String {
     install_recorder().render()
 }
 
+/// Reads jemalloc's live and resident bytes (fresh: the stats epoch is
+/// advanced first).
+#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+fn record_heap() {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    if epoch::advance().is_err() {
+        return;
+    }
+    if let Ok(bytes) = stats::allocated::read() {
+        metrics::gauge!(names::HEAP_ALLOCATED).set(bytes as f64);
+    }
+    if let Ok(bytes) = stats::resident::read() {
+        metrics::gauge!(names::HEAP_RESIDENT).set(bytes as f64);
+    }
+}
+
+/// Elsewhere the process allocator is the system's, which reports nothing.
+#[cfg(not(all(target_os = "linux", not(target_env = "musl"))))]
+fn record_heap() {}
+
 /// Reads the process's resident memory and CPU time from `/proc/self` (Linux;
 /// elsewhere the two metrics are simply not updated).
 fn record_process() {
@@ -71,6 +91,7 @@ fn record_process() {
     {
         metrics::gauge!(names::PROCESS_RESIDENT_MEMORY).set(kib * 1024.0);
     }
+    record_heap();
     // Fields 14 and 15 of /proc/self/stat (after the parenthesised command name):
     // user and system time in clock ticks of USER_HZ, 100 on Linux.
     const USER_HZ: f64 = 100.0;

@@ -25,6 +25,8 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["bucket", "device", "family"],
     ),
+    ("tickserve_heap_allocated_bytes", "gauge", &[]),
+    ("tickserve_heap_resident_bytes", "gauge", &[]),
     (
         "tickserve_model_info",
         "gauge",

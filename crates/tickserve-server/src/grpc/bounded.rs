@@ -217,6 +217,8 @@ const PARAMETER: Schema = Schema {
         (1, "bool_param", varint(1), usize::MAX),
         (2, "int64_param", varint(8), usize::MAX),
         (3, "string_param", Kind::Bytes, usize::MAX),
+        (4, "double_param", Kind::Fixed { width: 8 }, usize::MAX),
+        (5, "uint64_param", varint(8), usize::MAX),
     ],
 };
 

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use tickserve_core::durations;
+use tickserve_core::monte_carlo::{self, ParamValue};
 use tickserve_core::request::MAX_ID_BYTES;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
@@ -88,6 +89,18 @@ pub fn decode(
         .flatten()
         .min()
         .map(|t| durations::deadline_after(Instant::now(), t));
+    let monte_carlo = monte_carlo::from_parameters(&model, |name| {
+        use pb::infer_parameter::ParameterChoice as P;
+        Some(
+            match request.parameters.get(name)?.parameter_choice.as_ref()? {
+                P::BoolParam(b) => ParamValue::Bool(*b),
+                P::Int64Param(i) => ParamValue::Int(*i),
+                P::StringParam(s) => ParamValue::Str(s),
+                P::DoubleParam(x) => ParamValue::Float(*x),
+                P::Uint64Param(u) => ParamValue::Uint(*u),
+            },
+        )
+    })?;
     let outputs = (!request.outputs.is_empty())
         .then(|| request.outputs.into_iter().map(|o| o.name).collect());
     let version = (!request.model_version.is_empty()).then_some(request.model_version);
@@ -99,6 +112,7 @@ pub fn decode(
             inputs,
             outputs,
             deadline,
+            monte_carlo,
         },
         raw,
     ))
@@ -301,6 +315,33 @@ fn bytes_to_typed(datatype: DataType, data: &[u8]) -> pb::InferTensorContents {
         DataType::Fp64 => c.fp64_contents = each(data, f64::from_le_bytes),
     }
     c
+}
+
+/// A request's `grpc-timeout`: `Ok(None)` without one; a malformed one is
+/// `Err` with what came, refused once the model is known (never ignored: the
+/// client meant a deadline).
+pub fn request_timeout(
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<Option<Duration>, String> {
+    match metadata.get("grpc-timeout") {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(parse_grpc_timeout)
+            .map(Some)
+            .ok_or_else(|| format!("{v:?}")),
+    }
+}
+
+/// The error for a malformed `grpc-timeout` (`got`, from [`request_timeout`]).
+pub fn malformed_timeout(model: &str, got: &str) -> Error {
+    Error::request(
+        model,
+        format!(
+            "the grpc-timeout header must be 1 to 8 digits and a unit (H, M, S, m, u, n); got {got}"
+        ),
+    )
 }
 
 /// Parses a `grpc-timeout` header value as the gRPC spec writes it: 1 to 8

@@ -378,17 +378,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let started = Instant::now();
-        // A malformed grpc-timeout is refused (below), never ignored: the
-        // client meant a deadline.
-        let timeout = match request.metadata().get("grpc-timeout") {
-            None => Ok(None),
-            Some(v) => v
-                .to_str()
-                .ok()
-                .and_then(convert::parse_grpc_timeout)
-                .map(Some)
-                .ok_or_else(|| format!("{v:?}")),
-        };
+        let timeout = convert::request_timeout(request.metadata());
         let request = request.into_inner();
         let runtime = &self.shared.runtime;
         // The one lookup of this request's model.
@@ -406,15 +396,7 @@ impl GrpcInferenceService for InferenceService {
                 .shared
                 .admit_bytes(prost::Message::encoded_len(&request))?;
             let handle = handle?;
-            let timeout = timeout.map_err(|got| {
-                Error::request(
-                    &handle.name,
-                    format!(
-                        "the grpc-timeout header must be 1 to 8 digits and a unit \
-                         (H, M, S, m, u, n); got {got}"
-                    ),
-                )
-            })?;
+            let timeout = timeout.map_err(|got| convert::malformed_timeout(&handle.name, &got))?;
             let (request, raw) = convert::decode(request, timeout, &handle.signature)?;
             handle.infer(request).await.map(|r| {
                 let timing = r.timing;

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tickserve_core::durations;
+use tickserve_core::monte_carlo::{self, ParamValue};
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
@@ -253,6 +254,20 @@ pub fn decode(
             (Some(names), Some(flags))
         }
     };
+    let monte_carlo = monte_carlo::from_parameters(model, |name| {
+        Some(match params?.get(name)? {
+            Value::Bool(b) => ParamValue::Bool(*b),
+            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => ParamValue::Int(i),
+                (None, Some(u), _) => ParamValue::Uint(u),
+                (None, None, Some(x)) => ParamValue::Float(x),
+                _ => return None,
+            },
+            Value::String(s) => ParamValue::Str(s),
+            // An object, list or null: reported as what it is.
+            _ => ParamValue::Str("a JSON object, list or null"),
+        })
+    })?;
     let deadline = param_u64(params, "timeout")
         .map(|us| durations::deadline_after(Instant::now(), Duration::from_micros(us)));
     Ok(Decoded {
@@ -263,6 +278,7 @@ pub fn decode(
             inputs,
             outputs,
             deadline,
+            monte_carlo,
         },
         binary_outputs,
         binary_default,
@@ -395,7 +411,7 @@ impl<'de> Visitor<'de> for Elements<'_> {
 
 /// One JSON scalar.
 #[derive(Debug, Clone, Copy)]
-enum Scalar {
+pub(crate) enum Scalar {
     Bool(bool),
     Int(i64),
     Uint(u64),
@@ -417,7 +433,8 @@ impl std::fmt::Display for Scalar {
     }
 }
 
-fn push_scalar(out: &mut Vec<u8>, datatype: DataType, v: Scalar) -> Result<(), String> {
+/// Appends `v` as `datatype` (little-endian), range-checked; the error names the value.
+pub(crate) fn push_scalar(out: &mut Vec<u8>, datatype: DataType, v: Scalar) -> Result<(), String> {
     fn int<T: TryFrom<i64> + TryFrom<u64>>(v: Scalar) -> Result<T, String> {
         match v {
             Scalar::Int(i) => T::try_from(i).map_err(|_| format!("{v} (out of range)")),

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::tensor;
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, no_labels, output, tf_dtype};
 use crate::Shared;
-use crate::grpc::convert::parse_grpc_timeout;
+use crate::grpc::convert;
 use crate::observe::{self, Protocol};
 
 /// TF Serving's generated types, servers and clients, by protobuf package.
@@ -171,6 +171,7 @@ fn predict_request(
         inputs,
         outputs,
         deadline: timeout.map(|d| tickserve_core::durations::deadline_after(Instant::now(), d)),
+        monte_carlo: None,
     })
 }
 
@@ -206,15 +207,7 @@ impl PredictionService for TfServing {
         request: Request<PredictRequest>,
     ) -> Result<Response<PredictResponse>, Status> {
         let started = Instant::now();
-        let timeout = match request.metadata().get("grpc-timeout") {
-            None => Ok(None),
-            Some(v) => v
-                .to_str()
-                .ok()
-                .and_then(parse_grpc_timeout)
-                .map(Some)
-                .ok_or_else(|| format!("{v:?}")),
-        };
+        let timeout = convert::request_timeout(request.metadata());
         let request = request.into_inner();
         let runtime = &self.shared.runtime;
         let handle = self.model(request.model_spec.as_ref());
@@ -235,15 +228,7 @@ impl PredictionService for TfServing {
             let _slot = self.shared.admit()?;
             let _bytes = self.shared.admit_bytes(request.encoded_len())?;
             let handle = handle?;
-            let timeout = timeout.map_err(|got| {
-                Error::request(
-                    &handle.name,
-                    format!(
-                        "the grpc-timeout header must be 1 to 8 digits and a unit \
-                         (H, M, S, m, u, n); got {got}"
-                    ),
-                )
-            })?;
+            let timeout = timeout.map_err(|got| convert::malformed_timeout(&handle.name, &got))?;
             let infer = predict_request(&handle, request, self.shared.max_request_bytes, timeout)?;
             let response = handle.infer(infer).await?;
             Ok(PredictResponse {

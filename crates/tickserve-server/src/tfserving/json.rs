@@ -125,7 +125,9 @@ impl Gathering<'_> {
                 return Err(Error::input(
                     model,
                     alias(&self.spec.name),
-                    format!("every instance shaped {first:?}, as the first (a ragged tensor is not)"),
+                    format!(
+                        "every instance shaped {first:?}, as the first (a ragged tensor is not)"
+                    ),
                     format!("{shape:?} in instance {row}"),
                 ));
             }
@@ -529,41 +531,25 @@ enum Scalar<'a> {
     Text(&'a str),
 }
 
-/// Appends `value` as `datatype`; the error names the value.
+/// Appends `value` as `datatype`: numbers and booleans as the v2 codec reads
+/// them, and TF Serving's non-finite tokens (quoted by [`quote_non_finite`])
+/// as floats; the error names the value.
 fn push(out: &mut Vec<u8>, datatype: DataType, value: Scalar<'_>) -> Result<(), String> {
-    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: Scalar<'_>) -> Result<T, String> {
-        match v {
-            Scalar::Int(i) => T::try_from(i).map_err(|_| format!("{i} (out of range)")),
-            Scalar::Uint(u) => T::try_from(u).map_err(|_| format!("{u} (out of range)")),
-            other => Err(describe(other)),
-        }
-    }
-    let float = |v: Scalar<'_>| match v {
-        Scalar::Int(i) => Ok(i as f64),
-        Scalar::Uint(u) => Ok(u as f64),
-        Scalar::Float(x) => Ok(x),
-        Scalar::Text("NaN") => Ok(f64::NAN),
-        Scalar::Text("Infinity") => Ok(f64::INFINITY),
-        Scalar::Text("-Infinity") => Ok(f64::NEG_INFINITY),
-        other => Err(describe(other)),
-    };
-    match datatype {
-        DataType::Bool => match value {
-            Scalar::Bool(b) => out.push(u8::from(b)),
-            other => return Err(describe(other)),
+    use crate::http::codec::{Scalar as Number, push_scalar};
+    let number = match value {
+        Scalar::Bool(b) => Number::Bool(b),
+        Scalar::Int(i) => Number::Int(i),
+        Scalar::Uint(u) => Number::Uint(u),
+        Scalar::Float(x) => Number::Float(x),
+        Scalar::Text(token) if datatype.is_float() => match token {
+            "NaN" => Number::Float(f64::NAN),
+            "Infinity" => Number::Float(f64::INFINITY),
+            "-Infinity" => Number::Float(f64::NEG_INFINITY),
+            _ => return Err(describe(value)),
         },
-        DataType::Uint8 => out.extend(int::<u8>(value)?.to_le_bytes()),
-        DataType::Uint16 => out.extend(int::<u16>(value)?.to_le_bytes()),
-        DataType::Uint32 => out.extend(int::<u32>(value)?.to_le_bytes()),
-        DataType::Uint64 => out.extend(int::<u64>(value)?.to_le_bytes()),
-        DataType::Int8 => out.extend(int::<i8>(value)?.to_le_bytes()),
-        DataType::Int16 => out.extend(int::<i16>(value)?.to_le_bytes()),
-        DataType::Int32 => out.extend(int::<i32>(value)?.to_le_bytes()),
-        DataType::Int64 => out.extend(int::<i64>(value)?.to_le_bytes()),
-        DataType::Fp32 => out.extend((float(value)? as f32).to_le_bytes()),
-        DataType::Fp64 => out.extend(float(value)?.to_le_bytes()),
-    }
-    Ok(())
+        Scalar::Text(_) => return Err(describe(value)),
+    };
+    push_scalar(out, datatype, number)
 }
 
 fn describe(value: Scalar<'_>) -> String {

@@ -250,6 +250,7 @@ async fn predict(
         inputs: decoded.inputs,
         outputs: None,
         deadline: timeout.map(|d| durations::deadline_after(Instant::now(), d)),
+        monte_carlo: None,
     };
     let response = handle.infer(request).await?;
     let format: Format = decoded.format;

@@ -130,36 +130,24 @@ pub fn decode(
         ));
     }
     let mut data = Vec::with_capacity(bytes);
-    let range = |v: i64| format!("{v} (out of range for {})", tf_dtype_name(tensor.dtype));
+    let range = |v: i32| format!("{v} (out of range for {})", tf_dtype_name(tensor.dtype));
     for i in 0..elements {
         let at = if count == 1 { 0 } else { i };
+        // An `int_val` entry as a narrower integer, range-checked.
+        macro_rules! narrow {
+            ($t:ty, $name:literal) => {{
+                let v = tensor.int_val[at];
+                <$t>::try_from(v).map_err(|_| fail(concat!($name, " values").into(), range(v)))?
+            }};
+        }
         match datatype {
             DataType::Fp32 => data.extend(tensor.float_val[at].to_le_bytes()),
             DataType::Fp64 => data.extend(tensor.double_val[at].to_le_bytes()),
             DataType::Int32 => data.extend(tensor.int_val[at].to_le_bytes()),
-            DataType::Int16 => {
-                let v = tensor.int_val[at];
-                let v =
-                    i16::try_from(v).map_err(|_| fail("INT16 values".into(), range(v.into())))?;
-                data.extend(v.to_le_bytes());
-            }
-            DataType::Int8 => {
-                let v = tensor.int_val[at];
-                let v = i8::try_from(v).map_err(|_| fail("INT8 values".into(), range(v.into())))?;
-                data.extend(v.to_le_bytes());
-            }
-            DataType::Uint16 => {
-                let v = tensor.int_val[at];
-                let v =
-                    u16::try_from(v).map_err(|_| fail("UINT16 values".into(), range(v.into())))?;
-                data.extend(v.to_le_bytes());
-            }
-            DataType::Uint8 => {
-                let v = tensor.int_val[at];
-                let v =
-                    u8::try_from(v).map_err(|_| fail("UINT8 values".into(), range(v.into())))?;
-                data.push(v);
-            }
+            DataType::Int16 => data.extend(narrow!(i16, "INT16").to_le_bytes()),
+            DataType::Int8 => data.extend(narrow!(i8, "INT8").to_le_bytes()),
+            DataType::Uint16 => data.extend(narrow!(u16, "UINT16").to_le_bytes()),
+            DataType::Uint8 => data.push(narrow!(u8, "UINT8")),
             DataType::Int64 => data.extend(tensor.int64_val[at].to_le_bytes()),
             DataType::Uint32 => data.extend(tensor.uint32_val[at].to_le_bytes()),
             DataType::Uint64 => data.extend(tensor.uint64_val[at].to_le_bytes()),
