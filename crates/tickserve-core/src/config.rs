@@ -327,6 +327,8 @@ pub struct ModelConfig {
     /// Monte Carlo input noise: the most samples, per-feature sigmas, inputs
     /// never perturbed.
     pub monte_carlo: crate::monte_carlo::MonteCarloConfig,
+    /// Priority levels and their queue policies (Triton's names).
+    pub priority: crate::priority::PriorityConfig,
 }
 
 impl ModelConfig {

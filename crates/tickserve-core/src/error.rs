@@ -113,6 +113,18 @@ pub enum Error {
         /// The model's `max_queue_bytes`.
         limit: usize,
     },
+    /// The request's priority level already has `limit` requests waiting.
+    #[error(
+        "model '{model}': priority level {level} is full ({limit} requests waiting, its max_queue_size); retry later"
+    )]
+    PriorityQueueFull {
+        /// The model asked for.
+        model: String,
+        /// The request's level.
+        level: u32,
+        /// The level's `max_queue_size`.
+        limit: usize,
+    },
     /// The server holds `limit` bytes of requests in flight; this one was not admitted.
     #[error(
         "server is at its limit of {limit} bytes of requests in flight (server.max_inflight_bytes); retry later"
@@ -273,6 +285,7 @@ impl Error {
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
             Error::QueueFull { .. }
             | Error::QueueBytesFull { .. }
+            | Error::PriorityQueueFull { .. }
             | Error::Overloaded { .. }
             | Error::OverloadedBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,

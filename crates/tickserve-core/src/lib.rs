@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod monte_carlo;
+pub mod priority;
 pub mod request;
 pub mod signature;
 pub mod validate;

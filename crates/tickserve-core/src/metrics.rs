@@ -41,6 +41,12 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "tickserve_tls_handshake_failures_total
 pub const TLS_RELOADS: &str = "tickserve_tls_reloads_total";
 /// Resident memory of the server process, in bytes (read at each scrape).
 pub const PROCESS_RESIDENT_MEMORY: &str = "tickserve_process_resident_memory_bytes";
+/// Requests waiting per priority level, labelled `model`, `level`.
+pub const PRIORITY_QUEUE_REQUESTS: &str = "tickserve_priority_queue_requests";
+/// Requests a priority level refused, labelled `model`, `level`, `reason`
+/// (`queue_full`: its `max_queue_size`; `timeout`: refused once waiting
+/// past a deadline, its level's `default_timeout` with `reject` included).
+pub const PRIORITY_REJECTIONS: &str = "tickserve_priority_rejections_total";
 /// Bytes the server's live allocations hold (jemalloc's `stats.allocated`,
 /// read at each scrape): what a leak would grow, without the allocator's own
 /// free pages.
@@ -106,6 +112,16 @@ pub fn describe() {
         PROCESS_RESIDENT_MEMORY,
         Unit::Bytes,
         "Resident memory of the server process."
+    );
+    describe_gauge!(
+        PRIORITY_QUEUE_REQUESTS,
+        Unit::Count,
+        "Requests waiting, per priority level."
+    );
+    describe_counter!(
+        PRIORITY_REJECTIONS,
+        Unit::Count,
+        "Requests a priority level refused (queue_full, timeout)."
     );
     describe_gauge!(
         HEAP_ALLOCATED,

@@ -44,6 +44,9 @@ pub struct InferRequest {
     pub deadline: Option<Instant>,
     /// Monte Carlo input noise (`mc_samples` and friends), if asked for.
     pub monte_carlo: Option<crate::monte_carlo::MonteCarlo>,
+    /// The `priority` parameter: 1 is the highest level; 0 (or a level the
+    /// model does not have) is the model's default level.
+    pub priority: u64,
 }
 
 /// One output tensor of a response.

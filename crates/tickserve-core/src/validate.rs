@@ -294,6 +294,7 @@ mod tests {
             outputs: None,
             deadline: None,
             monte_carlo: None,
+            priority: 0,
         };
         let limits = Limits {
             max_request_rows: 8,
@@ -334,6 +335,7 @@ mod tests {
             outputs: None,
             deadline: None,
             monte_carlo: None,
+            priority: 0,
         }
     }
 

@@ -46,6 +46,7 @@ fn one_row() -> InferRequest {
         outputs: None,
         deadline: None,
         monte_carlo: None,
+        priority: 0,
     }
 }
 

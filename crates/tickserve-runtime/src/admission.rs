@@ -16,9 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tickserve_core::metrics as names;
+use tickserve_core::priority::Priorities;
 
 /// The rows of one model version waiting in its families' queues, with its
-/// queue-depth gauge and its rejection counters.
+/// queue-depth gauge and its rejection counters, and the requests waiting at
+/// each priority level.
 #[derive(Debug)]
 pub struct ModelQueue {
     rows: AtomicUsize,
@@ -29,6 +31,19 @@ pub struct ModelQueue {
     full: metrics::Counter,
     bytes_full: metrics::Counter,
     expired: metrics::Counter,
+    /// Index `level - 1`.
+    levels: Vec<LevelQueue>,
+}
+
+/// The requests of one priority level waiting, and its bound.
+#[derive(Debug)]
+struct LevelQueue {
+    waiting: AtomicUsize,
+    /// Its `max_queue_size`; 0 for no bound of its own.
+    limit: usize,
+    depth: metrics::Gauge,
+    full: metrics::Counter,
+    expired: metrics::Counter,
 }
 
 /// Why a request could not wait.
@@ -38,15 +53,42 @@ pub enum Refused {
     Rows(usize),
     /// Its bytes would go over `max_queue_bytes`; this many were waiting.
     Bytes(usize),
+    /// Its priority level already has its `max_queue_size` requests waiting.
+    Level(usize),
 }
 
 impl ModelQueue {
     /// An empty queue count for model `model` (the metrics' label) that
     /// admits up to `limit` rows (its `max_queue_rows`) and `byte_limit`
-    /// bytes of input (its `max_queue_bytes`).
-    pub fn new(model: &str, limit: usize, byte_limit: usize) -> ModelQueue {
+    /// bytes of input (its `max_queue_bytes`), and at each priority level up
+    /// to its `max_queue_size` requests.
+    pub fn new(
+        model: &str,
+        limit: usize,
+        byte_limit: usize,
+        priorities: &Priorities,
+    ) -> ModelQueue {
         let rejected = |reason: &'static str| metrics::counter!(names::REJECTIONS, "model" => model.to_string(), "reason" => reason);
+        let levels = priorities
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(i, policy)| {
+                let level = (i + 1).to_string();
+                let rejected = |reason: &'static str| {
+                    metrics::counter!(names::PRIORITY_REJECTIONS, "model" => model.to_string(), "level" => level.clone(), "reason" => reason)
+                };
+                LevelQueue {
+                    waiting: AtomicUsize::new(0),
+                    limit: policy.max_queue_size,
+                    depth: metrics::gauge!(names::PRIORITY_QUEUE_REQUESTS, "model" => model.to_string(), "level" => level.clone()),
+                    full: rejected("queue_full"),
+                    expired: rejected("timeout"),
+                }
+            })
+            .collect();
         ModelQueue {
+            levels,
             rows: AtomicUsize::new(0),
             limit,
             bytes: AtomicUsize::new(0),
@@ -78,15 +120,33 @@ impl ModelQueue {
         self.bytes.load(Ordering::Acquire)
     }
 
-    /// Counts a request refused because its deadline passed while it waited.
-    pub fn expired(&self) {
+    /// Counts a request of priority `level` refused because its deadline
+    /// passed while it waited.
+    pub fn expired(&self, level: u32) {
         self.expired.increment(1);
+        if let Some(l) = self.level(level) {
+            l.expired.increment(1);
+        }
     }
 
-    fn leave(&self, rows: usize, bytes: usize) {
+    /// Requests of priority `level` waiting now.
+    pub fn waiting_at(&self, level: u32) -> usize {
+        self.level(level)
+            .map_or(0, |l| l.waiting.load(Ordering::Acquire))
+    }
+
+    fn level(&self, level: u32) -> Option<&LevelQueue> {
+        self.levels.get(level.checked_sub(1)? as usize)
+    }
+
+    fn leave(&self, rows: usize, bytes: usize, level: u32) {
         self.bytes.fetch_sub(bytes, Ordering::AcqRel);
         let before = self.rows.fetch_sub(rows, Ordering::AcqRel);
         self.depth.set(before.saturating_sub(rows) as f64);
+        if let Some(l) = self.level(level) {
+            let before = l.waiting.fetch_sub(1, Ordering::AcqRel);
+            l.depth.set(before.saturating_sub(1) as f64);
+        }
     }
 }
 
@@ -107,24 +167,43 @@ impl FamilyRows {
 pub struct Ticket {
     rows: usize,
     bytes: usize,
+    /// Its priority level; 0 once released.
+    level: u32,
     model: Arc<ModelQueue>,
     family: Arc<FamilyRows>,
 }
 
 impl Ticket {
-    /// Admits `rows` rows of `bytes` bytes if the model's queue stays within
-    /// both its limits; otherwise counts the rejection and says which limit
-    /// and what was waiting.
+    /// Admits `rows` rows of `bytes` bytes at priority `level` if the model's
+    /// queue stays within its limits (rows, bytes, the level's requests);
+    /// otherwise counts the rejection and says which limit and what was
+    /// waiting.
     pub fn admit(
         model: &Arc<ModelQueue>,
         family: &Arc<FamilyRows>,
         rows: usize,
         bytes: usize,
+        level: u32,
     ) -> Result<Ticket, Refused> {
+        let queue = model.level(level);
+        if let Some(l) = queue {
+            let before = l.waiting.fetch_add(1, Ordering::AcqRel);
+            if l.limit > 0 && before >= l.limit {
+                l.waiting.fetch_sub(1, Ordering::AcqRel);
+                l.full.increment(1);
+                return Err(Refused::Level(before));
+            }
+        }
+        let give_level_back = || {
+            if let Some(l) = queue {
+                l.waiting.fetch_sub(1, Ordering::AcqRel);
+            }
+        };
         let before = model.rows.fetch_add(rows, Ordering::AcqRel);
         if before.saturating_add(rows) > model.limit {
             model.rows.fetch_sub(rows, Ordering::AcqRel);
             model.full.increment(1);
+            give_level_back();
             return Err(Refused::Rows(before));
         }
         let bytes_before = model.bytes.fetch_add(bytes, Ordering::AcqRel);
@@ -132,13 +211,18 @@ impl Ticket {
             model.bytes.fetch_sub(bytes, Ordering::AcqRel);
             model.rows.fetch_sub(rows, Ordering::AcqRel);
             model.bytes_full.increment(1);
+            give_level_back();
             return Err(Refused::Bytes(bytes_before));
         }
         model.depth.set((before + rows) as f64);
+        if let Some(l) = queue {
+            l.depth.set(l.waiting.load(Ordering::Acquire) as f64);
+        }
         family.0.fetch_add(rows, Ordering::AcqRel);
         Ok(Ticket {
             rows,
             bytes,
+            level: if queue.is_some() { level } else { 0 },
             model: Arc::clone(model),
             family: Arc::clone(family),
         })
@@ -149,8 +233,9 @@ impl Ticket {
     pub fn release(&mut self) {
         let rows = std::mem::take(&mut self.rows);
         let bytes = std::mem::take(&mut self.bytes);
-        if rows > 0 || bytes > 0 {
-            self.model.leave(rows, bytes);
+        let level = std::mem::take(&mut self.level);
+        if rows > 0 || bytes > 0 || level > 0 {
+            self.model.leave(rows, bytes, level);
             self.family.0.fetch_sub(rows, Ordering::AcqRel);
         }
     }
@@ -168,18 +253,18 @@ mod tests {
 
     #[test]
     fn the_queue_admits_rows_up_to_its_limit_and_no_further() {
-        let model = Arc::new(ModelQueue::new("m", 8, 1000));
+        let model = Arc::new(ModelQueue::new("m", 8, 1000, &Priorities::default()));
         let family = Arc::new(FamilyRows::default());
-        let six = Ticket::admit(&model, &family, 6, 60).ok();
+        let six = Ticket::admit(&model, &family, 6, 60, 1).ok();
         assert!(six.is_some());
         assert_eq!(
-            Ticket::admit(&model, &family, 3, 30).err(),
+            Ticket::admit(&model, &family, 3, 30, 1).err(),
             Some(Refused::Rows(6)),
             "6 + 3 rows would go over 8"
         );
         assert_eq!(model.rows(), 6, "a refused request leaves nothing behind");
         assert_eq!(family.rows(), 6);
-        let two = Ticket::admit(&model, &family, 2, 20);
+        let two = Ticket::admit(&model, &family, 2, 20, 1);
         assert!(two.is_ok());
         drop(six);
         drop(two);
@@ -188,12 +273,12 @@ mod tests {
 
     #[test]
     fn the_queue_admits_bytes_up_to_its_limit_and_no_further() {
-        let model = Arc::new(ModelQueue::new("m", 100, 1000));
+        let model = Arc::new(ModelQueue::new("m", 100, 1000, &Priorities::default()));
         let family = Arc::new(FamilyRows::default());
-        let big = Ticket::admit(&model, &family, 1, 900).ok();
+        let big = Ticket::admit(&model, &family, 1, 900, 1).ok();
         assert!(big.is_some());
         assert_eq!(
-            Ticket::admit(&model, &family, 1, 200).err(),
+            Ticket::admit(&model, &family, 1, 200, 1).err(),
             Some(Refused::Bytes(900)),
             "one row, but 900 + 200 bytes would go over 1000"
         );
@@ -204,9 +289,9 @@ mod tests {
 
     #[test]
     fn a_ticket_gives_its_rows_back_once() {
-        let model = Arc::new(ModelQueue::new("m", 8, 1000));
+        let model = Arc::new(ModelQueue::new("m", 8, 1000, &Priorities::default()));
         let family = Arc::new(FamilyRows::default());
-        let mut ticket = Ticket::admit(&model, &family, 4, 40).ok();
+        let mut ticket = Ticket::admit(&model, &family, 4, 40, 1).ok();
         if let Some(t) = ticket.as_mut() {
             t.release();
             t.release();
@@ -218,5 +303,34 @@ mod tests {
             (0, 0),
             "dropped after release"
         );
+    }
+
+    #[test]
+    fn each_priority_level_admits_requests_up_to_its_max_queue_size() {
+        let config: tickserve_core::priority::PriorityConfig =
+            toml::from_str("priority_levels = 2\n[priority_queue_policy.2]\nmax_queue_size = 2")
+                .unwrap();
+        let priorities = Priorities::resolve(&config).unwrap();
+        let model = Arc::new(ModelQueue::new("m", 100, 10_000, &priorities));
+        let family = Arc::new(FamilyRows::default());
+        let a = Ticket::admit(&model, &family, 1, 10, 2).unwrap();
+        let _b = Ticket::admit(&model, &family, 1, 10, 2).unwrap();
+        assert_eq!(
+            Ticket::admit(&model, &family, 1, 10, 2).err(),
+            Some(Refused::Level(2))
+        );
+        // Level 1 has no bound of its own.
+        let ones: Vec<Ticket> = (0..10)
+            .map(|_| Ticket::admit(&model, &family, 1, 10, 1).unwrap())
+            .collect();
+        assert_eq!((model.waiting_at(1), model.waiting_at(2)), (10, 2));
+        drop(a);
+        assert!(
+            Ticket::admit(&model, &family, 1, 10, 2).is_ok(),
+            "a place came free"
+        );
+        drop(ones);
+        assert_eq!(model.waiting_at(1), 0);
+        assert_eq!(model.rows(), 1, "only _b waits: refusals left nothing behind");
     }
 }

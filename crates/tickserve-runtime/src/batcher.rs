@@ -24,6 +24,14 @@
 //! without being computed. While the queue closes (shutdown), everything left
 //! goes at once.
 //!
+//! Priority levels (a model's `[priority]`): the queue is kept in level order,
+//! arrival order within a level, so "the oldest request" above is the oldest
+//! of the highest level that has any: strict priority between levels. A batch
+//! is that request's member's requests in queue order, so lower levels fill
+//! room the higher ones leave in the bucket. A request whose level's timeout
+//! passes with the `delay` action moves behind every other request
+//! ([`Batcher::delay_overdue`]).
+//!
 //! The struct holds no channel, thread or clock: time comes in as `now`, so the
 //! policy is tested exactly, case by case, in the tests below.
 
@@ -42,7 +50,21 @@ pub trait Queued {
     fn deadline(&self) -> Option<Instant>;
     /// The family member whose weights it runs with.
     fn member(&self) -> MemberId;
+    /// Its priority level, 1 the highest ([`DELAYED`] after its delay).
+    fn level(&self) -> u32 {
+        1
+    }
+    /// When its level's timeout moves it behind every other request.
+    fn delay_at(&self) -> Option<Instant> {
+        None
+    }
+    /// Moves it behind every level ([`DELAYED`]).
+    fn delay(&mut self) {}
 }
+
+/// The level of a request whose level's timeout passed with the `delay`
+/// action: after every real level.
+pub const DELAYED: u32 = u32::MAX;
 
 /// What an executor that is free should do next.
 #[derive(Debug, PartialEq, Eq)]
@@ -79,14 +101,62 @@ impl<J: Queued> Batcher<J> {
         }
     }
 
+    /// A copy of the queue, for tests that look ahead.
+    #[cfg(test)]
+    fn clone_for_test(&self) -> Batcher<J>
+    where
+        J: Clone,
+    {
+        Batcher {
+            entries: self.entries.clone(),
+            largest: self.largest,
+            max_delay: self.max_delay,
+            one_per_run: self.one_per_run,
+        }
+    }
+
     /// From now on every batch is one request, never two together.
     pub fn one_request_per_run(&mut self) {
         self.one_per_run = true;
     }
 
-    /// Adds an admitted request at the back.
+    /// Adds an admitted request behind every request of its level and the
+    /// levels above, ahead of the levels below.
     pub fn push(&mut self, job: J) {
-        self.entries.push_back(job);
+        let level = job.level();
+        // Most pushes go to the back: search from there.
+        let at = self
+            .entries
+            .iter()
+            .rposition(|j| j.level() <= level)
+            .map_or(0, |i| i + 1);
+        self.entries.insert(at, job);
+    }
+
+    /// Moves every request whose delay time is at or before `now` behind all
+    /// others (its level's timeout passed, with the `delay` action).
+    pub fn delay_overdue(&mut self, now: Instant) {
+        if self
+            .entries
+            .iter()
+            .all(|j| j.delay_at().is_none_or(|d| d > now))
+        {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(self.entries.len());
+        let mut delayed = Vec::new();
+        for mut job in self.entries.drain(..) {
+            if job.delay_at().is_some_and(|d| d <= now) {
+                job.delay();
+                delayed.push(job);
+            } else {
+                kept.push_back(job);
+            }
+        }
+        self.entries = kept;
+        for job in delayed {
+            self.push(job);
+        }
     }
 
     /// True when nothing is queued.
@@ -176,6 +246,8 @@ mod tests {
         at: Instant,
         deadline: Option<Instant>,
         member: MemberId,
+        level: u32,
+        delay_at: Option<Instant>,
     }
 
     impl Queued for Req {
@@ -191,6 +263,16 @@ mod tests {
         fn member(&self) -> MemberId {
             self.member
         }
+        fn level(&self) -> u32 {
+            self.level
+        }
+        fn delay_at(&self) -> Option<Instant> {
+            self.delay_at
+        }
+        fn delay(&mut self) {
+            self.level = DELAYED;
+            self.delay_at = None;
+        }
     }
 
     fn us(n: u64) -> Duration {
@@ -203,7 +285,90 @@ mod tests {
             at,
             deadline: None,
             member: 0,
+            level: 1,
+            delay_at: None,
         }
+    }
+
+    fn at_level(level: u32, rows: usize, at: Instant) -> Req {
+        Req {
+            level,
+            ..req(rows, at)
+        }
+    }
+
+    /// Decides and takes the next batch, as an executor does.
+    fn next_batch(q: &mut Batcher<Req>, now: Instant) -> Vec<Req> {
+        let mut batch = Vec::new();
+        if let Decision::Run(n) = q.decide(now, true) {
+            q.take(n, &mut batch);
+        }
+        batch
+    }
+
+    #[test]
+    fn a_higher_level_goes_first_and_arrival_order_holds_within_a_level() {
+        let t0 = Instant::now();
+        let mut q = Batcher::new(2, us(0));
+        q.push(at_level(2, 1, t0));
+        q.push(at_level(2, 1, t0 + us(1)));
+        q.push(at_level(1, 1, t0 + us(2)));
+        q.push(at_level(3, 1, t0 + us(3)));
+        q.push(at_level(1, 1, t0 + us(4)));
+        let order: Vec<(u32, Instant)> = std::iter::from_fn(|| {
+            let b = next_batch(&mut q, t0 + us(10));
+            (!b.is_empty()).then_some(b)
+        })
+        .flatten()
+        .map(|r| (r.level, r.at))
+        .collect();
+        assert_eq!(
+            order,
+            vec![
+                (1, t0 + us(2)),
+                (1, t0 + us(4)),
+                (2, t0),
+                (2, t0 + us(1)),
+                (3, t0 + us(3)),
+            ]
+        );
+    }
+
+    #[test]
+    fn lower_levels_fill_the_room_a_higher_level_leaves() {
+        let t0 = Instant::now();
+        let mut q = Batcher::new(8, us(0));
+        q.push(at_level(2, 3, t0));
+        q.push(at_level(1, 4, t0 + us(1)));
+        let batch = next_batch(&mut q, t0 + us(2));
+        assert_eq!(
+            batch.iter().map(|r| r.level).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+    }
+
+    #[test]
+    fn a_delayed_request_moves_behind_every_level() {
+        let t0 = Instant::now();
+        let mut q = Batcher::new(1, us(0));
+        q.push(Req {
+            delay_at: Some(t0 + us(100)),
+            ..at_level(1, 1, t0)
+        });
+        q.push(at_level(3, 1, t0 + us(1)));
+        q.push(at_level(2, 1, t0 + us(2)));
+        // Before its delay time it is first.
+        q.delay_overdue(t0 + us(99));
+        assert_eq!(next_batch(&mut q.clone_for_test(), t0 + us(99))[0].level, 1);
+        q.delay_overdue(t0 + us(100));
+        let order: Vec<u32> = std::iter::from_fn(|| {
+            let b = next_batch(&mut q, t0 + us(100));
+            (!b.is_empty()).then_some(b)
+        })
+        .flatten()
+        .map(|r| r.level)
+        .collect();
+        assert_eq!(order, vec![2, 3, DELAYED]);
     }
 
     fn of(member: MemberId, rows: usize, at: Instant) -> Req {
@@ -291,17 +456,13 @@ mod tests {
         let t0 = Instant::now();
         let mut q = Batcher::new(64, us(0));
         q.push(Req {
-            rows: 1,
-            at: t0,
             deadline: Some(t0 + us(10)),
-            member: 0,
+            ..req(1, t0)
         });
         q.push(req(2, t0));
         q.push(Req {
-            rows: 4,
-            at: t0,
             deadline: Some(t0 + us(500)),
-            member: 0,
+            ..req(4, t0)
         });
         let mut expired = Vec::new();
         q.take_expired(t0 + us(10), &mut expired);

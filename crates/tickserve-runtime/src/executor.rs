@@ -229,6 +229,7 @@ impl Executor {
         id: String,
         admitted: Instant,
         deadline: Option<Instant>,
+        level: u32,
     ) -> Result<InferResponse, Error> {
         let started = Instant::now();
         let mut cost = RequestCost {
@@ -238,7 +239,7 @@ impl Executor {
         };
         member.metrics.queue_wait.record(cost.waited.as_secs_f64());
         let result = if deadline.is_some_and(|d| started >= d) {
-            member.queue.expired();
+            member.queue.expired(level);
             Err(Error::DeadlineExceeded {
                 model: member.name.clone(),
                 waited: cost.waited,
@@ -256,7 +257,7 @@ impl Executor {
     /// it is never computed.
     pub fn refuse_expired(&mut self, job: Job) {
         let waited = job.admitted.elapsed();
-        job.member.queue.expired();
+        job.member.queue.expired(job.level);
         job.member.stats.record_request(&RequestCost {
             waited,
             rows: job.request.rows,
@@ -346,6 +347,7 @@ impl Executor {
             job.id,
             job.admitted,
             job.deadline,
+            job.level,
         );
         let _ = job.reply.send(result);
     }

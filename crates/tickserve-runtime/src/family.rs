@@ -99,6 +99,11 @@ pub struct Submission {
     pub admitted: Instant,
     /// When its answer stops being useful.
     pub deadline: Option<Instant>,
+    /// Its priority level, 1 the highest.
+    pub level: u32,
+    /// When it moves behind every other request (its level's timeout, with
+    /// the `delay` action).
+    pub delay_at: Option<Instant>,
 }
 
 impl Family {
@@ -213,9 +218,15 @@ impl Family {
         };
         let rows = submission.request.rows;
         let bytes = submission.request.inputs.iter().map(|d| d.len()).sum();
+        let level = submission.level;
         let ticket =
-            Ticket::admit(&member.queue, &self.rows, rows, bytes).map_err(
-                |refused| match refused {
+            Ticket::admit(&member.queue, &self.rows, rows, bytes, level).map_err(|refused| {
+                match refused {
+                    Refused::Level(queued) => Error::PriorityQueueFull {
+                        model: member.name.clone(),
+                        level,
+                        limit: queued,
+                    },
                     Refused::Rows(queued) => Error::QueueFull {
                         model: member.name.clone(),
                         queued,
@@ -228,8 +239,8 @@ impl Family {
                         bytes,
                         limit: member.queue.byte_limit(),
                     },
-                },
-            )?;
+                }
+            })?;
         let (reply, answer) = oneshot::channel();
         let job = Job {
             member: Arc::clone(member),
@@ -237,6 +248,8 @@ impl Family {
             id: submission.id,
             admitted: submission.admitted,
             deadline: submission.deadline,
+            level,
+            delay_at: submission.delay_at,
             ticket,
             reply,
         };
@@ -259,6 +272,9 @@ impl Family {
 
     /// Runs `submission` on the caller's thread if it may (see
     /// [`Family::submit`]); gives it back otherwise.
+    // The `Err` side is the submission handed back, not an error: moving its
+    // 136 bytes is cheaper than a box per request.
+    #[allow(clippy::result_large_err)]
     fn run_at_once(
         &self,
         member: &Member,
@@ -276,6 +292,7 @@ impl Family {
                     submission.id,
                     submission.admitted,
                     submission.deadline,
+                    submission.level,
                 ));
             }
         }

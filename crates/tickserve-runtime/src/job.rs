@@ -16,7 +16,7 @@ use tickserve_core::{Error, InferResponse, MemberId};
 use tokio::sync::oneshot;
 
 use crate::admission::Ticket;
-use crate::batcher::Queued;
+use crate::batcher::{DELAYED, Queued};
 use crate::member::Member;
 
 /// One admitted request, queued for its family's executors.
@@ -32,6 +32,11 @@ pub struct Job {
     pub admitted: Instant,
     /// After this the request is answered DEADLINE_EXCEEDED instead of computed.
     pub deadline: Option<Instant>,
+    /// Its priority level, 1 the highest; [`DELAYED`] once its level's
+    /// timeout moved it behind every other request.
+    pub level: u32,
+    /// When its level's timeout moves it behind every other request.
+    pub delay_at: Option<Instant>,
     /// Its rows in the queue counts, until it leaves the queue.
     pub ticket: Ticket,
     /// Where the answer goes; the receiver may have been dropped (the caller left).
@@ -50,5 +55,15 @@ impl Queued for Job {
     }
     fn member(&self) -> MemberId {
         self.member.id
+    }
+    fn level(&self) -> u32 {
+        self.level
+    }
+    fn delay_at(&self) -> Option<Instant> {
+        self.delay_at
+    }
+    fn delay(&mut self) {
+        self.level = DELAYED;
+        self.delay_at = None;
     }
 }

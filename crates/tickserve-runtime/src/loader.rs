@@ -66,6 +66,7 @@ impl Candidate {
                     &self.name,
                     settings.max_queue_rows,
                     settings.max_queue_bytes,
+                    &settings.priorities,
                 )),
             })
             .clone()

@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use tickserve_core::durations;
+use tickserve_core::priority::TimeoutAction;
 use tickserve_core::validate::validate;
 use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, metrics as names};
 
@@ -148,6 +149,15 @@ impl ModelHandle {
                 .default_timeout
                 .map(|t| durations::deadline_after(admitted, t))
         });
+        // Its priority level; the level's timeout is a deadline (reject) or
+        // the time it moves behind every other request (delay). A request's
+        // own deadline always holds.
+        let placement = self.settings.priorities.place(request.priority, admitted);
+        let (deadline, delay_at) = match (placement.action, placement.timeout_at) {
+            (_, None) => (deadline, None),
+            (TimeoutAction::Reject, Some(at)) => (Some(deadline.map_or(at, |d| d.min(at))), None),
+            (TimeoutAction::Delay, Some(at)) => (deadline, Some(at)),
+        };
         let Some(replica) = self.route() else {
             return Err(Error::ModelNotReady {
                 model: self.name.clone(),
@@ -163,6 +173,8 @@ impl ModelHandle {
             id: request.id,
             admitted,
             deadline,
+            level: placement.level,
+            delay_at,
         };
         let answer = replica.family.submit(&replica.member, submission).await?;
         Ok(match monte_carlo {

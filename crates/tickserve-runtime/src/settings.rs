@@ -7,6 +7,7 @@ use std::time::Duration;
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::monte_carlo::MonteCarloSettings;
+use tickserve_core::priority::Priorities;
 use tickserve_core::validate::Limits;
 use tickserve_core::{Buckets, TensorSpec};
 
@@ -31,6 +32,8 @@ pub struct ModelSettings {
     pub mixed_rows: MixedRows,
     /// Monte Carlo input noise: the most samples, which inputs are perturbed.
     pub monte_carlo: MonteCarloSettings,
+    /// Priority levels and their queue policies.
+    pub priorities: Priorities,
 }
 
 impl ModelSettings {
@@ -82,6 +85,8 @@ impl ModelSettings {
             default_timeout: config.timeout,
             mixed_rows: config.mixed_rows.unwrap_or_default(),
             monte_carlo: MonteCarloSettings::resolve(&config.monte_carlo, inputs, max_queue_rows)?,
+            priorities: Priorities::resolve(&config.priority)
+                .map_err(|e| format!("priority.{e}"))?,
         })
     }
 }

@@ -107,6 +107,7 @@ impl<J: Queued> Intake<J> {
             }
             let now = Instant::now();
             self.batcher.take_expired(now, expired);
+            self.batcher.delay_overdue(now);
             if !expired.is_empty() {
                 return true; // answer them now, then come back
             }

@@ -219,7 +219,12 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
         health: Arc::default(),
     };
     let mut executor = Executor::new(model, links.clone(), 0);
-    let queue = Arc::new(ModelQueue::new("alpha_mlp", 64, 1 << 20));
+    let queue = Arc::new(ModelQueue::new(
+        "alpha_mlp",
+        64,
+        1 << 20,
+        &Default::default(),
+    ));
     let member = Arc::new(Member::new(
         0,
         Version {
@@ -247,7 +252,9 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
             id: format!("{first}"),
             admitted: Instant::now(),
             deadline: None,
-            ticket: Ticket::admit(&queue, &family_rows, 1, 200).unwrap(),
+            level: 1,
+            delay_at: None,
+            ticket: Ticket::admit(&queue, &family_rows, 1, 200, 1).unwrap(),
             reply,
         });
         answers.push(answer);

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use tickserve_core::priority::{Priorities, QueuePolicy, TimeoutAction};
 use tickserve_core::{DataType, Device, TensorSpec};
 use tickserve_runtime::stats::Stat;
 use tickserve_runtime::{Loaded, ModelHandle};
@@ -86,6 +87,51 @@ pub struct DynamicBatchingView {
     pub preferred_batch_size: Vec<usize>,
     /// The configured `max_queue_delay`, in microseconds.
     pub max_queue_delay_microseconds: u64,
+    /// Priority levels (0: none), as Triton reports them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub priority_levels: u64,
+    /// The level of a request without a valid `priority`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub default_priority_level: u64,
+    /// The policy of levels without their own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_queue_policy: Option<QueuePolicyView>,
+    /// Each level's policy, by level.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub priority_queue_policy: BTreeMap<u64, QueuePolicyView>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A priority level's queue policy, as Triton's `ModelQueuePolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct QueuePolicyView {
+    /// `REJECT` or `DELAY`.
+    pub timeout_action: &'static str,
+    /// The level's timeout; 0 for none.
+    pub default_timeout_microseconds: u64,
+    /// Always true: tickserve honours a request's own timeout.
+    pub allow_timeout_override: bool,
+    /// The most requests of the level waiting; 0 for no bound of its own.
+    pub max_queue_size: u64,
+}
+
+impl From<QueuePolicy> for QueuePolicyView {
+    fn from(p: QueuePolicy) -> Self {
+        QueuePolicyView {
+            timeout_action: match p.timeout_action {
+                TimeoutAction::Reject => "REJECT",
+                TimeoutAction::Delay => "DELAY",
+            },
+            default_timeout_microseconds: p
+                .timeout
+                .map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
+            allow_timeout_override: true,
+            max_queue_size: p.max_queue_size as u64,
+        }
+    }
 }
 
 /// A configuration parameter.
@@ -134,6 +180,7 @@ impl ModelConfigView {
                     loaded.settings.max_queue_delay.as_micros(),
                 )
                 .unwrap_or(u64::MAX),
+                ..priority_view(&loaded.settings.priorities)
             },
             parameters: monte_carlo_parameters(loaded)
                 .into_iter()
@@ -142,6 +189,30 @@ impl ModelConfigView {
                 .collect(),
         }
     }
+}
+
+/// The priority fields of `dynamic_batching`: empty for a model without levels.
+fn priority_view(p: &Priorities) -> DynamicBatchingView {
+    let mut view = DynamicBatchingView {
+        preferred_batch_size: Vec::new(),
+        max_queue_delay_microseconds: 0,
+        priority_levels: 0,
+        default_priority_level: 0,
+        default_queue_policy: None,
+        priority_queue_policy: BTreeMap::new(),
+    };
+    if p.configured {
+        view.priority_levels = p.policies.len() as u64;
+        view.default_priority_level = u64::from(p.default_level);
+        view.default_queue_policy = Some(p.policy(p.default_level).into());
+        view.priority_queue_policy = p
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(i, policy)| (i as u64 + 1, (*policy).into()))
+            .collect();
+    }
+    view
 }
 
 /// What a Monte Carlo request to this model may ask and gets back, for the
@@ -327,6 +398,7 @@ mod tests {
                     max_samples: 1024,
                     perturbed: vec![Some(Vec::new())],
                 },
+                priorities: Default::default(),
             },
             family_key: "f00d".into(),
             shares_graph: true,
@@ -334,7 +406,7 @@ mod tests {
             placements,
             load_time: Duration::ZERO,
             stats: Arc::new(ModelStats::new(3)),
-            queue: Arc::new(ModelQueue::new("m", 1024, 1 << 20)),
+            queue: Arc::new(ModelQueue::new("m", 1024, 1 << 20, &Default::default())),
         }
     }
 
@@ -384,6 +456,10 @@ mod tests {
             DynamicBatchingView {
                 preferred_batch_size: vec![1, 8, 32],
                 max_queue_delay_microseconds: 40,
+                priority_levels: 0,
+                default_priority_level: 0,
+                default_queue_policy: None,
+                priority_queue_policy: BTreeMap::new(),
             }
         );
         assert_eq!(view.max_batch_size, 96);

@@ -34,6 +34,16 @@ const PINNED: &[(&str, &str, &[&str])] = &[
     ),
     ("tickserve_model_ready", "gauge", &["model", "version"]),
     ("tickserve_padded_rows", "histogram", &["model"]),
+    (
+        "tickserve_priority_queue_requests",
+        "gauge",
+        &["level", "model"],
+    ),
+    (
+        "tickserve_priority_rejections_total",
+        "counter",
+        &["level", "model", "reason"],
+    ),
     ("tickserve_process_cpu_seconds_total", "counter", &[]),
     ("tickserve_process_resident_memory_bytes", "gauge", &[]),
     ("tickserve_queue_duration_seconds", "histogram", &["model"]),

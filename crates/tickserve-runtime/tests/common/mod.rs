@@ -34,5 +34,6 @@ pub fn request(model: &str, input: &str, shape: Vec<i64>, values: &[f32]) -> Inf
         outputs: None,
         deadline: None,
         monte_carlo: None,
+        priority: 0,
     }
 }

@@ -101,6 +101,23 @@ pub fn decode(
             },
         )
     })?;
+    let priority = match request
+        .parameters
+        .get("priority")
+        .and_then(|p| p.parameter_choice.as_ref())
+    {
+        None => 0,
+        Some(pb::infer_parameter::ParameterChoice::Uint64Param(p)) => *p,
+        Some(pb::infer_parameter::ParameterChoice::Int64Param(p)) if *p >= 0 => *p as u64,
+        Some(other) => {
+            return Err(Error::request(
+                &model,
+                format!(
+                    "parameter priority must be an integer of 0 or more (1 is the highest level); got {other:?}"
+                ),
+            ));
+        }
+    };
     let outputs = (!request.outputs.is_empty())
         .then(|| request.outputs.into_iter().map(|o| o.name).collect());
     let version = (!request.model_version.is_empty()).then_some(request.model_version);
@@ -113,6 +130,7 @@ pub fn decode(
             outputs,
             deadline,
             monte_carlo,
+            priority,
         },
         raw,
     ))

@@ -131,6 +131,20 @@ fn tensor_metadata(specs: &[TensorSpec]) -> Vec<pb::model_metadata_response::Ten
         .collect()
 }
 
+fn queue_policy(view: crate::model_view::QueuePolicyView) -> pb::ModelQueuePolicy {
+    use pb::model_queue_policy::TimeoutAction;
+    pb::ModelQueuePolicy {
+        timeout_action: if view.timeout_action == "DELAY" {
+            TimeoutAction::Delay
+        } else {
+            TimeoutAction::Reject
+        } as i32,
+        default_timeout_microseconds: view.default_timeout_microseconds,
+        allow_timeout_override: view.allow_timeout_override,
+        max_queue_size: u32::try_from(view.max_queue_size).unwrap_or(u32::MAX),
+    }
+}
+
 fn config_type(datatype: tickserve_core::DataType) -> i32 {
     use pb::DataType as P;
     use tickserve_core::DataType as D;
@@ -238,6 +252,15 @@ fn model_config(view: ModelConfigView) -> pb::ModelConfig {
                 .map(|&s| i32::try_from(s).unwrap_or(i32::MAX))
                 .collect(),
             max_queue_delay_microseconds: view.dynamic_batching.max_queue_delay_microseconds,
+            priority_levels: view.dynamic_batching.priority_levels,
+            default_priority_level: view.dynamic_batching.default_priority_level,
+            default_queue_policy: view.dynamic_batching.default_queue_policy.map(queue_policy),
+            priority_queue_policy: view
+                .dynamic_batching
+                .priority_queue_policy
+                .iter()
+                .map(|(level, policy)| (*level, queue_policy(*policy)))
+                .collect(),
         }),
         parameters: view
             .parameters

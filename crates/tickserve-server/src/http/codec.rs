@@ -268,6 +268,15 @@ pub fn decode(
             _ => ParamValue::Str("a JSON object, list or null"),
         })
     })?;
+    let priority = match params.and_then(|p| p.get("priority")) {
+        None => 0,
+        Some(value) => value.as_u64().ok_or_else(|| {
+            Error::request(
+                model,
+                format!("parameter priority must be an integer of 0 or more (1 is the highest level); got {value}"),
+            )
+        })?,
+    };
     let deadline = param_u64(params, "timeout")
         .map(|us| durations::deadline_after(Instant::now(), Duration::from_micros(us)));
     Ok(Decoded {
@@ -279,6 +288,7 @@ pub fn decode(
             outputs,
             deadline,
             monte_carlo,
+            priority,
         },
         binary_outputs,
         binary_default,

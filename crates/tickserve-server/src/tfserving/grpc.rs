@@ -172,6 +172,7 @@ fn predict_request(
         outputs,
         deadline: timeout.map(|d| tickserve_core::durations::deadline_after(Instant::now(), d)),
         monte_carlo: None,
+        priority: 0,
     })
 }
 

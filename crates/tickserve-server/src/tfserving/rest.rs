@@ -251,6 +251,7 @@ async fn predict(
         outputs: None,
         deadline: timeout.map(|d| durations::deadline_after(Instant::now(), d)),
         monte_carlo: None,
+        priority: 0,
     };
     let response = handle.infer(request).await?;
     let format: Format = decoded.format;
