@@ -331,6 +331,10 @@ mod tests {
         );
         drop(ones);
         assert_eq!(model.waiting_at(1), 0);
-        assert_eq!(model.rows(), 1, "only _b waits: refusals left nothing behind");
+        assert_eq!(
+            model.rows(),
+            1,
+            "only _b waits: refusals left nothing behind"
+        );
     }
 }
