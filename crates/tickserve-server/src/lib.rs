@@ -15,7 +15,7 @@
 /// and the rest, which the dynamically loaded library binds to. Under glibc's
 /// allocator the resident memory crept under steady load (docs/performance.md,
 /// "Soak"); jemalloc also reports its live bytes (`tickserve_heap_*`).
-#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[cfg(all(feature = "jemalloc", target_os = "linux", not(target_env = "musl")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

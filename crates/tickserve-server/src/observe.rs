@@ -59,7 +59,7 @@ pub fn render() -> String {
 
 /// Reads jemalloc's live and resident bytes (fresh: the stats epoch is
 /// advanced first).
-#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[cfg(all(feature = "jemalloc", target_os = "linux", not(target_env = "musl")))]
 fn record_heap() {
     use tikv_jemalloc_ctl::{epoch, stats};
     if epoch::advance().is_err() {
@@ -74,7 +74,7 @@ fn record_heap() {
 }
 
 /// Elsewhere the process allocator is the system's, which reports nothing.
-#[cfg(not(all(target_os = "linux", not(target_env = "musl"))))]
+#[cfg(not(all(feature = "jemalloc", target_os = "linux", not(target_env = "musl"))))]
 fn record_heap() {}
 
 /// Reads the process's resident memory and CPU time from `/proc/self` (Linux;
