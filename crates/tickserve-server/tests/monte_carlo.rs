@@ -262,12 +262,7 @@ async fn monte_carlo_answers_are_summaries_and_repeat_with_a_seed() {
     assert_eq!(status, 200);
 
     // The model configuration says what a Monte Carlo answer holds.
-    let config: Value = reqwest::get(format!("{base}/v2/models/alpha_mlp/config"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = common::get_json(&format!("{base}/v2/models/alpha_mlp/config")).await;
     assert_eq!(
         config["parameters"]["monte_carlo_inputs"]["string_value"],
         "features"

@@ -142,23 +142,13 @@ async fn a_full_lower_level_is_shed_while_the_higher_level_is_served() {
     }
 
     // The model configuration reports the levels as Triton does.
-    let config: Value = reqwest::get(format!("{base}/v2/models/seq_bounded/config"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = common::get_json(&format!("{base}/v2/models/seq_bounded/config")).await;
     let batching = &config["dynamic_batching"];
     assert_eq!(batching["priority_levels"], 2);
     assert_eq!(batching["default_priority_level"], 2);
     assert_eq!(batching["priority_queue_policy"]["2"]["max_queue_size"], 2);
     assert_eq!(batching["priority_queue_policy"]["1"]["max_queue_size"], 0);
-    let reject: Value = reqwest::get(format!("{base}/v2/models/seq_reject/config"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reject = common::get_json(&format!("{base}/v2/models/seq_reject/config")).await;
     assert_eq!(
         reject["dynamic_batching"]["priority_queue_policy"]["2"]["default_timeout_microseconds"],
         1

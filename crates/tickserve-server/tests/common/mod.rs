@@ -149,6 +149,11 @@ pub fn flood(
         .collect()
 }
 
+/// The JSON a GET of `url` answers.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
 /// The Prometheus text of the server at `base` (`http://host:port`).
 pub async fn metrics_text(base: &str) -> String {
     reqwest::get(format!("{base}/metrics"))
