@@ -22,6 +22,7 @@ import sys
 import urllib.request
 
 import numpy as np
+from reference import check  # noqa: E402 (beside this script)
 import onnxruntime as ort
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
@@ -32,11 +33,6 @@ ROWS = 3
 Z = 5.0
 MODELS = ["alpha_mlp", "seq_lstm"]
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
 
 
 def infer(http, model, body):

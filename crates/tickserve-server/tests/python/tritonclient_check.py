@@ -18,27 +18,11 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from reference import RTOL, check, compare  # noqa: E402 (beside this script)
 
 # Every bucket of the default [1, 2, 4, 8, 16, 32, 64]: 3 → 4, 17 → 32, 33 → 64,
 # 65 → 64 + 1, 200 → 3 × 64 + 8.
 ROWS = [1, 2, 3, 8, 16, 17, 33, 64, 65, 200]
-RTOL = 1e-5
-ATOL = 1e-7  # only for reference values that are exactly or nearly zero
-
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
-
-
-def compare(got, want, what):
-    check(got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}")
-    check(got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}")
-    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-    bound = RTOL * np.abs(want.astype(np.float64)) + ATOL
-    worst = float(np.max(err / bound)) if err.size else 0.0
-    check(np.all(err <= bound), f"{what}: max error {err.max()} over bound (worst ratio {worst:.2f})")
 
 
 def main():
