@@ -7,6 +7,9 @@
 Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
   alpha_mlp       float32 [batch, 50] -> Gemm 50x64 -> Relu -> Gemm 64x3 -> Softmax -> [batch, 3]
   seq_lstm        float32 [batch, 30, 8] -> ONNX LSTM (hidden 16) -> Gemm 16x1 -> [batch, 1]
+  seq_lstm_step   one tick of seq_lstm, with its weights: tick [batch, 8], h_in, c_in [batch, 16]
+                  -> prediction [batch, 1], h_out, c_out [batch, 16]; a stateful sequence
+                  model (model.toml pairs h_in/h_out and c_in/c_out): the server keeps h, c
   tick_000..007   float32 [batch, 16] -> Gemm 16x32 -> Relu -> Gemm 32x1 -> [batch, 1],
                   one architecture, eight sets of weights (one per instrument)
 
@@ -91,6 +94,54 @@ def lstm(rng, name, seq, features, hidden, seq_dim=None):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+def lstm_step(rng, name, features, hidden):
+    """One step of `lstm` (same weights for the same generator): the state comes in and out."""
+    w = numpy_helper.from_array(weights(rng, 1, 4 * hidden, features), "lstm_w")
+    r = numpy_helper.from_array(weights(rng, 1, 4 * hidden, hidden), "lstm_r")
+    b = numpy_helper.from_array(weights(rng, 1, 8 * hidden, scale=0.1), "lstm_b")
+    wo = numpy_helper.from_array(weights(rng, 1, hidden), "head_w")
+    bo = numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b")
+    axes = numpy_helper.from_array(np.array([0], dtype=np.int64), "axes")
+    nodes = [
+        helper.make_node("Unsqueeze", ["tick", "axes"], ["x"]),
+        helper.make_node("Unsqueeze", ["h_in", "axes"], ["h0"]),
+        helper.make_node("Unsqueeze", ["c_in", "axes"], ["c0"]),
+        helper.make_node("LSTM", ["x", "lstm_w", "lstm_r", "lstm_b", "", "h0", "c0"],
+                         ["", "h1", "c1"], hidden_size=hidden),
+        helper.make_node("Squeeze", ["h1", "axes"], ["h_out"]),
+        helper.make_node("Squeeze", ["c1", "axes"], ["c_out"]),
+        helper.make_node("Gemm", ["h_out", "head_w", "head_b"], ["prediction"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("tick", TensorProto.FLOAT, ["batch", features]),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["batch", hidden]),
+         helper.make_tensor_value_info("c_in", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("prediction", TensorProto.FLOAT, ["batch", 1]),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["batch", hidden]),
+         helper.make_tensor_value_info("c_out", TensorProto.FLOAT, ["batch", hidden])],
+        [w, r, b, wo, bo, axes],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+SEQ_LSTM_STEP_TOML = """\
+# One tick of seq_lstm, stateful: clients send only `tick`; the server keeps h and c
+# per sequence (docs/sequences.md).
+[sequence]
+max_sequence_idle = "0s"   # never expire: a sequence lives for the trading day
+max_sequences = 4096
+
+[[sequence.state]]
+input = "h_in"
+output = "h_out"
+
+[[sequence.state]]
+input = "c_in"
+output = "c_out"
+"""
+
+
 def every_cuda_op(rng):
     """x [batch, 24] through every op the CUDA engine imports; outputs [batch, 16] and [batch, 3]."""
     init = [
@@ -149,6 +200,8 @@ def sample_repository(root):
     save(mlp(np.random.default_rng(1), "alpha_mlp", 50, 64, 3, softmax=True,
              out_name="probabilities"), root, "alpha_mlp")
     save(lstm(np.random.default_rng(2), "seq_lstm", 30, 8, 16), root, "seq_lstm")
+    save(lstm_step(np.random.default_rng(2), "seq_lstm_step", 8, 16), root, "seq_lstm_step",
+         config=SEQ_LSTM_STEP_TOML)
     for i in range(8):
         save(mlp(np.random.default_rng(100 + i), "tick_mlp", 16, 32, 1), root, f"tick_{i:03d}")
 

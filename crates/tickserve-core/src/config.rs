@@ -329,6 +329,8 @@ pub struct ModelConfig {
     pub monte_carlo: crate::monte_carlo::MonteCarloConfig,
     /// Priority levels and their queue policies (Triton's names).
     pub priority: crate::priority::PriorityConfig,
+    /// Stateful sequences: state pairs, idle policy, table bound.
+    pub sequence: crate::sequence::SequenceConfig,
 }
 
 impl ModelConfig {

@@ -125,6 +125,41 @@ pub enum Error {
         /// The level's `max_queue_size`.
         limit: usize,
     },
+    /// The request continues a sequence the model does not keep: never
+    /// started, ended, or dropped.
+    #[error(
+        "model '{model}': sequence {sequence} is not active (never started, ended, or dropped); \
+         send its first request with sequence_start = true"
+    )]
+    SequenceNotActive {
+        /// The model asked for.
+        model: String,
+        /// The sequence id, as the client wrote it.
+        sequence: String,
+    },
+    /// The request continues a sequence that sat idle past `max_sequence_idle`
+    /// and was ended.
+    #[error(
+        "model '{model}': sequence {sequence} expired after {idle} idle (the model's \
+         max_sequence_idle); its state is gone: start it again with sequence_start = true"
+    )]
+    SequenceExpired {
+        /// The model asked for.
+        model: String,
+        /// The sequence id.
+        sequence: String,
+        /// The model's `max_sequence_idle`, for people.
+        idle: String,
+    },
+    /// The model keeps as many sequences as it may, or one sequence has as
+    /// many requests waiting for their turn as it may.
+    #[error("model '{model}': {message}; retry later")]
+    SequencesFull {
+        /// The model asked for.
+        model: String,
+        /// Which bound, with its value.
+        message: String,
+    },
     /// The server holds `limit` bytes of requests in flight; this one was not admitted.
     #[error(
         "server is at its limit of {limit} bytes of requests in flight (server.max_inflight_bytes); retry later"
@@ -281,11 +316,14 @@ impl Error {
             Error::InvalidInput { .. }
             | Error::InvalidRequest { .. }
             | Error::TooManyRows { .. }
+            | Error::SequenceNotActive { .. }
+            | Error::SequenceExpired { .. }
             | Error::LoadFailed { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
             Error::QueueFull { .. }
             | Error::QueueBytesFull { .. }
             | Error::PriorityQueueFull { .. }
+            | Error::SequencesFull { .. }
             | Error::Overloaded { .. }
             | Error::OverloadedBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod monte_carlo;
 pub mod priority;
 pub mod request;
+pub mod sequence;
 pub mod signature;
 pub mod validate;
 

@@ -47,6 +47,15 @@ pub const PRIORITY_QUEUE_REQUESTS: &str = "tickserve_priority_queue_requests";
 /// (`queue_full`: its `max_queue_size`; `timeout`: refused once waiting
 /// past a deadline, its level's `default_timeout` with `reject` included).
 pub const PRIORITY_REJECTIONS: &str = "tickserve_priority_rejections_total";
+/// Sequences a stateful model keeps now, labelled `model`.
+pub const SEQUENCES_ACTIVE: &str = "tickserve_sequences_active";
+/// Sequences started (`sequence_start`, a state write, a restart after
+/// expiry), labelled `model`.
+pub const SEQUENCE_STARTS: &str = "tickserve_sequence_starts_total";
+/// Sequences ended (`sequence_end`, or dropped), labelled `model`.
+pub const SEQUENCE_ENDS: &str = "tickserve_sequence_ends_total";
+/// Sequences ended for sitting idle past `max_sequence_idle`, labelled `model`.
+pub const SEQUENCE_EXPIRIES: &str = "tickserve_sequence_expiries_total";
 /// Bytes the server's live allocations hold (jemalloc's `stats.allocated`,
 /// read at each scrape): what a leak would grow, without the allocator's own
 /// free pages.
@@ -122,6 +131,26 @@ pub fn describe() {
         PRIORITY_REJECTIONS,
         Unit::Count,
         "Requests a priority level refused (queue_full, timeout)."
+    );
+    describe_gauge!(
+        SEQUENCES_ACTIVE,
+        Unit::Count,
+        "Sequences a stateful model keeps now."
+    );
+    describe_counter!(
+        SEQUENCE_STARTS,
+        Unit::Count,
+        "Sequences started (sequence_start, a state write, a restart after expiry)."
+    );
+    describe_counter!(
+        SEQUENCE_ENDS,
+        Unit::Count,
+        "Sequences ended (sequence_end, or dropped)."
+    );
+    describe_counter!(
+        SEQUENCE_EXPIRIES,
+        Unit::Count,
+        "Sequences ended for sitting idle past max_sequence_idle."
     );
     describe_gauge!(
         HEAP_ALLOCATED,

@@ -829,6 +829,7 @@ mod tests {
                     .collect(),
             }],
             timing: Default::default(),
+            sequence_restarted: false,
         };
         let plan = settings
             .plan("m", &s, &mc(5, 1, Summary::Moments), 1)

@@ -47,6 +47,9 @@ pub struct InferRequest {
     /// The `priority` parameter: 1 is the highest level; 0 (or a level the
     /// model does not have) is the model's default level.
     pub priority: u64,
+    /// Which sequence the request continues (`sequence_id` and its start
+    /// and end flags), for a stateful model.
+    pub sequence: Option<crate::sequence::SequenceControl>,
 }
 
 /// One output tensor of a response.
@@ -75,6 +78,10 @@ pub struct InferResponse {
     pub outputs: Vec<OutputTensor>,
     /// Where the time went, reported back to the client.
     pub timing: Timing,
+    /// True when the request's sequence had sat idle past the model's
+    /// `max_sequence_idle` and started afresh (`idle_action = "restart"`):
+    /// the response parameter `sequence_restarted`.
+    pub sequence_restarted: bool,
 }
 
 /// Time a request spent in the server, by stage.

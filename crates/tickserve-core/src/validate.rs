@@ -295,6 +295,7 @@ mod tests {
             deadline: None,
             monte_carlo: None,
             priority: 0,
+            sequence: None,
         };
         let limits = Limits {
             max_request_rows: 8,
@@ -336,6 +337,7 @@ mod tests {
             deadline: None,
             monte_carlo: None,
             priority: 0,
+            sequence: None,
         }
     }
 

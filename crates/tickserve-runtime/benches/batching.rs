@@ -47,6 +47,7 @@ fn one_row() -> InferRequest {
         deadline: None,
         monte_carlo: None,
         priority: 0,
+        sequence: None,
     }
 }
 

@@ -335,6 +335,7 @@ impl Executor {
                 id: job.id,
                 outputs,
                 timing: cost.timing(),
+                sequence_restarted: false,
             }));
         }
     }
@@ -462,6 +463,7 @@ impl Executor {
             id,
             outputs,
             timing: cost.timing(),
+            sequence_restarted: false,
         })
     }
 }

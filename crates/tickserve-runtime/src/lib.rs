@@ -17,6 +17,7 @@
 //! | [`worker`] | an executor thread: compile, time the inline budget, serve batches from the intake |
 //! | [`family`] | a compiled graph on its executors and its queue; `submit` runs at once or admits |
 //! | [`repository`] | the repository on disk |
+//! | [`sequences`] | a stateful model's sequences: their state, their turns, expiry |
 //! | [`models`] | the registry: handles, versions, the index; `ModelHandle::infer` |
 //! | [`loader`] | loading many versions into families in parallel |
 //! | this file | the [`Runtime`] facade |
@@ -37,6 +38,7 @@ pub mod loader;
 pub mod member;
 pub mod models;
 pub mod repository;
+pub mod sequences;
 pub mod settings;
 pub mod stats;
 pub mod worker;

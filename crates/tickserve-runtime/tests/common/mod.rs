@@ -35,5 +35,6 @@ pub fn request(model: &str, input: &str, shape: Vec<i64>, values: &[f32]) -> Inf
         deadline: None,
         monte_carlo: None,
         priority: 0,
+        sequence: None,
     }
 }

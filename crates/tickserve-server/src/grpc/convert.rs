@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::durations;
 use tickserve_core::monte_carlo::{self, ParamValue};
+use tickserve_core::sequence;
 use tickserve_core::request::MAX_ID_BYTES;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
@@ -89,7 +90,7 @@ pub fn decode(
         .flatten()
         .min()
         .map(|t| durations::deadline_after(Instant::now(), t));
-    let monte_carlo = monte_carlo::from_parameters(&model, |name| {
+    let param = |name: &str| {
         use pb::infer_parameter::ParameterChoice as P;
         Some(
             match request.parameters.get(name)?.parameter_choice.as_ref()? {
@@ -100,7 +101,9 @@ pub fn decode(
                 P::Uint64Param(u) => ParamValue::Uint(*u),
             },
         )
-    })?;
+    };
+    let monte_carlo = monte_carlo::from_parameters(&model, param)?;
+    let sequence = sequence::from_parameters(&model, param)?;
     let priority = match request
         .parameters
         .get("priority")
@@ -131,6 +134,7 @@ pub fn decode(
             deadline,
             monte_carlo,
             priority,
+            sequence,
         },
         raw,
     ))

@@ -19,6 +19,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tickserve_core::durations;
 use tickserve_core::monte_carlo::{self, ParamValue};
+use tickserve_core::sequence;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 
@@ -254,7 +255,7 @@ pub fn decode(
             (Some(names), Some(flags))
         }
     };
-    let monte_carlo = monte_carlo::from_parameters(model, |name| {
+    let param = |name: &str| {
         Some(match params?.get(name)? {
             Value::Bool(b) => ParamValue::Bool(*b),
             Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
@@ -267,7 +268,9 @@ pub fn decode(
             // An object, list or null: reported as what it is.
             _ => ParamValue::Str("a JSON object, list or null"),
         })
-    })?;
+    };
+    let monte_carlo = monte_carlo::from_parameters(model, param)?;
+    let sequence = sequence::from_parameters(model, param)?;
     let priority = match params.and_then(|p| p.get("priority")) {
         None => 0,
         Some(value) => value.as_u64().ok_or_else(|| {
@@ -289,6 +292,7 @@ pub fn decode(
             deadline,
             monte_carlo,
             priority,
+            sequence,
         },
         binary_outputs,
         binary_default,
@@ -663,6 +667,7 @@ mod tests {
                 data: 5f32.to_le_bytes().to_vec(),
             }],
             timing: Default::default(),
+            sequence_restarted: false,
         };
         let e = encode(&response, &[true]);
         let n = e.header_length.unwrap();

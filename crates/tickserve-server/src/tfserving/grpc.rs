@@ -173,6 +173,7 @@ fn predict_request(
         deadline: timeout.map(|d| tickserve_core::durations::deadline_after(Instant::now(), d)),
         monte_carlo: None,
         priority: 0,
+        sequence: None,
     })
 }
 

@@ -914,6 +914,7 @@ mod tests {
                     .collect(),
             }],
             timing: Default::default(),
+            sequence_restarted: false,
         };
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),
@@ -949,6 +950,7 @@ mod tests {
                 },
             ],
             timing: Default::default(),
+            sequence_restarted: false,
         };
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),

@@ -252,6 +252,7 @@ async fn predict(
         deadline: timeout.map(|d| durations::deadline_after(Instant::now(), d)),
         monte_carlo: None,
         priority: 0,
+        sequence: None,
     };
     let response = handle.infer(request).await?;
     let format: Format = decoded.format;

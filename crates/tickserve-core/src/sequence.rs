@@ -1,0 +1,569 @@
+//! Stateful sequences (Triton's sequence extension with implicit state): what
+//! a model declares in `model.toml`, what a request says about its sequence,
+//! and the split between the graph's signature and the one clients see.
+//!
+//! A stateful model's graph takes its recurrent state as inputs and gives the
+//! next state as outputs (`h_in` → `h_out`). `[[sequence.state]]` pairs them;
+//! clients then send only the other inputs (the tick) and see only the other
+//! outputs: the server keeps each sequence's state between its requests
+//! (`tickserve_runtime::sequences`). A request names its sequence with the
+//! parameters `sequence_id` (an unsigned integer, or a string),
+//! `sequence_start` and `sequence_end`, as Triton's clients send them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Deserializer};
+
+use crate::durations;
+use crate::monte_carlo::ParamValue;
+use crate::{Error, Signature, TensorSpec};
+
+/// The longest `max_sequence_idle`: a trading week.
+pub const MAX_SEQUENCE_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The most sequences a model may keep (`max_sequences`).
+pub const MAX_SEQUENCES: usize = 1_000_000;
+
+/// The default `max_sequences`.
+pub const DEFAULT_MAX_SEQUENCES: usize = 4096;
+
+/// The longest string `sequence_id`, in bytes.
+pub const MAX_SEQUENCE_ID_BYTES: usize = 256;
+
+/// The most requests of one sequence waiting for their turn; one more is
+/// refused (RESOURCE_EXHAUSTED). A sequence's requests run one at a time, so
+/// a client that sends hundreds ahead gains nothing.
+pub const MAX_PENDING_PER_SEQUENCE: usize = 64;
+
+/// What happens to a request for a sequence that sat idle longer than
+/// `max_sequence_idle`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    /// The sequence is gone: the request is refused (INVALID_ARGUMENT)
+    /// naming the sequence and the idle limit, and the client starts it again.
+    #[default]
+    Error,
+    /// The sequence starts afresh from its initial state, and the response
+    /// says so (parameter `sequence_restarted`).
+    Restart,
+}
+
+/// One state pair as `model.toml` writes it (`[[sequence.state]]`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// The graph input that takes the state.
+    pub input: String,
+    /// The graph output that becomes its next value.
+    pub output: String,
+    /// A file (relative to the model's directory) holding one row of the
+    /// initial state, little-endian; absent: zeros.
+    pub initial_file: Option<String>,
+}
+
+/// `[sequence]` in `model.toml`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SequenceConfig {
+    /// A sequence idle this long ends (`"30m"`); `"0s"`, the default: never.
+    #[serde(deserialize_with = "duration")]
+    pub max_sequence_idle: Duration,
+    /// `error` (the default) or `restart`.
+    pub idle_action: IdleAction,
+    /// The most sequences kept at once (default [`DEFAULT_MAX_SEQUENCES`]);
+    /// a start beyond it is refused (RESOURCE_EXHAUSTED).
+    pub max_sequences: Option<usize>,
+    /// The state pairs; none: the model keeps no state.
+    pub state: Vec<StateConfig>,
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(text.trim())
+        .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration: {e}")))
+}
+
+/// Where a graph input's data comes from for a stateful model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSource {
+    /// The client's input at this index of the public signature.
+    Client(usize),
+    /// The sequence's state pair at this index.
+    State(usize),
+}
+
+/// One state pair, resolved against the graph's signature.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateSpec {
+    /// The graph input that takes it (name, datatype, dims).
+    pub input: TensorSpec,
+    /// Its index among the graph's inputs.
+    pub input_index: usize,
+    /// The graph output that becomes its next value.
+    pub output: String,
+    /// Its index among the graph's outputs.
+    pub output_index: usize,
+    /// One row of the initial value.
+    pub initial: Bytes,
+}
+
+/// A stateful model's sequence settings, fixed at load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceSpec {
+    /// The state pairs, in `model.toml` order.
+    pub states: Vec<StateSpec>,
+    /// The signature clients see: the graph's without the state inputs and outputs.
+    pub public: Signature,
+    /// For each graph input, in graph order, where its data comes from.
+    pub input_sources: Vec<InputSource>,
+    /// For each public output, its index among the graph's outputs.
+    pub output_indices: Vec<usize>,
+    /// `max_sequence_idle`; `None`: never.
+    pub max_idle: Option<Duration>,
+    /// What an idle sequence's next request gets.
+    pub idle_action: IdleAction,
+    /// The most sequences kept at once.
+    pub max_sequences: usize,
+}
+
+impl SequenceSpec {
+    /// Resolves `config` against the graph's `signature`; initial-state files
+    /// are read from `model_dir`. `Ok(None)` for a model without state.
+    pub fn resolve(
+        config: &SequenceConfig,
+        signature: &Signature,
+        model_dir: &Path,
+    ) -> Result<Option<SequenceSpec>, String> {
+        if config.state.is_empty() {
+            if *config != SequenceConfig::default() {
+                return Err(
+                    "sequence: declares no [[sequence.state]] pair; a sequence model keeps \
+                     its state in a graph input and output pair"
+                        .to_string(),
+                );
+            }
+            return Ok(None);
+        }
+        durations::check(
+            "sequence.max_sequence_idle",
+            config.max_sequence_idle,
+            MAX_SEQUENCE_IDLE,
+        )?;
+        let max_sequences = config.max_sequences.unwrap_or(DEFAULT_MAX_SEQUENCES);
+        if !(1..=MAX_SEQUENCES).contains(&max_sequences) {
+            return Err(format!(
+                "sequence.max_sequences is {max_sequences}; it must be 1 to {MAX_SEQUENCES}"
+            ));
+        }
+        let mut states: Vec<StateSpec> = Vec::with_capacity(config.state.len());
+        for (n, pair) in config.state.iter().enumerate() {
+            let key = format!("sequence.state[{n}]");
+            let input_index = signature.input_index(&pair.input).ok_or_else(|| {
+                format!(
+                    "{key}.input '{}' is not an input of the graph ({})",
+                    pair.input,
+                    signature.summary()
+                )
+            })?;
+            let output_index = signature.output_index(&pair.output).ok_or_else(|| {
+                format!(
+                    "{key}.output '{}' is not an output of the graph ({})",
+                    pair.output,
+                    signature.summary()
+                )
+            })?;
+            if states
+                .iter()
+                .any(|s| s.input_index == input_index || s.output_index == output_index)
+            {
+                return Err(format!(
+                    "{key}: input '{}' or output '{}' is already in another state pair",
+                    pair.input, pair.output
+                ));
+            }
+            let input = signature.inputs[input_index].clone();
+            let output = &signature.outputs[output_index];
+            if input.datatype != output.datatype || input.dims != output.dims {
+                return Err(format!(
+                    "{key}: input '{}' is {} {} but output '{}' is {} {}; a state's next value \
+                     must have its shape and datatype",
+                    input.name,
+                    input.datatype,
+                    input.display_shape(),
+                    output.name,
+                    output.datatype,
+                    output.display_shape()
+                ));
+            }
+            let row_bytes = input.row_bytes();
+            let initial = match &pair.initial_file {
+                None => Bytes::from(vec![0u8; row_bytes]),
+                Some(file) => {
+                    let path = model_dir.join(file);
+                    let bytes = std::fs::read(&path).map_err(|e| {
+                        format!("{key}.initial_file: cannot read {}: {e}", path.display())
+                    })?;
+                    if bytes.len() != row_bytes {
+                        return Err(format!(
+                            "{key}.initial_file {} holds {} bytes; one row of '{}' ({} {}) is {row_bytes}",
+                            path.display(),
+                            bytes.len(),
+                            input.name,
+                            input.datatype,
+                            input.display_shape()
+                        ));
+                    }
+                    Bytes::from(bytes)
+                }
+            };
+            states.push(StateSpec {
+                input,
+                input_index,
+                output: output.name.clone(),
+                output_index,
+                initial,
+            });
+        }
+        let mut public = Signature {
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        };
+        let mut input_sources = Vec::with_capacity(signature.inputs.len());
+        for (index, spec) in signature.inputs.iter().enumerate() {
+            match states.iter().position(|s| s.input_index == index) {
+                Some(state) => input_sources.push(InputSource::State(state)),
+                None => {
+                    input_sources.push(InputSource::Client(public.inputs.len()));
+                    public.inputs.push(spec.clone());
+                }
+            }
+        }
+        let mut output_indices = Vec::new();
+        for (index, spec) in signature.outputs.iter().enumerate() {
+            if !states.iter().any(|s| s.output_index == index) {
+                output_indices.push(index);
+                public.outputs.push(spec.clone());
+            }
+        }
+        if public.inputs.is_empty() || public.outputs.is_empty() {
+            return Err(format!(
+                "sequence: with its state pairs taken out the graph has no input or no \
+                 output left for clients ({})",
+                signature.summary()
+            ));
+        }
+        Ok(Some(SequenceSpec {
+            states,
+            public,
+            input_sources,
+            output_indices,
+            max_idle: (!config.max_sequence_idle.is_zero()).then_some(config.max_sequence_idle),
+            idle_action: config.idle_action,
+            max_sequences,
+        }))
+    }
+}
+
+/// A sequence's id: Triton's `sequence_id`, an unsigned integer or a string
+/// (the two never name the same sequence).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SequenceId {
+    /// A number (never 0, which Triton reserves for "no sequence").
+    Number(u64),
+    /// A string of 1 to [`MAX_SEQUENCE_ID_BYTES`] bytes.
+    Text(String),
+}
+
+impl std::fmt::Display for SequenceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SequenceId::Number(n) => write!(f, "{n}"),
+            SequenceId::Text(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+impl SequenceId {
+    /// An id from a client's string, checked: 1 to [`MAX_SEQUENCE_ID_BYTES`] bytes.
+    pub fn text(model: &str, text: &str) -> Result<SequenceId, Error> {
+        if text.is_empty() || text.len() > MAX_SEQUENCE_ID_BYTES {
+            return Err(Error::request(
+                model,
+                format!(
+                    "a string sequence_id must have 1 to {MAX_SEQUENCE_ID_BYTES} bytes; got {}",
+                    text.len()
+                ),
+            ));
+        }
+        Ok(SequenceId::Text(text.to_string()))
+    }
+
+    /// An id from a client's number, checked: not 0.
+    pub fn number(model: &str, n: u64) -> Result<SequenceId, Error> {
+        if n == 0 {
+            return Err(Error::request(
+                model,
+                "sequence_id 0 names no sequence (Triton's rule); use 1 or more, or a string",
+            ));
+        }
+        Ok(SequenceId::Number(n))
+    }
+}
+
+/// What a request says about its sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceControl {
+    /// Which sequence.
+    pub id: SequenceId,
+    /// `sequence_start`: the sequence begins (again) with this request, from
+    /// its initial state.
+    pub start: bool,
+    /// `sequence_end`: the sequence ends after this request; its state is dropped.
+    pub end: bool,
+}
+
+/// The request parameters a sequence takes.
+pub const PARAMETERS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
+
+/// Reads `sequence_id`, `sequence_start` and `sequence_end` through `get`
+/// (each protocol's parameter map). `None` when the request names no
+/// sequence (`sequence_id` absent, or Triton's 0 without start or end).
+pub fn from_parameters<'a>(
+    model: &str,
+    get: impl Fn(&str) -> Option<ParamValue<'a>>,
+) -> Result<Option<SequenceControl>, Error> {
+    let flag = |name: &str| -> Result<bool, Error> {
+        match get(name) {
+            None => Ok(false),
+            Some(ParamValue::Bool(b)) => Ok(b),
+            Some(ParamValue::Int(n @ (0 | 1))) => Ok(n == 1),
+            Some(ParamValue::Uint(n @ (0 | 1))) => Ok(n == 1),
+            Some(other) => Err(Error::request(
+                model,
+                format!("parameter {name} must be true or false; got {other:?}"),
+            )),
+        }
+    };
+    let start = flag("sequence_start")?;
+    let end = flag("sequence_end")?;
+    let id = match get("sequence_id") {
+        None | Some(ParamValue::Int(0) | ParamValue::Uint(0)) if !start && !end => return Ok(None),
+        None => {
+            return Err(Error::request(
+                model,
+                "sequence_start and sequence_end need sequence_id (which sequence)",
+            ));
+        }
+        Some(ParamValue::Int(n)) if n >= 0 => SequenceId::number(model, n as u64)?,
+        Some(ParamValue::Uint(n)) => SequenceId::number(model, n)?,
+        Some(ParamValue::Str(s)) => SequenceId::text(model, s)?,
+        Some(other) => {
+            return Err(Error::request(
+                model,
+                format!("parameter sequence_id must be an unsigned integer or a string; got {other:?}"),
+            ));
+        }
+    };
+    Ok(Some(SequenceControl { id, start, end }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::DataType;
+
+    fn spec(name: &str, dims: &[usize]) -> TensorSpec {
+        TensorSpec {
+            name: name.to_string(),
+            datatype: DataType::Fp32,
+            dims: dims.to_vec(),
+        }
+    }
+
+    fn lstm_step() -> Signature {
+        Signature {
+            inputs: vec![spec("tick", &[8]), spec("h_in", &[16]), spec("c_in", &[16])],
+            outputs: vec![
+                spec("prediction", &[1]),
+                spec("h_out", &[16]),
+                spec("c_out", &[16]),
+            ],
+        }
+    }
+
+    fn pairs(pairs: &[(&str, &str)]) -> SequenceConfig {
+        SequenceConfig {
+            state: pairs
+                .iter()
+                .map(|(i, o)| StateConfig {
+                    input: i.to_string(),
+                    output: o.to_string(),
+                    initial_file: None,
+                })
+                .collect(),
+            ..SequenceConfig::default()
+        }
+    }
+
+    #[test]
+    fn state_pairs_leave_the_clients_signature() {
+        let config = pairs(&[("h_in", "h_out"), ("c_in", "c_out")]);
+        let spec = SequenceSpec::resolve(&config, &lstm_step(), Path::new("."))
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.public.inputs, vec![spec_of("tick", 8)]);
+        assert_eq!(spec.public.outputs, vec![spec_of("prediction", 1)]);
+        assert_eq!(
+            spec.input_sources,
+            vec![
+                InputSource::Client(0),
+                InputSource::State(0),
+                InputSource::State(1)
+            ]
+        );
+        assert_eq!(spec.output_indices, vec![0]);
+        assert_eq!(spec.states[1].initial.len(), 64);
+        assert_eq!(spec.max_idle, None, "0s means never");
+        assert_eq!(spec.max_sequences, DEFAULT_MAX_SEQUENCES);
+    }
+
+    fn spec_of(name: &str, n: usize) -> TensorSpec {
+        spec(name, &[n])
+    }
+
+    #[test]
+    fn bad_state_pairs_are_refused_naming_the_key() {
+        let signature = lstm_step();
+        let cases = [
+            (pairs(&[("h", "h_out")]), "sequence.state[0].input 'h'"),
+            (pairs(&[("h_in", "prediction")]), "must have its shape"),
+            (
+                pairs(&[("h_in", "h_out"), ("h_in", "c_out")]),
+                "already in another state pair",
+            ),
+            (
+                SequenceConfig {
+                    max_sequence_idle: Duration::from_secs(30 * 24 * 3600),
+                    ..pairs(&[("h_in", "h_out")])
+                },
+                "max_sequence_idle",
+            ),
+            (
+                SequenceConfig {
+                    max_sequences: Some(0),
+                    ..pairs(&[("h_in", "h_out")])
+                },
+                "max_sequences",
+            ),
+            (
+                SequenceConfig {
+                    max_sequences: Some(8),
+                    ..SequenceConfig::default()
+                },
+                "declares no [[sequence.state]]",
+            ),
+        ];
+        for (config, expected) in cases {
+            let error = SequenceSpec::resolve(&config, &signature, Path::new(".")).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn an_initial_file_must_hold_one_row() {
+        let dir = std::env::temp_dir().join(format!("seq-initial-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("h0.bin"), [0u8; 60]).unwrap();
+        let mut config = pairs(&[("h_in", "h_out")]);
+        config.state[0].initial_file = Some("h0.bin".to_string());
+        let error = SequenceSpec::resolve(&config, &lstm_step(), &dir).unwrap_err();
+        assert!(error.contains("holds 60 bytes"), "{error}");
+        let h0: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        std::fs::write(dir.join("h0.bin"), &h0).unwrap();
+        let spec = SequenceSpec::resolve(&config, &lstm_step(), &dir)
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.states[0].initial.as_ref(), h0.as_slice());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn params<'a>(
+        list: &'a [(&'a str, ParamValue<'a>)],
+    ) -> impl Fn(&str) -> Option<ParamValue<'a>> + 'a {
+        move |name| list.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    #[test]
+    fn parameters_name_a_sequence_as_triton_clients_send_them() {
+        let got = from_parameters(
+            "m",
+            params(&[
+                ("sequence_id", ParamValue::Uint(7)),
+                ("sequence_start", ParamValue::Bool(true)),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            Some(SequenceControl {
+                id: SequenceId::Number(7),
+                start: true,
+                end: false
+            })
+        );
+        let got = from_parameters(
+            "m",
+            params(&[
+                ("sequence_id", ParamValue::Str("AAPL")),
+                ("sequence_end", ParamValue::Bool(true)),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(got.id, SequenceId::Text("AAPL".to_string()));
+        assert!(got.end && !got.start);
+        assert_eq!(from_parameters("m", params(&[])).unwrap(), None);
+        assert_eq!(
+            from_parameters("m", params(&[("sequence_id", ParamValue::Int(0))])).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_sequence_parameters_are_clear_errors() {
+        let long = "x".repeat(MAX_SEQUENCE_ID_BYTES + 1);
+        let cases: Vec<(Vec<(&str, ParamValue)>, &str)> = vec![
+            (
+                vec![("sequence_start", ParamValue::Bool(true))],
+                "need sequence_id",
+            ),
+            (
+                vec![
+                    ("sequence_id", ParamValue::Int(0)),
+                    ("sequence_start", ParamValue::Bool(true)),
+                ],
+                "sequence_id 0",
+            ),
+            (vec![("sequence_id", ParamValue::Int(-3))], "unsigned integer"),
+            (vec![("sequence_id", ParamValue::Float(1.5))], "unsigned"),
+            (vec![("sequence_id", ParamValue::Str(""))], "1 to 256 bytes"),
+            (vec![("sequence_id", ParamValue::Str(&long))], "got 257"),
+            (
+                vec![
+                    ("sequence_id", ParamValue::Uint(1)),
+                    ("sequence_end", ParamValue::Str("yes")),
+                ],
+                "sequence_end must be true or false",
+            ),
+        ];
+        for (list, expected) in cases {
+            let error = from_parameters("m", params(&list)).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+}

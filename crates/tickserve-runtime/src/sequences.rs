@@ -1,0 +1,857 @@
+//! The sequence table of a stateful model version: each sequence's state,
+//! kept between its requests, and the order its requests run in.
+//!
+//! A sequence is a [`Slot`]: its state rows (one per state pair), its tick
+//! count, when it was last used, and a turn. Every operation on a sequence
+//! (a tick, a read, a write, a drop) first takes the sequence's turn, in the
+//! order the operations arrived ([`Sequences::enter`] is synchronous, so a
+//! stream's requests queue in message order), and holds it until it is done:
+//! a sequence runs one request at a time, strictly in arrival order, while
+//! different sequences' requests are independent requests that batch
+//! together in the family's queue as any others. A tick gathers its state
+//! rows into its request ([`Turn::begin`]) and, once answered, writes the
+//! new state back ([`Turn::finish`]); padding rows and other requests never
+//! touch a sequence's state. A tick that fails, or whose caller leaves,
+//! leaves the state as it was.
+//!
+//! Bounds: at most `max_sequences` sequences (a start beyond is refused), at
+//! most [`MAX_PENDING_PER_SEQUENCE`] requests waiting for one sequence's turn.
+//! With `max_sequence_idle` set, a sequence idle longer is ended: found when
+//! its next request comes, or by the sweep that runs before each metrics
+//! scrape and as new sequences start; its id is remembered (as many as
+//! `max_sequences`) so that its next request is told it expired rather than
+//! that it never existed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tickserve_core::sequence::{
+    IdleAction, MAX_PENDING_PER_SEQUENCE, SequenceControl, SequenceId, SequenceSpec,
+};
+use tickserve_core::{Error, metrics as names};
+use tokio::sync::oneshot;
+
+/// Metric handles of one stateful model.
+#[derive(Debug)]
+struct SequenceMetrics {
+    active: metrics::Gauge,
+    starts: metrics::Counter,
+    ends: metrics::Counter,
+    expiries: metrics::Counter,
+}
+
+/// Why a sequence's state is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    /// Never started (a slot made for a write or a restart, not yet filled).
+    New,
+    /// Its last request said `sequence_end`, or it was dropped.
+    Ended,
+    /// It sat idle past `max_sequence_idle`.
+    Expired,
+}
+
+/// One sequence.
+#[derive(Debug)]
+struct Slot {
+    id: SequenceId,
+    inner: Mutex<SlotState>,
+}
+
+#[derive(Debug)]
+struct SlotState {
+    /// The state rows, one per state pair; `Err` once gone.
+    state: Result<Vec<Bytes>, Gone>,
+    /// Requests answered since it started.
+    ticks: u64,
+    /// When its last request finished (or it started).
+    last_used: Instant,
+    /// Someone holds its turn.
+    busy: bool,
+    /// Who waits for the turn, in arrival order.
+    waiters: VecDeque<oneshot::Sender<Turn>>,
+    /// Its next start is a restart after expiry (`idle_action = "restart"`).
+    restart_pending: bool,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Debug)]
+struct Table {
+    active: HashMap<SequenceId, Arc<Slot>>,
+    /// Ids of sequences that expired, oldest first (bounded).
+    expired: VecDeque<SequenceId>,
+    last_sweep: Instant,
+}
+
+/// What a caller means to do with a sequence: a tick may start it, a write
+/// creates it, a read or a drop needs it to exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// An inference request; `start` is its `sequence_start`.
+    Tick {
+        /// The request's `sequence_start`.
+        start: bool,
+    },
+    /// Reading its state.
+    Read,
+    /// Writing its state (creates the sequence).
+    Write,
+    /// Dropping it.
+    Drop,
+}
+
+/// A sequence's state as read out of the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceState {
+    /// Requests answered since it started (or since its state was written).
+    pub ticks: u64,
+    /// How long since its last request.
+    pub idle: Duration,
+    /// One row per state pair, in the model's order.
+    pub state: Vec<Bytes>,
+}
+
+/// One entry of [`Sequences::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceSummary {
+    /// The sequence.
+    pub id: SequenceId,
+    /// Requests answered since it started.
+    pub ticks: u64,
+    /// How long since its last request.
+    pub idle: Duration,
+}
+
+/// The sequences of one stateful model version.
+#[derive(Debug)]
+pub struct Sequences {
+    model: String,
+    spec: Arc<SequenceSpec>,
+    table: Mutex<Table>,
+    /// Sequences with state now (the `tickserve_sequences_active` gauge).
+    live: AtomicUsize,
+    metrics: SequenceMetrics,
+}
+
+/// The right to act on one sequence now; dropping it passes the turn to the
+/// next waiter in arrival order.
+#[derive(Debug)]
+pub struct Turn {
+    sequences: Arc<Sequences>,
+    slot: Arc<Slot>,
+    /// False for a turn handed back by a caller that left (see `Drop`).
+    armed: bool,
+}
+
+/// Where a caller stands after [`Sequences::enter`].
+#[derive(Debug)]
+pub enum Entry {
+    /// It holds the turn.
+    Now(Turn),
+    /// It waits behind earlier requests of the sequence.
+    Waiting(oneshot::Receiver<Turn>),
+}
+
+impl Entry {
+    /// Waits for the turn until `deadline` (DEADLINE_EXCEEDED after it).
+    pub async fn turn(self, model: &str, deadline: Option<Instant>) -> Result<Turn, Error> {
+        let waiting = match self {
+            Entry::Now(turn) => return Ok(turn),
+            Entry::Waiting(receiver) => receiver,
+        };
+        let started = Instant::now();
+        let lost = || Error::Internal {
+            model: model.to_string(),
+            message: "a sequence's turn was lost".to_string(),
+        };
+        match deadline {
+            None => waiting.await.map_err(|_| lost()),
+            Some(deadline) => {
+                match tokio::time::timeout_at(deadline.into(), waiting).await {
+                    Ok(turn) => turn.map_err(|_| lost()),
+                    Err(_) => Err(Error::DeadlineExceeded {
+                        model: model.to_string(),
+                        waited: started.elapsed(),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+impl Sequences {
+    /// An empty table for model `model` with `spec`.
+    pub fn new(model: &str, spec: Arc<SequenceSpec>) -> Sequences {
+        let label = model.to_string();
+        Sequences {
+            model: model.to_string(),
+            spec,
+            table: Mutex::new(Table {
+                active: HashMap::new(),
+                expired: VecDeque::new(),
+                last_sweep: Instant::now(),
+            }),
+            live: AtomicUsize::new(0),
+            metrics: SequenceMetrics {
+                active: metrics::gauge!(names::SEQUENCES_ACTIVE, "model" => label.clone()),
+                starts: metrics::counter!(names::SEQUENCE_STARTS, "model" => label.clone()),
+                ends: metrics::counter!(names::SEQUENCE_ENDS, "model" => label.clone()),
+                expiries: metrics::counter!(names::SEQUENCE_EXPIRIES, "model" => label),
+            },
+        }
+    }
+
+    /// The model's sequence settings.
+    pub fn spec(&self) -> &SequenceSpec {
+        &self.spec
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sequences with state now.
+    pub fn active(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    fn gained(&self) {
+        let now = self.live.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.active.set(now as f64);
+    }
+
+    fn lost(&self) {
+        let now = self.live.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        self.metrics.active.set(now as f64);
+    }
+
+    /// Queues the caller for sequence `id`'s turn, in arrival order; refuses
+    /// at once what cannot be served (an unknown or expired sequence, a
+    /// full table, too many waiting).
+    pub fn enter(self: &Arc<Self>, id: &SequenceId, purpose: Purpose) -> Result<Entry, Error> {
+        let now = Instant::now();
+        let mut table = self.table();
+        if let Some(slot) = table.active.get(id) {
+            let slot = Arc::clone(slot);
+            let mut state = slot.lock();
+            if !state.busy {
+                state.busy = true;
+                drop(state);
+                return Ok(Entry::Now(self.turn(slot)));
+            }
+            if state.waiters.len() >= MAX_PENDING_PER_SEQUENCE {
+                return Err(Error::SequencesFull {
+                    model: self.model.clone(),
+                    message: format!(
+                        "sequence {id} already has {MAX_PENDING_PER_SEQUENCE} requests waiting \
+                         for their turn (a sequence runs one request at a time)"
+                    ),
+                });
+            }
+            let (sender, receiver) = oneshot::channel();
+            state.waiters.push_back(sender);
+            return Ok(Entry::Waiting(receiver));
+        }
+        let was_expired = table.expired.contains(id);
+        let creates = match purpose {
+            Purpose::Tick { start: true } | Purpose::Write => true,
+            Purpose::Tick { start: false } => {
+                was_expired && self.spec.idle_action == IdleAction::Restart
+            }
+            Purpose::Read | Purpose::Drop => false,
+        };
+        if !creates {
+            return Err(if was_expired {
+                self.expired_error(id)
+            } else {
+                Error::SequenceNotActive {
+                    model: self.model.clone(),
+                    sequence: id.to_string(),
+                }
+            });
+        }
+        if table.active.len() >= self.spec.max_sequences {
+            self.sweep_locked(&mut table, now);
+        } else if self.spec.max_idle.is_some_and(|idle| {
+            now.saturating_duration_since(table.last_sweep) >= idle / 4
+        }) {
+            self.sweep_locked(&mut table, now);
+        }
+        if table.active.len() >= self.spec.max_sequences {
+            return Err(Error::SequencesFull {
+                model: self.model.clone(),
+                message: format!(
+                    "it keeps {} sequences, its max_sequences; end some (sequence_end, or drop \
+                     them) before starting more",
+                    self.spec.max_sequences
+                ),
+            });
+        }
+        if was_expired {
+            table.expired.retain(|e| e != id);
+        }
+        let slot = Arc::new(Slot {
+            id: id.clone(),
+            inner: Mutex::new(SlotState {
+                state: Err(Gone::New),
+                ticks: 0,
+                last_used: now,
+                busy: true,
+                waiters: VecDeque::new(),
+                restart_pending: was_expired,
+            }),
+        });
+        table.active.insert(id.clone(), Arc::clone(&slot));
+        Ok(Entry::Now(self.turn(slot)))
+    }
+
+    fn turn(self: &Arc<Self>, slot: Arc<Slot>) -> Turn {
+        Turn {
+            sequences: Arc::clone(self),
+            slot,
+            armed: true,
+        }
+    }
+
+    fn expired_error(&self, id: &SequenceId) -> Error {
+        Error::SequenceExpired {
+            model: self.model.clone(),
+            sequence: id.to_string(),
+            idle: self
+                .spec
+                .max_idle
+                .map(|d| humantime::format_duration(d).to_string())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Ends every sequence idle past `max_sequence_idle` that nobody is
+    /// using (called before each metrics scrape).
+    pub fn sweep(&self) {
+        let mut table = self.table();
+        self.sweep_locked(&mut table, Instant::now());
+    }
+
+    fn sweep_locked(&self, table: &mut Table, now: Instant) {
+        table.last_sweep = now;
+        let Some(max_idle) = self.spec.max_idle else {
+            return;
+        };
+        let mut expired = Vec::new();
+        table.active.retain(|id, slot| {
+            let mut state = slot.lock();
+            let idle = now.saturating_duration_since(state.last_used);
+            if state.busy || state.state.is_err() || idle <= max_idle {
+                return true;
+            }
+            state.state = Err(Gone::Expired);
+            expired.push(id.clone());
+            false
+        });
+        for id in expired {
+            self.lost();
+            self.metrics.expiries.increment(1);
+            self.remember_expired(table, id);
+        }
+    }
+
+    fn remember_expired(&self, table: &mut Table, id: SequenceId) {
+        if table.expired.len() >= self.spec.max_sequences {
+            table.expired.pop_front();
+        }
+        table.expired.push_back(id);
+    }
+
+    /// Every sequence kept now, with its tick count and idle time, by id.
+    pub fn list(&self) -> Vec<SequenceSummary> {
+        let now = Instant::now();
+        let table = self.table();
+        let mut all: Vec<SequenceSummary> = table
+            .active
+            .values()
+            .filter_map(|slot| {
+                let state = slot.lock();
+                state.state.is_ok().then(|| SequenceSummary {
+                    id: slot.id.clone(),
+                    ticks: state.ticks,
+                    idle: now.saturating_duration_since(state.last_used),
+                })
+            })
+            .collect();
+        all.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        all
+    }
+
+    /// Reads sequence `id`'s state, after the requests before it.
+    pub async fn read(
+        self: &Arc<Self>,
+        id: &SequenceId,
+        deadline: Option<Instant>,
+    ) -> Result<SequenceState, Error> {
+        let turn = self.enter(id, Purpose::Read)?.turn(&self.model, deadline).await?;
+        let state = turn.slot.lock();
+        match &state.state {
+            Ok(rows) => Ok(SequenceState {
+                ticks: state.ticks,
+                idle: state.last_used.elapsed(),
+                state: rows.clone(),
+            }),
+            Err(_) => Err(Error::SequenceNotActive {
+                model: self.model.clone(),
+                sequence: id.to_string(),
+            }),
+        }
+    }
+
+    /// Writes sequence `id`'s state (one row per state pair, checked by the
+    /// caller against [`SequenceSpec::states`]), after the requests before
+    /// it; starts the sequence if it is not kept.
+    pub async fn write(
+        self: &Arc<Self>,
+        id: &SequenceId,
+        rows: Vec<Bytes>,
+        deadline: Option<Instant>,
+    ) -> Result<(), Error> {
+        let turn = self
+            .enter(id, Purpose::Write)?
+            .turn(&self.model, deadline)
+            .await?;
+        let mut state = turn.slot.lock();
+        if state.state.is_err() {
+            self.gained();
+            self.metrics.starts.increment(1);
+        }
+        state.state = Ok(rows);
+        state.ticks = 0;
+        state.last_used = Instant::now();
+        Ok(())
+    }
+
+    /// Drops sequence `id` after the requests before it: its state is gone,
+    /// and its next request must start it again.
+    pub async fn remove(
+        self: &Arc<Self>,
+        id: &SequenceId,
+        deadline: Option<Instant>,
+    ) -> Result<(), Error> {
+        let turn = self.enter(id, Purpose::Drop)?.turn(&self.model, deadline).await?;
+        let mut state = turn.slot.lock();
+        if state.state.is_err() {
+            return Err(Error::SequenceNotActive {
+                model: self.model.clone(),
+                sequence: id.to_string(),
+            });
+        }
+        state.state = Err(Gone::Ended);
+        self.lost();
+        self.metrics.ends.increment(1);
+        Ok(())
+    }
+
+    /// Every kept sequence and its state, for a snapshot (taken when no
+    /// request is running: at shutdown, after the drain).
+    pub fn snapshot(&self) -> Vec<(SequenceId, u64, Vec<Bytes>)> {
+        let table = self.table();
+        let mut all: Vec<(SequenceId, u64, Vec<Bytes>)> = table
+            .active
+            .values()
+            .filter_map(|slot| {
+                let state = slot.lock();
+                let rows = state.state.as_ref().ok()?;
+                Some((slot.id.clone(), state.ticks, rows.clone()))
+            })
+            .collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Puts sequences back from a snapshot (at load, before serving); each
+    /// row was checked against the model's state pairs by the caller.
+    /// Sequences beyond `max_sequences` are left out; returns how many came back.
+    pub fn restore(&self, sequences: Vec<(SequenceId, u64, Vec<Bytes>)>) -> usize {
+        let now = Instant::now();
+        let mut table = self.table();
+        let mut restored = 0;
+        for (id, ticks, rows) in sequences {
+            if table.active.len() >= self.spec.max_sequences || table.active.contains_key(&id) {
+                continue;
+            }
+            let slot = Slot {
+                id: id.clone(),
+                inner: Mutex::new(SlotState {
+                    state: Ok(rows),
+                    ticks,
+                    last_used: now,
+                    busy: false,
+                    waiters: VecDeque::new(),
+                    restart_pending: false,
+                }),
+            };
+            table.active.insert(id, Arc::new(slot));
+            self.gained();
+            restored += 1;
+        }
+        restored
+    }
+}
+
+/// What a tick runs with: its state rows, and whether the sequence started
+/// afresh after expiring.
+#[derive(Debug)]
+pub struct TickStart {
+    /// One row per state pair.
+    pub state: Vec<Bytes>,
+    /// The sequence expired and restarted (`idle_action = "restart"`).
+    pub restarted: bool,
+}
+
+impl Turn {
+    /// The state a tick runs with: the initial state for a start, the kept
+    /// state otherwise; refuses a sequence that is gone or expired.
+    pub fn begin(&self, control: &SequenceControl) -> Result<TickStart, Error> {
+        let sequences = &self.sequences;
+        let spec = &sequences.spec;
+        let initial = || spec.states.iter().map(|s| s.initial.clone()).collect();
+        let mut state = self.slot.lock();
+        if control.start {
+            return Ok(TickStart {
+                state: initial(),
+                restarted: false,
+            });
+        }
+        if state.restart_pending {
+            return Ok(TickStart {
+                state: initial(),
+                restarted: true,
+            });
+        }
+        let idle = state.last_used.elapsed();
+        match &state.state {
+            Ok(_) if spec.max_idle.is_some_and(|max| idle > max) => {
+                // Found idle past its limit before the sweep ended it.
+                state.state = Err(Gone::Expired);
+                sequences.lost();
+                sequences.metrics.expiries.increment(1);
+                match spec.idle_action {
+                    IdleAction::Restart => {
+                        state.restart_pending = true;
+                        Ok(TickStart {
+                            state: initial(),
+                            restarted: true,
+                        })
+                    }
+                    IdleAction::Error => {
+                        drop(state);
+                        let mut table = sequences.table();
+                        sequences.remember_expired(&mut table, control.id.clone());
+                        Err(sequences.expired_error(&control.id))
+                    }
+                }
+            }
+            Ok(rows) => Ok(TickStart {
+                state: rows.clone(),
+                restarted: false,
+            }),
+            Err(Gone::Expired) => Err(sequences.expired_error(&control.id)),
+            Err(Gone::New | Gone::Ended) => Err(Error::SequenceNotActive {
+                model: sequences.model.clone(),
+                sequence: control.id.to_string(),
+            }),
+        }
+    }
+
+    /// Records a tick's answer: `next` is the new state (the tick ran), and
+    /// `end` ends the sequence after it.
+    pub fn finish(&self, control: &SequenceControl, next: Vec<Bytes>) {
+        let sequences = &self.sequences;
+        let mut state = self.slot.lock();
+        let started = control.start || state.restart_pending;
+        if started {
+            sequences.metrics.starts.increment(1);
+            state.ticks = 0;
+            state.restart_pending = false;
+        }
+        let had_state = state.state.is_ok();
+        state.ticks = state.ticks.saturating_add(1);
+        state.last_used = Instant::now();
+        if control.end {
+            state.state = Err(Gone::Ended);
+            sequences.metrics.ends.increment(1);
+            if had_state {
+                sequences.lost();
+            }
+        } else {
+            state.state = Ok(next);
+            if !had_state {
+                sequences.gained();
+            }
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = self.slot.lock();
+        // The next waiter whose caller is still there gets the turn.
+        while let Some(waiter) = state.waiters.pop_front() {
+            let next = Turn {
+                sequences: Arc::clone(&self.sequences),
+                slot: Arc::clone(&self.slot),
+                armed: true,
+            };
+            if let Err(mut returned) = waiter.send(next) {
+                // Its caller left: the turn comes back, disarmed (passing
+                // it on from its own drop would lock this slot again).
+                returned.armed = false;
+                continue;
+            }
+            return;
+        }
+        state.busy = false;
+        let gone = state.state.is_err() && !state.restart_pending;
+        drop(state);
+        if gone {
+            // Table, then slot: the order `enter` locks them in.
+            let mut table = self.sequences.table();
+            let state = self.slot.lock();
+            let still_gone = !state.busy && state.state.is_err() && !state.restart_pending;
+            if still_gone
+                && table
+                    .active
+                    .get(&self.slot.id)
+                    .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
+            {
+                table.active.remove(&self.slot.id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::path::Path;
+    use tickserve_core::sequence::{SequenceConfig, StateConfig};
+    use tickserve_core::{DataType, Signature, TensorSpec};
+
+    fn spec(max_sequences: usize, idle: Duration, action: IdleAction) -> Arc<SequenceSpec> {
+        let t = |name: &str| TensorSpec {
+            name: name.to_string(),
+            datatype: DataType::Fp32,
+            dims: vec![1],
+        };
+        let signature = Signature {
+            inputs: vec![t("x"), t("s_in")],
+            outputs: vec![t("y"), t("s_out")],
+        };
+        let config = SequenceConfig {
+            max_sequence_idle: idle,
+            idle_action: action,
+            max_sequences: Some(max_sequences),
+            state: vec![StateConfig {
+                input: "s_in".into(),
+                output: "s_out".into(),
+                initial_file: None,
+            }],
+        };
+        Arc::new(
+            SequenceSpec::resolve(&config, &signature, Path::new("."))
+                .unwrap()
+                .unwrap(),
+        )
+    }
+
+    fn table(max: usize) -> Arc<Sequences> {
+        Arc::new(Sequences::new("m", spec(max, Duration::ZERO, IdleAction::Error)))
+    }
+
+    fn control(id: u64, start: bool, end: bool) -> SequenceControl {
+        SequenceControl {
+            id: SequenceId::Number(id),
+            start,
+            end,
+        }
+    }
+
+    fn row(v: f32) -> Vec<Bytes> {
+        vec![Bytes::copy_from_slice(&v.to_le_bytes())]
+    }
+
+    fn value(rows: &[Bytes]) -> f32 {
+        f32::from_le_bytes(rows[0][..4].try_into().unwrap())
+    }
+
+    /// One tick: takes the turn at once (or panics), returns the state it
+    /// ran with, and writes `next`.
+    fn tick(table: &Arc<Sequences>, c: &SequenceControl, next: f32) -> Result<f32, Error> {
+        let purpose = Purpose::Tick { start: c.start };
+        let Entry::Now(turn) = table.enter(&c.id, purpose)? else {
+            panic!("no one else holds the turn");
+        };
+        let started = turn.begin(c)?;
+        turn.finish(c, row(next));
+        Ok(value(&started.state))
+    }
+
+    #[test]
+    fn state_carries_from_tick_to_tick_and_ends_with_the_sequence() {
+        let t = table(8);
+        assert_eq!(tick(&t, &control(1, true, false), 1.0).unwrap(), 0.0);
+        assert_eq!(tick(&t, &control(1, false, false), 2.0).unwrap(), 1.0);
+        assert_eq!(t.active(), 1);
+        assert_eq!(tick(&t, &control(1, false, true), 3.0).unwrap(), 2.0);
+        assert_eq!(t.active(), 0);
+        let error = tick(&t, &control(1, false, false), 0.0).unwrap_err();
+        assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+        assert!(t.list().is_empty());
+    }
+
+    #[test]
+    fn an_unknown_sequence_is_refused_and_a_start_resets() {
+        let t = table(8);
+        let error = tick(&t, &control(5, false, false), 0.0).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "model 'm': sequence 5 is not active (never started, ended, or dropped); \
+             send its first request with sequence_start = true"
+        );
+        tick(&t, &control(5, true, false), 7.0).unwrap();
+        assert_eq!(tick(&t, &control(5, true, false), 8.0).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn sequences_keep_their_own_state() {
+        let t = table(8);
+        tick(&t, &control(1, true, false), 10.0).unwrap();
+        tick(&t, &control(2, true, false), 20.0).unwrap();
+        assert_eq!(tick(&t, &control(1, false, false), 11.0).unwrap(), 10.0);
+        assert_eq!(tick(&t, &control(2, false, false), 21.0).unwrap(), 20.0);
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let t = table(2);
+        tick(&t, &control(1, true, false), 1.0).unwrap();
+        tick(&t, &control(2, true, false), 1.0).unwrap();
+        let error = tick(&t, &control(3, true, false), 1.0).unwrap_err();
+        assert!(error.to_string().contains("keeps 2 sequences"), "{error}");
+        tick(&t, &control(1, false, true), 1.0).unwrap();
+        tick(&t, &control(3, true, false), 1.0).unwrap();
+    }
+
+    #[test]
+    fn turns_go_in_arrival_order_and_a_caller_that_left_is_skipped() {
+        let t = table(8);
+        let id = SequenceId::Number(9);
+        let Entry::Now(first) = t.enter(&id, Purpose::Tick { start: true }).unwrap() else {
+            panic!()
+        };
+        let Entry::Waiting(mut second) = t.enter(&id, Purpose::Tick { start: false }).unwrap()
+        else {
+            panic!()
+        };
+        let Entry::Waiting(third) = t.enter(&id, Purpose::Tick { start: false }).unwrap() else {
+            panic!()
+        };
+        let Entry::Waiting(mut fourth) = t.enter(&id, Purpose::Tick { start: false }).unwrap()
+        else {
+            panic!()
+        };
+        drop(third);
+        drop(first);
+        let second_turn = second.try_recv().unwrap();
+        assert!(fourth.try_recv().is_err(), "the fourth went before the second finished");
+        drop(second_turn);
+        // The third left: the fourth is next.
+        assert!(fourth.try_recv().is_ok());
+    }
+
+    #[test]
+    fn waiting_requests_per_sequence_are_bounded() {
+        let t = table(8);
+        let id = SequenceId::Number(1);
+        let _holder = t.enter(&id, Purpose::Tick { start: true }).unwrap();
+        let mut waiting = Vec::new();
+        for _ in 0..MAX_PENDING_PER_SEQUENCE {
+            waiting.push(t.enter(&id, Purpose::Tick { start: false }).unwrap());
+        }
+        let error = t.enter(&id, Purpose::Tick { start: false }).unwrap_err();
+        assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
+    }
+
+    #[test]
+    fn an_idle_sequence_expires_with_a_clear_error_or_restarts() {
+        let idle = Duration::from_millis(20);
+        let t = Arc::new(Sequences::new("m", spec(8, idle, IdleAction::Error)));
+        tick(&t, &control(1, true, false), 1.0).unwrap();
+        tick(&t, &control(2, true, false), 1.0).unwrap();
+        std::thread::sleep(idle * 2);
+        let error = tick(&t, &control(1, false, false), 0.0).unwrap_err();
+        assert!(
+            error.to_string().contains("sequence 1 expired after 20ms idle"),
+            "{error}"
+        );
+        // Sequence 2 is swept, and still told it expired.
+        t.sweep();
+        assert_eq!(t.active(), 0);
+        let error = tick(&t, &control(2, false, false), 0.0).unwrap_err();
+        assert!(matches!(error, Error::SequenceExpired { .. }), "{error}");
+        // A start brings it back.
+        tick(&t, &control(2, true, false), 5.0).unwrap();
+        assert_eq!(tick(&t, &control(2, false, false), 0.0).unwrap(), 5.0);
+
+        let t = Arc::new(Sequences::new("m", spec(8, idle, IdleAction::Restart)));
+        tick(&t, &control(1, true, false), 1.0).unwrap();
+        tick(&t, &control(2, true, false), 1.0).unwrap();
+        std::thread::sleep(idle * 2);
+        t.sweep();
+        for id in [1, 2] {
+            let c = control(id, false, false);
+            let Entry::Now(turn) = t.enter(&c.id, Purpose::Tick { start: false }).unwrap() else {
+                panic!()
+            };
+            let started = turn.begin(&c).unwrap();
+            assert!(started.restarted, "sequence {id}");
+            assert_eq!(value(&started.state), 0.0);
+            turn.finish(&c, row(3.0));
+        }
+        assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 3.0);
+    }
+
+    #[tokio::test]
+    async fn state_reads_writes_and_drops_take_their_turn() {
+        let t = table(8);
+        let id = SequenceId::Text("AAPL".into());
+        t.write(&id, row(4.0), None).await.unwrap();
+        let read = t.read(&id, None).await.unwrap();
+        assert_eq!((read.ticks, value(&read.state)), (0, 4.0));
+        let c = SequenceControl {
+            id: id.clone(),
+            start: false,
+            end: false,
+        };
+        assert_eq!(tick(&t, &c, 6.0).unwrap(), 4.0);
+        assert_eq!(t.snapshot(), vec![(id.clone(), 1, row(6.0))]);
+        t.remove(&id, None).await.unwrap();
+        assert!(matches!(
+            t.read(&id, None).await,
+            Err(Error::SequenceNotActive { .. })
+        ));
+        let back = table(8);
+        assert_eq!(back.restore(vec![(id.clone(), 1, row(6.0))]), 1);
+        assert_eq!(value(&back.read(&id, None).await.unwrap().state), 6.0);
+    }
+}
