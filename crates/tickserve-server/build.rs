@@ -28,9 +28,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.bytes([
         ".inference.ModelInferRequest.raw_input_contents",
         ".tensorflow.TensorProto.tensor_content",
+        ".tickserve.StateTensor.contents",
     ]);
     let include = protoc_bin_vendored::include_path()?;
-    let mut protos = vec![format!("{proto_dir}/grpc_service.proto")];
+    let mut protos = vec![
+        format!("{proto_dir}/grpc_service.proto"),
+        format!("{proto_dir}/tickserve_sequence.proto"),
+    ];
     protos.extend(TF_SERVING.iter().map(|p| format!("{proto_dir}/{p}")));
     tonic_prost_build::configure()
         // prost's codec behind a check of repeated-field entry counts.

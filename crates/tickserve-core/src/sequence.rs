@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::durations;
 use crate::monte_carlo::ParamValue;
-use crate::{Error, Signature, TensorSpec};
+use crate::{Error, InputTensor, OutputTensor, Signature, TensorSpec};
 
 /// The longest `max_sequence_idle`: a trading week.
 pub const MAX_SEQUENCE_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -108,6 +108,8 @@ pub struct StateSpec {
     pub output_index: usize,
     /// One row of the initial value.
     pub initial: Bytes,
+    /// The file it came from (relative to the model's directory); `None`: zeros.
+    pub initial_file: Option<String>,
 }
 
 /// A stateful model's sequence settings, fixed at load.
@@ -225,6 +227,7 @@ impl SequenceSpec {
                 output: output.name.clone(),
                 output_index,
                 initial,
+                initial_file: pair.initial_file.clone(),
             });
         }
         let mut public = Signature {
@@ -264,6 +267,88 @@ impl SequenceSpec {
             idle_action: config.idle_action,
             max_sequences,
         }))
+    }
+}
+
+impl SequenceSpec {
+    /// A signature whose inputs are the state inputs: what a state write
+    /// sends, decoded as an inference request's inputs are.
+    pub fn state_signature(&self) -> Signature {
+        Signature {
+            inputs: self.states.iter().map(|s| s.input.clone()).collect(),
+            outputs: Vec::new(),
+        }
+    }
+
+    /// The state rows a client wrote, in the model's order: every state
+    /// input once, by name, with its datatype, shape `[1, dims...]` and bytes.
+    pub fn state_rows(&self, model: &str, tensors: Vec<InputTensor>) -> Result<Vec<Bytes>, Error> {
+        let mut rows: Vec<Option<Bytes>> = vec![None; self.states.len()];
+        for tensor in tensors {
+            let Some(index) = self.states.iter().position(|s| s.input.name == tensor.name) else {
+                return Err(Error::input(
+                    model,
+                    &tensor.name,
+                    format!("one of the model's state inputs ({})", self.state_names()),
+                    "a tensor that is not a state",
+                ));
+            };
+            let spec = &self.states[index].input;
+            if tensor.datatype != spec.datatype {
+                return Err(Error::input(
+                    model,
+                    &tensor.name,
+                    format!("datatype {}", spec.datatype),
+                    tensor.datatype.to_string(),
+                ));
+            }
+            let expected: Vec<i64> = std::iter::once(1)
+                .chain(spec.dims.iter().map(|&d| d as i64))
+                .collect();
+            if tensor.shape != expected || tensor.data.len() != spec.row_bytes() {
+                return Err(Error::input(
+                    model,
+                    &tensor.name,
+                    format!("shape {expected:?} ({} bytes)", spec.row_bytes()),
+                    format!("shape {:?} ({} bytes)", tensor.shape, tensor.data.len()),
+                ));
+            }
+            if rows[index].replace(tensor.data).is_some() {
+                return Err(Error::input(model, &tensor.name, "once", "twice"));
+            }
+        }
+        rows.into_iter()
+            .zip(&self.states)
+            .map(|(row, state)| {
+                row.ok_or_else(|| {
+                    Error::input(model, &state.input.name, "a tensor for every state", "none")
+                })
+            })
+            .collect()
+    }
+
+    /// A sequence's state rows as tensors named by their state inputs, shape `[1, dims...]`.
+    pub fn state_tensors(&self, rows: &[Bytes]) -> Vec<OutputTensor> {
+        self.states
+            .iter()
+            .zip(rows)
+            .map(|(state, row)| OutputTensor {
+                name: state.input.name.clone(),
+                datatype: state.input.datatype,
+                shape: std::iter::once(1)
+                    .chain(state.input.dims.iter().map(|&d| d as i64))
+                    .collect(),
+                data: row.to_vec(),
+            })
+            .collect()
+    }
+
+    fn state_names(&self) -> String {
+        self.states
+            .iter()
+            .map(|s| s.input.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

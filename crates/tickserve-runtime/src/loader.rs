@@ -30,6 +30,7 @@ use crate::job::Job;
 use crate::member::{Member, RetiredLog, Version};
 use crate::models::{Loaded, ModelHandle, Replica, ReplicaInfo, VersionState};
 use crate::settings::ModelSettings;
+use tickserve_core::sequence::SequenceSpec;
 use crate::stats::ModelStats;
 use crate::worker::{self, CompileInput, Intake, LoadReport, WorkerStart};
 
@@ -562,6 +563,9 @@ pub fn versions_of(outcomes: Vec<Outcome>) -> BTreeMap<(String, u64), VersionSta
 /// One version's state from its replicas' outcomes.
 fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionState {
     let version = version.to_string();
+    let sequence_of = replicas
+        .first()
+        .map(|(c, _)| (c.config.sequence.clone(), c.onnx_path.clone()));
     let mut joined = Vec::with_capacity(replicas.len());
     let mut failure = None;
     for (candidate, outcome) in replicas {
@@ -579,11 +583,35 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
             Err(_) => {}
         }
     }
+    // A stateful model's state pairs, against the full signature (its
+    // outputs are known once compiled).
+    let sequence = match (&sequence_of, joined.first()) {
+        (Some((config, onnx_path)), Some(first)) => {
+            let model_dir = onnx_path
+                .parent()
+                .and_then(std::path::Path::parent)
+                .unwrap_or(std::path::Path::new("."));
+            SequenceSpec::resolve(config, &first.signature, model_dir).map(|s| s.map(Arc::new))
+        }
+        _ => Ok(None),
+    };
+    let (failure, sequence) = match sequence {
+        Ok(sequence) => (failure, sequence),
+        Err(reason) => (failure.or(Some(reason)), None),
+    };
+    if let Some(first) = joined.first_mut() {
+        first.settings.sequence = sequence;
+    }
     let state = match (failure, joined.first()) {
         (None, Some(first)) => {
             let devices: Vec<String> = joined.iter().map(|j| j.family.device.to_string()).collect();
+            // A stateful model's clients see its signature without the state.
+            let signature = match &first.settings.sequence {
+                Some(sequence) => sequence.public.clone(),
+                None => first.signature.clone(),
+            };
             let loaded = Loaded {
-                signature: first.signature.clone(),
+                signature,
                 settings: first.settings.clone(),
                 family_key: first.family.key.clone(),
                 shares_graph: first.family.shares_graph,

@@ -14,15 +14,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tickserve_core::durations;
+use tickserve_core::monte_carlo::Plan;
 use tickserve_core::priority::TimeoutAction;
-use tickserve_core::validate::validate;
+use tickserve_core::sequence::{InputSource, SequenceControl, SequenceSpec};
+use tickserve_core::validate::{ValidRequest, validate};
 use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, metrics as names};
 
 use crate::admission::ModelQueue;
 use crate::family::{Family, Submission};
 use crate::member::Member;
 use crate::repository::ModelDir;
+use crate::sequences::{Entry, Purpose, Sequences};
 use crate::settings::ModelSettings;
 use crate::stats::ModelStats;
 
@@ -76,6 +80,27 @@ pub struct ModelHandle {
     /// Where the next search for the shortest queue starts (round robin
     /// among equals).
     next_replica: AtomicUsize,
+    /// A stateful model's sequences (shared by its replicas: state lives in
+    /// host memory and any replica can run any sequence's next tick).
+    sequences: Option<Arc<Sequences>>,
+}
+
+/// A request validated and placed, waiting to run ([`ModelHandle::prepare`]).
+#[derive(Debug)]
+pub struct Prepared {
+    submission: Submission,
+    monte_carlo: Option<Plan>,
+    sequence: Option<SequenceTick>,
+}
+
+/// A request's place in its sequence.
+#[derive(Debug)]
+struct SequenceTick {
+    control: SequenceControl,
+    entry: Entry,
+    /// With Monte Carlo: the clean inputs, run after the noisy copies; the
+    /// sequence's next state comes from that row.
+    clean: Option<Vec<Bytes>>,
 }
 
 /// One replica of a model version.
@@ -94,6 +119,11 @@ impl ModelHandle {
         ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
+            sequences: loaded
+                .settings
+                .sequence
+                .as_ref()
+                .map(|spec| Arc::new(Sequences::new(name, Arc::clone(spec)))),
             loaded,
             replicas,
             next_replica: AtomicUsize::new(0),
@@ -127,7 +157,53 @@ impl ModelHandle {
     /// Validates `request` against this version, and answers it on the
     /// replica with the shortest queue.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        let prepared = self.prepare(request)?;
+        self.run(prepared).await
+    }
+
+    /// The synchronous half of [`ModelHandle::infer`]: validates `request`,
+    /// plans its Monte Carlo expansion, places it in its priority level and,
+    /// for a stateful model, queues it for its sequence's turn. Requests
+    /// prepared one after another run in that order within a sequence (a
+    /// stream prepares its messages in order, then runs them concurrently).
+    pub fn prepare(&self, request: InferRequest) -> Result<Prepared, Error> {
         let valid = validate(&request, &self.signature, &self.settings.limits)?;
+        let sequence = match (&self.sequences, request.sequence) {
+            (None, None) => None,
+            (None, Some(control)) => {
+                return Err(Error::request(
+                    &self.name,
+                    format!(
+                        "the model keeps no sequence state (no [[sequence.state]] in its \
+                         model.toml); got sequence_id {}",
+                        control.id
+                    ),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(Error::request(
+                    &self.name,
+                    "the model keeps state per sequence: each request names its sequence \
+                     (parameter sequence_id, with sequence_start = true on its first request)",
+                ));
+            }
+            (Some(sequences), Some(control)) => {
+                if valid.rows != 1 {
+                    return Err(Error::request(
+                        &self.name,
+                        format!(
+                            "a request of sequence {} carries one tick, 1 row; got {} rows",
+                            control.id, valid.rows
+                        ),
+                    ));
+                }
+                let purpose = Purpose::Tick {
+                    start: control.start,
+                };
+                let entry = sequences.enter(&control.id, purpose)?;
+                Some((control, entry))
+            }
+        };
         // Monte Carlo: the request's rows, each as many noisy copies, run as
         // one request; the answer is their summary.
         let monte_carlo = match &request.monte_carlo {
@@ -139,9 +215,14 @@ impl ModelHandle {
                 valid.rows,
             )?),
         };
-        let valid = match &monte_carlo {
-            Some(plan) => plan.expand(&valid, &self.signature),
-            None => valid,
+        let (valid, clean) = match &monte_carlo {
+            Some(plan) => {
+                let noisy = plan.expand(&valid, &self.signature);
+                // A sequence advances on its clean row only (kept for the run).
+                let clean = sequence.as_ref().map(|_| valid.inputs);
+                (noisy, clean)
+            }
+            None => (valid, None),
         };
         let admitted = Instant::now();
         let deadline = request.deadline.or_else(|| {
@@ -158,6 +239,59 @@ impl ModelHandle {
             (TimeoutAction::Reject, Some(at)) => (Some(deadline.map_or(at, |d| d.min(at))), None),
             (TimeoutAction::Delay, Some(at)) => (deadline, Some(at)),
         };
+        Ok(Prepared {
+            submission: Submission {
+                request: valid,
+                id: request.id,
+                admitted,
+                deadline,
+                level: placement.level,
+                delay_at,
+            },
+            monte_carlo,
+            sequence: sequence.map(|(control, entry)| SequenceTick {
+                control,
+                entry,
+                clean,
+            }),
+        })
+    }
+
+    /// The asynchronous half of [`ModelHandle::infer`]: waits for the
+    /// sequence's turn (a stateful model), runs the request on the replica
+    /// with the shortest queue, keeps the new state, summarizes Monte Carlo.
+    pub async fn run(&self, prepared: Prepared) -> Result<InferResponse, Error> {
+        let Prepared {
+            mut submission,
+            monte_carlo,
+            sequence,
+        } = prepared;
+        let (answer, restarted) = match (sequence, &self.sequences) {
+            (Some(tick), Some(sequences)) => {
+                let turn = tick
+                    .entry
+                    .turn(&self.name, submission.deadline)
+                    .await?;
+                let start = turn.begin(&tick.control)?;
+                let spec = sequences.spec();
+                submission.request = with_state(spec, submission.request, tick.clean, &start.state);
+                let mut answer = self.submit(submission).await?;
+                let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
+                turn.finish(&tick.control, next);
+                (answer, start.restarted)
+            }
+            _ => (self.submit(submission).await?, false),
+        };
+        let mut answer = match monte_carlo {
+            Some(plan) => plan.reduce(answer),
+            None => answer,
+        };
+        answer.sequence_restarted = restarted;
+        Ok(answer)
+    }
+
+    /// Submits to the replica with the shortest queue.
+    async fn submit(&self, submission: Submission) -> Result<InferResponse, Error> {
         let Some(replica) = self.route() else {
             return Err(Error::ModelNotReady {
                 model: self.name.clone(),
@@ -168,19 +302,12 @@ impl ModelHandle {
                 },
             });
         };
-        let submission = Submission {
-            request: valid,
-            id: request.id,
-            admitted,
-            deadline,
-            level: placement.level,
-            delay_at,
-        };
-        let answer = replica.family.submit(&replica.member, submission).await?;
-        Ok(match monte_carlo {
-            Some(plan) => plan.reduce(answer),
-            None => answer,
-        })
+        replica.family.submit(&replica.member, submission).await
+    }
+
+    /// The sequence table of a stateful model.
+    pub fn sequences(&self) -> Option<&Arc<Sequences>> {
+        self.sequences.as_ref()
     }
 
     /// Closes every replica's queue (shutdown).
@@ -200,6 +327,87 @@ impl ModelHandle {
             .filter(|r| r.family.failure().is_none())
             .min_by_key(|r| r.family.queued_rows())
     }
+}
+
+/// `request` (the client's inputs, Monte Carlo's noisy copies included) with
+/// the sequence's `state` rows in their places, in the graph's input order,
+/// and the state outputs asked for after the client's. With Monte Carlo the
+/// `clean` row runs last, and every row gets the same state.
+fn with_state(
+    spec: &SequenceSpec,
+    mut request: ValidRequest,
+    clean: Option<Vec<Bytes>>,
+    state: &[Bytes],
+) -> ValidRequest {
+    let rows = request.rows + usize::from(clean.is_some());
+    let mut client = std::mem::take(&mut request.inputs);
+    if let Some(clean) = clean {
+        for (noisy, row) in client.iter_mut().zip(clean) {
+            let mut joined = Vec::with_capacity(noisy.len() + row.len());
+            joined.extend_from_slice(noisy);
+            joined.extend_from_slice(&row);
+            *noisy = Bytes::from(joined);
+        }
+    }
+    let inputs = spec
+        .input_sources
+        .iter()
+        .map(|source| match *source {
+            InputSource::Client(i) => client.get_mut(i).map(std::mem::take).unwrap_or_default(),
+            InputSource::State(s) => {
+                let row = state.get(s).cloned().unwrap_or_default();
+                if rows == 1 {
+                    row
+                } else {
+                    Bytes::from(row.repeat(rows))
+                }
+            }
+        })
+        .collect();
+    let outputs = request
+        .outputs
+        .iter()
+        .filter_map(|&o| spec.output_indices.get(o).copied())
+        .chain(spec.states.iter().map(|s| s.output_index))
+        .collect();
+    ValidRequest {
+        rows,
+        inputs,
+        outputs,
+    }
+}
+
+/// Takes the state outputs (the last ones, see [`with_state`]) out of
+/// `answer`: the sequence's next state. With Monte Carlo, `clean_row` is the
+/// clean row's index: the state is that row's, and the row leaves the other
+/// outputs too.
+fn take_state(spec: &SequenceSpec, answer: &mut InferResponse, clean_row: Option<usize>) -> Vec<Bytes> {
+    let at = answer.outputs.len().saturating_sub(spec.states.len());
+    let states = answer.outputs.split_off(at);
+    let Some(row) = clean_row else {
+        return states.into_iter().map(|t| Bytes::from(t.data)).collect();
+    };
+    let rows = row + 1;
+    for output in &mut answer.outputs {
+        let row_bytes = output.data.len() / rows;
+        output.data.truncate(row * row_bytes);
+        if let Some(batch) = output.shape.first_mut() {
+            *batch = row as i64;
+        }
+    }
+    states
+        .into_iter()
+        .map(|t| {
+            let row_bytes = t.data.len() / rows;
+            Bytes::copy_from_slice(t.data.get(row * row_bytes..).unwrap_or_default())
+        })
+        .collect()
+}
+
+/// The clean row's index in a Monte Carlo run of a sequence: after every
+/// noisy copy.
+fn tick_row_of(monte_carlo: &Option<Plan>) -> Option<usize> {
+    monte_carlo.as_ref().map(Plan::total_rows)
 }
 
 impl std::ops::Deref for ModelHandle {

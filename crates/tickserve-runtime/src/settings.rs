@@ -2,12 +2,14 @@
 //! `model_defaults`, plus what the ONNX file implies (tree ensembles allow NaN).
 //! (Where its replicas run is [`crate::engines::Engines::replicas`].)
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::monte_carlo::MonteCarloSettings;
 use tickserve_core::priority::Priorities;
+use tickserve_core::sequence::SequenceSpec;
 use tickserve_core::validate::Limits;
 use tickserve_core::{Buckets, TensorSpec};
 
@@ -34,17 +36,30 @@ pub struct ModelSettings {
     pub monte_carlo: MonteCarloSettings,
     /// Priority levels and their queue policies.
     pub priorities: Priorities,
+    /// For a stateful model: its state pairs, the signature clients see, its
+    /// idle policy and table bound.
+    pub sequence: Option<Arc<SequenceSpec>>,
+
 }
 
 impl ModelSettings {
-    /// Merges `config` over `defaults` for a model with `inputs`;
-    /// `tree_ensemble` picks the NaN default.
+    /// Merges `config` over `defaults` for a model whose graph has
+    /// `inputs`; `tree_ensemble` picks the NaN default. A stateful model's
+    /// [`ModelSettings::sequence`] is resolved once its outputs are known
+    /// (after compiling: [`SequenceSpec::resolve`]).
     pub fn resolve(
         config: &ModelConfig,
         defaults: &ModelDefaults,
         inputs: &[TensorSpec],
         tree_ensemble: bool,
     ) -> Result<ModelSettings, String> {
+        // What clients send: a stateful model's state inputs are the server's.
+        let inputs: Vec<TensorSpec> = inputs
+            .iter()
+            .filter(|t| !config.sequence.state.iter().any(|s| s.input == t.name))
+            .cloned()
+            .collect();
+        let inputs = inputs.as_slice();
         let sizes = config.buckets.as_deref().unwrap_or(&defaults.buckets);
         let buckets =
             Buckets::new(sizes, config.max_batch_size).map_err(|e| format!("buckets: {e}"))?;
@@ -87,6 +102,7 @@ impl ModelSettings {
             monte_carlo: MonteCarloSettings::resolve(&config.monte_carlo, inputs, max_queue_rows)?,
             priorities: Priorities::resolve(&config.priority)
                 .map_err(|e| format!("priority.{e}"))?,
+            sequence: None,
         })
     }
 }

@@ -209,6 +209,15 @@ pub fn http_group(path: &str) -> Option<EndpointGroup> {
     let mut parts = rest.split('/');
     let _model = parts.next()?;
     let tail: Vec<&str> = parts.collect();
+    // The sequence-state API: [versions, V] then sequences[/read|write|drop].
+    let sequence_api = match tail.as_slice() {
+        ["versions", _, "sequences", rest @ ..] | ["sequences", rest @ ..] => Some(rest),
+        _ => None,
+    };
+    if let Some(rest) = sequence_api {
+        return matches!(rest, [] | ["read" | "write" | "drop"])
+            .then_some(EndpointGroup::ModelRepository);
+    }
     // [versions, V] then the endpoint's own segment, if any.
     let last = match tail.as_slice() {
         ["versions", _] | [] => None,
@@ -237,6 +246,9 @@ pub fn grpc_group(path: &str) -> Option<EndpointGroup> {
         }
         "/tensorflow.serving.ModelService/GetModelStatus" => return Some(EndpointGroup::Health),
         _ => {}
+    }
+    if path.starts_with("/tickserve.SequenceService/") {
+        return Some(EndpointGroup::ModelRepository);
     }
     let method = path.strip_prefix("/inference.GRPCInferenceService/")?;
     Some(match method {

@@ -46,11 +46,13 @@ pub const SERVER_NAME: &str = "tickserve";
 /// The server's version in metadata responses.
 pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Protocol extensions tickserve serves, as reported by server metadata.
-pub const EXTENSIONS: [&str; 5] = [
+pub const EXTENSIONS: [&str; 7] = [
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
     "parameters",
+    "sequence(string_id)",
+    "sequence",
     "statistics",
 ];
 /// Response header (HTTP) and metadata key (gRPC): microseconds the request

@@ -35,8 +35,13 @@ pub struct ModelConfigView {
     pub output: Vec<TensorView>,
     /// One group per replica.
     pub instance_group: Vec<InstanceGroupView>,
-    /// The batcher's settings.
-    pub dynamic_batching: DynamicBatchingView,
+    /// The batcher's settings (a stateless model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_batching: Option<DynamicBatchingView>,
+    /// The sequence batcher's settings and the state kept per sequence (a
+    /// stateful model); Triton reports one or the other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_batching: Option<SequenceBatchingView>,
     /// `family`: the family key.
     pub parameters: BTreeMap<&'static str, ParameterView>,
 }
@@ -99,6 +104,69 @@ pub struct DynamicBatchingView {
     /// Each level's policy, by level.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub priority_queue_policy: BTreeMap<u64, QueuePolicyView>,
+}
+
+/// A stateful model's scheduling, as Triton's `sequence_batching` describes
+/// it: the "oldest" strategy (requests of different sequences batch
+/// together, one per sequence, oldest first) and the implicit state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SequenceBatchingView {
+    /// `max_sequence_idle` in microseconds; 0: never (Triton reads 0 as its
+    /// 1-second default; tickserve does not).
+    pub max_sequence_idle_microseconds: u64,
+    /// Inputs carrying control values: none (the server resets a sequence's
+    /// state itself at its start).
+    pub control_input: Vec<()>,
+    /// The strategy.
+    pub oldest: OldestView,
+    /// The state pairs.
+    pub state: Vec<StateView>,
+}
+
+/// Triton's `StrategyOldest`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OldestView {
+    /// `max_sequences`: the most sequences kept at once.
+    pub max_candidate_sequences: usize,
+    /// The buckets.
+    pub preferred_batch_size: Vec<usize>,
+    /// The configured `max_queue_delay`, in microseconds.
+    pub max_queue_delay_microseconds: u64,
+}
+
+/// One state pair, as Triton's `sequence_batching.state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StateView {
+    /// The state input.
+    pub input_name: String,
+    /// The output that becomes its next value.
+    pub output_name: String,
+    /// Its datatype (`TYPE_FP32`).
+    pub data_type: String,
+    /// Its dimensions after the batch.
+    pub dims: Vec<usize>,
+    /// How it starts.
+    pub initial_state: Vec<InitialStateView>,
+    /// Its datatype.
+    #[serde(skip)]
+    pub datatype: DataType,
+}
+
+/// How a state starts, as Triton's `InitialState`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InitialStateView {
+    /// The state's name.
+    pub name: String,
+    /// Its datatype.
+    pub data_type: String,
+    /// Its dimensions after the batch.
+    pub dims: Vec<usize>,
+    /// Zeros.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zero_data: Option<bool>,
+    /// Or a file in the model's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_file: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -174,14 +242,12 @@ impl ModelConfigView {
             input: tensors(&loaded.signature.inputs),
             output: tensors(&loaded.signature.outputs),
             instance_group,
-            dynamic_batching: DynamicBatchingView {
+            dynamic_batching: loaded.settings.sequence.is_none().then(|| DynamicBatchingView {
                 preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
-                max_queue_delay_microseconds: u64::try_from(
-                    loaded.settings.max_queue_delay.as_micros(),
-                )
-                .unwrap_or(u64::MAX),
+                max_queue_delay_microseconds: micros(loaded.settings.max_queue_delay),
                 ..priority_view(&loaded.settings.priorities)
-            },
+            }),
+            sequence_batching: sequence_view(loaded),
             parameters: monte_carlo_parameters(loaded)
                 .into_iter()
                 .chain([("family", loaded.family_key.clone())])
@@ -189,6 +255,43 @@ impl ModelConfigView {
                 .collect(),
         }
     }
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `sequence_batching` for a stateful model.
+fn sequence_view(loaded: &Loaded) -> Option<SequenceBatchingView> {
+    let spec = loaded.settings.sequence.as_ref()?;
+    let data_type = |t: &TensorSpec| format!("TYPE_{}", t.datatype.as_str());
+    Some(SequenceBatchingView {
+        max_sequence_idle_microseconds: spec.max_idle.map_or(0, micros),
+        control_input: Vec::new(),
+        oldest: OldestView {
+            max_candidate_sequences: spec.max_sequences,
+            preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
+            max_queue_delay_microseconds: micros(loaded.settings.max_queue_delay),
+        },
+        state: spec
+            .states
+            .iter()
+            .map(|s| StateView {
+                input_name: s.input.name.clone(),
+                output_name: s.output.clone(),
+                data_type: data_type(&s.input),
+                dims: s.input.dims.clone(),
+                initial_state: vec![InitialStateView {
+                    name: format!("{}_initial", s.input.name),
+                    data_type: data_type(&s.input),
+                    dims: s.input.dims.clone(),
+                    zero_data: s.initial_file.is_none().then_some(true),
+                    data_file: s.initial_file.clone(),
+                }],
+                datatype: s.input.datatype,
+            })
+            .collect(),
+    })
 }
 
 /// The priority fields of `dynamic_batching`: empty for a model without levels.
@@ -399,6 +502,7 @@ mod tests {
                     perturbed: vec![Some(Vec::new())],
                 },
                 priorities: Default::default(),
+                sequence: None,
             },
             family_key: "f00d".into(),
             shares_graph: true,

@@ -114,6 +114,8 @@ pub enum Protocol {
     Http,
     /// KServe v2 over gRPC.
     Grpc,
+    /// KServe v2 over gRPC, on a `ModelStreamInfer` stream.
+    GrpcStream,
     /// TF Serving's REST API (`/v1/models/...`).
     TfServingRest,
     /// TF Serving's gRPC API (`tensorflow.serving.PredictionService`).
@@ -121,12 +123,13 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    /// The `protocol` label of every metric (`http`, `grpc`, `tfs_rest`,
-    /// `tfs_grpc`).
+    /// The `protocol` label of every metric (`http`, `grpc`, `grpc_stream`,
+    /// `tfs_rest`, `tfs_grpc`).
     pub const fn label(self) -> &'static str {
         match self {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",
+            Protocol::GrpcStream => "grpc_stream",
             Protocol::TfServingRest => "tfs_rest",
             Protocol::TfServingGrpc => "tfs_grpc",
         }

@@ -306,7 +306,17 @@ pub fn encode(response: InferResponse, raw: bool) -> pb::ModelInferResponse {
         model_name: response.model,
         model_version: response.version,
         id: response.id,
-        parameters: Default::default(),
+        parameters: if response.sequence_restarted {
+            [(
+                "sequence_restarted".to_string(),
+                pb::InferParameter {
+                    parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
+                },
+            )]
+            .into()
+        } else {
+            Default::default()
+        },
         outputs,
         raw_output_contents,
     }

@@ -5,6 +5,8 @@
 
 pub mod bounded;
 pub mod convert;
+pub mod sequences;
+pub mod stream;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +18,9 @@ use tonic::{Request, Response, Status};
 
 use crate::access::Access;
 use crate::listen::{self, ConnectionLimits};
-use crate::model_view::{DurationView, InstanceKind, ModelConfigView, StatisticsView};
+use crate::model_view::{
+    DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
+};
 use crate::observe::{self, Protocol};
 use crate::tls::Tls;
 use crate::{
@@ -31,6 +35,7 @@ pub mod pb {
 }
 
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use pb::model_config::SchedulingChoice;
 
 /// Serves gRPC on `listener` behind `access`, over `tls` when
 /// given, within `limits`, until `stop`
@@ -50,7 +55,9 @@ pub async fn serve(
         .await;
     let (predictions, model_status) =
         crate::tfserving::grpc::TfServing::services(Arc::clone(&shared), limit);
-    let service = GrpcInferenceServiceServer::new(InferenceService { shared })
+    let service = GrpcInferenceServiceServer::new(InferenceService {
+        shared: Arc::clone(&shared),
+    })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
     // Served by hyper (`listen`) rather than tonic's transport: tonic's
@@ -61,6 +68,7 @@ pub async fn serve(
         .add_service(service)
         .add_service(predictions)
         .add_service(model_status)
+        .add_service(sequences::Sequence::service(Arc::clone(&shared)))
         .into_axum_router()
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_invalid_argument::<axum::body::Body>,
@@ -202,6 +210,52 @@ fn model_statistics(handle: &ModelHandle) -> pb::ModelStatistics {
 }
 
 /// The configuration view as the gRPC message.
+fn sizes(sizes: &[usize]) -> Vec<i32> {
+    sizes
+        .iter()
+        .map(|&s| i32::try_from(s).unwrap_or(i32::MAX))
+        .collect()
+}
+
+/// Triton's `ModelSequenceBatching` from the view.
+fn sequence_batching(view: SequenceBatchingView) -> pb::ModelSequenceBatching {
+    use pb::model_sequence_batching as sb;
+    let dims = |dims: &[usize]| dims.iter().map(|&d| d as i64).collect::<Vec<i64>>();
+    pb::ModelSequenceBatching {
+        max_sequence_idle_microseconds: view.max_sequence_idle_microseconds,
+        control_input: Vec::new(),
+        strategy_choice: Some(sb::StrategyChoice::Oldest(sb::StrategyOldest {
+            max_candidate_sequences: i32::try_from(view.oldest.max_candidate_sequences)
+                .unwrap_or(i32::MAX),
+            preferred_batch_size: sizes(&view.oldest.preferred_batch_size),
+            max_queue_delay_microseconds: view.oldest.max_queue_delay_microseconds,
+        })),
+        state: view
+            .state
+            .into_iter()
+            .map(|s| sb::State {
+                input_name: s.input_name,
+                output_name: s.output_name,
+                data_type: config_type(s.datatype),
+                dims: dims(&s.dims),
+                initial_state: s
+                    .initial_state
+                    .into_iter()
+                    .map(|i| sb::InitialState {
+                        data_type: config_type(s.datatype),
+                        dims: dims(&i.dims),
+                        name: i.name,
+                        state_data: Some(match i.data_file {
+                            Some(file) => sb::initial_state::StateData::DataFile(file),
+                            None => sb::initial_state::StateData::ZeroData(true),
+                        }),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
 fn model_config(view: ModelConfigView) -> pb::ModelConfig {
     let dims = |dims: &[usize]| dims.iter().map(|&d| d as i64).collect();
     pb::ModelConfig {
@@ -244,24 +298,26 @@ fn model_config(view: ModelConfigView) -> pb::ModelConfig {
                 } as i32,
             })
             .collect(),
-        dynamic_batching: Some(pb::ModelDynamicBatching {
-            preferred_batch_size: view
-                .dynamic_batching
-                .preferred_batch_size
-                .iter()
-                .map(|&s| i32::try_from(s).unwrap_or(i32::MAX))
-                .collect(),
-            max_queue_delay_microseconds: view.dynamic_batching.max_queue_delay_microseconds,
-            priority_levels: view.dynamic_batching.priority_levels,
-            default_priority_level: view.dynamic_batching.default_priority_level,
-            default_queue_policy: view.dynamic_batching.default_queue_policy.map(queue_policy),
-            priority_queue_policy: view
-                .dynamic_batching
-                .priority_queue_policy
-                .iter()
-                .map(|(level, policy)| (*level, queue_policy(*policy)))
-                .collect(),
-        }),
+        scheduling_choice: match (view.dynamic_batching, view.sequence_batching) {
+            (_, Some(sequence)) => Some(SchedulingChoice::SequenceBatching(sequence_batching(
+                sequence,
+            ))),
+            (Some(dynamic), None) => Some(SchedulingChoice::DynamicBatching(
+                pb::ModelDynamicBatching {
+                    preferred_batch_size: sizes(&dynamic.preferred_batch_size),
+                    max_queue_delay_microseconds: dynamic.max_queue_delay_microseconds,
+                    priority_levels: dynamic.priority_levels,
+                    default_priority_level: dynamic.default_priority_level,
+                    default_queue_policy: dynamic.default_queue_policy.map(queue_policy),
+                    priority_queue_policy: dynamic
+                        .priority_queue_policy
+                        .iter()
+                        .map(|(level, policy)| (*level, queue_policy(*policy)))
+                        .collect(),
+                },
+            )),
+            (None, None) => None,
+        },
         parameters: view
             .parameters
             .into_iter()
@@ -442,6 +498,15 @@ impl GrpcInferenceService for InferenceService {
             metadata.insert(key, value);
         }
         Ok(response)
+    }
+
+    type ModelStreamInferStream = stream::AnswerStream;
+
+    async fn model_stream_infer(
+        &self,
+        request: Request<tonic::Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        Ok(stream::serve(Arc::clone(&self.shared), request))
     }
 
     async fn model_config(

@@ -21,7 +21,9 @@ use tickserve_core::durations;
 use tickserve_core::monte_carlo::{self, ParamValue};
 use tickserve_core::sequence;
 use tickserve_core::validate::unknown_datatype;
-use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
+use tickserve_core::{
+    DataType, Error, InferRequest, InferResponse, InputTensor, OutputTensor, Signature,
+};
 
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -524,7 +526,15 @@ struct ResponseJson<'a> {
     model_version: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<ResponseParameters>,
     outputs: Vec<OutputJsonOut<'a>>,
+}
+
+/// The response parameters: set only when there is something to say.
+#[derive(Serialize)]
+struct ResponseParameters {
+    sequence_restarted: bool,
 }
 
 #[derive(Serialize)]
@@ -541,6 +551,19 @@ struct OutputJsonOut<'a> {
 #[derive(Serialize)]
 struct BinarySize {
     binary_data_size: usize,
+}
+
+/// One tensor as the JSON of a response's output (`name`, `datatype`,
+/// `shape`, `data`).
+pub fn tensor_json(tensor: &OutputTensor) -> Value {
+    serde_json::to_value(OutputJsonOut {
+        name: &tensor.name,
+        datatype: tensor.datatype.as_str(),
+        shape: &tensor.shape,
+        parameters: None,
+        data: Some(JsonData(tensor.datatype, &tensor.data)),
+    })
+    .unwrap_or(Value::Null)
 }
 
 /// An encoded response body and, for the binary extension, its JSON length.
@@ -571,6 +594,11 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
         model_name: &response.model,
         model_version: &response.version,
         id: &response.id,
+        parameters: response
+            .sequence_restarted
+            .then_some(ResponseParameters {
+                sequence_restarted: true,
+            }),
         outputs,
     };
     // Serializing plain structs of strings and numbers cannot fail.

@@ -5,6 +5,7 @@
 //! `{"error": "..."}` with the status of their kind.
 
 pub mod codec;
+pub mod sequences;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,6 +74,29 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/v2/models/{model}/infer", post(infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+        .route("/v2/models/{model}/sequences", get(sequences::list))
+        .route(
+            "/v2/models/{model}/versions/{version}/sequences",
+            get(sequences::list),
+        )
+        .route("/v2/models/{model}/sequences/read", post(sequences::read))
+        .route(
+            "/v2/models/{model}/versions/{version}/sequences/read",
+            post(sequences::read),
+        )
+        .route("/v2/models/{model}/sequences/write", post(sequences::write))
+        .route(
+            "/v2/models/{model}/versions/{version}/sequences/write",
+            post(sequences::write),
+        )
+        .route(
+            "/v2/models/{model}/sequences/drop",
+            post(sequences::drop_sequence),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/sequences/drop",
+            post(sequences::drop_sequence),
+        )
         .route("/v2/repository/index", post(repository_index))
         .route("/v2/repository/models/{model}/load", post(repository_load))
         .route(
@@ -171,9 +195,9 @@ pub(crate) const DECODE_IN_PLACE_BYTES: usize = 256 * 1024;
 pub const TIMEOUT_HEADER: &str = "tickserve-timeout";
 
 #[derive(Deserialize)]
-struct ModelPath {
-    model: String,
-    version: Option<String>,
+pub(crate) struct ModelPath {
+    pub(crate) model: String,
+    pub(crate) version: Option<String>,
 }
 
 /// The deadline a request's [`TIMEOUT_HEADER`] sets, if it has one.

@@ -1,0 +1,204 @@
+//! The HTTP side of the sequence-state API (docs/sequences.md): list a
+//! stateful model's sequences, read a sequence's state, write it, drop it.
+//! All four are in the `model_repository` group of the restricted APIs.
+//!
+//! `GET  /v2/models/{m}[/versions/{v}]/sequences` lists them; `POST
+//! .../sequences/read`, `.../write` and `.../drop` name their sequence as an
+//! inference request does (`{"parameters": {"sequence_id": 7}}`). A write
+//! sends the state as an inference request sends inputs (JSON `data`, or the
+//! binary extension), one tensor per state input of shape `[1, dims...]`; a
+//! read answers with them as an inference response's `outputs`. Each
+//! operation takes its turn after the sequence's requests already waiting.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+use tickserve_core::Error;
+use tickserve_core::monte_carlo::ParamValue;
+use tickserve_core::sequence::{self, SequenceId};
+use tickserve_runtime::ModelHandle;
+use tickserve_runtime::sequences::Sequences;
+
+use super::{HttpError, ModelPath, codec, read_body};
+use crate::Shared;
+
+/// How long a state operation may wait for its sequence's turn.
+pub const STATE_TURN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The model asked for, which must keep sequences.
+fn stateful(shared: &Shared, path: &ModelPath) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
+    let handle = shared.runtime.model(&path.model, path.version.as_deref())?;
+    let sequences = handle.sequences().cloned().ok_or_else(|| {
+        Error::request(
+            &handle.name,
+            "the model keeps no sequence state (no [[sequence.state]] in its model.toml)",
+        )
+    })?;
+    Ok((handle, sequences))
+}
+
+/// The `sequence_id` of a `{"parameters": {...}}` object.
+fn sequence_id(model: &str, parameters: Option<&Map<String, Value>>) -> Result<SequenceId, Error> {
+    let param = |name: &str| -> Option<ParamValue<'_>> {
+        Some(match parameters?.get(name)? {
+            Value::Bool(b) => ParamValue::Bool(*b),
+            Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(u), _, _) => ParamValue::Uint(u),
+                (None, Some(i), _) => ParamValue::Int(i),
+                (None, None, Some(x)) => ParamValue::Float(x),
+                _ => return None,
+            },
+            Value::String(s) => ParamValue::Str(s),
+            _ => ParamValue::Str("a JSON object, list or null"),
+        })
+    };
+    sequence::from_parameters(model, param)?
+        .map(|control| control.id)
+        .ok_or_else(|| {
+            Error::request(
+                model,
+                "the body names no sequence: {\"parameters\": {\"sequence_id\": ...}}",
+            )
+        })
+}
+
+/// A small JSON body's `parameters` object.
+async fn parameters(model: &str, shared: &Shared, body: Body) -> Result<Option<Map<String, Value>>, Error> {
+    let body = read_body(model, body, shared.max_request_bytes.min(64 * 1024), None).await?;
+    if body.is_empty() {
+        return Ok(None);
+    }
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| Error::request(model, format!("the body is not JSON: {e}")))?;
+    match value.get("parameters") {
+        None => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map.clone())),
+        Some(other) => Err(Error::request(
+            model,
+            format!("parameters must be a JSON object; got {other}"),
+        )),
+    }
+}
+
+fn deadline() -> Option<Instant> {
+    Some(tickserve_core::durations::deadline_after(
+        Instant::now(),
+        STATE_TURN_TIMEOUT,
+    ))
+}
+
+fn id_json(id: &SequenceId) -> Value {
+    match id {
+        SequenceId::Number(n) => json!(n),
+        SequenceId::Text(s) => json!(s),
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `GET .../sequences`: every sequence the model keeps, by id.
+pub(crate) async fn list(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+) -> Result<Response, HttpError> {
+    let (handle, sequences) = stateful(&shared, &path)?;
+    let list: Vec<Value> = sequences
+        .list()
+        .iter()
+        .map(|s| json!({"sequence_id": id_json(&s.id), "ticks": s.ticks, "idle_us": micros(s.idle)}))
+        .collect();
+    Ok(axum::Json(json!({
+        "model_name": handle.name,
+        "model_version": handle.version,
+        "max_sequences": sequences.spec().max_sequences,
+        "sequences": list,
+    }))
+    .into_response())
+}
+
+/// `POST .../sequences/read`: a sequence's state.
+pub(crate) async fn read(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let (handle, sequences) = stateful(&shared, &path)?;
+    let params = parameters(&handle.name, &shared, body).await?;
+    let id = sequence_id(&handle.name, params.as_ref())?;
+    let state = sequences.read(&id, deadline()).await?;
+    let outputs: Vec<Value> = sequences
+        .spec()
+        .state_tensors(&state.state)
+        .iter()
+        .map(codec::tensor_json)
+        .collect();
+    Ok(axum::Json(json!({
+        "model_name": handle.name,
+        "model_version": handle.version,
+        "parameters": {"sequence_id": id_json(&id), "ticks": state.ticks, "idle_us": micros(state.idle)},
+        "outputs": outputs,
+    }))
+    .into_response())
+}
+
+/// `POST .../sequences/write`: sets a sequence's state (starting it if it
+/// is not kept); the body is an inference request whose inputs are the states.
+pub(crate) async fn write(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let (handle, sequences) = stateful(&shared, &path)?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let body = read_body(&handle.name, body, shared.max_request_bytes, declared).await?;
+    let header_length = headers
+        .get(codec::HEADER_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<usize>().ok());
+    let spec = sequences.spec();
+    let decoded = codec::decode(
+        &handle.name,
+        None,
+        &body,
+        header_length,
+        &spec.state_signature(),
+    )?;
+    let id = decoded
+        .request
+        .sequence
+        .as_ref()
+        .map(|control| control.id.clone())
+        .ok_or_else(|| {
+            Error::request(
+                &handle.name,
+                "the body names no sequence: {\"parameters\": {\"sequence_id\": ...}}",
+            )
+        })?;
+    let rows = spec.state_rows(&handle.name, decoded.request.inputs)?;
+    sequences.write(&id, rows, deadline()).await?;
+    Ok(axum::Json(json!({"sequence_id": id_json(&id), "written": true})).into_response())
+}
+
+/// `POST .../sequences/drop`: ends a sequence and drops its state.
+pub(crate) async fn drop_sequence(
+    State(shared): State<Arc<Shared>>,
+    Path(path): Path<ModelPath>,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let (handle, sequences) = stateful(&shared, &path)?;
+    let params = parameters(&handle.name, &shared, body).await?;
+    let id = sequence_id(&handle.name, params.as_ref())?;
+    sequences.remove(&id, deadline()).await?;
+    Ok(axum::Json(json!({"sequence_id": id_json(&id), "dropped": true})).into_response())
+}
