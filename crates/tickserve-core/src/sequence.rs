@@ -448,7 +448,9 @@ pub fn from_parameters<'a>(
         Some(other) => {
             return Err(Error::request(
                 model,
-                format!("parameter sequence_id must be an unsigned integer or a string; got {other:?}"),
+                format!(
+                    "parameter sequence_id must be an unsigned integer or a string; got {other:?}"
+                ),
             ));
         }
     };
@@ -634,7 +636,10 @@ mod tests {
                 ],
                 "sequence_id 0",
             ),
-            (vec![("sequence_id", ParamValue::Int(-3))], "unsigned integer"),
+            (
+                vec![("sequence_id", ParamValue::Int(-3))],
+                "unsigned integer",
+            ),
             (vec![("sequence_id", ParamValue::Float(1.5))], "unsigned"),
             (vec![("sequence_id", ParamValue::Str(""))], "1 to 256 bytes"),
             (vec![("sequence_id", ParamValue::Str(&long))], "got 257"),

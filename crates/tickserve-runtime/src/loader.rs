@@ -30,9 +30,9 @@ use crate::job::Job;
 use crate::member::{Member, RetiredLog, Version};
 use crate::models::{Loaded, ModelHandle, Replica, ReplicaInfo, VersionState};
 use crate::settings::ModelSettings;
-use tickserve_core::sequence::SequenceSpec;
 use crate::stats::ModelStats;
 use crate::worker::{self, CompileInput, Intake, LoadReport, WorkerStart};
+use tickserve_core::sequence::SequenceSpec;
 
 /// A model version to load.
 #[derive(Debug, Clone)]

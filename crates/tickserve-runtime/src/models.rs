@@ -268,10 +268,7 @@ impl ModelHandle {
         } = prepared;
         let (answer, restarted) = match (sequence, &self.sequences) {
             (Some(tick), Some(sequences)) => {
-                let turn = tick
-                    .entry
-                    .turn(&self.name, submission.deadline)
-                    .await?;
+                let turn = tick.entry.turn(&self.name, submission.deadline).await?;
                 let start = turn.begin(&tick.control)?;
                 let spec = sequences.spec();
                 submission.request = with_state(spec, submission.request, tick.clean, &start.state);
@@ -381,7 +378,11 @@ fn with_state(
 /// `answer`: the sequence's next state. With Monte Carlo, `clean_row` is the
 /// clean row's index: the state is that row's, and the row leaves the other
 /// outputs too.
-fn take_state(spec: &SequenceSpec, answer: &mut InferResponse, clean_row: Option<usize>) -> Vec<Bytes> {
+fn take_state(
+    spec: &SequenceSpec,
+    answer: &mut InferResponse,
+    clean_row: Option<usize>,
+) -> Vec<Bytes> {
     let at = answer.outputs.len().saturating_sub(spec.states.len());
     let states = answer.outputs.split_off(at);
     let Some(row) = clean_row else {

@@ -174,15 +174,13 @@ impl Entry {
         };
         match deadline {
             None => waiting.await.map_err(|_| lost()),
-            Some(deadline) => {
-                match tokio::time::timeout_at(deadline.into(), waiting).await {
-                    Ok(turn) => turn.map_err(|_| lost()),
-                    Err(_) => Err(Error::DeadlineExceeded {
-                        model: model.to_string(),
-                        waited: started.elapsed(),
-                    }),
-                }
-            }
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), waiting).await {
+                Ok(turn) => turn.map_err(|_| lost()),
+                Err(_) => Err(Error::DeadlineExceeded {
+                    model: model.to_string(),
+                    waited: started.elapsed(),
+                }),
+            },
         }
     }
 }
@@ -280,9 +278,11 @@ impl Sequences {
         }
         if table.active.len() >= self.spec.max_sequences {
             self.sweep_locked(&mut table, now);
-        } else if self.spec.max_idle.is_some_and(|idle| {
-            now.saturating_duration_since(table.last_sweep) >= idle / 4
-        }) {
+        } else if self
+            .spec
+            .max_idle
+            .is_some_and(|idle| now.saturating_duration_since(table.last_sweep) >= idle / 4)
+        {
             self.sweep_locked(&mut table, now);
         }
         if table.active.len() >= self.spec.max_sequences {
@@ -396,7 +396,10 @@ impl Sequences {
         id: &SequenceId,
         deadline: Option<Instant>,
     ) -> Result<SequenceState, Error> {
-        let turn = self.enter(id, Purpose::Read)?.turn(&self.model, deadline).await?;
+        let turn = self
+            .enter(id, Purpose::Read)?
+            .turn(&self.model, deadline)
+            .await?;
         let state = turn.slot.lock();
         match &state.state {
             Ok(rows) => Ok(SequenceState {
@@ -442,7 +445,10 @@ impl Sequences {
         id: &SequenceId,
         deadline: Option<Instant>,
     ) -> Result<(), Error> {
-        let turn = self.enter(id, Purpose::Drop)?.turn(&self.model, deadline).await?;
+        let turn = self
+            .enter(id, Purpose::Drop)?
+            .turn(&self.model, deadline)
+            .await?;
         let mut state = turn.slot.lock();
         if state.state.is_err() {
             return Err(Error::SequenceNotActive {
@@ -675,7 +681,10 @@ mod tests {
     }
 
     fn table(max: usize) -> Arc<Sequences> {
-        Arc::new(Sequences::new("m", spec(max, Duration::ZERO, IdleAction::Error)))
+        Arc::new(Sequences::new(
+            "m",
+            spec(max, Duration::ZERO, IdleAction::Error),
+        ))
     }
 
     fn control(id: u64, start: bool, end: bool) -> SequenceControl {
@@ -773,7 +782,10 @@ mod tests {
         drop(third);
         drop(first);
         let second_turn = second.try_recv().unwrap();
-        assert!(fourth.try_recv().is_err(), "the fourth went before the second finished");
+        assert!(
+            fourth.try_recv().is_err(),
+            "the fourth went before the second finished"
+        );
         drop(second_turn);
         // The third left: the fourth is next.
         assert!(fourth.try_recv().is_ok());
@@ -801,7 +813,9 @@ mod tests {
         std::thread::sleep(idle * 2);
         let error = tick(&t, &control(1, false, false), 0.0).unwrap_err();
         assert!(
-            error.to_string().contains("sequence 1 expired after 20ms idle"),
+            error
+                .to_string()
+                .contains("sequence 1 expired after 20ms idle"),
             "{error}"
         );
         // Sequence 2 is swept, and still told it expired.

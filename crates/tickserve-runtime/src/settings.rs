@@ -39,7 +39,6 @@ pub struct ModelSettings {
     /// For a stateful model: its state pairs, the signature clients see, its
     /// idle policy and table bound.
     pub sequence: Option<Arc<SequenceSpec>>,
-
 }
 
 impl ModelSettings {

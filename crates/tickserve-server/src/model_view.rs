@@ -242,11 +242,15 @@ impl ModelConfigView {
             input: tensors(&loaded.signature.inputs),
             output: tensors(&loaded.signature.outputs),
             instance_group,
-            dynamic_batching: loaded.settings.sequence.is_none().then(|| DynamicBatchingView {
-                preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
-                max_queue_delay_microseconds: micros(loaded.settings.max_queue_delay),
-                ..priority_view(&loaded.settings.priorities)
-            }),
+            dynamic_batching: loaded
+                .settings
+                .sequence
+                .is_none()
+                .then(|| DynamicBatchingView {
+                    preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
+                    max_queue_delay_microseconds: micros(loaded.settings.max_queue_delay),
+                    ..priority_view(&loaded.settings.priorities)
+                }),
             sequence_batching: sequence_view(loaded),
             parameters: monte_carlo_parameters(loaded)
                 .into_iter()

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::durations;
 use tickserve_core::monte_carlo::{self, ParamValue};
-use tickserve_core::sequence;
 use tickserve_core::request::MAX_ID_BYTES;
+use tickserve_core::sequence;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
 

@@ -58,8 +58,8 @@ pub async fn serve(
     let service = GrpcInferenceServiceServer::new(InferenceService {
         shared: Arc::clone(&shared),
     })
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(usize::MAX);
+    .max_decoding_message_size(limit)
+    .max_encoding_message_size(usize::MAX);
     // Served by hyper (`listen`) rather than tonic's transport: tonic's
     // transport answers a `grpc-timeout` that runs out with CANCELLED before the
     // handler runs; tickserve applies the deadline itself (it is checked when

@@ -36,8 +36,7 @@ pub struct Sequence {
 impl Sequence {
     /// The service, ready to add to a router.
     pub fn service(shared: Arc<Shared>) -> SequenceServiceServer<Sequence> {
-        SequenceServiceServer::new(Sequence { shared })
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        SequenceServiceServer::new(Sequence { shared }).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     fn stateful(&self, model: &str, version: &str) -> Result<(String, Arc<Sequences>), Status> {
@@ -60,7 +59,10 @@ fn id_of(model: &str, id: Option<pb::SequenceId>) -> Result<SequenceId, Status> 
     let checked = match id.and_then(|i| i.id) {
         Some(pb::sequence_id::Id::Number(n)) => SequenceId::number(model, n),
         Some(pb::sequence_id::Id::Text(s)) => SequenceId::text(model, &s),
-        None => Err(Error::request(model, "the request names no sequence (sequence_id)")),
+        None => Err(Error::request(
+            model,
+            "the request names no sequence (sequence_id)",
+        )),
     };
     checked.map_err(|e| status(&e))
 }
@@ -147,7 +149,12 @@ impl SequenceService for Sequence {
             .into_iter()
             .map(|t| {
                 let datatype = DataType::parse(&t.datatype).ok_or_else(|| {
-                    Error::input(&model, &t.name, "a datatype such as FP32", t.datatype.clone())
+                    Error::input(
+                        &model,
+                        &t.name,
+                        "a datatype such as FP32",
+                        t.datatype.clone(),
+                    )
                 })?;
                 Ok(InputTensor {
                     name: t.name,

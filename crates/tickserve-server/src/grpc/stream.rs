@@ -40,7 +40,8 @@ pub fn serve(
     request: Request<Streaming<pb::ModelInferRequest>>,
 ) -> Response<AnswerStream> {
     let mut incoming = request.into_inner();
-    let (order, answers) = mpsc::channel::<JoinHandle<pb::ModelStreamInferResponse>>(STREAM_IN_FLIGHT);
+    let (order, answers) =
+        mpsc::channel::<JoinHandle<pb::ModelStreamInferResponse>>(STREAM_IN_FLIGHT);
     tokio::spawn(async move {
         // A broken stream (or the client's half-close) ends the reader; what
         // it started is still answered while the client listens.
@@ -52,7 +53,9 @@ pub fn serve(
         }
     });
     let answers = ReceiverStream::new(answers).then(|task| async move {
-        Ok(task.await.unwrap_or_else(|e| failed(format!("internal error: {e}"))))
+        Ok(task
+            .await
+            .unwrap_or_else(|e| failed(format!("internal error: {e}"))))
     });
     Response::new(Box::pin(answers))
 }
@@ -66,7 +69,10 @@ fn failed(message: String) -> pb::ModelStreamInferResponse {
 
 /// Decodes and prepares `message` here (in stream order), and runs it on a
 /// task of its own.
-fn start(shared: &Arc<Shared>, message: pb::ModelInferRequest) -> JoinHandle<pb::ModelStreamInferResponse> {
+fn start(
+    shared: &Arc<Shared>,
+    message: pb::ModelInferRequest,
+) -> JoinHandle<pb::ModelStreamInferResponse> {
     let started = Instant::now();
     let runtime = &shared.runtime;
     let handle = runtime.model(&message.model_name, optional(&message.model_version));

@@ -594,11 +594,9 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
         model_name: &response.model,
         model_version: &response.version,
         id: &response.id,
-        parameters: response
-            .sequence_restarted
-            .then_some(ResponseParameters {
-                sequence_restarted: true,
-            }),
+        parameters: response.sequence_restarted.then_some(ResponseParameters {
+            sequence_restarted: true,
+        }),
         outputs,
     };
     // Serializing plain structs of strings and numbers cannot fail.

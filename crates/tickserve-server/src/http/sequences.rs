@@ -31,7 +31,10 @@ use crate::Shared;
 pub const STATE_TURN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The model asked for, which must keep sequences.
-fn stateful(shared: &Shared, path: &ModelPath) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
+fn stateful(
+    shared: &Shared,
+    path: &ModelPath,
+) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
     let handle = shared.runtime.model(&path.model, path.version.as_deref())?;
     let sequences = handle.sequences().cloned().ok_or_else(|| {
         Error::request(
@@ -68,7 +71,11 @@ fn sequence_id(model: &str, parameters: Option<&Map<String, Value>>) -> Result<S
 }
 
 /// A small JSON body's `parameters` object.
-async fn parameters(model: &str, shared: &Shared, body: Body) -> Result<Option<Map<String, Value>>, Error> {
+async fn parameters(
+    model: &str,
+    shared: &Shared,
+    body: Body,
+) -> Result<Option<Map<String, Value>>, Error> {
     let body = read_body(model, body, shared.max_request_bytes.min(64 * 1024), None).await?;
     if body.is_empty() {
         return Ok(None);
@@ -112,7 +119,9 @@ pub(crate) async fn list(
     let list: Vec<Value> = sequences
         .list()
         .iter()
-        .map(|s| json!({"sequence_id": id_json(&s.id), "ticks": s.ticks, "idle_us": micros(s.idle)}))
+        .map(
+            |s| json!({"sequence_id": id_json(&s.id), "ticks": s.ticks, "idle_us": micros(s.idle)}),
+        )
         .collect();
     Ok(axum::Json(json!({
         "model_name": handle.name,

@@ -1,0 +1,536 @@
+//! Stateful sequences against a real server: `seq_lstm_step` keeps h and c
+//! per sequence, and after 30 ticks over HTTP, unary gRPC and a
+//! `ModelStreamInfer` stream its prediction equals `seq_lstm` (the same
+//! weights) run on the 30-tick window; sequences fed the same ticks agree
+//! and never see each other's state; the errors, the table bound, idle
+//! expiry (error and restart), the state API over both protocols, the model
+//! configuration and the metrics. (The exhaustive check against onnxruntime,
+//! 200 sequences × 500 ticks from 8 clients, is `tests/python/sequence_check.py`.)
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use serde_json::{Value, json};
+use tickserve_server::grpc::pb;
+use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_server::grpc::sequences::pb as spb;
+use tickserve_server::grpc::sequences::pb::sequence_service_client::SequenceServiceClient;
+
+const TICKS: usize = 30;
+const FEATURES: usize = 8;
+
+/// Tick `t` of a sequence whose inputs are seeded by `seed`.
+fn tick(seed: u64, t: usize) -> Vec<f32> {
+    (0..FEATURES)
+        .map(|f| {
+            let x = (seed as f32 * 0.37 + t as f32 * 0.11 + f as f32 * 0.07).sin();
+            x * 0.8
+        })
+        .collect()
+}
+
+/// A repository with the sample `seq_lstm` and `seq_lstm_step`, and
+/// `seq_lstm_step` again as each `(name, model.toml)`.
+fn repository(extra: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = |from: &str, to: &str, toml: Option<&str>| {
+        let version = dir.path().join(to).join("1");
+        std::fs::create_dir_all(&version).unwrap();
+        std::fs::copy(
+            common::root().join(format!("config/models/{from}/1/model.onnx")),
+            version.join("model.onnx"),
+        )
+        .unwrap();
+        let toml = toml.map(str::to_string).or_else(|| {
+            std::fs::read_to_string(common::root().join(format!("config/models/{from}/model.toml")))
+                .ok()
+        });
+        if let Some(toml) = toml {
+            std::fs::write(dir.path().join(to).join("model.toml"), toml).unwrap();
+        }
+    };
+    copy("seq_lstm", "seq_lstm", None);
+    copy("seq_lstm_step", "seq_lstm_step", None);
+    for (name, toml) in extra {
+        copy("seq_lstm_step", name, Some(toml));
+    }
+    dir
+}
+
+const STATE_PAIRS: &str = "[[sequence.state]]\ninput = \"h_in\"\noutput = \"h_out\"\n\
+                           [[sequence.state]]\ninput = \"c_in\"\noutput = \"c_out\"\n";
+
+fn body(seq: Value, start: bool, end: bool, values: &[f32]) -> Value {
+    json!({
+        "parameters": {"sequence_id": seq, "sequence_start": start, "sequence_end": end},
+        "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, FEATURES], "data": values}],
+    })
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let response = client.post(url).json(body).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+fn prediction(answer: &Value) -> f32 {
+    answer["outputs"][0]["data"][0].as_f64().unwrap() as f32
+}
+
+fn grpc_tick(
+    model: &str,
+    seq: u64,
+    start: bool,
+    end: bool,
+    values: &[f32],
+) -> pb::ModelInferRequest {
+    use pb::infer_parameter::ParameterChoice;
+    let mut parameters = std::collections::HashMap::new();
+    parameters.insert(
+        "sequence_id".to_string(),
+        pb::InferParameter {
+            parameter_choice: Some(ParameterChoice::Uint64Param(seq)),
+        },
+    );
+    for (name, flag) in [("sequence_start", start), ("sequence_end", end)] {
+        parameters.insert(
+            name.to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(ParameterChoice::BoolParam(flag)),
+            },
+        );
+    }
+    pb::ModelInferRequest {
+        model_name: model.into(),
+        parameters,
+        inputs: vec![pb::model_infer_request::InferInputTensor {
+            name: "tick".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, FEATURES as i64],
+            contents: Some(pb::InferTensorContents {
+                fp32_contents: values.to_vec(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn grpc_prediction(response: &pb::ModelInferResponse) -> f32 {
+    response.outputs[0].contents.as_ref().unwrap().fp32_contents[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_ticks_of_state_equal_the_window_model_over_every_protocol() {
+    // A copy of its own, so that no other test's sequences count in its metrics.
+    let repository = repository(&[("seq_check", STATE_PAIRS)]);
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let step = format!("{base}/v2/models/seq_check/infer");
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+
+    // Sequences over HTTP: 1 and 2 get identical ticks (so must agree), a
+    // string id gets other ticks; over gRPC: 3; over one stream: 4 and 5
+    // (5 with 1's ticks). Ticks interleave across all of them.
+    let (to_stream, stream_in) = tokio::sync::mpsc::channel(64);
+    let mut stream = grpc
+        .clone()
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(stream_in))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = std::collections::HashMap::<&str, f32>::new();
+    for t in 0..TICKS {
+        let (start, end) = (t == 0, t == TICKS - 1);
+        for (name, id, seed) in [
+            ("1", json!(1), 1),
+            ("2", json!(2), 1),
+            ("AAPL", json!("AAPL"), 7),
+        ] {
+            let (status, answer) = post(&http, &step, &body(id, start, end, &tick(seed, t))).await;
+            assert_eq!(status, 200, "{answer}");
+            last.insert(name, prediction(&answer));
+        }
+        let answer = grpc
+            .model_infer(grpc_tick("seq_check", 3, start, end, &tick(3, t)))
+            .await
+            .unwrap()
+            .into_inner();
+        last.insert("3", grpc_prediction(&answer));
+        to_stream
+            .send(grpc_tick("seq_check", 4, start, end, &tick(4, t)))
+            .await
+            .unwrap();
+        to_stream
+            .send(grpc_tick("seq_check", 5, start, end, &tick(1, t)))
+            .await
+            .unwrap();
+        for name in ["4", "5"] {
+            let answer = stream.message().await.unwrap().unwrap();
+            assert_eq!(answer.error_message, "", "stream tick {t}");
+            last.insert(
+                name,
+                grpc_prediction(answer.infer_response.as_ref().unwrap()),
+            );
+        }
+    }
+    drop(to_stream);
+
+    // The window model on each sequence's 30 ticks.
+    for (name, seed) in [
+        ("1", 1),
+        ("2", 1),
+        ("AAPL", 7),
+        ("3", 3),
+        ("4", 4),
+        ("5", 1),
+    ] {
+        let window: Vec<f32> = (0..TICKS).flat_map(|t| tick(seed, t)).collect();
+        let request = json!({"inputs": [{"name": "window", "datatype": "FP32",
+            "shape": [1, TICKS, FEATURES], "data": window}]});
+        let (status, answer) =
+            post(&http, &format!("{base}/v2/models/seq_lstm/infer"), &request).await;
+        assert_eq!(status, 200, "{answer}");
+        let expected = prediction(&answer);
+        let got = last[name];
+        assert!(
+            (got - expected).abs() <= 1e-5 * expected.abs().max(1.0),
+            "sequence {name}: {got} after {TICKS} ticks, the window model says {expected}"
+        );
+    }
+    assert_eq!(last["1"], last["2"]);
+    assert_eq!(last["1"], last["5"]);
+    assert_ne!(last["1"], last["AAPL"]);
+
+    // Every sequence ended with its last tick.
+    let list = common::get_json(&format!("{base}/v2/models/seq_check/sequences")).await;
+    assert_eq!(list["sequences"], json!([]), "{list}");
+    let metrics = common::metrics_text(&base).await;
+    for (name, value) in [
+        ("tickserve_sequence_starts_total", "6"),
+        ("tickserve_sequence_ends_total", "6"),
+        ("tickserve_sequences_active", "0"),
+    ] {
+        let line = format!("{name}{{model=\"seq_check\"}} {value}");
+        assert!(metrics.lines().any(|l| l == line), "no {line}: {metrics}");
+    }
+    assert!(
+        metrics.contains(
+            r#"tickserve_requests_total{model="seq_check",protocol="grpc_stream",code="ok"} 60"#
+        ),
+        "{metrics}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sequence_requests_are_clear_client_errors() {
+    let repository = repository(&[(
+        "seq_small",
+        &format!("[sequence]\nmax_sequences = 2\n{STATE_PAIRS}"),
+    )]);
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let step = format!("{base}/v2/models/seq_lstm_step/infer");
+    let x = tick(0, 0);
+    let no_sequence =
+        json!({"inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": x}]});
+    let two_rows: Vec<f32> = x.iter().chain(&x).copied().collect();
+    let cases = [
+        (
+            body(json!(41), false, false, &x),
+            400,
+            "sequence 41 is not active",
+        ),
+        (
+            no_sequence.clone(),
+            400,
+            "each request names its sequence (parameter sequence_id",
+        ),
+        (
+            json!({"parameters": {"sequence_id": 1, "sequence_start": true},
+                   "inputs": [{"name": "tick", "datatype": "FP32", "shape": [2, 8], "data": two_rows}]}),
+            400,
+            "carries one tick, 1 row; got 2 rows",
+        ),
+        (
+            json!({"parameters": {"sequence_id": 1, "sequence_start": true},
+                   "inputs": [{"name": "h_in", "datatype": "FP32", "shape": [1, 16], "data": vec![0.0f32; 16]}]}),
+            400,
+            "input 'h_in': expected one of the model's inputs ('tick')",
+        ),
+        (
+            body(json!(-1), true, false, &x),
+            400,
+            "sequence_id must be an unsigned integer or a string",
+        ),
+        (
+            body(json!(0), true, false, &x),
+            400,
+            "sequence_id 0 names no sequence",
+        ),
+    ];
+    for (request, status, message) in cases {
+        let (got, answer) = post(&http, &step, &request).await;
+        assert_eq!(got, status, "{answer}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.contains("seq_lstm_step"), "{error}");
+        assert!(error.contains(message), "{error}");
+    }
+    // A stateless model refuses a sequence.
+    let request = json!({"parameters": {"sequence_id": 5},
+        "inputs": [{"name": "window", "datatype": "FP32", "shape": [1, 30, 8], "data": vec![0.0f32; 240]}]});
+    let (status, answer) = post(&http, &format!("{base}/v2/models/seq_lstm/infer"), &request).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("keeps no sequence state"),
+        "{answer}"
+    );
+
+    // After its end a sequence is gone.
+    let (status, _) = post(&http, &step, &body(json!(9), true, true, &x)).await;
+    assert_eq!(status, 200);
+    let (status, answer) = post(&http, &step, &body(json!(9), false, false, &x)).await;
+    assert_eq!(status, 400, "{answer}");
+
+    // max_sequences = 2: a third start waits for an end (429).
+    let small = format!("{base}/v2/models/seq_small/infer");
+    for id in [1, 2] {
+        let (status, answer) = post(&http, &small, &body(json!(id), true, false, &x)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, answer) = post(&http, &small, &body(json!(3), true, false, &x)).await;
+    assert_eq!(status, 429, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("keeps 2 sequences, its max_sequences"),
+        "{answer}"
+    );
+    let (status, _) = post(&http, &small, &body(json!(1), false, true, &x)).await;
+    assert_eq!(status, 200);
+    let (status, answer) = post(&http, &small, &body(json!(3), true, false, &x)).await;
+    assert_eq!(status, 200, "{answer}");
+    // Other requests were never harmed: a good tick still answers.
+    let (status, _) = post(&http, &step, &body(json!(77), true, false, &x)).await;
+    assert_eq!(status, 200);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
+    let repository = repository(&[
+        (
+            "seq_expiring",
+            &format!("[sequence]\nmax_sequence_idle = \"100ms\"\n{STATE_PAIRS}"),
+        ),
+        (
+            "seq_restarting",
+            &format!(
+                "[sequence]\nmax_sequence_idle = \"100ms\"\nidle_action = \"restart\"\n{STATE_PAIRS}"
+            ),
+        ),
+    ]);
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let x = tick(1, 0);
+    for model in ["seq_expiring", "seq_restarting"] {
+        let url = format!("{base}/v2/models/{model}/infer");
+        let (status, first) = post(&http, &url, &body(json!(1), true, false, &x)).await;
+        assert_eq!(status, 200, "{first}");
+        let (status, second) = post(&http, &url, &body(json!(1), false, false, &x)).await;
+        assert_eq!(status, 200);
+        assert_ne!(
+            prediction(&first),
+            prediction(&second),
+            "the state did not carry"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let (status, answer) = post(&http, &url, &body(json!(1), false, false, &x)).await;
+        if model == "seq_expiring" {
+            assert_eq!(status, 400, "{answer}");
+            let error = answer["error"].as_str().unwrap();
+            assert!(
+                error.contains("sequence 1 expired after 100ms idle"),
+                "{error}"
+            );
+        } else {
+            assert_eq!(status, 200, "{answer}");
+            assert_eq!(
+                answer["parameters"]["sequence_restarted"],
+                json!(true),
+                "{answer}"
+            );
+            // Started afresh: the same answer as the first tick.
+            assert_eq!(prediction(&answer), prediction(&first));
+            let (_, next) = post(&http, &url, &body(json!(1), false, false, &x)).await;
+            assert!(next.get("parameters").is_none(), "{next}");
+        }
+    }
+    let metrics = common::metrics_text(&base).await;
+    for model in ["seq_expiring", "seq_restarting"] {
+        let line = format!("tickserve_sequence_expiries_total{{model=\"{model}\"}} 1");
+        assert!(metrics.lines().any(|l| l == line), "no {line}: {metrics}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_state_reads_writes_and_drops_over_http_and_grpc() {
+    let repository = repository(&[]);
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let step = format!("{base}/v2/models/seq_lstm_step/infer");
+    let api = format!("{base}/v2/models/seq_lstm_step/sequences");
+
+    // Run sequence 1 for 5 ticks; read its state; write it into a fresh
+    // sequence "copy" over gRPC; both then answer the next tick alike.
+    for t in 0..5 {
+        let (status, _) = post(&http, &step, &body(json!(1), t == 0, false, &tick(1, t))).await;
+        assert_eq!(status, 200);
+    }
+    let (status, read) = post(
+        &http,
+        &format!("{api}/read"),
+        &json!({"parameters": {"sequence_id": 1}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["parameters"]["ticks"], json!(5));
+    assert_eq!(read["outputs"][0]["name"], json!("h_in"));
+    assert_eq!(read["outputs"][1]["shape"], json!([1, 16]));
+
+    let mut sequences = SequenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let state: Vec<spb::StateTensor> = read["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| spb::StateTensor {
+            name: t["name"].as_str().unwrap().to_string(),
+            datatype: "FP32".into(),
+            shape: vec![1, 16],
+            contents: t["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|v| (v.as_f64().unwrap() as f32).to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        })
+        .collect();
+    let copy = spb::SequenceId {
+        id: Some(spb::sequence_id::Id::Text("copy".into())),
+    };
+    sequences
+        .sequence_state_write(spb::SequenceStateWriteRequest {
+            model_name: "seq_lstm_step".into(),
+            model_version: String::new(),
+            sequence_id: Some(copy.clone()),
+            state: state.clone(),
+        })
+        .await
+        .unwrap();
+    let read_back = sequences
+        .sequence_state_read(spb::SequenceRequest {
+            model_name: "seq_lstm_step".into(),
+            model_version: String::new(),
+            sequence_id: Some(copy.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read_back.state, state, "the write did not round-trip");
+    let (_, a) = post(&http, &step, &body(json!(1), false, false, &tick(1, 5))).await;
+    let (_, b) = post(
+        &http,
+        &step,
+        &body(json!("copy"), false, false, &tick(1, 5)),
+    )
+    .await;
+    assert_eq!(prediction(&a), prediction(&b), "{a} {b}");
+
+    // A bad write names what was expected.
+    let error = sequences
+        .sequence_state_write(spb::SequenceStateWriteRequest {
+            model_name: "seq_lstm_step".into(),
+            model_version: String::new(),
+            sequence_id: Some(copy.clone()),
+            state: state[..1].to_vec(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), tonic::Code::InvalidArgument);
+    assert!(
+        error
+            .message()
+            .contains("'c_in': expected a tensor for every state"),
+        "{}",
+        error.message()
+    );
+
+    let listed = sequences
+        .sequence_list(spb::SequenceListRequest {
+            model_name: "seq_lstm_step".into(),
+            model_version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.sequences.len(), 2);
+
+    // Drop over HTTP; the next tick of that sequence is refused.
+    let (status, _) = post(
+        &http,
+        &format!("{api}/drop"),
+        &json!({"parameters": {"sequence_id": "copy"}}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post(&http, &step, &body(json!("copy"), false, false, &x0())).await;
+    assert_eq!(status, 400);
+    let list = common::get_json(&api).await;
+    assert_eq!(list["sequences"].as_array().unwrap().len(), 1, "{list}");
+
+    // The configuration reports sequence_batching, and clients see only `tick`.
+    let config = common::get_json(&format!("{base}/v2/models/seq_lstm_step/config")).await;
+    assert!(config.get("dynamic_batching").is_none(), "{config}");
+    assert_eq!(config["input"].as_array().unwrap().len(), 1, "{config}");
+    assert_eq!(
+        config["sequence_batching"]["state"][0]["input_name"],
+        json!("h_in")
+    );
+    assert_eq!(
+        config["sequence_batching"]["state"][1]["output_name"],
+        json!("c_out")
+    );
+    assert_eq!(
+        config["sequence_batching"]["oldest"]["max_candidate_sequences"],
+        json!(4096)
+    );
+    let metadata = common::get_json(&format!("{base}/v2")).await;
+    assert!(
+        metadata["extensions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("sequence(string_id)"))
+    );
+    server.shutdown().await.unwrap();
+}
+
+fn x0() -> Vec<f32> {
+    tick(0, 0)
+}
