@@ -123,6 +123,10 @@ pub struct RuntimeConfig {
     /// executor's own thread. 0 sends every request there.
     #[serde(deserialize_with = "duration")]
     pub inline_budget: Duration,
+    /// Where to keep stateful models' sequences across a restart: written
+    /// at shutdown (after the drain), read back (and renamed `*.restored`)
+    /// at the next start. Unset (the default): sequences end with the process.
+    pub sequence_snapshot: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -132,6 +136,7 @@ impl Default for RuntimeConfig {
             intra_op_threads: 1,
             cuda_tf32: false,
             inline_budget: Duration::from_micros(100),
+            sequence_snapshot: None,
         }
     }
 }

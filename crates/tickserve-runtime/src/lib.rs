@@ -20,6 +20,7 @@
 //! | [`sequences`] | a stateful model's sequences: their state, their turns, expiry |
 //! | [`models`] | the registry: handles, versions, the index; `ModelHandle::infer` |
 //! | [`loader`] | loading many versions into families in parallel |
+//! | [`snapshot`] | stateful models' sequences written at shutdown, read back at start |
 //! | this file | the [`Runtime`] facade |
 //!
 //! A request's way: the front end looks its model up once ([`Runtime::model`]),
@@ -40,6 +41,7 @@ pub mod models;
 pub mod repository;
 pub mod sequences;
 pub mod settings;
+pub mod snapshot;
 pub mod stats;
 pub mod worker;
 
@@ -72,6 +74,29 @@ pub struct Runtime {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// One model control operation at a time.
     control: Mutex<()>,
+}
+
+/// Moves a reloaded model's sequences from its old versions into the new
+/// ones whose state pairs are unchanged, so that a reload does not end them.
+/// (A tick that was running on the old version as it was replaced finishes
+/// there: its state change is not carried.)
+fn carry_sequences(old: &ModelVersions, new: &ModelVersions) {
+    for (version, state) in &old.versions {
+        let (VersionState::Ready(before), Some(VersionState::Ready(after))) =
+            (state, new.versions.get(version))
+        else {
+            continue;
+        };
+        if let (Some(from), Some(to)) = (before.sequences(), after.sequences())
+            && from.spec().states == to.spec().states
+        {
+            let carried = to.restore(from.snapshot());
+            if carried > 0 {
+                tracing::info!(model = %after.name, version = %after.version, sequences = carried,
+                    "sequences carried over the reload");
+            }
+        }
+    }
 }
 
 impl Runtime {
@@ -133,7 +158,26 @@ impl Runtime {
                 .insert(version, state);
         }
         runtime.models.set_all(models);
+        if let Some(path) = &runtime.config.runtime.sequence_snapshot {
+            match snapshot::restore(path, &runtime.models.ready_handles()) {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(sequences = n, file = %path.display(), "sequences restored")
+                }
+                Err(e) => tracing::warn!(error = %e, "sequence snapshot not restored"),
+            }
+        }
         Ok(runtime)
+    }
+
+    /// Writes every stateful model's sequences to `runtime.sequence_snapshot`,
+    /// if set (call it once no request runs: after the drain). Returns how
+    /// many sequences it wrote.
+    pub fn write_sequence_snapshot(&self) -> Result<usize, String> {
+        match &self.config.runtime.sequence_snapshot {
+            None => Ok(0),
+            Some(path) => snapshot::write(path, &self.models.ready_handles()),
+        }
     }
 
     fn loader(&self) -> Loader<'_> {
@@ -235,7 +279,10 @@ impl Runtime {
                 tracing::warn!(model = name, failures = ?failures, "load failed; the loaded versions keep serving");
                 return Err(failed(failures.join("; ")));
             }
-            Ok(Some(old)) => self.models.mark_gone(name, &old),
+            Ok(Some(old)) => {
+                carry_sequences(&old, &self.models.get_versions(name));
+                self.models.mark_gone(name, &old);
+            }
             Ok(None) => {}
         }
         if failed_load {

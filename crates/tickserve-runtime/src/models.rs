@@ -554,6 +554,11 @@ impl Models {
         }
     }
 
+    /// Model `name`'s versions as they stand now (empty if unknown).
+    pub fn get_versions(&self, name: &str) -> ModelVersions {
+        self.read().get(name).cloned().unwrap_or_default()
+    }
+
     /// Replaces every model with `models` (the first load).
     pub fn set_all(&self, models: HashMap<String, ModelVersions>) {
         *self.write() = models;

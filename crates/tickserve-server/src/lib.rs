@@ -304,6 +304,12 @@ impl Server {
                 }
             }
         }
+        // 4. Nothing runs now: keep the sequences for the next start, if asked.
+        match self.shared.runtime.write_sequence_snapshot() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(sequences = n, "sequence snapshot written"),
+            Err(e) => tracing::error!(error = %e, "sequence snapshot not written"),
+        }
         if let Ok(shared) = Arc::try_unwrap(self.shared) {
             tokio::task::spawn_blocking(move || shared.runtime.shutdown()).await?;
         }

@@ -534,3 +534,56 @@ async fn sequence_state_reads_writes_and_drops_over_http_and_grpc() {
 fn x0() -> Vec<f32> {
     tick(0, 0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_survive_a_drain_and_restart_with_a_snapshot_and_a_reload() {
+    let repository = repository(&[]);
+    let mut config = common::config(repository.path());
+    let snapshot = repository.path().join("sequences.snapshot");
+    config.runtime.sequence_snapshot = Some(snapshot.clone());
+    config.security.model_control_mode = tickserve_core::config::ModelControlMode::Explicit;
+    let http = reqwest::Client::new();
+
+    // Sequences 1 and 2 get the same 5 ticks; 2 gets the sixth before the
+    // restart, 1 after it: the answers must agree.
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let step = format!("{base}/v2/models/seq_lstm_step/infer");
+    for t in 0..5 {
+        for id in [1, 2] {
+            let (status, _) =
+                post(&http, &step, &body(json!(id), t == 0, false, &tick(1, t))).await;
+            assert_eq!(status, 200);
+        }
+    }
+    let (_, before) = post(&http, &step, &body(json!(2), false, false, &tick(1, 5))).await;
+    server.shutdown().await.unwrap();
+    assert!(snapshot.exists(), "no snapshot written");
+
+    let server = common::start(&config).await;
+    assert!(
+        !snapshot.exists(),
+        "the snapshot was not set aside after its restore"
+    );
+    let base = format!("http://{}", server.http_addr);
+    let step = format!("{base}/v2/models/seq_lstm_step/infer");
+    let (status, after) = post(&http, &step, &body(json!(1), false, false, &tick(1, 5))).await;
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(prediction(&before), prediction(&after));
+
+    // A reload of the model keeps its sequences: sequence 2 goes on.
+    let (status, _) = post(&http, &step, &body(json!(1), false, false, &tick(1, 6))).await;
+    assert_eq!(status, 200);
+    let reload = http
+        .post(format!("{base}/v2/repository/models/seq_lstm_step/load"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status().as_u16(), 200);
+    let (_, one) = post(&http, &step, &body(json!(1), false, false, &tick(1, 7))).await;
+    let (status, two) = post(&http, &step, &body(json!(2), false, false, &tick(1, 6))).await;
+    assert_eq!(status, 200, "{two}");
+    let (_, two) = post(&http, &step, &body(json!(2), false, false, &tick(1, 7))).await;
+    assert_eq!(prediction(&one), prediction(&two));
+    server.shutdown().await.unwrap();
+}
