@@ -276,13 +276,13 @@ impl Sequences {
                 }
             });
         }
-        if table.active.len() >= self.spec.max_sequences {
-            self.sweep_locked(&mut table, now);
-        } else if self
+        // Idle sequences are swept as new ones start: when the table is
+        // full, and every quarter of max_sequence_idle.
+        let sweep_due = self
             .spec
             .max_idle
-            .is_some_and(|idle| now.saturating_duration_since(table.last_sweep) >= idle / 4)
-        {
+            .is_some_and(|idle| now.saturating_duration_since(table.last_sweep) >= idle / 4);
+        if sweep_due || table.active.len() >= self.spec.max_sequences {
             self.sweep_locked(&mut table, now);
         }
         if table.active.len() >= self.spec.max_sequences {

@@ -561,15 +561,16 @@ mod tests {
         let view = ModelConfigView::of("m", &loaded(vec![cpu]));
         assert_eq!(
             view.dynamic_batching,
-            DynamicBatchingView {
+            Some(DynamicBatchingView {
                 preferred_batch_size: vec![1, 8, 32],
                 max_queue_delay_microseconds: 40,
                 priority_levels: 0,
                 default_priority_level: 0,
                 default_queue_policy: None,
                 priority_queue_policy: BTreeMap::new(),
-            }
+            })
         );
+        assert_eq!(view.sequence_batching, None);
         assert_eq!(view.max_batch_size, 96);
         assert_eq!(view.instance_group[0].kind, InstanceKind::Cpu);
         assert!(view.instance_group[0].gpus.is_empty());

@@ -78,7 +78,11 @@ async fn the_model_config_reports_what_is_configured_over_http_and_grpc() {
         ("onnxruntime_onnx", "onnxruntime")
     );
     assert_eq!(grpc.max_batch_size, 48);
-    let batching = grpc.dynamic_batching.unwrap();
+    let Some(pb::model_config::SchedulingChoice::DynamicBatching(batching)) =
+        grpc.scheduling_choice
+    else {
+        panic!("a stateless model reports dynamic_batching");
+    };
     assert_eq!(batching.preferred_batch_size, vec![1, 4, 16]);
     assert_eq!(batching.max_queue_delay_microseconds, 250);
     let groups: Vec<(String, i32, i32, Vec<i32>)> = grpc
