@@ -189,6 +189,8 @@ impl Sequences {
     /// An empty table for model `model` with `spec`.
     pub fn new(model: &str, spec: Arc<SequenceSpec>) -> Sequences {
         let label = model.to_string();
+        // Present from the load on, at zero, so dashboards have a series.
+        metrics::gauge!(names::SEQUENCES_ACTIVE, "model" => label.clone()).set(0.0);
         Sequences {
             model: model.to_string(),
             spec,

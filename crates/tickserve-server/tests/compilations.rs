@@ -1,7 +1,7 @@
 //! Compile once, and prove it: the compilations counter counts one graph per
 //! family and bucket at load (the eight `tick_*` members share one), and does
 //! not move while every row count from 1 to 3× the largest bucket is served on
-//! every model.
+//! every model (one-tick sequences on a stateful model).
 
 #![allow(clippy::unwrap_used)]
 
@@ -51,13 +51,21 @@ async fn serving_compiles_nothing() {
         };
         let spec = &handle.signature.inputs[0];
         let largest = handle.settings.buckets.largest();
-        for rows in 1..=3 * largest {
+        let stateful = handle.sequences().is_some();
+        for n in 1..=3 * largest {
+            // A stateful model takes one tick (row) per request: n sequences
+            // of one tick each instead.
+            let rows = if stateful { 1 } else { n };
             let mut shape = vec![rows];
             shape.extend(&spec.dims);
-            let body = serde_json::json!({"inputs": [{
+            let mut body = serde_json::json!({"inputs": [{
                 "name": spec.name, "datatype": "FP32", "shape": shape,
                 "data": vec![0.25f32; rows * spec.row_elements()],
             }]});
+            if stateful {
+                body["parameters"] = serde_json::json!(
+                    {"sequence_id": n, "sequence_start": true, "sequence_end": true});
+            }
             let response = client
                 .post(format!("{base}/v2/models/{name}/infer"))
                 .json(&body)

@@ -587,3 +587,41 @@ async fn sequences_survive_a_drain_and_restart_with_a_snapshot_and_a_reload() {
     assert_eq!(prediction(&one), prediction(&two));
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monte_carlo_on_a_sequence_advances_the_state_by_its_clean_tick_only() {
+    let repository = repository(&[]);
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let step = format!("{base}/v2/models/seq_lstm_step/infer");
+    // Sequence 1 gets a Monte Carlo tick where sequence 2 gets a plain one;
+    // their next plain ticks must agree.
+    for id in [1, 2] {
+        let (status, _) = post(&http, &step, &body(json!(id), true, false, &tick(1, 0))).await;
+        assert_eq!(status, 200);
+    }
+    let mut noisy = body(json!(1), false, false, &tick(1, 1));
+    noisy["parameters"]["mc_samples"] = json!(64);
+    noisy["parameters"]["mc_noise_sigma"] = json!(0.3);
+    noisy["parameters"]["mc_seed"] = json!(7);
+    let (status, answer) = post(&http, &step, &noisy).await;
+    assert_eq!(status, 200, "{answer}");
+    let names: Vec<&str> = answer["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["prediction_mean", "prediction_std"], "{answer}");
+    assert_eq!(answer["outputs"][0]["shape"], json!([1, 1]));
+    assert!(answer["outputs"][1]["data"][0].as_f64().unwrap() > 0.0, "{answer}");
+    let (_, plain) = post(&http, &step, &body(json!(2), false, false, &tick(1, 1))).await;
+    let (_, one) = post(&http, &step, &body(json!(1), false, false, &tick(1, 2))).await;
+    let (_, two) = post(&http, &step, &body(json!(2), false, false, &tick(1, 2))).await;
+    assert_eq!(prediction(&one), prediction(&two), "the noisy copies moved the state");
+    // The mean of the noisy copies is near the clean prediction, not equal.
+    let mean = answer["outputs"][0]["data"][0].as_f64().unwrap() as f32;
+    assert_ne!(mean, prediction(&plain));
+    server.shutdown().await.unwrap();
+}

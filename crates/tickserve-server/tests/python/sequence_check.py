@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Stateful sequences through Triton's own Python clients, against onnxruntime.
+
+    python crates/tickserve-server/tests/python/sequence_check.py --http 127.0.0.1:8000 \
+        --grpc 127.0.0.1:8001 [--sequences 200] [--ticks 500] [--clients 8]
+
+`seq_lstm_step` keeps h and c per sequence. SEQUENCES sequences of TICKS ticks each are
+sent interleaved from CLIENTS threads: half of the clients over unary gRPC
+(tritonclient.grpc), the others but one over HTTP (tritonclient.http), and the last one
+over one ModelStreamInfer stream (start_stream / async_stream_infer), all its sequences
+on that stream. Ids alternate between numbers and strings. Sequences come in pairs fed
+identical ticks under different ids (one numeric, one a string, on different
+protocols), so state crossing between sequences would show. Every tick's prediction
+must equal onnxruntime running the sequence offline (the same step model, h and c
+carried in numpy) within 1e-5 relative. The first tick says sequence_start, the last
+sequence_end; the server keeps no sequence afterwards. Prints `done`.
+Started by crates/tickserve-server/tests/sequences.rs (a smaller run); the full bar
+(200 x 500 from 8 clients) is the default.
+"""
+import argparse
+import json
+import pathlib
+import queue
+import threading
+import urllib.request
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from reference import check, compare  # noqa: E402 (beside this script)
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+MODEL = "seq_lstm_step"
+FEATURES = 8
+HIDDEN = 16
+
+
+def sequence_id(i):
+    """Sequence i's id: numbers for even i, strings for odd."""
+    return i + 1 if i % 2 == 0 else f"instrument-{i}"
+
+
+def offline(ticks):
+    """Predictions of every tick of every input stream (ticks: [streams, T, 8]), with h
+    and c carried in numpy: what the server must answer."""
+    session = ort.InferenceSession(str(ROOT / f"config/models/{MODEL}/1/model.onnx"))
+    streams, length = ticks.shape[:2]
+    h = np.zeros((streams, HIDDEN), np.float32)
+    c = np.zeros((streams, HIDDEN), np.float32)
+    out = np.zeros((streams, length), np.float32)
+    for t in range(length):
+        p, h, c = session.run(None, {"tick": ticks[:, t], "h_in": h, "c_in": c})
+        out[:, t] = p[:, 0]
+    return out
+
+
+def grpc_worker(args, mine, ticks, got, errors):
+    client = grpcclient.InferenceServerClient(args.grpc)
+    try:
+        for t in range(args.ticks):
+            for i in mine:
+                x = grpcclient.InferInput("tick", [1, FEATURES], "FP32")
+                x.set_data_from_numpy(ticks[i // 2, t:t + 1])
+                result = client.infer(MODEL, [x], sequence_id=sequence_id(i),
+                                      sequence_start=t == 0, sequence_end=t == args.ticks - 1)
+                got[i, t] = result.as_numpy("prediction")[0, 0]
+    except Exception as e:  # noqa: BLE001 (reported, then the check fails)
+        errors.append(f"grpc: {e}")
+
+
+def http_worker(args, mine, ticks, got, errors):
+    client = httpclient.InferenceServerClient(args.http)
+    try:
+        for t in range(args.ticks):
+            for i in mine:
+                x = httpclient.InferInput("tick", [1, FEATURES], "FP32")
+                x.set_data_from_numpy(ticks[i // 2, t:t + 1], binary_data=t % 2 == 0)
+                result = client.infer(MODEL, [x], sequence_id=sequence_id(i),
+                                      sequence_start=t == 0, sequence_end=t == args.ticks - 1)
+                got[i, t] = result.as_numpy("prediction")[0, 0]
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"http: {e}")
+
+
+def stream_worker(args, mine, ticks, got, errors):
+    client = grpcclient.InferenceServerClient(args.grpc)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for t in range(args.ticks):
+            for i in mine:
+                x = grpcclient.InferInput("tick", [1, FEATURES], "FP32")
+                x.set_data_from_numpy(ticks[i // 2, t:t + 1])
+                client.async_stream_infer(MODEL, [x], request_id=f"{i}:{t}",
+                                          sequence_id=sequence_id(i), sequence_start=t == 0,
+                                          sequence_end=t == args.ticks - 1)
+            for i in mine:
+                result, error = answers.get(timeout=60)
+                if error is not None:
+                    raise RuntimeError(str(error))
+                # Answers come in the order sent.
+                sent = result.get_response().id
+                check(sent == f"{i}:{t}", f"stream answer {sent} where {i}:{t} was next")
+                got[i, t] = result.as_numpy("prediction")[0, 0]
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"stream: {e}")
+    finally:
+        client.stop_stream()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--http", required=True)
+    p.add_argument("--grpc", required=True)
+    p.add_argument("--sequences", type=int, default=200)
+    p.add_argument("--ticks", type=int, default=500)
+    p.add_argument("--clients", type=int, default=8)
+    args = p.parse_args()
+    check(args.sequences % 2 == 0 and args.clients >= 3, "an even count of sequences, 3+ clients")
+    rng = np.random.default_rng(14)
+    # One input stream per pair of sequences.
+    ticks = rng.standard_normal((args.sequences // 2, args.ticks, FEATURES)).astype(np.float32)
+    want = offline(ticks)
+    got = np.full((args.sequences, args.ticks), np.nan, np.float32)
+    errors = []
+    # Client k takes sequences k, k + clients, ...: a pair's two sequences land on
+    # different clients, running at the same time.
+    kinds = ([grpc_worker] * (args.clients // 2)
+             + [http_worker] * (args.clients - args.clients // 2 - 1) + [stream_worker])
+    threads = [threading.Thread(target=kind, args=(args, list(range(k, args.sequences, args.clients)),
+                                                   ticks, got, errors))
+               for k, kind in enumerate(kinds)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    check(not errors, "; ".join(errors))
+    for i in range(args.sequences):
+        compare(got[i], want[i // 2], f"sequence {sequence_id(i)}", same_dtype=False)
+    check(np.array_equal(got[0::2], got[1::2]),
+          "two sequences fed the same ticks under different ids answered differently")
+    with urllib.request.urlopen(f"http://{args.http}/v2/models/{MODEL}/sequences",
+                                timeout=30) as response:
+        left = json.loads(response.read())["sequences"]
+    check(left == [], f"sequences left after their end: {left[:5]}")
+    print(f"{args.sequences} sequences x {args.ticks} ticks from {args.clients} clients "
+          f"({args.clients // 2} gRPC, {args.clients - args.clients // 2 - 1} HTTP, 1 stream): "
+          f"every tick equals onnxruntime offline within 1e-5")
+    print("done")
+
+
+if __name__ == "__main__":
+    main()
