@@ -63,6 +63,10 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["code", "model", "protocol"],
     ),
+    ("tickserve_sequence_ends_total", "counter", &["model"]),
+    ("tickserve_sequence_expiries_total", "counter", &["model"]),
+    ("tickserve_sequence_starts_total", "counter", &["model"]),
+    ("tickserve_sequences_active", "gauge", &["model"]),
     (
         "tickserve_tls_handshake_failures_total",
         "counter",

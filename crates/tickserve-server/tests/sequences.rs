@@ -203,9 +203,14 @@ async fn thirty_ticks_of_state_equal_the_window_model_over_every_protocol() {
             "sequence {name}: {got} after {TICKS} ticks, the window model says {expected}"
         );
     }
-    assert_eq!(last["1"], last["2"]);
-    assert_eq!(last["1"], last["5"]);
-    assert_ne!(last["1"], last["AAPL"]);
+    // Sequences fed the same ticks agree (within the tolerance: batched with
+    // others they may run in another bucket, whose kernels differ by ulps).
+    let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * a.abs().max(1.0);
+    assert!(
+        close(last["1"], last["2"]) && close(last["1"], last["5"]),
+        "{last:?}"
+    );
+    assert!(!close(last["1"], last["AAPL"]), "{last:?}");
 
     // Every sequence ended with its last tick.
     let list = common::get_json(&format!("{base}/v2/models/seq_check/sequences")).await;
@@ -615,13 +620,34 @@ async fn monte_carlo_on_a_sequence_advances_the_state_by_its_clean_tick_only() {
         .collect();
     assert_eq!(names, ["prediction_mean", "prediction_std"], "{answer}");
     assert_eq!(answer["outputs"][0]["shape"], json!([1, 1]));
-    assert!(answer["outputs"][1]["data"][0].as_f64().unwrap() > 0.0, "{answer}");
+    assert!(
+        answer["outputs"][1]["data"][0].as_f64().unwrap() > 0.0,
+        "{answer}"
+    );
     let (_, plain) = post(&http, &step, &body(json!(2), false, false, &tick(1, 1))).await;
     let (_, one) = post(&http, &step, &body(json!(1), false, false, &tick(1, 2))).await;
     let (_, two) = post(&http, &step, &body(json!(2), false, false, &tick(1, 2))).await;
-    assert_eq!(prediction(&one), prediction(&two), "the noisy copies moved the state");
+    let (one, two) = (prediction(&one), prediction(&two));
+    assert!(
+        (one - two).abs() <= 1e-5,
+        "the noisy copies moved the state: {one} {two}"
+    );
     // The mean of the noisy copies is near the clean prediction, not equal.
     let mean = answer["outputs"][0]["data"][0].as_f64().unwrap() as f32;
     assert_ne!(mean, prediction(&plain));
+    server.shutdown().await.unwrap();
+}
+
+/// Triton's Python clients over gRPC, HTTP and a stream, against onnxruntime
+/// running each sequence offline: the bar's check, at a size CI affords (the
+/// full 200 × 500 is the script's default: docs/sequences.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tritonclient_sequences_match_onnxruntime_offline() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let args: Vec<&std::ffi::OsStr> = ["--sequences", "40", "--ticks", "60", "--clients", "8"]
+        .iter()
+        .map(std::ffi::OsStr::new)
+        .collect();
+    common::run_python_check(&server, "sequence_check.py", &args, "done").await;
     server.shutdown().await.unwrap();
 }

@@ -10,7 +10,8 @@ sent interleaved from CLIENTS threads: half of the clients over unary gRPC
 over one ModelStreamInfer stream (start_stream / async_stream_infer), all its sequences
 on that stream. Ids alternate between numbers and strings. Sequences come in pairs fed
 identical ticks under different ids (one numeric, one a string, on different
-protocols), so state crossing between sequences would show. Every tick's prediction
+protocols), so state crossing between sequences would show; each pair agrees within
+the tolerance (its two sequences run in different batches). Every tick's prediction
 must equal onnxruntime running the sequence offline (the same step model, h and c
 carried in numpy) within 1e-5 relative. The first tick says sequence_start, the last
 sequence_end; the server keeps no sequence afterwards. Prints `done`.
@@ -138,8 +139,10 @@ def main():
     check(not errors, "; ".join(errors))
     for i in range(args.sequences):
         compare(got[i], want[i // 2], f"sequence {sequence_id(i)}", same_dtype=False)
-    check(np.array_equal(got[0::2], got[1::2]),
-          "two sequences fed the same ticks under different ids answered differently")
+    # A pair's two sequences ran in different batches (different buckets, whose kernels
+    # differ by a few ulps), so they agree within the same tolerance, not bit for bit.
+    compare(got[0::2], got[1::2], "two sequences fed the same ticks under different ids",
+            same_dtype=False)
     with urllib.request.urlopen(f"http://{args.http}/v2/models/{MODEL}/sequences",
                                 timeout=30) as response:
         left = json.loads(response.read())["sequences"]

@@ -50,6 +50,19 @@ def main():
         hm = h.get_model_metadata(name)
         gm = g.get_model_metadata(name)
         check(h.is_model_ready(name) and g.is_model_ready(name), f"{name} ready")
+        if "sequence_batching" in h.get_model_config(name):
+            # A stateful model: clients see it without its state inputs and outputs
+            # (tick by tick against onnxruntime: sequence_check.py).
+            state = h.get_model_config(name)["sequence_batching"]["state"]
+            hidden = {s["input_name"] for s in state} | {s["output_name"] for s in state}
+            check([i["name"] for i in hm["inputs"]] == [i.name for i in ins if i.name not in hidden],
+                  f"{name} HTTP input names without the state")
+            check([o.name for o in gm.outputs] == [o.name for o in outs if o.name not in hidden],
+                  f"{name} gRPC output names without the state")
+            check(g.get_model_config(name).config.HasField("sequence_batching"),
+                  f"{name} gRPC sequence_batching")
+            print(f"ok {name}: stateful, its state hidden from clients")
+            continue
         check([i["name"] for i in hm["inputs"]] == [i.name for i in ins], f"{name} HTTP input names")
         check([o.name for o in gm.outputs] == [o.name for o in outs], f"{name} gRPC output names")
         check(hm["inputs"][0]["datatype"] == "FP32" and gm.inputs[0].datatype == "FP32", f"{name} datatype")

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Stateful ticks against resending the window, in one run.
+
+    cargo build --release -p tickserve-server && python3 scripts/bench_sequences.py
+
+Starts the release server (target/release/tickserve, or $TICKSERVE_BIN) on the sample
+repository through scripts/server.py, and runs perf_analyzer (../shared/tools/perf_analyzer)
+over gRPC at concurrency 1 and 16:
+
+  - window: `seq_lstm`, each request the whole 30-tick window [1, 30, 8] (what a client
+    does without server-side state: 30 LSTM steps per prediction);
+  - stateful: `seq_lstm_step`, each request one tick [1, 8] of a sequence, the server
+    keeping h and c (`--sequence-length 100 --sequence-id-range 1:100000`: perf_analyzer
+    starts and ends sequences itself, as it does against Triton).
+
+Both give the prediction after the latest tick (tests/sequences.rs checks they are
+equal). For each: throughput, p50 / p99 (perf_analyzer's client-side latency), and the
+CPU time per request of the server (from /proc) and of the client (its rusage). Prints a
+Markdown table; raw outputs go to target/bench/sequences_*.
+"""
+import argparse
+import csv
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
+TICK = os.sysconf("SC_CLK_TCK")
+OUT = ROOT / "target/bench"
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import metric_sum  # noqa: E402
+from server import Server  # noqa: E402
+
+
+def cpu_seconds(pid):
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(server, name, model, concurrency, interval_ms, extra):
+    csv_path = OUT / f"sequences_{name}_c{concurrency}.csv"
+    log = OUT / f"sequences_{name}_c{concurrency}.txt"
+    command = [str(PERF_ANALYZER), "-m", model, "-u", f"127.0.0.1:{server.grpc_port}", "-i", "grpc",
+               "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms),
+               "-f", str(csv_path)] + extra
+    served = metric_sum(server.http_port, "tickserve_requests_total", f'model="{model}"')
+    server_cpu, client_cpu = cpu_seconds(server.pid), children_cpu()
+    with open(log, "w") as f:
+        subprocess.run(command, check=True, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    server_cpu = cpu_seconds(server.pid) - server_cpu
+    client_cpu = children_cpu() - client_cpu
+    served = metric_sum(server.http_port, "tickserve_requests_total", f'model="{model}"') - served
+    row = next(csv.DictReader(open(csv_path)))
+    return {
+        "rps": float(row["Inferences/Second"]),
+        "p50": float(row["p50 latency"]),
+        "p99": float(row["p99 latency"]),
+        "server_us": 1e6 * server_cpu / max(served, 1),
+        "client_us": 1e6 * client_cpu / max(served, 1),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--interval", type=int, default=5000, help="measurement window (ms)")
+    args = p.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as work:
+        config = pathlib.Path(work) / "tickserve.toml"
+        config.write_text(
+            f'[server]\nhost = "127.0.0.1"\n'
+            f'[runtime]\nonnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"\n'
+            f'[repository]\npath = "{ROOT / "config/models"}"\n')
+        with Server(config=config, log=pathlib.Path(work) / "server.log") as server:
+            for concurrency in (1, 16):
+                results[("window", concurrency)] = run(
+                    server, "window", "seq_lstm", concurrency, args.interval, [])
+                results[("stateful", concurrency)] = run(
+                    server, "stateful", "seq_lstm_step", concurrency, args.interval,
+                    ["--sequence-length", "100", "--sequence-id-range", "1:100000"])
+    print("| request | concurrency | inferences/s | p50 (µs) | p99 (µs) | server CPU / request (µs) "
+          "| client CPU / request (µs) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for concurrency in (1, 16):
+        for name, label in (("window", "`seq_lstm`, the 30-tick window"),
+                            ("stateful", "`seq_lstm_step`, one tick (state in the server)")):
+            r = results[(name, concurrency)]
+            print(f"| {label} | {concurrency} | {r['rps']:.0f} | {r['p50']:.0f} | {r['p99']:.0f} "
+                  f"| {r['server_us']:.0f} | {r['client_us']:.0f} |")
+    for concurrency in (1, 16):
+        w, s = results[("window", concurrency)], results[("stateful", concurrency)]
+        print(f"\nconcurrency {concurrency}: the stateful tick costs {s['p50'] / w['p50']:.2f}x the "
+              f"window's p50, {s['p99'] / w['p99']:.2f}x its p99, "
+              f"{s['server_us'] / w['server_us']:.2f}x its server CPU per request")
+
+
+if __name__ == "__main__":
+    main()
