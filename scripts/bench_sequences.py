@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Stateful ticks against resending the window, in one run.
 
-    cargo build --release -p tickserve-server && python3 scripts/bench_sequences.py
+    cargo build --release -p tickserve-server && .venv/bin/python scripts/bench_sequences.py
 
 Starts the release server (target/release/tickserve, or $TICKSERVE_BIN) on the sample
 repository through scripts/server.py, and runs perf_analyzer (../shared/tools/perf_analyzer)
@@ -14,9 +14,12 @@ over gRPC at concurrency 1 and 16:
     starts and ends sequences itself, as it does against Triton).
 
 Both give the prediction after the latest tick (tests/sequences.rs checks they are
-equal). For each: throughput, p50 / p99 (perf_analyzer's client-side latency), and the
-CPU time per request of the server (from /proc) and of the client (its rusage). Prints a
-Markdown table; raw outputs go to target/bench/sequences_*.
+equal). For each: throughput, p50 / p99 (perf_analyzer's client-side latency), the
+server's compute per request (perf_analyzer's server-side "compute infer"), and the CPU
+time per request of the server (from /proc) and of the client (its rusage). Then the two
+models alone in onnxruntime (one thread) at 1, 16 and 64 rows per run: what the state
+saves where no network is in the way. Prints Markdown tables; raw outputs go to
+target/bench/sequences_*.
 """
 import argparse
 import csv
@@ -64,6 +67,7 @@ def run(server, name, model, concurrency, interval_ms, extra):
         "rps": float(row["Inferences/Second"]),
         "p50": float(row["p50 latency"]),
         "p99": float(row["p99 latency"]),
+        "compute": float(row["Server Compute Infer"]),
         "server_us": 1e6 * server_cpu / max(served, 1),
         "client_us": 1e6 * client_cpu / max(served, 1),
     }
@@ -88,20 +92,54 @@ def main():
                 results[("stateful", concurrency)] = run(
                     server, "stateful", "seq_lstm_step", concurrency, args.interval,
                     ["--sequence-length", "100", "--sequence-id-range", "1:100000"])
-    print("| request | concurrency | inferences/s | p50 (µs) | p99 (µs) | server CPU / request (µs) "
-          "| client CPU / request (µs) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| request | concurrency | inferences/s | p50 (µs) | p99 (µs) | server compute / request (µs) "
+          "| server CPU / request (µs) | client CPU / request (µs) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for concurrency in (1, 16):
         for name, label in (("window", "`seq_lstm`, the 30-tick window"),
                             ("stateful", "`seq_lstm_step`, one tick (state in the server)")):
             r = results[(name, concurrency)]
             print(f"| {label} | {concurrency} | {r['rps']:.0f} | {r['p50']:.0f} | {r['p99']:.0f} "
-                  f"| {r['server_us']:.0f} | {r['client_us']:.0f} |")
+                  f"| {r['compute']:.0f} | {r['server_us']:.0f} | {r['client_us']:.0f} |")
     for concurrency in (1, 16):
         w, s = results[("window", concurrency)], results[("stateful", concurrency)]
         print(f"\nconcurrency {concurrency}: the stateful tick costs {s['p50'] / w['p50']:.2f}x the "
               f"window's p50, {s['p99'] / w['p99']:.2f}x its p99, "
+              f"{s['compute'] / w['compute']:.2f}x its server compute, "
               f"{s['server_us'] / w['server_us']:.2f}x its server CPU per request")
+    engine_alone()
+
+
+def engine_alone():
+    """The models alone in onnxruntime (Python, one thread), per run of B rows: what the
+    state saves where the network is not in the way."""
+    import numpy as np
+    import onnxruntime as ort
+    import time
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    models = ROOT / "config/models"
+    window = ort.InferenceSession(str(models / "seq_lstm/1/model.onnx"), options)
+    step = ort.InferenceSession(str(models / "seq_lstm_step/1/model.onnx"), options)
+
+    def per_run(run, n=2000):
+        for _ in range(200):
+            run()
+        started = time.perf_counter()
+        for _ in range(n):
+            run()
+        return (time.perf_counter() - started) / n * 1e6
+
+    print("\n| rows per run | `seq_lstm` window run (µs) | `seq_lstm_step` tick run (µs) | tick / window |")
+    print("| ---: | ---: | ---: | ---: |")
+    rng = np.random.default_rng(0)
+    for rows in (1, 16, 64):
+        x = rng.standard_normal((rows, 30, 8)).astype(np.float32)
+        tick = x[:, -1]
+        h = np.zeros((rows, 16), np.float32)
+        w = per_run(lambda: window.run(None, {"window": x}))
+        s = per_run(lambda: step.run(None, {"tick": tick, "h_in": h, "c_in": h}))
+        print(f"| {rows} | {w:.1f} | {s:.1f} | {s / w:.2f}x |")
 
 
 if __name__ == "__main__":
