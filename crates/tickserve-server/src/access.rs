@@ -311,6 +311,14 @@ mod tests {
             ("/v2/models/stats", Some(G::Statistics)),
             ("/v2/repository/index", Some(G::ModelRepository)),
             ("/v2/repository/models/m/unload", Some(G::ModelRepository)),
+            ("/v2/models/m/sequences", Some(G::ModelRepository)),
+            ("/v2/models/m/sequences/read", Some(G::ModelRepository)),
+            (
+                "/v2/models/m/versions/2/sequences/write",
+                Some(G::ModelRepository),
+            ),
+            ("/v2/models/m/sequences/drop", Some(G::ModelRepository)),
+            ("/v2/models/m/sequences/other", None),
             ("/metrics", Some(G::Metrics)),
             ("/v1/models/m:predict", Some(G::Inference)),
             ("/v1/models/m/versions/3:predict", Some(G::Inference)),
@@ -329,6 +337,10 @@ mod tests {
         );
         assert_eq!(
             grpc_group("/inference.GRPCInferenceService/RepositoryModelUnload"),
+            Some(G::ModelRepository)
+        );
+        assert_eq!(
+            grpc_group("/tickserve.SequenceService/SequenceStateWrite"),
             Some(G::ModelRepository)
         );
         assert_eq!(grpc_group("/grpc.health.v1.Health/Check"), Some(G::Health));
