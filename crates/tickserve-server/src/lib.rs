@@ -106,6 +106,20 @@ impl Drop for InflightBytes<'_> {
     }
 }
 
+/// [`InflightBytes`] that owns its hold on the server state.
+pub struct OwnedInflightBytes {
+    shared: Arc<Shared>,
+    bytes: usize,
+}
+
+impl Drop for OwnedInflightBytes {
+    fn drop(&mut self) {
+        self.shared
+            .inflight_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// One admitted inference request; dropping it lets another in.
 pub struct InflightSlot<'a>(&'a Shared);
 
@@ -133,6 +147,27 @@ impl Shared {
     /// Takes `bytes` (a request's body or message) into the server-wide
     /// budget, or refuses at once when they would go over it.
     pub fn admit_bytes(&self, bytes: usize) -> Result<InflightBytes<'_>, tickserve_core::Error> {
+        self.reserve_bytes(bytes)?;
+        Ok(InflightBytes {
+            shared: self,
+            bytes,
+        })
+    }
+
+    /// [`Shared::admit_bytes`] for a request answered on a task of its own (a
+    /// stream's), which outlives the caller's borrow.
+    pub fn admit_bytes_owned(
+        self: &Arc<Self>,
+        bytes: usize,
+    ) -> Result<OwnedInflightBytes, tickserve_core::Error> {
+        self.reserve_bytes(bytes)?;
+        Ok(OwnedInflightBytes {
+            shared: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    fn reserve_bytes(&self, bytes: usize) -> Result<(), tickserve_core::Error> {
         let before = self.inflight_bytes.fetch_add(bytes, Ordering::AcqRel);
         if before.saturating_add(bytes) > self.max_inflight_bytes {
             self.inflight_bytes.fetch_sub(bytes, Ordering::AcqRel);
@@ -140,10 +175,7 @@ impl Shared {
                 limit: self.max_inflight_bytes,
             });
         }
-        Ok(InflightBytes {
-            shared: self,
-            bytes,
-        })
+        Ok(())
     }
 
     /// Accepting requests (between load and shutdown).

@@ -84,15 +84,17 @@ fn start(
         if !shared.ready() {
             return Err(Error::ShuttingDown);
         }
+        // The message's bytes count in the server-wide budget until it is answered.
+        let bytes = shared.admit_bytes_owned(prost::Message::encoded_len(&message))?;
         let handle = handle?;
         let (request, raw) = convert::decode(message, None, &handle.signature)?;
         let prepared = handle.prepare(request)?;
-        Ok((handle, prepared, raw))
+        Ok((handle, prepared, raw, bytes))
     })();
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
         let result: Result<(InferResponse, bool), Error> = async {
-            let (handle, prepared, raw) = prepared?;
+            let (handle, prepared, raw, _bytes) = prepared?;
             let _slot = shared.admit()?;
             Ok((handle.run(prepared).await?, raw))
         }
