@@ -69,13 +69,21 @@ def mlp(rng, name, inputs, hidden, outputs, softmax=False, in_name="features", o
     return helper.make_model(graph, opset_imports=opsets or [helper.make_opsetid("", OPSET)])
 
 
+def lstm_weights(rng, features, hidden):
+    """An LSTM's input, recurrent and bias weights and a one-output head, drawn in this
+    order (so `lstm` and `lstm_step` with equal generators have equal weights)."""
+    return [
+        numpy_helper.from_array(weights(rng, 1, 4 * hidden, features), "lstm_w"),
+        numpy_helper.from_array(weights(rng, 1, 4 * hidden, hidden), "lstm_r"),
+        numpy_helper.from_array(weights(rng, 1, 8 * hidden, scale=0.1), "lstm_b"),
+        numpy_helper.from_array(weights(rng, 1, hidden), "head_w"),
+        numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b"),
+    ]
+
+
 def lstm(rng, name, seq, features, hidden, seq_dim=None):
     # ONNX LSTM wants [seq, batch, features]: transpose the batch-first input.
-    w = numpy_helper.from_array(weights(rng, 1, 4 * hidden, features), "lstm_w")
-    r = numpy_helper.from_array(weights(rng, 1, 4 * hidden, hidden), "lstm_r")
-    b = numpy_helper.from_array(weights(rng, 1, 8 * hidden, scale=0.1), "lstm_b")
-    wo = numpy_helper.from_array(weights(rng, 1, hidden), "head_w")
-    bo = numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b")
+    w, r, b, wo, bo = lstm_weights(rng, features, hidden)
     axes = numpy_helper.from_array(np.array([0], dtype=np.int64), "squeeze_axes")
     nodes = [
         helper.make_node("Transpose", ["window"], ["window_t"], perm=[1, 0, 2]),
@@ -96,11 +104,7 @@ def lstm(rng, name, seq, features, hidden, seq_dim=None):
 
 def lstm_step(rng, name, features, hidden):
     """One step of `lstm` (same weights for the same generator): the state comes in and out."""
-    w = numpy_helper.from_array(weights(rng, 1, 4 * hidden, features), "lstm_w")
-    r = numpy_helper.from_array(weights(rng, 1, 4 * hidden, hidden), "lstm_r")
-    b = numpy_helper.from_array(weights(rng, 1, 8 * hidden, scale=0.1), "lstm_b")
-    wo = numpy_helper.from_array(weights(rng, 1, hidden), "head_w")
-    bo = numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b")
+    w, r, b, wo, bo = lstm_weights(rng, features, hidden)
     axes = numpy_helper.from_array(np.array([0], dtype=np.int64), "axes")
     nodes = [
         helper.make_node("Unsqueeze", ["tick", "axes"], ["x"]),

@@ -110,6 +110,18 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// The stateful model of `path` and the sequence a small JSON body names.
+async fn named_sequence(
+    shared: &Shared,
+    path: &ModelPath,
+    body: Body,
+) -> Result<(Arc<ModelHandle>, Arc<Sequences>, SequenceId), Error> {
+    let (handle, sequences) = stateful(shared, path)?;
+    let params = parameters(&handle.name, shared, body).await?;
+    let id = sequence_id(&handle.name, params.as_ref())?;
+    Ok((handle, sequences, id))
+}
+
 /// `GET .../sequences`: every sequence the model keeps, by id.
 pub(crate) async fn list(
     State(shared): State<Arc<Shared>>,
@@ -138,9 +150,7 @@ pub(crate) async fn read(
     Path(path): Path<ModelPath>,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (handle, sequences) = stateful(&shared, &path)?;
-    let params = parameters(&handle.name, &shared, body).await?;
-    let id = sequence_id(&handle.name, params.as_ref())?;
+    let (handle, sequences, id) = named_sequence(&shared, &path, body).await?;
     let state = sequences.read(&id, deadline()).await?;
     let outputs: Vec<Value> = sequences
         .spec()
@@ -205,9 +215,7 @@ pub(crate) async fn drop_sequence(
     Path(path): Path<ModelPath>,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (handle, sequences) = stateful(&shared, &path)?;
-    let params = parameters(&handle.name, &shared, body).await?;
-    let id = sequence_id(&handle.name, params.as_ref())?;
+    let (_, sequences, id) = named_sequence(&shared, &path, body).await?;
     sequences.remove(&id, deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "dropped": true})).into_response())
 }
