@@ -1,0 +1,749 @@
+//! tickserve's shared-memory protocol: the fixed binary layout of a request
+//! and of its answer, as they sit in an iceoryx2 sample (docs/shm.md).
+//!
+//! Little-endian throughout; every block starts 8-byte aligned, so a
+//! tensor's data can be read in place as its element type. A request:
+//!
+//! ```text
+//! header (32 bytes)
+//!   0  magic       "TSQ1"
+//!   4  kind        u8   1 lookup, 2 infer
+//!   5  flags       u8   0
+//!   6  count       u16  tensors that follow (infer)
+//!   8  request_id  u64  echoed in the answer
+//!  16  handle      u32  the model handle a lookup returned (infer)
+//!  20  timeout_us  u32  the request's deadline from now; 0 none
+//!  24  reserved    u64  0
+//! lookup body: name_len u16, version_len u16, 4 zero bytes, name, version (padded to 8)
+//! infer body:  `count` tensors
+//! ```
+//!
+//! A tensor:
+//!
+//! ```text
+//!   0  name_len  u16
+//!   2  datatype  u8   Triton's TYPE_* numbers: 1 BOOL, 2 UINT8 .. 5 UINT64, 6 INT8 .. 9 INT64, 11 FP32, 12 FP64
+//!   3  ndims     u8
+//!   4  reserved  u32  0
+//!   8  data_len  u64
+//!  16  dims      i64 × ndims
+//!      name      name_len bytes, padded to 8
+//!      data      data_len bytes, padded to 8
+//! ```
+//!
+//! An answer:
+//!
+//! ```text
+//! header (32 bytes)
+//!   0  magic       "TSA1"
+//!   4  kind        u8   1 lookup, 2 infer, 3 error
+//!   5  error       u8   0, or the error's kind (see [`ErrorCode`])
+//!   6  count       u16  tensors that follow
+//!   8  request_id  u64
+//!  16  handle      u32  (lookup) the model's handle
+//!  20  queue_us    u32  (infer) time in the model's queue
+//!  24  compute_us  u32  (infer) copying in, running, copying out
+//!  28  inputs      u32  (lookup) how many of the tensors are inputs
+//! lookup body: the model's inputs then outputs, as tensors without data whose dims
+//!              are the protocol shape (-1 for the batch)
+//! infer body:  the outputs
+//! error body:  message_len u32, 4 zero bytes, message (UTF-8, padded to 8)
+//! ```
+
+use thiserror::Error;
+
+/// The first bytes of a request.
+pub const REQUEST_MAGIC: [u8; 4] = *b"TSQ1";
+/// The first bytes of an answer.
+pub const ANSWER_MAGIC: [u8; 4] = *b"TSA1";
+/// Bytes of either header.
+pub const HEADER_BYTES: usize = 32;
+/// The most tensors one request or answer carries.
+pub const MAX_TENSORS: usize = 256;
+/// The most dimensions one tensor has.
+pub const MAX_DIMS: usize = 16;
+/// The longest tensor or model name, and version, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+
+/// What a request asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A model's handle and signature, by name.
+    Lookup = 1,
+    /// A prediction, by handle.
+    Infer = 2,
+}
+
+/// The kind of an error answer: the same classes as the other front ends'
+/// (gRPC codes, HTTP statuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The request is wrong (INVALID_ARGUMENT, 400).
+    InvalidArgument = 1,
+    /// No such model or handle (NOT_FOUND, 404).
+    NotFound = 2,
+    /// The request is larger than the server accepts (413).
+    PayloadTooLarge = 3,
+    /// The model or server cannot serve now (UNAVAILABLE, 503).
+    Unavailable = 4,
+    /// At capacity; retry later (RESOURCE_EXHAUSTED, 429).
+    ResourceExhausted = 5,
+    /// The deadline passed before the request was computed (504).
+    DeadlineExceeded = 6,
+    /// A failure inside the server (INTERNAL, 500).
+    Internal = 7,
+    /// The server's settings do not allow it (FAILED_PRECONDITION, 403).
+    FailedPrecondition = 8,
+}
+
+impl ErrorCode {
+    /// The code of byte `b`.
+    pub fn from_byte(b: u8) -> Option<ErrorCode> {
+        Some(match b {
+            1 => ErrorCode::InvalidArgument,
+            2 => ErrorCode::NotFound,
+            3 => ErrorCode::PayloadTooLarge,
+            4 => ErrorCode::Unavailable,
+            5 => ErrorCode::ResourceExhausted,
+            6 => ErrorCode::DeadlineExceeded,
+            7 => ErrorCode::Internal,
+            8 => ErrorCode::FailedPrecondition,
+            _ => return None,
+        })
+    }
+
+    /// Its name, as gRPC spells the code (`INVALID_ARGUMENT`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "INVALID_ARGUMENT",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            ErrorCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            ErrorCode::Internal => "INTERNAL",
+            ErrorCode::FailedPrecondition => "FAILED_PRECONDITION",
+        }
+    }
+}
+
+/// A malformed request or answer: what was wrong, where.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("malformed shared-memory message: {0}")]
+pub struct ProtocolError(pub String);
+
+fn bad<T>(what: impl Into<String>) -> Result<T, ProtocolError> {
+    Err(ProtocolError(what.into()))
+}
+
+/// One tensor, borrowed from a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorRef<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its datatype's number (Triton's TYPE_*).
+    pub datatype: u8,
+    /// Its shape.
+    pub dims: Vec<i64>,
+    /// Its data, little-endian, row-major.
+    pub data: &'a [u8],
+}
+
+/// A decoded request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// A model's handle, by name and version (empty: the default).
+    Lookup {
+        /// Echoed in the answer.
+        request_id: u64,
+        /// The model.
+        name: &'a str,
+        /// Its version; empty for the default.
+        version: &'a str,
+    },
+    /// A prediction.
+    Infer {
+        /// Echoed in the answer.
+        request_id: u64,
+        /// The model's handle.
+        handle: u32,
+        /// The deadline from now, in microseconds; 0 none.
+        timeout_us: u32,
+        /// The inputs.
+        inputs: Vec<TensorRef<'a>>,
+    },
+}
+
+/// A decoded answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer<'a> {
+    /// A model's handle and signature.
+    Lookup {
+        /// The request's id.
+        request_id: u64,
+        /// The handle to infer with.
+        handle: u32,
+        /// The inputs (dims: -1 for the batch), no data.
+        inputs: Vec<TensorRef<'a>>,
+        /// The outputs, likewise.
+        outputs: Vec<TensorRef<'a>>,
+    },
+    /// A prediction.
+    Infer {
+        /// The request's id.
+        request_id: u64,
+        /// Microseconds in the model's queue.
+        queue_us: u32,
+        /// Microseconds of compute.
+        compute_us: u32,
+        /// The outputs.
+        outputs: Vec<TensorRef<'a>>,
+    },
+    /// Why there is no prediction.
+    Error {
+        /// The request's id (0 when the request could not be read).
+        request_id: u64,
+        /// Its class.
+        code: ErrorCode,
+        /// What was wrong, naming the model and the input.
+        message: &'a str,
+    },
+}
+
+/// `n` rounded up to a multiple of 8 (saturating: lengths come from clients).
+const fn pad8(n: usize) -> usize {
+    n.saturating_add(7) & !7
+}
+
+/// Bytes one tensor takes.
+pub fn tensor_len(name: &str, ndims: usize, data_len: usize) -> usize {
+    16usize
+        .saturating_add(8usize.saturating_mul(ndims))
+        .saturating_add(pad8(name.len()))
+        .saturating_add(pad8(data_len))
+}
+
+/// A cursor over a message, every read checked.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], ProtocolError> {
+        match self.at.checked_add(len) {
+            Some(end) if end <= self.bytes.len() => {
+                let slice = &self.bytes[self.at..end];
+                self.at = end;
+                Ok(slice)
+            }
+            _ => bad(format!(
+                "{len} bytes wanted at offset {} of a {}-byte message",
+                self.at,
+                self.bytes.len()
+            )),
+        }
+    }
+
+    fn padded(&mut self, len: usize) -> Result<&'a [u8], ProtocolError> {
+        let slice = self.take(len)?;
+        self.take(pad8(len) - len)?;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> Result<u8, ProtocolError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, ProtocolError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32, ProtocolError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+
+    fn u64(&mut self) -> Result<u64, ProtocolError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn str(&mut self, len: usize, what: &str) -> Result<&'a str, ProtocolError> {
+        if len > MAX_NAME_BYTES {
+            return bad(format!("{what} of {len} bytes; at most {MAX_NAME_BYTES}"));
+        }
+        std::str::from_utf8(self.padded(len)?).or_else(|_| bad(format!("{what} is not UTF-8")))
+    }
+
+    fn tensors(&mut self, count: usize) -> Result<Vec<TensorRef<'a>>, ProtocolError> {
+        if count > MAX_TENSORS {
+            return bad(format!("{count} tensors; at most {MAX_TENSORS}"));
+        }
+        let mut tensors = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name_len = usize::from(self.u16()?);
+            let datatype = self.u8()?;
+            let ndims = usize::from(self.u8()?);
+            self.u32()?;
+            let data_len = usize::try_from(self.u64()?).unwrap_or(usize::MAX);
+            if ndims > MAX_DIMS {
+                return bad(format!(
+                    "a tensor of {ndims} dimensions; at most {MAX_DIMS}"
+                ));
+            }
+            let mut dims = Vec::with_capacity(ndims);
+            for _ in 0..ndims {
+                dims.push(self.u64()? as i64);
+            }
+            let name = self.str(name_len, "a tensor name")?;
+            let data = self.padded(data_len)?;
+            tensors.push(TensorRef {
+                name,
+                datatype,
+                dims,
+                data,
+            });
+        }
+        Ok(tensors)
+    }
+}
+
+/// Reads a request.
+pub fn parse_request(bytes: &[u8]) -> Result<Request<'_>, ProtocolError> {
+    let mut r = Reader { bytes, at: 0 };
+    if r.take(4)? != REQUEST_MAGIC {
+        return bad("not a tickserve request (magic)");
+    }
+    let kind = r.u8()?;
+    let _flags = r.u8()?;
+    let count = usize::from(r.u16()?);
+    let request_id = r.u64()?;
+    let handle = r.u32()?;
+    let timeout_us = r.u32()?;
+    r.u64()?;
+    match kind {
+        1 => {
+            let name_len = usize::from(r.u16()?);
+            let version_len = usize::from(r.u16()?);
+            r.u32()?;
+            let name = r.str(name_len, "the model name")?;
+            let version = r.str(version_len, "the version")?;
+            Ok(Request::Lookup {
+                request_id,
+                name,
+                version,
+            })
+        }
+        2 => Ok(Request::Infer {
+            request_id,
+            handle,
+            timeout_us,
+            inputs: r.tensors(count)?,
+        }),
+        other => bad(format!("request kind {other}; 1 (lookup) or 2 (infer)")),
+    }
+}
+
+/// The request id of a message too broken to parse, if its header is there.
+pub fn request_id_of(bytes: &[u8]) -> u64 {
+    bytes
+        .get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// Reads an answer.
+pub fn parse_answer(bytes: &[u8]) -> Result<Answer<'_>, ProtocolError> {
+    let mut r = Reader { bytes, at: 0 };
+    if r.take(4)? != ANSWER_MAGIC {
+        return bad("not a tickserve answer (magic)");
+    }
+    let kind = r.u8()?;
+    let error = r.u8()?;
+    let count = usize::from(r.u16()?);
+    let request_id = r.u64()?;
+    let handle = r.u32()?;
+    let queue_us = r.u32()?;
+    let compute_us = r.u32()?;
+    let inputs = r.u32()? as usize;
+    match kind {
+        1 => {
+            let mut tensors = r.tensors(count)?;
+            if inputs > tensors.len() {
+                return bad("more inputs than tensors");
+            }
+            let outputs = tensors.split_off(inputs);
+            Ok(Answer::Lookup {
+                request_id,
+                handle,
+                inputs: tensors,
+                outputs,
+            })
+        }
+        2 => Ok(Answer::Infer {
+            request_id,
+            queue_us,
+            compute_us,
+            outputs: r.tensors(count)?,
+        }),
+        3 => {
+            let code = ErrorCode::from_byte(error)
+                .ok_or_else(|| ProtocolError(format!("error code {error}")))?;
+            let len = r.u32()? as usize;
+            r.u32()?;
+            let message = std::str::from_utf8(r.padded(len)?)
+                .map_err(|_| ProtocolError("an error message that is not UTF-8".into()))?;
+            Ok(Answer::Error {
+                request_id,
+                code,
+                message,
+            })
+        }
+        other => bad(format!("answer kind {other}")),
+    }
+}
+
+/// A tensor to write: name, datatype number, dims, data.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorOut<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its datatype's number.
+    pub datatype: u8,
+    /// Its shape.
+    pub dims: &'a [i64],
+    /// Its data.
+    pub data: &'a [u8],
+}
+
+impl TensorOut<'_> {
+    fn len(&self) -> usize {
+        tensor_len(self.name, self.dims.len(), self.data.len())
+    }
+}
+
+/// Writes into a buffer of exactly the right length (from the `*_len`
+/// functions), as a loaned shared-memory slice is.
+struct Writer<'a> {
+    buffer: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        let end = self.at + bytes.len();
+        self.buffer[self.at..end].copy_from_slice(bytes);
+        self.at = end;
+    }
+
+    fn padded(&mut self, bytes: &[u8]) {
+        self.put(bytes);
+        let end = self.at + (pad8(bytes.len()) - bytes.len());
+        self.buffer[self.at..end].fill(0);
+        self.at = end;
+    }
+
+    fn tensor(&mut self, t: &TensorOut<'_>) {
+        self.put(&(t.name.len() as u16).to_le_bytes());
+        self.put(&[t.datatype, t.dims.len() as u8]);
+        self.put(&[0; 4]);
+        self.put(&(t.data.len() as u64).to_le_bytes());
+        for d in t.dims {
+            self.put(&d.to_le_bytes());
+        }
+        self.padded(t.name.as_bytes());
+        self.padded(t.data);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn header(
+        &mut self,
+        magic: [u8; 4],
+        kind: u8,
+        error: u8,
+        count: usize,
+        request_id: u64,
+        a: u32,
+        b: u32,
+        c: u32,
+        d: u32,
+    ) {
+        self.put(&magic);
+        self.put(&[kind, error]);
+        self.put(&(count as u16).to_le_bytes());
+        self.put(&request_id.to_le_bytes());
+        for word in [a, b, c, d] {
+            self.put(&word.to_le_bytes());
+        }
+    }
+}
+
+/// Bytes of an infer request with `inputs`.
+pub fn infer_request_len(inputs: &[TensorOut<'_>]) -> usize {
+    inputs
+        .iter()
+        .fold(HEADER_BYTES, |n, t| n.saturating_add(t.len()))
+}
+
+/// Writes an infer request into `buffer` (exactly [`infer_request_len`] bytes).
+pub fn write_infer_request(
+    buffer: &mut [u8],
+    request_id: u64,
+    handle: u32,
+    timeout_us: u32,
+    inputs: &[TensorOut<'_>],
+) {
+    let mut w = Writer { buffer, at: 0 };
+    w.header(
+        REQUEST_MAGIC,
+        RequestKind::Infer as u8,
+        0,
+        inputs.len(),
+        request_id,
+        handle,
+        timeout_us,
+        0,
+        0,
+    );
+    for t in inputs {
+        w.tensor(t);
+    }
+}
+
+/// Bytes of a lookup request.
+pub fn lookup_request_len(name: &str, version: &str) -> usize {
+    HEADER_BYTES + 8 + pad8(name.len()) + pad8(version.len())
+}
+
+/// Writes a lookup request into `buffer` (exactly [`lookup_request_len`] bytes).
+pub fn write_lookup_request(buffer: &mut [u8], request_id: u64, name: &str, version: &str) {
+    let mut w = Writer { buffer, at: 0 };
+    w.header(
+        REQUEST_MAGIC,
+        RequestKind::Lookup as u8,
+        0,
+        0,
+        request_id,
+        0,
+        0,
+        0,
+        0,
+    );
+    w.put(&(name.len() as u16).to_le_bytes());
+    w.put(&(version.len() as u16).to_le_bytes());
+    w.put(&[0; 4]);
+    w.padded(name.as_bytes());
+    w.padded(version.as_bytes());
+}
+
+/// Bytes of an infer answer with `outputs`.
+pub fn infer_answer_len(outputs: &[TensorOut<'_>]) -> usize {
+    infer_request_len(outputs)
+}
+
+/// Writes an infer answer into `buffer` (exactly [`infer_answer_len`] bytes).
+pub fn write_infer_answer(
+    buffer: &mut [u8],
+    request_id: u64,
+    queue_us: u32,
+    compute_us: u32,
+    outputs: &[TensorOut<'_>],
+) {
+    let mut w = Writer { buffer, at: 0 };
+    w.header(
+        ANSWER_MAGIC,
+        2,
+        0,
+        outputs.len(),
+        request_id,
+        0,
+        queue_us,
+        compute_us,
+        0,
+    );
+    for t in outputs {
+        w.tensor(t);
+    }
+}
+
+/// Bytes of a lookup answer.
+pub fn lookup_answer_len(inputs: &[TensorOut<'_>], outputs: &[TensorOut<'_>]) -> usize {
+    infer_request_len(inputs).saturating_add(infer_request_len(outputs) - HEADER_BYTES)
+}
+
+/// Writes a lookup answer into `buffer` (exactly [`lookup_answer_len`] bytes).
+pub fn write_lookup_answer(
+    buffer: &mut [u8],
+    request_id: u64,
+    handle: u32,
+    inputs: &[TensorOut<'_>],
+    outputs: &[TensorOut<'_>],
+) {
+    let mut w = Writer { buffer, at: 0 };
+    let count = inputs.len() + outputs.len();
+    w.header(
+        ANSWER_MAGIC,
+        1,
+        0,
+        count,
+        request_id,
+        handle,
+        0,
+        0,
+        inputs.len() as u32,
+    );
+    for t in inputs.iter().chain(outputs) {
+        w.tensor(t);
+    }
+}
+
+/// Bytes of an error answer.
+pub fn error_answer_len(message: &str) -> usize {
+    HEADER_BYTES + 8 + pad8(message.len())
+}
+
+/// Writes an error answer into `buffer` (exactly [`error_answer_len`] bytes).
+pub fn write_error_answer(buffer: &mut [u8], request_id: u64, code: ErrorCode, message: &str) {
+    let mut w = Writer { buffer, at: 0 };
+    w.header(ANSWER_MAGIC, 3, code as u8, 0, request_id, 0, 0, 0, 0);
+    w.put(&(message.len() as u32).to_le_bytes());
+    w.put(&[0; 4]);
+    w.padded(message.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn an_infer_request_round_trips() {
+        let data: Vec<u8> = (0..12u8).collect();
+        let inputs = [TensorOut {
+            name: "features",
+            datatype: 11,
+            dims: &[1, 3],
+            data: &data,
+        }];
+        let mut buffer = vec![0xffu8; infer_request_len(&inputs)];
+        write_infer_request(&mut buffer, 42, 7, 500, &inputs);
+        assert_eq!(buffer.len() % 8, 0);
+        let parsed = parse_request(&buffer).unwrap();
+        assert_eq!(
+            parsed,
+            Request::Infer {
+                request_id: 42,
+                handle: 7,
+                timeout_us: 500,
+                inputs: vec![TensorRef {
+                    name: "features",
+                    datatype: 11,
+                    dims: vec![1, 3],
+                    data: &data
+                }]
+            }
+        );
+        // The data starts 8-byte aligned: readable in place as f32/f64.
+        let Request::Infer { inputs, .. } = parsed else {
+            unreachable!()
+        };
+        assert_eq!(
+            (inputs[0].data.as_ptr() as usize - buffer.as_ptr() as usize) % 8,
+            0
+        );
+    }
+
+    #[test]
+    fn lookups_and_answers_round_trip() {
+        let mut buffer = vec![0u8; lookup_request_len("alpha_mlp", "")];
+        write_lookup_request(&mut buffer, 1, "alpha_mlp", "");
+        assert_eq!(
+            parse_request(&buffer).unwrap(),
+            Request::Lookup {
+                request_id: 1,
+                name: "alpha_mlp",
+                version: ""
+            }
+        );
+        let input = TensorOut {
+            name: "x",
+            datatype: 11,
+            dims: &[-1, 50],
+            data: &[],
+        };
+        let output = TensorOut {
+            name: "y",
+            datatype: 11,
+            dims: &[-1, 3],
+            data: &[],
+        };
+        let mut buffer = vec![0u8; lookup_answer_len(&[input], &[output])];
+        write_lookup_answer(&mut buffer, 1, 3, &[input], &[output]);
+        let Answer::Lookup {
+            handle,
+            inputs,
+            outputs,
+            ..
+        } = parse_answer(&buffer).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (handle, inputs[0].name, outputs[0].dims.clone()),
+            (3, "x", vec![-1, 3])
+        );
+        let message = "model 'm': no such input";
+        let mut buffer = vec![0u8; error_answer_len(message)];
+        write_error_answer(&mut buffer, 9, ErrorCode::InvalidArgument, message);
+        assert_eq!(
+            parse_answer(&buffer).unwrap(),
+            Answer::Error {
+                request_id: 9,
+                code: ErrorCode::InvalidArgument,
+                message
+            }
+        );
+    }
+
+    #[test]
+    fn hostile_messages_are_errors_not_panics() {
+        let data = [0u8; 8];
+        let inputs = [TensorOut {
+            name: "x",
+            datatype: 11,
+            dims: &[1, 2],
+            data: &data,
+        }];
+        let mut good = vec![0u8; infer_request_len(&inputs)];
+        write_infer_request(&mut good, 1, 0, 0, &inputs);
+        // Every truncation.
+        for len in 0..good.len() {
+            assert!(parse_request(&good[..len]).is_err(), "truncated at {len}");
+        }
+        // A data length past the end, and one that overflows.
+        for data_len in [9u64, u64::MAX, u64::MAX - 3] {
+            let mut bad = good.clone();
+            bad[32 + 8..32 + 16].copy_from_slice(&data_len.to_le_bytes());
+            assert!(parse_request(&bad).is_err());
+        }
+        // Too many tensors, too many dims, a wrong magic, a wrong kind.
+        let mut bad = good.clone();
+        bad[6..8].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(parse_request(&bad).unwrap_err().0.contains("at most 256"));
+        let mut bad = good.clone();
+        bad[32 + 3] = 200;
+        assert!(parse_request(&bad).unwrap_err().0.contains("dimensions"));
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(parse_request(&bad).is_err());
+        let mut bad = good;
+        bad[4] = 9;
+        assert!(parse_request(&bad).unwrap_err().0.contains("kind 9"));
+        assert_eq!(request_id_of(&bad), 1);
+    }
+}
