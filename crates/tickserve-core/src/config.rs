@@ -34,7 +34,48 @@ pub struct ServerConfig {
     pub model_defaults: ModelDefaults,
     /// Model control, keys per endpoint group, TLS.
     pub security: SecurityConfig,
+    /// The shared-memory front end for clients on the same host.
+    pub shm: ShmConfig,
 }
+
+/// The shared-memory front end (`[shm]`): co-located clients send requests
+/// through iceoryx2 shared memory instead of a socket (docs/shm.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShmConfig {
+    /// Serve it (off by default).
+    pub enabled: bool,
+    /// The iceoryx2 service name clients connect to.
+    pub service: String,
+    /// Threads taking requests from shared memory.
+    pub threads: usize,
+    /// How long a front-end thread keeps polling for the next request after
+    /// one (burning its core) before it sleeps until a client wakes it; 0:
+    /// sleep at once.
+    #[serde(deserialize_with = "duration")]
+    pub spin: Duration,
+    /// CPUs the front-end threads are pinned to, one per thread in turn;
+    /// empty: wherever the OS schedules them.
+    pub cpus: Vec<usize>,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            enabled: false,
+            service: "tickserve".to_string(),
+            threads: 1,
+            spin: Duration::from_micros(50),
+            cpus: Vec::new(),
+        }
+    }
+}
+
+/// The longest `shm.spin` and `runtime.spin`.
+pub const MAX_SPIN: Duration = Duration::from_secs(1);
+
+/// The most shared-memory front-end threads.
+pub const MAX_SHM_THREADS: usize = 64;
 
 /// Listening addresses and request limits.
 #[derive(Debug, Clone, Deserialize)]
@@ -369,6 +410,17 @@ impl ServerConfig {
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
         self.security.validate()?;
+        let shm = &self.shm;
+        if !(1..=MAX_SHM_THREADS).contains(&shm.threads) {
+            return Err(format!(
+                "shm.threads is {}; it must be 1 to {MAX_SHM_THREADS}",
+                shm.threads
+            ));
+        }
+        if shm.service.is_empty() || shm.service.len() > 200 {
+            return Err("shm.service must be a name of 1 to 200 bytes".to_string());
+        }
+        crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
         let d = &self.model_defaults;
         crate::Buckets::new(&d.buckets, None)
             .map_err(|e| format!("model_defaults.buckets: {e}"))?;

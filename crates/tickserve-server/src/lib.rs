@@ -20,6 +20,7 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 pub mod access;
+pub mod affinity;
 pub mod cli;
 pub mod control;
 pub mod fuzzing;
@@ -28,6 +29,7 @@ pub mod http;
 pub mod listen;
 pub mod model_view;
 pub mod observe;
+pub mod shm;
 pub mod tfserving;
 pub mod tls;
 
@@ -201,6 +203,8 @@ pub struct Server {
     stop: watch::Sender<bool>,
     http_task: JoinHandle<anyhow::Result<()>>,
     grpc_task: JoinHandle<anyhow::Result<()>>,
+    /// The shared-memory front end, when `shm.enabled`.
+    shm: Option<shm::ShmFrontEnd>,
 }
 
 impl Server {
@@ -276,6 +280,20 @@ impl Server {
             limits,
             stopped,
         ));
+        let shm = if config.shm.enabled {
+            let shared = Arc::clone(&shared);
+            let runtime = tokio::runtime::Handle::current();
+            let config = config.shm.clone();
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    shm::ShmFrontEnd::start(&config, shared, runtime)
+                })
+                .await
+                .context("the shared-memory front end panicked")??,
+            )
+        } else {
+            None
+        };
         Ok(Server {
             http_addr,
             grpc_addr,
@@ -283,6 +301,7 @@ impl Server {
             stop,
             http_task,
             grpc_task,
+            shm,
         })
     }
 
@@ -323,6 +342,9 @@ impl Server {
         }
         // 3. Stop the front ends; each finishes the requests it is answering.
         let _ = self.stop.send(true);
+        if let Some(shm) = self.shm {
+            tokio::task::spawn_blocking(move || shm.stop()).await?;
+        }
         // Connections that stay open (an idle HTTP/2 client that does not
         // close after GOAWAY) must not keep the process alive past the grace period.
         for (name, mut task) in [("HTTP", self.http_task), ("gRPC", self.grpc_task)] {

@@ -116,6 +116,8 @@ pub enum Protocol {
     Grpc,
     /// KServe v2 over gRPC, on a `ModelStreamInfer` stream.
     GrpcStream,
+    /// The shared-memory front end.
+    Shm,
     /// TF Serving's REST API (`/v1/models/...`).
     TfServingRest,
     /// TF Serving's gRPC API (`tensorflow.serving.PredictionService`).
@@ -124,12 +126,13 @@ pub enum Protocol {
 
 impl Protocol {
     /// The `protocol` label of every metric (`http`, `grpc`, `grpc_stream`,
-    /// `tfs_rest`, `tfs_grpc`).
+    /// `shm`, `tfs_rest`, `tfs_grpc`).
     pub const fn label(self) -> &'static str {
         match self {
             Protocol::Http => "http",
             Protocol::Grpc => "grpc",
             Protocol::GrpcStream => "grpc_stream",
+            Protocol::Shm => "shm",
             Protocol::TfServingRest => "tfs_rest",
             Protocol::TfServingGrpc => "tfs_grpc",
         }

@@ -65,6 +65,34 @@ pub const MAX_DIMS: usize = 16;
 /// The longest tensor or model name, and version, in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
 
+/// Datatype numbers (Triton's `TYPE_*`) and the protocol's names for them.
+const DATATYPES: [(u8, &str); 14] = [
+    (1, "BOOL"),
+    (2, "UINT8"),
+    (3, "UINT16"),
+    (4, "UINT32"),
+    (5, "UINT64"),
+    (6, "INT8"),
+    (7, "INT16"),
+    (8, "INT32"),
+    (9, "INT64"),
+    (10, "FP16"),
+    (11, "FP32"),
+    (12, "FP64"),
+    (13, "BYTES"),
+    (14, "BF16"),
+];
+
+/// The name of datatype number `code` (`11` → `FP32`).
+pub fn datatype_name(code: u8) -> Option<&'static str> {
+    DATATYPES.iter().find(|(c, _)| *c == code).map(|(_, n)| *n)
+}
+
+/// The number of datatype `name` (`FP32` → `11`).
+pub fn datatype_code(name: &str) -> Option<u8> {
+    DATATYPES.iter().find(|(_, n)| *n == name).map(|(c, _)| *c)
+}
+
 /// What a request asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestKind {

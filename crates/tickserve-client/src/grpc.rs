@@ -1,0 +1,112 @@
+//! The same API over gRPC (the v2 inference protocol), for a client on
+//! another host: async [`GrpcClient`] and [`BlockingGrpcClient`].
+
+use crate::{ClientError, DataType, Tensor};
+
+/// The v2 protocol's generated client.
+#[allow(missing_docs, clippy::all)]
+mod pb {
+    tonic::include_proto!("inference");
+}
+
+use pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+
+/// An async gRPC client; cheap to clone (one HTTP/2 connection).
+#[derive(Clone)]
+pub struct GrpcClient {
+    inner: GrpcInferenceServiceClient<tonic::transport::Channel>,
+}
+
+impl GrpcClient {
+    /// Connects to `address` (`http://127.0.0.1:8001`).
+    pub async fn connect(address: &str) -> Result<GrpcClient, ClientError> {
+        let inner = GrpcInferenceServiceClient::connect(address.to_string())
+            .await
+            .map_err(|e| ClientError::Disconnected(format!("{address}: {e}")))?;
+        Ok(GrpcClient {
+            inner: inner.max_decoding_message_size(usize::MAX),
+        })
+    }
+
+    /// Runs `model` (its default version) on `inputs`; returns its outputs.
+    pub async fn infer(&self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
+        let request = pb::ModelInferRequest {
+            model_name: model.to_string(),
+            inputs: inputs
+                .iter()
+                .map(|t| pb::model_infer_request::InferInputTensor {
+                    name: t.name.clone(),
+                    datatype: t.datatype.as_str().to_string(),
+                    shape: t.shape.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            raw_input_contents: inputs.iter().map(|t| t.data.clone()).collect(),
+            ..Default::default()
+        };
+        let response = self
+            .inner
+            .clone()
+            .model_infer(request)
+            .await
+            .map_err(|status| ClientError::Server {
+                code: code_name(status.code()).to_string(),
+                message: status.message().to_string(),
+            })?
+            .into_inner();
+        response
+            .outputs
+            .iter()
+            .zip(response.raw_output_contents)
+            .map(|(o, data)| {
+                let datatype = DataType::parse(&o.datatype)
+                    .ok_or_else(|| ClientError::Transport(format!("datatype {}", o.datatype)))?;
+                Ok(Tensor {
+                    name: o.name.clone(),
+                    datatype,
+                    shape: o.shape.clone(),
+                    data,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The gRPC code's name as the protocol spells it.
+fn code_name(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
+        tonic::Code::NotFound => "NOT_FOUND",
+        tonic::Code::Unavailable => "UNAVAILABLE",
+        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        tonic::Code::Internal => "INTERNAL",
+        tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
+        tonic::Code::PermissionDenied => "PERMISSION_DENIED",
+        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
+        _ => "UNKNOWN",
+    }
+}
+
+/// A blocking gRPC client: a [`GrpcClient`] on a runtime of its own.
+pub struct BlockingGrpcClient {
+    runtime: tokio::runtime::Runtime,
+    client: GrpcClient,
+}
+
+impl BlockingGrpcClient {
+    /// Connects to `address` (`http://127.0.0.1:8001`).
+    pub fn connect(address: &str) -> Result<BlockingGrpcClient, ClientError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Transport(format!("cannot start a runtime: {e}")))?;
+        let client = runtime.block_on(GrpcClient::connect(address))?;
+        Ok(BlockingGrpcClient { runtime, client })
+    }
+
+    /// Runs `model` on `inputs`; returns its outputs.
+    pub fn infer(&self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
+        self.runtime.block_on(self.client.infer(model, inputs))
+    }
+}

@@ -1,0 +1,511 @@
+//! The shared-memory front end: clients on the same host send requests
+//! through iceoryx2 shared memory (docs/shm.md), in the fixed layout of
+//! [`tickserve_shm_protocol`], and get the same models, validation,
+//! batching, deadlines, limits and metrics (`protocol="shm"`) as over HTTP
+//! and gRPC.
+//!
+//! Services, under `shm.service` (default `tickserve`): `SERVICE/infer`, a
+//! request-response service of byte slices, and `SERVICE/wake`, an event
+//! clients notify after each request so that a sleeping front-end thread
+//! wakes. Each of `shm.threads` threads takes requests from the one server
+//! port; after a request it keeps polling for `shm.spin`, then sleeps on the
+//! event (waking at least every [`TICK`] to clean up after clients that
+//! died).
+//!
+//! A request runs on the thread that took it when it can finish there (the
+//! run-at-once path: an idle executor, nothing queued): the future is polled
+//! once, in place. Otherwise it moves to the async runtime and answers from
+//! there when the executor does. Lookups turn a model name into a handle
+//! (an index into this front end's table of names, so a handle survives a
+//! reload of its model).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use iceoryx2::prelude::*;
+use tickserve_core::config::ShmConfig;
+use tickserve_core::{
+    DataType, Error, ErrorKind, InferRequest, InferResponse, InputTensor, TensorSpec,
+};
+use tickserve_shm_protocol as wire;
+
+use crate::Shared;
+use crate::observe::{self, Protocol};
+
+/// How often a sleeping front-end thread wakes to clean up after dead clients.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// The most distinct models (name and version) clients may look up.
+pub const MAX_HANDLES: usize = 4096;
+
+/// The most requests one client may have in flight.
+pub const MAX_REQUESTS_PER_CLIENT: usize = 8;
+
+/// The most clients connected at once. (iceoryx2 sizes its shared memory
+/// for clients × requests in flight up front: these bounds are what memory
+/// the front end maps.)
+pub const MAX_CLIENTS: usize = 32;
+
+/// The first size of a sample, in bytes; larger ones are allocated as needed.
+pub const INITIAL_SAMPLE_BYTES: usize = 1024;
+
+type Service = ipc_threadsafe::Service;
+type RequestService =
+    iceoryx2::service::port_factory::request_response::PortFactory<Service, [u8], (), [u8], ()>;
+type WakeService = iceoryx2::service::port_factory::event::PortFactory<Service>;
+type ShmServer = iceoryx2::port::server::Server<Service, [u8], (), [u8], ()>;
+type ActiveRequest = iceoryx2::active_request::ActiveRequest<Service, [u8], (), [u8], ()>;
+
+/// The running front end; [`ShmFrontEnd::stop`] ends it.
+pub struct ShmFrontEnd {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ShmFrontEnd {
+    /// Creates the services and starts `config.threads` threads serving them
+    /// with `shared`'s runtime; async work goes to `runtime`.
+    pub fn start(
+        config: &ShmConfig,
+        shared: Arc<Shared>,
+        runtime: tokio::runtime::Handle,
+    ) -> anyhow::Result<ShmFrontEnd> {
+        let node = NodeBuilder::new()
+            .name(&"tickserve".try_into().context("iceoryx2 node name")?)
+            .signal_handling_mode(SignalHandlingMode::Disabled)
+            .create::<Service>()
+            .context("cannot create the iceoryx2 node (shared memory)")?;
+        let infer_name = format!("{}/infer", config.service);
+        let service = node
+            .service_builder(&infer_name.as_str().try_into().context("shm.service")?)
+            .request_response::<[u8], [u8]>()
+            .max_clients(MAX_CLIENTS)
+            .max_servers(1)
+            .max_active_requests_per_client(MAX_REQUESTS_PER_CLIENT)
+            .max_loaned_requests(2)
+            .max_response_buffer_size(2)
+            .open_or_create()
+            .with_context(|| format!("cannot create the iceoryx2 service {infer_name}"))?;
+        let server = service
+            .server_builder()
+            .initial_max_slice_len(INITIAL_SAMPLE_BYTES)
+            .allocation_strategy(AllocationStrategy::PowerOfTwo)
+            .create()
+            .with_context(|| {
+                format!("cannot serve {infer_name} (is another tickserve serving it?)")
+            })?;
+        let wake_name = format!("{}/wake", config.service);
+        let wake = node
+            .service_builder(&wake_name.as_str().try_into().context("shm.service")?)
+            .event()
+            .open_or_create()
+            .with_context(|| format!("cannot create the iceoryx2 event {wake_name}"))?;
+        let listener = wake
+            .listener_builder()
+            .create()
+            .context("cannot listen for client wake-ups")?;
+        let context = Arc::new(Context_ {
+            node,
+            server,
+            listener,
+            shared,
+            runtime,
+            handles: Mutex::new(Vec::new()),
+            spin: config.spin,
+            _services: (service, wake),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::with_capacity(config.threads);
+        for index in 0..config.threads {
+            let context = Arc::clone(&context);
+            let stop = Arc::clone(&stop);
+            let cpu = (!config.cpus.is_empty()).then(|| config.cpus[index % config.cpus.len()]);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("shm-{index}"))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            crate::affinity::pin_current_thread(cpu);
+                        }
+                        serve(&context, &stop);
+                    })
+                    .context("cannot start a shared-memory thread")?,
+            );
+        }
+        tracing::info!(service = %config.service, threads = config.threads, spin = ?config.spin,
+            "shared-memory front end ready");
+        Ok(ShmFrontEnd { stop, threads })
+    }
+
+    /// Stops taking requests and waits for the threads (requests already
+    /// handed to the async runtime are still answered).
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What every front-end thread shares.
+struct Context_ {
+    node: Node<Service>,
+    server: ShmServer,
+    listener: iceoryx2::port::listener::Listener<Service>,
+    shared: Arc<Shared>,
+    runtime: tokio::runtime::Handle,
+    /// Handle → (model, version); a lookup adds a pair once.
+    handles: Mutex<Vec<(String, String)>>,
+    spin: Duration,
+    /// Kept open while serving.
+    _services: (RequestService, WakeService),
+}
+
+/// A front-end thread's loop.
+fn serve(context: &Context_, stop: &AtomicBool) {
+    // Futures polled here may set timers (a sequence's turn, say).
+    let _entered = context.runtime.enter();
+    let mut last_request = Instant::now();
+    let mut last_cleanup = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let mut served = false;
+        loop {
+            match context.server.receive() {
+                Ok(Some(active)) => {
+                    served = true;
+                    handle(context, active);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = ?e, "shared-memory receive failed");
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        if served {
+            last_request = now;
+            continue;
+        }
+        if now.duration_since(last_cleanup) >= TICK {
+            last_cleanup = now;
+            context.node.try_cleanup_dead_nodes();
+        }
+        if now.duration_since(last_request) < context.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Sleep until a client says it sent something (or the tick passes).
+        let _ = context.listener.timed_wait(|_| {}, TICK);
+    }
+}
+
+/// Answers one request: a lookup here; an inference here when it can
+/// finish without waiting, else on the async runtime.
+fn handle(context: &Context_, active: ActiveRequest) {
+    let started = Instant::now();
+    let bytes = active.payload();
+    let request_id = wire::request_id_of(bytes);
+    let limit = context.shared.max_request_bytes;
+    if bytes.len() > limit {
+        let error = Error::PayloadTooLarge {
+            got: bytes.len(),
+            limit,
+        };
+        observe::record_request::<()>(Protocol::Shm, "_unknown", started, &Err(error.clone()));
+        respond_error(active, request_id, &error);
+        return;
+    }
+    let request = match wire::parse_request(bytes) {
+        Ok(request) => request,
+        Err(e) => {
+            let error = Error::request("", e.to_string());
+            observe::record_request::<()>(Protocol::Shm, "_unknown", started, &Err(error.clone()));
+            respond_error(active, request_id, &error);
+            return;
+        }
+    };
+    match request {
+        wire::Request::Lookup { name, version, .. } => {
+            let (name, version) = (name.to_string(), version.to_string());
+            lookup(context, active, request_id, name, version);
+        }
+        wire::Request::Infer {
+            request_id,
+            handle,
+            timeout_us,
+            inputs,
+        } => {
+            let model = {
+                let handles = context.handles.lock().unwrap_or_else(|p| p.into_inner());
+                handles.get(handle as usize).cloned()
+            };
+            let Some((name, version)) = model else {
+                let error = Error::ModelNotFound {
+                    model: format!("handle {handle}"),
+                    version: None,
+                    known: "look the model up first: handles come from a lookup".to_string(),
+                };
+                observe::record_request::<()>(
+                    Protocol::Shm,
+                    "_unknown",
+                    started,
+                    &Err(error.clone()),
+                );
+                respond_error(active, request_id, &error);
+                return;
+            };
+            let request = infer_request(&name, &version, timeout_us, &inputs);
+            let size = bytes.len();
+            infer(context, active, request_id, request, size, started);
+        }
+    }
+}
+
+/// The runtime's request from the wire's: input bytes copied out of the
+/// client's sample (which goes back to the client with the answer).
+fn infer_request(
+    name: &str,
+    version: &str,
+    timeout_us: u32,
+    inputs: &[wire::TensorRef<'_>],
+) -> Result<InferRequest, Error> {
+    let inputs = inputs
+        .iter()
+        .map(|t| {
+            let datatype = wire::datatype_name(t.datatype)
+                .and_then(DataType::parse)
+                .ok_or_else(|| {
+                    Error::input(
+                        name,
+                        t.name,
+                        "a datatype tickserve serves (BOOL, UINT8..UINT64, INT8..INT64, FP32, FP64)",
+                        wire::datatype_name(t.datatype)
+                            .map_or_else(|| format!("datatype number {}", t.datatype), str::to_string),
+                    )
+                })?;
+            Ok(InputTensor {
+                name: t.name.to_string(),
+                datatype,
+                shape: t.dims.clone(),
+                data: Bytes::copy_from_slice(t.data),
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(InferRequest {
+        model: name.to_string(),
+        version: (!version.is_empty()).then(|| version.to_string()),
+        id: String::new(),
+        inputs,
+        outputs: None,
+        deadline: (timeout_us > 0).then(|| {
+            tickserve_core::durations::deadline_after(
+                Instant::now(),
+                Duration::from_micros(u64::from(timeout_us)),
+            )
+        }),
+        monte_carlo: None,
+        priority: 0,
+        sequence: None,
+    })
+}
+
+/// Runs an inference: polled once here, finished on the async runtime if
+/// it must wait.
+fn infer(
+    context: &Context_,
+    active: ActiveRequest,
+    request_id: u64,
+    request: Result<InferRequest, Error>,
+    size: usize,
+    started: Instant,
+) {
+    let shared = Arc::clone(&context.shared);
+    let model = request
+        .as_ref()
+        .map(|r| r.model.clone())
+        .unwrap_or_default();
+    let handle = shared.runtime.model(&model, None);
+    let label = match &handle {
+        Ok(h) => h.name.clone(),
+        Err(_) => shared.runtime.model_label(&model),
+    };
+    let work = async move {
+        if !shared.ready() {
+            return Err(Error::ShuttingDown);
+        }
+        let _slot = shared.admit()?;
+        let _bytes = shared.admit_bytes(size)?;
+        let request = request?;
+        let handle = shared
+            .runtime
+            .model(&request.model, request.version.as_deref())?;
+        let prepared = handle.prepare(request)?;
+        handle.run(prepared).await
+    };
+    let mut work: Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send>> =
+        Box::pin(work);
+    let mut poll_context = Context::from_waker(Waker::noop());
+    match work.as_mut().poll(&mut poll_context) {
+        Poll::Ready(result) => {
+            observe::record_request(Protocol::Shm, &label, started, &result);
+            respond(active, request_id, result);
+        }
+        Poll::Pending => {
+            context.runtime.spawn(async move {
+                let result = work.await;
+                observe::record_request(Protocol::Shm, &label, started, &result);
+                respond(active, request_id, result);
+            });
+        }
+    }
+}
+
+/// Answers a lookup: the model's handle and signature.
+fn lookup(
+    context: &Context_,
+    active: ActiveRequest,
+    request_id: u64,
+    name: String,
+    version: String,
+) {
+    let started = Instant::now();
+    let found = context
+        .shared
+        .runtime
+        .model(&name, (!version.is_empty()).then_some(version.as_str()));
+    let handle = match found {
+        Ok(handle) => handle,
+        Err(error) => {
+            observe::record_request::<()>(Protocol::Shm, "_unknown", started, &Err(error.clone()));
+            respond_error(active, request_id, &error);
+            return;
+        }
+    };
+    let index = {
+        let mut handles = context.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (name, version);
+        match handles.iter().position(|k| *k == key) {
+            Some(index) => Some(index),
+            None if handles.len() < MAX_HANDLES => {
+                handles.push(key);
+                Some(handles.len() - 1)
+            }
+            None => None,
+        }
+    };
+    let Some(index) = index else {
+        let error = Error::request(
+            &handle.name,
+            format!(
+                "the shared-memory front end has handed out {MAX_HANDLES} model handles, its most"
+            ),
+        );
+        respond_error(active, request_id, &error);
+        return;
+    };
+    let describe = |specs: &[TensorSpec]| -> Vec<(String, u8, Vec<i64>)> {
+        specs
+            .iter()
+            .map(|t| {
+                let code = wire::datatype_code(t.datatype.as_str()).unwrap_or(0);
+                (t.name.clone(), code, t.protocol_shape())
+            })
+            .collect()
+    };
+    let (inputs, outputs) = (
+        describe(&handle.signature.inputs),
+        describe(&handle.signature.outputs),
+    );
+    let (i, o) = (
+        tensors_without_data(&inputs),
+        tensors_without_data(&outputs),
+    );
+    let mut answer = vec![0u8; wire::lookup_answer_len(&i, &o)];
+    wire::write_lookup_answer(&mut answer, request_id, index as u32, &i, &o);
+    send(active, &answer);
+}
+
+/// A lookup answer's tensors: name, datatype number, protocol shape.
+fn tensors_without_data(list: &[(String, u8, Vec<i64>)]) -> Vec<wire::TensorOut<'_>> {
+    list.iter()
+        .map(|(name, datatype, dims)| wire::TensorOut {
+            name,
+            datatype: *datatype,
+            dims,
+            data: &[],
+        })
+        .collect()
+}
+
+/// Sends an inference's answer (or its error).
+fn respond(active: ActiveRequest, request_id: u64, result: Result<InferResponse, Error>) {
+    let response = match result {
+        Ok(response) => response,
+        Err(error) => return respond_error(active, request_id, &error),
+    };
+    let codes: Vec<u8> = response
+        .outputs
+        .iter()
+        .map(|o| wire::datatype_code(o.datatype.as_str()).unwrap_or(0))
+        .collect();
+    let outputs: Vec<wire::TensorOut<'_>> = response
+        .outputs
+        .iter()
+        .zip(&codes)
+        .map(|(o, &datatype)| wire::TensorOut {
+            name: &o.name,
+            datatype,
+            dims: &o.shape,
+            data: &o.data,
+        })
+        .collect();
+    let micros = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    let mut answer = vec![0u8; wire::infer_answer_len(&outputs)];
+    wire::write_infer_answer(
+        &mut answer,
+        request_id,
+        micros(response.timing.queue),
+        micros(response.timing.compute),
+        &outputs,
+    );
+    send(active, &answer);
+}
+
+fn respond_error(active: ActiveRequest, request_id: u64, error: &Error) {
+    let code = match error.kind() {
+        ErrorKind::InvalidArgument => wire::ErrorCode::InvalidArgument,
+        ErrorKind::NotFound => wire::ErrorCode::NotFound,
+        ErrorKind::PayloadTooLarge => wire::ErrorCode::PayloadTooLarge,
+        ErrorKind::Unavailable => wire::ErrorCode::Unavailable,
+        ErrorKind::ResourceExhausted => wire::ErrorCode::ResourceExhausted,
+        ErrorKind::DeadlineExceeded => wire::ErrorCode::DeadlineExceeded,
+        ErrorKind::Internal => wire::ErrorCode::Internal,
+        ErrorKind::FailedPrecondition => wire::ErrorCode::FailedPrecondition,
+    };
+    let message = error.to_string();
+    let mut answer = vec![0u8; wire::error_answer_len(&message)];
+    wire::write_error_answer(&mut answer, request_id, code, &message);
+    send(active, &answer);
+}
+
+/// Copies `answer` into a sample loaned for the client and sends it. A
+/// client that left (or never reads) costs nothing more: the send fails or
+/// the sample is dropped with its connection.
+fn send(active: ActiveRequest, answer: &[u8]) {
+    let sent = active
+        .loan_slice_uninit(answer.len())
+        .map(|sample| sample.write_from_slice(answer))
+        .map_err(|e| format!("{e:?}"))
+        .and_then(|sample| sample.send().map_err(|e| format!("{e:?}")));
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "a shared-memory answer was not delivered (its client left?)");
+    }
+}

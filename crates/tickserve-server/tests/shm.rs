@@ -1,0 +1,94 @@
+//! The shared-memory front end against a real server, through the Rust
+//! client (`tickserve-client`): answers equal gRPC's for the same rows,
+//! bad input gets the other front ends' error kinds (and a good request
+//! after it is served), and the metrics say `protocol="shm"`. (Every sample
+//! model against onnxruntime through the Python client:
+//! `tests/python/shm_check.py`.)
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use tickserve_client::{ClientError, GrpcClient, ShmClient, Tensor};
+
+/// A server on the sample repository with `[shm]` on, under a service name
+/// of this test's own (tests run at once).
+async fn server(name: &str) -> (tickserve_server::Server, String) {
+    let mut config = common::config(&common::root().join("config/models"));
+    let service = format!("tickserve-test-{}-{name}", std::process::id());
+    config.shm.enabled = true;
+    config.shm.service = service.clone();
+    (common::start(&config).await, service)
+}
+
+fn alpha_row(seed: f32) -> Tensor {
+    let values: Vec<f32> = (0..50).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+    Tensor::from_f32("features", &[1, 50], &values)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_answers_equal_grpc() {
+    let (server, service) = server("equal").await;
+    let grpc = GrpcClient::connect(&format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        (0..20)
+            .map(|i| client.infer("alpha_mlp", &[alpha_row(i as f32)]).unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for (i, answer) in answers.iter().enumerate() {
+        let expected = grpc
+            .infer("alpha_mlp", &[alpha_row(i as f32)])
+            .await
+            .unwrap();
+        assert_eq!(answer, &expected, "row {i}");
+        assert_eq!(answer[0].name, "probabilities");
+        assert_eq!(answer[0].shape, vec![1, 3]);
+    }
+    let metrics = common::metrics_text(&format!("http://{}", server.http_addr)).await;
+    assert!(
+        metrics
+            .contains(r#"tickserve_requests_total{model="alpha_mlp",protocol="shm",code="ok"} 20"#),
+        "{metrics}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_same_error_kinds_and_harms_nothing() {
+    let (server, service) = server("errors").await;
+    tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        let code = |result: Result<Vec<Tensor>, ClientError>| match result {
+            Err(ClientError::Server { code, message }) => (code, message),
+            other => panic!("{other:?}"),
+        };
+        let (c, m) = code(client.infer("no_such_model", &[alpha_row(0.0)]));
+        assert_eq!(c, "NOT_FOUND", "{m}");
+        let mut wrong_name = alpha_row(0.0);
+        wrong_name.name = "x".into();
+        let (c, m) = code(client.infer("alpha_mlp", &[wrong_name]));
+        assert_eq!(c, "INVALID_ARGUMENT");
+        assert!(m.contains("alpha_mlp") && m.contains("'x'"), "{m}");
+        let short = Tensor::from_f32("features", &[1, 50], &[0.0; 49]);
+        let (c, m) = code(client.infer("alpha_mlp", &[short]));
+        assert_eq!(c, "INVALID_ARGUMENT", "{m}");
+        let mut nan = alpha_row(0.0);
+        nan.data[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        let (c, m) = code(client.infer("alpha_mlp", &[nan]));
+        assert_eq!(c, "INVALID_ARGUMENT", "{m}");
+        let too_many = Tensor::from_f32("features", &[100_000, 50], &vec![0.0; 5_000_000]);
+        let (c, m) = code(client.infer("alpha_mlp", &[too_many]));
+        assert_eq!(c, "PAYLOAD_TOO_LARGE", "{m}");
+        // And a good request after all of them.
+        let answer = client.infer("alpha_mlp", &[alpha_row(1.0)]).unwrap();
+        assert_eq!(answer[0].shape, vec![1, 3]);
+    })
+    .await
+    .unwrap();
+    server.shutdown().await.unwrap();
+}
