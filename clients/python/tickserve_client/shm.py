@@ -1,0 +1,93 @@
+"""The shared-memory client (iceoryx2 request-response of byte slices)."""
+import ctypes
+import itertools
+import time
+
+import iceoryx2 as iox2
+
+from . import protocol
+
+U8 = iox2.Slice[ctypes.c_uint8]
+LIVENESS_CHECK_S = 0.1
+
+
+class _Connection:
+    def __init__(self, service):
+        self.node = (iox2.NodeBuilder.new()
+                     .signal_handling_mode(iox2.SignalHandlingMode.Disabled)
+                     .create(iox2.ServiceType.Ipc))
+        try:
+            self.requests = (self.node.service_builder(iox2.ServiceName.new(f"{service}/infer"))
+                             .request_response(U8, U8).open())
+            wake = self.node.service_builder(iox2.ServiceName.new(f"{service}/wake")).event().open()
+        except Exception as e:  # iceoryx2 raises its own types
+            raise ConnectionError(f"no tickserve server serves {service!r} "
+                                  f"(is [shm] enabled, and this process the server's user?): {e}")
+        if self.requests.dynamic_config.number_of_servers == 0:
+            raise ConnectionError(f"the service {service}/infer has no server")
+        self.client = (self.requests.client_builder().initial_max_slice_len(1024)
+                       .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create())
+        self.notifier = wake.notifier_builder().create()
+        self.wake = wake
+
+
+class ShmClient:
+    """Inference over shared memory: `infer(model, {"input": array}) -> {"output": array}`.
+
+    One client per thread. `timeout` (seconds) bounds each call; the server also gets it as
+    the request's deadline."""
+
+    def __init__(self, service="tickserve", timeout=5.0):
+        self.service = service
+        self.timeout = timeout
+        self._connection = _Connection(service)
+        self._models = {}
+        self._ids = itertools.count(1)
+
+    def infer(self, model, inputs):
+        handle = self._models.get(model)
+        if handle is None:
+            kind, handle, _, _ = protocol.read_answer(
+                self._call(protocol.lookup_request(next(self._ids), model)))
+            self._models[model] = handle
+        request = protocol.infer_request(
+            next(self._ids), handle, min(int(self.timeout * 1e6), 2**32 - 1),
+            [(name.encode(), array) for name, array in inputs.items()])
+        try:
+            return protocol.read_answer(self._call(request))[1]
+        except protocol.ServerError as e:
+            if e.code == "NOT_FOUND":
+                self._models.pop(model, None)  # the server may have restarted
+            raise
+
+    def _call(self, request):
+        if self._connection is None:
+            self._connection = _Connection(self.service)
+            self._models.clear()
+        try:
+            return self._exchange(request)
+        except ConnectionError:
+            self._connection = None
+            self._models.clear()
+            raise
+
+    def _exchange(self, request):
+        c = self._connection
+        sample = c.client.loan_slice_uninit(len(request))
+        ctypes.memmove(sample.payload_ptr, request, len(request))
+        pending = sample.assume_init().send()
+        c.notifier.notify()
+        started = checked = time.monotonic()
+        while True:
+            response = pending.receive()
+            if response is not None:
+                return bytes(response.payload().as_memory_view())
+            now = time.monotonic()
+            if now - started >= self.timeout:
+                raise TimeoutError(f"no answer from tickserve within {self.timeout} s")
+            if now - checked >= LIVENESS_CHECK_S:
+                checked = now
+                c.node.try_cleanup_dead_nodes()
+                if not pending.is_connected:
+                    raise ConnectionError("the tickserve server went away while the request "
+                                          "was in flight")
