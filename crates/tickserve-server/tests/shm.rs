@@ -92,3 +92,19 @@ async fn bad_input_gets_the_same_error_kinds_and_harms_nothing() {
     .unwrap();
     server.shutdown().await.unwrap();
 }
+
+/// The Python client on every sample model against onnxruntime, the bad-input
+/// cases, and a client killed mid-request (`tests/python/shm_check.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_matches_onnxruntime_and_survives_a_killed_client() {
+    let (server, service) = server("python").await;
+    let repository = common::root().join("config/models");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--service".as_ref(),
+        service.as_ref(),
+        "--repository".as_ref(),
+        repository.as_os_str(),
+    ];
+    common::run_python_check(&server, "shm_check.py", &args, "done").await;
+    server.shutdown().await.unwrap();
+}
