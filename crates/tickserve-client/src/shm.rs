@@ -25,6 +25,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a waiting call checks whether the server is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(100);
 
+/// How long a waiting call polls without pause; after that it yields its
+/// core between polls (on a machine with fewer cores than spinning threads,
+/// the server's thread gets to run).
+const SPIN: Duration = Duration::from_micros(20);
+
 /// One connection: node, service, client port, and the wake-up notifier.
 struct Connection {
     node: Node<Service>,
@@ -262,7 +267,11 @@ impl ShmClient {
                     ));
                 }
             }
-            std::hint::spin_loop();
+            if now.duration_since(started) < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 }
