@@ -13,9 +13,10 @@ $TICKSERVE_BIN) with `[shm] enabled = true`, started through scripts/server.py:
     through perf_analyzer; p50 / p99, and the CPU per request of the server (from /proc)
     and of the client (its own);
   - sparse traffic, one request every 10 ms for --sparse-seconds, over shared memory and
-    gRPC (Rust client), with the front end's spinning off (`shm.spin = "0us"`: its thread
-    sleeps until a client wakes it) and on (`shm.spin = "20ms"`: it never sleeps between
-    requests 10 ms apart), each in a server of its own.
+    gRPC (Rust client) sleeping between requests, with the front end's spinning off
+    (`shm.spin = "0us"`: its thread sleeps until a client wakes it) and on (`shm.spin =
+    "20ms"`: it never sleeps between requests 10 ms apart), each in a server of its own;
+    and, spinning on, a shared-memory client that spins between requests too.
 
 Prints Markdown tables; raw outputs go to target/bench/shm_*.
 """
@@ -82,12 +83,12 @@ def measure(server, run):
             "server_us": server_us}
 
 
-def rust(server, mode, concurrency, seconds, interval_us=0):
+def rust(server, mode, concurrency, seconds, interval_us=0, wait="sleep"):
     target = "tickserve" if mode == "shm" else f"http://127.0.0.1:{server.grpc_port}"
 
     def run():
         line = subprocess.run([str(LATENCY), mode, target, str(concurrency), str(seconds),
-                               str(interval_us)], check=True, capture_output=True,
+                               str(interval_us), wait], check=True, capture_output=True,
                               text=True).stdout.strip().splitlines()[-1]
         r = json.loads(line)
         return r["p50_us"], r["p99_us"], r["requests"], r["client_cpu_us"]
@@ -118,7 +119,8 @@ def perf_analyzer(server, protocol, concurrency, seconds):
         with open(log, "w") as f:
             subprocess.run([str(PERF_ANALYZER), "-m", "alpha_mlp", "-u", url, "-i", protocol,
                             "--concurrency-range", str(concurrency), "--measurement-interval",
-                            str(int(seconds * 1000)), "-f", str(csv_path)],
+                            str(int(seconds * 1000)), "--stability-percentage", "50",
+                            "--max-trials", "20", "-f", str(csv_path)],
                            check=True, stdout=f, stderr=subprocess.STDOUT)
         row = next(csv.DictReader(open(csv_path)))
         requests = float(row["Inferences/Second"]) * seconds
@@ -157,7 +159,11 @@ def main():
         for spin, label in (("0us", "off"), ("20ms", "on")):
             with Server(config=config(work, spin), log=work / f"sparse_{spin}.log") as server:
                 for mode in ("shm", "grpc"):
-                    sparse.append((mode, label, rust(server, mode, 1, args.sparse_seconds, 10_000)))
+                    sparse.append((mode, label, "sleeps",
+                                   rust(server, mode, 1, args.sparse_seconds, 10_000)))
+                if label == "on":
+                    sparse.append(("shm", label, "spins",
+                                   rust(server, "shm", 1, args.sparse_seconds, 10_000, "spin")))
     print("| path | concurrency | p50 (µs) | p99 (µs) | requests | server CPU / request (µs) "
           "| client CPU / request (µs) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -170,13 +176,13 @@ def main():
         grpc = next(r for label, cc, r in rows if cc == c and label == "gRPC, Rust client")
         print(f"\nconcurrency {c}: shared memory's p50 is {grpc['p50'] / shm['p50']:.1f}x lower "
               f"than gRPC's (Rust clients)")
-    print("\n| sparse (one request / 10 ms) | front-end spin | p50 (µs) | p99 (µs) | requests "
-          "| server CPU / request (µs) |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for mode, label, r in sparse:
-        print(f"| {'shared memory' if mode == 'shm' else 'gRPC'} | {label} | {r['p50']:.1f} "
-              f"| {r['p99']:.1f} | {r['requests']} | {r['server_us']:.1f} |")
-    json.dump({"closed": [(l, c, r) for l, c, r in rows], "sparse": sparse},
+    print("\n| sparse (one request / 10 ms) | front-end spin | client between requests | p50 (µs) "
+          "| p99 (µs) | requests | server CPU / request (µs) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for mode, label, wait, r in sparse:
+        print(f"| {'shared memory' if mode == 'shm' else 'gRPC'} | {label} | {wait} "
+              f"| {r['p50']:.1f} | {r['p99']:.1f} | {r['requests']} | {r['server_us']:.1f} |")
+    json.dump({"closed": [(name, c, r) for name, c, r in rows], "sparse": sparse},
               open(OUT / "shm.json", "w"), indent=1)
 
 

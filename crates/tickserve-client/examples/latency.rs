@@ -3,10 +3,12 @@
 //! requests, this process's CPU per request). Used by scripts/bench_shm.py.
 //!
 //!     cargo run --release -p tickserve-client --example latency -- \
-//!         shm|grpc ADDRESS_OR_SERVICE CONCURRENCY SECONDS [INTERVAL_US]
+//!         shm|grpc ADDRESS_OR_SERVICE CONCURRENCY SECONDS [INTERVAL_US [sleep|spin]]
 //!
 //! INTERVAL_US > 0 paces each worker to one request per interval (sparse
-//! traffic, as a desk sees it); 0 or absent: as fast as answers come.
+//! traffic, as a desk sees it), sleeping between requests (`sleep`, the
+//! default) or polling the clock (`spin`, as a strategy process that spins
+//! on its market-data feed would); 0 or absent: as fast as answers come.
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,7 @@ fn main() {
     let concurrency: usize = args[3].parse().unwrap_or(1);
     let seconds: f64 = args[4].parse().unwrap_or(5.0);
     let interval = Duration::from_micros(args.get(5).and_then(|a| a.parse().ok()).unwrap_or(0));
+    let spin_wait = args.get(6).is_some_and(|a| a == "spin");
     let features: Vec<f32> = (0..50).map(|i| (i as f32 * 0.1).sin()).collect();
     let input = Tensor::from_f32("features", &[1, 50], &features);
     let cpu_before = cpu_seconds();
@@ -51,9 +54,15 @@ fn main() {
                 let mut next = started;
                 while started.elapsed().as_secs_f64() < seconds {
                     if !interval.is_zero() {
-                        let now = Instant::now();
-                        if next > now {
-                            std::thread::sleep(next - now);
+                        if spin_wait {
+                            while Instant::now() < next {
+                                std::hint::spin_loop();
+                            }
+                        } else {
+                            let now = Instant::now();
+                            if next > now {
+                                std::thread::sleep(next - now);
+                            }
                         }
                         next += interval;
                     }
