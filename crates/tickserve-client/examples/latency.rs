@@ -16,8 +16,18 @@ use tickserve_client::{BlockingGrpcClient, ShmClient, Tensor};
 
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -41,10 +51,18 @@ fn main() {
             std::thread::spawn(move || {
                 let mut infer: Box<dyn FnMut() -> bool> = if mode == "shm" {
                     let mut client = ShmClient::connect_to(&target).expect("shm client");
-                    Box::new(move || client.infer("alpha_mlp", std::slice::from_ref(&input)).is_ok())
+                    Box::new(move || {
+                        client
+                            .infer("alpha_mlp", std::slice::from_ref(&input))
+                            .is_ok()
+                    })
                 } else {
                     let client = BlockingGrpcClient::connect(&target).expect("grpc client");
-                    Box::new(move || client.infer("alpha_mlp", std::slice::from_ref(&input)).is_ok())
+                    Box::new(move || {
+                        client
+                            .infer("alpha_mlp", std::slice::from_ref(&input))
+                            .is_ok()
+                    })
                 };
                 for _ in 0..200 {
                     infer(); // warm-up

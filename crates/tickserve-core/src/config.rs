@@ -168,6 +168,21 @@ pub struct RuntimeConfig {
     /// at shutdown (after the drain), read back (and renamed `*.restored`)
     /// at the next start. Unset (the default): sequences end with the process.
     pub sequence_snapshot: Option<PathBuf>,
+    /// How long an executor with nothing to do keeps polling its queue
+    /// before it parks (a request that comes meanwhile skips the thread
+    /// wake-up, tens of microseconds); each polling executor burns its core.
+    /// 0 (the default): park at once.
+    #[serde(deserialize_with = "duration")]
+    pub spin: Duration,
+    /// CPUs the executor threads are pinned to, one per thread in turn
+    /// (models' executors in load order); empty (the default): wherever the
+    /// OS schedules them.
+    pub executor_cpus: Vec<usize>,
+    /// Lock the process's memory (`mlockall`): no page of the server is ever
+    /// swapped out or faulted in on the request path. Needs the memory-lock
+    /// limit (`ulimit -l`, `LimitMEMLOCK=`) or CAP_IPC_LOCK; the start fails,
+    /// naming the limit, without them. Off by default.
+    pub mlockall: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -178,6 +193,9 @@ impl Default for RuntimeConfig {
             cuda_tf32: false,
             inline_budget: Duration::from_micros(100),
             sequence_snapshot: None,
+            spin: Duration::ZERO,
+            executor_cpus: Vec::new(),
+            mlockall: false,
         }
     }
 }
@@ -421,6 +439,7 @@ impl ServerConfig {
             return Err("shm.service must be a name of 1 to 200 bytes".to_string());
         }
         crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
+        crate::durations::check("runtime.spin", self.runtime.spin, MAX_SPIN)?;
         let d = &self.model_defaults;
         crate::Buckets::new(&d.buckets, None)
             .map_err(|e| format!("model_defaults.buckets: {e}"))?;
@@ -556,6 +575,16 @@ mod tests {
             toml::from_str("[server]\nmax_connections = 18446744073709551615").unwrap();
         let error = config.validate().unwrap_err();
         assert!(error.contains("server.max_connections"), "{error}");
+        for (text, key) in [
+            ("[runtime]\nspin = \"5s\"", "runtime.spin is 5s"),
+            ("[shm]\nspin = \"2s\"", "shm.spin is 2s"),
+            ("[shm]\nthreads = 0", "shm.threads is 0"),
+            ("[shm]\nservice = \"\"", "shm.service"),
+        ] {
+            let config: ServerConfig = toml::from_str(text).unwrap();
+            let error = config.validate().unwrap_err();
+            assert!(error.starts_with(key), "{text}: {error}");
+        }
     }
 
     /// Every configuration file shipped in the repository parses and validates.

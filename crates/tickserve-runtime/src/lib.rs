@@ -7,6 +7,7 @@
 //! | module | its one job |
 //! | --- | --- |
 //! | [`stats`] | Triton-style statistics per model version |
+//! | [`affinity`] | pinning a thread to a CPU |
 //! | [`admission`] | rows waiting per model version and per family, and each request's ticket |
 //! | [`member`] | a model version inside a family: identity, stats, metrics, retirement |
 //! | [`batcher`] | the batching policy, a plain struct tested on explicit instants |
@@ -30,6 +31,7 @@
 //! ([`worker`]) takes it out in a batch and [`executor::Executor`] answers.
 
 pub mod admission;
+pub mod affinity;
 pub mod batcher;
 pub mod engines;
 pub mod executor;
@@ -74,6 +76,8 @@ pub struct Runtime {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// One model control operation at a time.
     control: Mutex<()>,
+    /// Executor threads started, for `runtime.executor_cpus`.
+    executors_started: std::sync::atomic::AtomicUsize,
 }
 
 /// Moves a reloaded model's sequences from its old versions into the new
@@ -122,6 +126,7 @@ impl Runtime {
             families: Mutex::new(HashMap::new()),
             threads: Mutex::new(Vec::new()),
             control: Mutex::new(()),
+            executors_started: std::sync::atomic::AtomicUsize::new(0),
         };
         let found = repository::scan(&config.repository)?;
         // A model placed on a GPU that is not there stops the start: the
@@ -187,6 +192,9 @@ impl Runtime {
             families: &self.families,
             threads: &self.threads,
             inline_budget: self.config.runtime.inline_budget,
+            spin: self.config.runtime.spin,
+            executor_cpus: &self.config.runtime.executor_cpus,
+            executors_started: &self.executors_started,
         }
     }
 

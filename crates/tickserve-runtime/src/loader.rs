@@ -134,6 +134,12 @@ pub struct Loader<'a> {
     pub threads: &'a Mutex<Vec<JoinHandle<()>>>,
     /// `runtime.inline_budget`.
     pub inline_budget: Duration,
+    /// `runtime.spin`: how long executors poll an empty queue.
+    pub spin: Duration,
+    /// `runtime.executor_cpus`.
+    pub executor_cpus: &'a [usize],
+    /// Executors started so far: where the next family's start in `executor_cpus`.
+    pub executors_started: &'a std::sync::atomic::AtomicUsize,
 }
 
 /// Where a parsed version goes.
@@ -248,11 +254,14 @@ impl Loader<'_> {
     fn found(&self, first: Parsed) -> (Founding, First) {
         let (queue, channel) = std::sync::mpsc::channel();
         let settings = &first.settings;
-        let intake = Arc::new(Mutex::new(Intake::new(
-            channel,
-            settings.buckets.largest(),
-            settings.max_queue_delay,
-        )));
+        let intake = Arc::new(Mutex::new(
+            Intake::new(
+                channel,
+                settings.buckets.largest(),
+                settings.max_queue_delay,
+            )
+            .with_spin(self.spin),
+        ));
         let links = FamilyLinks {
             family_key: first.family.clone(),
             retired: Arc::new(RetiredLog::default()),
@@ -280,6 +289,10 @@ impl Loader<'_> {
             links: links.clone(),
             inline_budget: self.inline_budget,
             mixed_rows: settings.mixed_rows,
+            cpus: self.executor_cpus.to_vec(),
+            first_cpu: self
+                .executors_started
+                .fetch_add(settings.executors, std::sync::atomic::Ordering::Relaxed),
         };
         let mut reports = Vec::with_capacity(settings.executors);
         let mut spawn_error = None;

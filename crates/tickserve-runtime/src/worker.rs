@@ -79,6 +79,8 @@ pub struct Intake<J = Job> {
     /// queue: it was idle, so the request runs at once, with whatever came
     /// along with it, instead of waiting `max_queue_delay` for company.
     woken_idle: bool,
+    /// How long to poll an empty queue before parking (`runtime.spin`).
+    spin: Duration,
 }
 
 impl<J: Queued> Intake<J> {
@@ -89,6 +91,31 @@ impl<J: Queued> Intake<J> {
             batcher: Batcher::new(largest, max_delay),
             closing: false,
             woken_idle: false,
+            spin: Duration::ZERO,
+        }
+    }
+
+    /// Polls an empty queue for `spin` before parking (`runtime.spin`).
+    pub fn with_spin(mut self, spin: Duration) -> Intake<J> {
+        self.spin = spin;
+        self
+    }
+
+    /// A job that arrives within `spin`, polling; `None` when none did.
+    fn poll_for_job(&mut self) -> Option<J> {
+        if self.spin.is_zero() {
+            return None;
+        }
+        let started = Instant::now();
+        loop {
+            match self.channel.try_recv() {
+                Ok(job) => return Some(job),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+                Err(std::sync::mpsc::TryRecvError::Empty) if started.elapsed() >= self.spin => {
+                    return None;
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
+            }
         }
     }
 
@@ -128,13 +155,15 @@ impl<J: Queued> Intake<J> {
                     }
                 }
                 Decision::Empty if self.closing => return false,
-                Decision::Empty => match self.channel.recv() {
-                    Ok(job) => {
-                        self.batcher.push(job);
-                        self.woken_idle = true;
+                Decision::Empty => {
+                    match self.poll_for_job().map_or_else(|| self.channel.recv(), Ok) {
+                        Ok(job) => {
+                            self.batcher.push(job);
+                            self.woken_idle = true;
+                        }
+                        Err(_) => self.closing = true,
                     }
-                    Err(_) => self.closing = true,
-                },
+                }
             }
         }
     }
@@ -277,6 +306,11 @@ pub struct WorkerStart {
     pub inline_budget: Duration,
     /// What to do if the model's rows depend on each other.
     pub mixed_rows: MixedRows,
+    /// `runtime.executor_cpus`: executor `index` is pinned to
+    /// `cpus[(first_cpu + index) % len]`.
+    pub cpus: Vec<usize>,
+    /// Where this family's executors start in `cpus`.
+    pub first_cpu: usize,
 }
 
 /// Starts executor thread `index` of family `input.family_key`: it compiles the
@@ -295,6 +329,10 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
+            if !start.cpus.is_empty() {
+                let cpu = start.cpus[(start.first_cpu + index) % start.cpus.len()];
+                crate::affinity::pin_current_thread(cpu);
+            }
             let compiled = input.compile().and_then(|mut model| {
                 match rows_depend_on_each_other(model.as_mut())? {
                     None => {}
@@ -502,6 +540,27 @@ mod tests {
         assert!(intake.next(&mut batch, &mut expired));
         assert_eq!(batch.len(), 2);
         assert!(admitted.elapsed() >= delay, "went before max_queue_delay");
+    }
+
+    #[test]
+    fn a_spinning_executor_takes_what_comes_and_parks_when_nothing_does() {
+        let (sender, channel) = std::sync::mpsc::channel();
+        let mut intake =
+            Intake::new(channel, 64, Duration::ZERO).with_spin(Duration::from_millis(5));
+        // Nothing comes: the poll gives up after its spin.
+        let started = Instant::now();
+        assert!(intake.poll_for_job().is_none());
+        assert!(started.elapsed() >= Duration::from_millis(5));
+        // A request that is there is taken without parking.
+        sender.send(Row(Instant::now())).unwrap();
+        assert!(intake.poll_for_job().is_some());
+        // Without spin nothing is polled.
+        let (_sender, channel) = std::sync::mpsc::channel::<Row>();
+        assert!(
+            Intake::new(channel, 64, Duration::ZERO)
+                .poll_for_job()
+                .is_none()
+        );
     }
 
     #[test]

@@ -20,7 +20,6 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 pub mod access;
-pub mod affinity;
 pub mod cli;
 pub mod control;
 pub mod fuzzing;
@@ -207,10 +206,29 @@ pub struct Server {
     shm: Option<shm::ShmFrontEnd>,
 }
 
+/// `runtime.mlockall`: locks every page of the process, now and later, in
+/// memory.
+fn lock_memory() -> anyhow::Result<()> {
+    // SAFETY: mlockall takes flags only and touches no memory of ours.
+    let locked = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+    if locked != 0 {
+        anyhow::bail!(
+            "runtime.mlockall: mlockall failed ({}); raise the memory-lock limit (ulimit -l, \
+             systemd LimitMEMLOCK=infinity, or CAP_IPC_LOCK) or set runtime.mlockall = false",
+            std::io::Error::last_os_error()
+        );
+    }
+    tracing::info!("memory locked (runtime.mlockall)");
+    Ok(())
+}
+
 impl Server {
     /// Loads the repository, binds both front ends and starts serving.
     pub async fn start(config: &ServerConfig) -> anyhow::Result<Server> {
         observe::install_recorder();
+        if config.runtime.mlockall {
+            lock_memory()?;
+        }
         let runtime = {
             let owned = config.clone();
             tokio::task::spawn_blocking(move || Runtime::load(&owned))

@@ -132,7 +132,7 @@ impl ShmFrontEnd {
                     .name(format!("shm-{index}"))
                     .spawn(move || {
                         if let Some(cpu) = cpu {
-                            crate::affinity::pin_current_thread(cpu);
+                            tickserve_runtime::affinity::pin_current_thread(cpu);
                         }
                         serve(&context, &stop);
                     })

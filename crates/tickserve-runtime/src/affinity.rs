@@ -1,5 +1,5 @@
-//! CPU affinity and memory locking, the latency controls the operator may
-//! ask for (`shm.cpus`, `runtime.executor_cpus`, `runtime.mlockall`).
+//! CPU affinity, a latency control the operator may ask for (`shm.cpus`,
+//! `runtime.executor_cpus`).
 
 /// Pins the calling thread to CPU `cpu`; logs and goes on where it cannot
 /// (the CPU does not exist, or the process may not use it).
