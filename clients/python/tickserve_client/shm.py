@@ -45,6 +45,17 @@ class ShmClient:
         self._ids = itertools.count(1)
 
     def infer(self, model, inputs):
+        cached = model in self._models
+        try:
+            return self._infer_once(model, inputs)
+        except protocol.ServerError as e:
+            # A handle from before the server restarted: look the model up again and send
+            # once more (the request never ran).
+            if cached and e.code == "NOT_FOUND" and "stale model handle" in e.message:
+                return self._infer_once(model, inputs)
+            raise
+
+    def _infer_once(self, model, inputs):
         handle = self._models.get(model)
         if handle is None:
             kind, handle, _, _ = protocol.read_answer(

@@ -124,6 +124,20 @@ impl ShmClient {
 
     /// Runs `model` (its default version) on `inputs`; returns its outputs.
     pub fn infer(&mut self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
+        let cached = self.models.contains_key(model);
+        match self.infer_once(model, inputs) {
+            // A handle from before the server restarted: look the model up
+            // again and send once more (the request never ran).
+            Err(ClientError::Server { code, message })
+                if cached && code == "NOT_FOUND" && message.contains("stale model handle") =>
+            {
+                self.infer_once(model, inputs)
+            }
+            other => other,
+        }
+    }
+
+    fn infer_once(&mut self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
         let handle = match self.models.get(model) {
             Some(&handle) => handle,
             None => {

@@ -45,6 +45,18 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// The most distinct models (name and version) clients may look up.
 pub const MAX_HANDLES: usize = 4096;
 
+/// The start of the message for a handle this server did not give out.
+pub const STALE_HANDLE: &str = "unknown or stale model handle";
+
+/// A mark for this process's handles, different from the last run's with
+/// near certainty (the clock's nanoseconds and the process id).
+fn epoch() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    ((nanos ^ std::process::id().rotate_left(7)) & 0xffff) as u16
+}
+
 /// The most requests one client may have in flight.
 pub const MAX_REQUESTS_PER_CLIENT: usize = 8;
 
@@ -118,6 +130,7 @@ impl ShmFrontEnd {
             shared,
             runtime,
             handles: Mutex::new(Vec::new()),
+            epoch: epoch(),
             spin: config.spin,
             _services: (service, wake),
         });
@@ -163,6 +176,10 @@ struct Context_ {
     runtime: tokio::runtime::Handle,
     /// Handle → (model, version); a lookup adds a pair once.
     handles: Mutex<Vec<(String, String)>>,
+    /// This process's mark in the upper 16 bits of every handle, so that a
+    /// handle from a server that ran before (a client that outlived a
+    /// restart) is refused instead of naming another model here.
+    epoch: u16,
     spin: Duration,
     /// Kept open while serving.
     _services: (RequestService, WakeService),
@@ -243,15 +260,19 @@ fn handle(context: &Context_, active: ActiveRequest) {
             timeout_us,
             inputs,
         } => {
-            let model = {
-                let handles = context.handles.lock().unwrap_or_else(|p| p.into_inner());
-                handles.get(handle as usize).cloned()
-            };
+            let model = (handle >> 16 == u32::from(context.epoch))
+                .then(|| {
+                    let handles = context.handles.lock().unwrap_or_else(|p| p.into_inner());
+                    handles.get((handle & 0xffff) as usize).cloned()
+                })
+                .flatten();
             let Some((name, version)) = model else {
                 let error = Error::ModelNotFound {
                     model: format!("handle {handle}"),
                     version: None,
-                    known: "look the model up first: handles come from a lookup".to_string(),
+                    known: format!(
+                        "{STALE_HANDLE}: a handle comes from a lookup to this server process"
+                    ),
                 };
                 observe::record_request::<()>(
                     Protocol::Shm,
@@ -429,7 +450,8 @@ fn lookup(
         tensors_without_data(&outputs),
     );
     let mut answer = vec![0u8; wire::lookup_answer_len(&i, &o)];
-    wire::write_lookup_answer(&mut answer, request_id, index as u32, &i, &o);
+    let handle = (u32::from(context.epoch) << 16) | index as u32;
+    wire::write_lookup_answer(&mut answer, request_id, handle, &i, &o);
     send(active, &answer);
 }
 
