@@ -1,66 +1,6 @@
 //! Tensors as the client sends and receives them.
 
-/// A tensor's element type (the protocol's names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DataType {
-    /// `BOOL`, one byte.
-    Bool,
-    /// `UINT8`.
-    Uint8,
-    /// `UINT16`.
-    Uint16,
-    /// `UINT32`.
-    Uint32,
-    /// `UINT64`.
-    Uint64,
-    /// `INT8`.
-    Int8,
-    /// `INT16`.
-    Int16,
-    /// `INT32`.
-    Int32,
-    /// `INT64`.
-    Int64,
-    /// `FP32`.
-    Fp32,
-    /// `FP64`.
-    Fp64,
-}
-
-const ALL: [(DataType, &str, usize); 11] = [
-    (DataType::Bool, "BOOL", 1),
-    (DataType::Uint8, "UINT8", 1),
-    (DataType::Uint16, "UINT16", 2),
-    (DataType::Uint32, "UINT32", 4),
-    (DataType::Uint64, "UINT64", 8),
-    (DataType::Int8, "INT8", 1),
-    (DataType::Int16, "INT16", 2),
-    (DataType::Int32, "INT32", 4),
-    (DataType::Int64, "INT64", 8),
-    (DataType::Fp32, "FP32", 4),
-    (DataType::Fp64, "FP64", 8),
-];
-
-impl DataType {
-    /// The protocol's name (`FP32`).
-    pub fn as_str(self) -> &'static str {
-        ALL.iter()
-            .find(|(d, _, _)| *d == self)
-            .map_or("", |(_, n, _)| n)
-    }
-
-    /// The datatype called `name`.
-    pub fn parse(name: &str) -> Option<DataType> {
-        ALL.iter().find(|(_, n, _)| *n == name).map(|(d, _, _)| *d)
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        ALL.iter()
-            .find(|(d, _, _)| *d == self)
-            .map_or(1, |(_, _, s)| *s)
-    }
-}
+pub use tickserve_core::DataType;
 
 /// A named tensor: datatype, shape (batch first) and little-endian data.
 #[derive(Debug, Clone, PartialEq)]
