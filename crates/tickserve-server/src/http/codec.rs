@@ -257,20 +257,7 @@ pub fn decode(
             (Some(names), Some(flags))
         }
     };
-    let param = |name: &str| {
-        Some(match params?.get(name)? {
-            Value::Bool(b) => ParamValue::Bool(*b),
-            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-                (Some(i), _, _) => ParamValue::Int(i),
-                (None, Some(u), _) => ParamValue::Uint(u),
-                (None, None, Some(x)) => ParamValue::Float(x),
-                _ => return None,
-            },
-            Value::String(s) => ParamValue::Str(s),
-            // An object, list or null: reported as what it is.
-            _ => ParamValue::Str("a JSON object, list or null"),
-        })
-    };
+    let param = |name: &str| param_value(params?.get(name)?);
     let monte_carlo = monte_carlo::from_parameters(model, param)?;
     let sequence = sequence::from_parameters(model, param)?;
     let priority = match params.and_then(|p| p.get("priority")) {
@@ -298,6 +285,23 @@ pub fn decode(
         },
         binary_outputs,
         binary_default,
+    })
+}
+
+/// A JSON parameter's value, as the parameter readers take it (`None` for a
+/// number JSON cannot hold).
+pub fn param_value(value: &Value) -> Option<ParamValue<'_>> {
+    Some(match value {
+        Value::Bool(b) => ParamValue::Bool(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => ParamValue::Int(i),
+            (None, Some(u), _) => ParamValue::Uint(u),
+            (None, None, Some(x)) => ParamValue::Float(x),
+            _ => return None,
+        },
+        Value::String(s) => ParamValue::Str(s),
+        // An object, list or null: reported as what it is.
+        _ => ParamValue::Str("a JSON object, list or null"),
     })
 }
 

@@ -19,7 +19,6 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use tickserve_core::Error;
-use tickserve_core::monte_carlo::ParamValue;
 use tickserve_core::sequence::{self, SequenceId};
 use tickserve_runtime::ModelHandle;
 use tickserve_runtime::sequences::Sequences;
@@ -47,19 +46,7 @@ fn stateful(
 
 /// The `sequence_id` of a `{"parameters": {...}}` object.
 fn sequence_id(model: &str, parameters: Option<&Map<String, Value>>) -> Result<SequenceId, Error> {
-    let param = |name: &str| -> Option<ParamValue<'_>> {
-        Some(match parameters?.get(name)? {
-            Value::Bool(b) => ParamValue::Bool(*b),
-            Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-                (Some(u), _, _) => ParamValue::Uint(u),
-                (None, Some(i), _) => ParamValue::Int(i),
-                (None, None, Some(x)) => ParamValue::Float(x),
-                _ => return None,
-            },
-            Value::String(s) => ParamValue::Str(s),
-            _ => ParamValue::Str("a JSON object, list or null"),
-        })
-    };
+    let param = |name: &str| codec::param_value(parameters?.get(name)?);
     sequence::from_parameters(model, param)?
         .map(|control| control.id)
         .ok_or_else(|| {

@@ -61,32 +61,28 @@ def offline(ticks):
     return out
 
 
-def grpc_worker(args, mine, ticks, got, errors):
-    client = grpcclient.InferenceServerClient(args.grpc)
-    try:
-        for t in range(args.ticks):
-            for i in mine:
-                x = grpcclient.InferInput("tick", [1, FEATURES], "FP32")
-                x.set_data_from_numpy(ticks[i // 2, t:t + 1])
-                result = client.infer(MODEL, [x], sequence_id=sequence_id(i),
-                                      sequence_start=t == 0, sequence_end=t == args.ticks - 1)
-                got[i, t] = result.as_numpy("prediction")[0, 0]
-    except Exception as e:  # noqa: BLE001 (reported, then the check fails)
-        errors.append(f"grpc: {e}")
+def unary_worker(client_module, address, encoding=lambda t: {}):
+    """A worker sending its sequences' ticks one request at a time through `client_module`
+    (tritonclient.grpc or tritonclient.http) at `address`; `encoding(t)` are tick t's
+    extra arguments for the input's data (HTTP alternates binary and JSON)."""
+    def work(args, mine, ticks, got, errors):
+        client = client_module.InferenceServerClient(address(args))
+        try:
+            for t in range(args.ticks):
+                for i in mine:
+                    x = client_module.InferInput("tick", [1, FEATURES], "FP32")
+                    x.set_data_from_numpy(ticks[i // 2, t:t + 1], **encoding(t))
+                    result = client.infer(MODEL, [x], sequence_id=sequence_id(i),
+                                          sequence_start=t == 0, sequence_end=t == args.ticks - 1)
+                    got[i, t] = result.as_numpy("prediction")[0, 0]
+        except Exception as e:  # noqa: BLE001 (reported, then the check fails)
+            errors.append(f"{client_module.__name__}: {e}")
+    return work
 
 
-def http_worker(args, mine, ticks, got, errors):
-    client = httpclient.InferenceServerClient(args.http)
-    try:
-        for t in range(args.ticks):
-            for i in mine:
-                x = httpclient.InferInput("tick", [1, FEATURES], "FP32")
-                x.set_data_from_numpy(ticks[i // 2, t:t + 1], binary_data=t % 2 == 0)
-                result = client.infer(MODEL, [x], sequence_id=sequence_id(i),
-                                      sequence_start=t == 0, sequence_end=t == args.ticks - 1)
-                got[i, t] = result.as_numpy("prediction")[0, 0]
-    except Exception as e:  # noqa: BLE001
-        errors.append(f"http: {e}")
+grpc_worker = unary_worker(grpcclient, lambda args: args.grpc)
+http_worker = unary_worker(httpclient, lambda args: args.http,
+                           lambda t: {"binary_data": t % 2 == 0})
 
 
 def stream_worker(args, mine, ticks, got, errors):
