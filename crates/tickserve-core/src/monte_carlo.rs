@@ -83,7 +83,8 @@ pub const PARAMETERS: [&str; 5] = [
     "mc_quantiles",
 ];
 
-fn describe(value: ParamValue<'_>) -> String {
+/// A parameter's value as an error message quotes it.
+pub fn describe(value: ParamValue<'_>) -> String {
     match value {
         ParamValue::Bool(b) => b.to_string(),
         ParamValue::Int(i) => i.to_string(),

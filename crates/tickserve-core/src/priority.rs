@@ -18,6 +18,27 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Deserializer};
 
 use crate::durations::{self, MAX_TIMEOUT};
+use crate::monte_carlo::{ParamValue, describe};
+
+/// Reads the `priority` parameter through `get` (each protocol's parameter
+/// map): an integer of 0 or more; 0 when absent.
+pub fn from_parameters<'a>(
+    model: &str,
+    get: impl Fn(&str) -> Option<ParamValue<'a>>,
+) -> Result<u64, crate::Error> {
+    match get("priority") {
+        None => Ok(0),
+        Some(ParamValue::Uint(p)) => Ok(p),
+        Some(ParamValue::Int(p)) if p >= 0 => Ok(p as u64),
+        Some(other) => Err(crate::Error::request(
+            model,
+            format!(
+                "parameter priority must be an integer of 0 or more (1 is the highest level); got {}",
+                describe(other)
+            ),
+        )),
+    }
+}
 
 /// The most priority levels a model may have.
 pub const MAX_LEVELS: u32 = 64;

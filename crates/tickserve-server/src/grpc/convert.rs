@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use tickserve_core::durations;
 use tickserve_core::monte_carlo::{self, ParamValue};
 use tickserve_core::request::MAX_ID_BYTES;
-use tickserve_core::sequence;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
+use tickserve_core::{priority, sequence};
 
 use super::pb;
 
@@ -104,23 +104,7 @@ pub fn decode(
     };
     let monte_carlo = monte_carlo::from_parameters(&model, param)?;
     let sequence = sequence::from_parameters(&model, param)?;
-    let priority = match request
-        .parameters
-        .get("priority")
-        .and_then(|p| p.parameter_choice.as_ref())
-    {
-        None => 0,
-        Some(pb::infer_parameter::ParameterChoice::Uint64Param(p)) => *p,
-        Some(pb::infer_parameter::ParameterChoice::Int64Param(p)) if *p >= 0 => *p as u64,
-        Some(other) => {
-            return Err(Error::request(
-                &model,
-                format!(
-                    "parameter priority must be an integer of 0 or more (1 is the highest level); got {other:?}"
-                ),
-            ));
-        }
-    };
+    let priority = priority::from_parameters(&model, param)?;
     let outputs = (!request.outputs.is_empty())
         .then(|| request.outputs.into_iter().map(|o| o.name).collect());
     let version = (!request.model_version.is_empty()).then_some(request.model_version);

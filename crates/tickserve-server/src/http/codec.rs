@@ -19,11 +19,11 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tickserve_core::durations;
 use tickserve_core::monte_carlo::{self, ParamValue};
-use tickserve_core::sequence;
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{
     DataType, Error, InferRequest, InferResponse, InputTensor, OutputTensor, Signature,
 };
+use tickserve_core::{priority, sequence};
 
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -260,15 +260,7 @@ pub fn decode(
     let param = |name: &str| param_value(params?.get(name)?);
     let monte_carlo = monte_carlo::from_parameters(model, param)?;
     let sequence = sequence::from_parameters(model, param)?;
-    let priority = match params.and_then(|p| p.get("priority")) {
-        None => 0,
-        Some(value) => value.as_u64().ok_or_else(|| {
-            Error::request(
-                model,
-                format!("parameter priority must be an integer of 0 or more (1 is the highest level); got {value}"),
-            )
-        })?,
-    };
+    let priority = priority::from_parameters(model, param)?;
     let deadline = param_u64(params, "timeout")
         .map(|us| durations::deadline_after(Instant::now(), Duration::from_micros(us)));
     Ok(Decoded {
