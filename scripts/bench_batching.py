@@ -32,10 +32,8 @@ Prints Markdown tables and writes target/bench/batching.json.
 import argparse
 import csv
 import json
-import os
 import pathlib
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -43,9 +41,8 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 K6 = ROOT / ".venv/bin/k6"
-TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import metric_sum  # noqa: E402
+from bench_common import children_cpu, cpu_seconds, metric_sum  # noqa: E402
 from server import Server, binary_path  # noqa: E402
 
 SERVER = binary_path()  # $TICKSERVE_BIN, else target/release/tickserve
@@ -55,14 +52,6 @@ def requests_served(http):
     return metric_sum(http, "tickserve_requests_total", 'model="alpha_mlp"')
 
 
-def cpu_seconds(pid):
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-
-
-def children_cpu():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def sample_server(work, name, model_defaults, cpus):

@@ -1,7 +1,12 @@
-"""Helpers the benchmark scripts share: free ports, and reading tickserve's /metrics."""
+"""Helpers the benchmark scripts share: free ports, reading tickserve's /metrics, and CPU time."""
+import os
+import pathlib
 import re
+import resource
 import socket
 import urllib.request
+
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port():
@@ -23,3 +28,15 @@ def metric_sum(http, name, labels=""):
     _, text = get(f"http://127.0.0.1:{http}/metrics")
     pattern = rf"^{re.escape(name)}\{{[^}}]*{re.escape(labels)}[^}}]*\}} (\S+)$"
     return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.M))
+
+
+def cpu_seconds(pid):
+    """CPU seconds (user + system) process `pid` has used, from /proc."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def children_cpu():
+    """CPU seconds this process's finished children have used (their rusage)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

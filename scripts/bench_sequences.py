@@ -23,30 +23,19 @@ target/bench/sequences_*.
 """
 import argparse
 import csv
-import os
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
-TICK = os.sysconf("SC_CLK_TCK")
 OUT = ROOT / "target/bench"
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import metric_sum  # noqa: E402
+from bench_common import children_cpu, cpu_seconds, metric_sum  # noqa: E402
 from server import Server  # noqa: E402
 
 
-def cpu_seconds(pid):
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def children_cpu():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run(server, name, model, concurrency, interval_ms, extra):

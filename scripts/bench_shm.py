@@ -23,9 +23,7 @@ Prints Markdown tables; raw outputs go to target/bench/shm_*.
 import argparse
 import csv
 import json
-import os
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,9 +32,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 LATENCY = ROOT / "target/release/examples/latency"
 OUT = ROOT / "target/bench"
-TICK = os.sysconf("SC_CLK_TCK")
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import metric_sum  # noqa: E402
+from bench_common import children_cpu, cpu_seconds, metric_sum  # noqa: E402
 from server import Server  # noqa: E402
 
 PYTHON_WORKER = """
@@ -59,14 +56,6 @@ print(json.dumps({"lat": lat, "cpu": time.process_time() - cpu}))
 """
 
 
-def cpu_seconds(pid):
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def children_cpu():
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def served(server):
