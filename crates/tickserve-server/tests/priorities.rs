@@ -84,19 +84,35 @@ async fn a_full_lower_level_is_shed_while_the_higher_level_is_served() {
 
     // 24 requests of 64 rows at level 2 and 6 at level 1, at once: level 2
     // may have 2 waiting, so some of its requests are shed; level 1 has no
-    // bound of its own, and is served.
-    let low = flood(&base, "seq_bounded", 64, 2, 24);
-    let high = flood(&base, "seq_bounded", 64, 1, 6);
-    let (low, high) = (statuses(low).await, statuses(high).await);
-    assert!(high.iter().all(|(s, _)| *s == 200), "{high:?}");
-    let shed: Vec<&String> = low
-        .iter()
-        .filter(|(s, _)| *s == 429)
-        .map(|(_, t)| t)
-        .collect();
-    assert!(!shed.is_empty(), "level 2 shed nothing: {low:?}");
+    // bound of its own, and is served. Whether 3 of level 2 are ever waiting
+    // at once depends on how fast the client's sends arrive against the
+    // executor's runs (one 64-row run is about 0.3 ms), so the flood is
+    // repeated, up to 5 times, until level 2 sheds; level 1 must be served
+    // in every round.
+    let mut shed: Vec<String> = Vec::new();
+    let mut rounds = 0;
+    for _ in 0..5 {
+        let low = flood(&base, "seq_bounded", 64, 2, 24);
+        let high = flood(&base, "seq_bounded", 64, 1, 6);
+        let (low, high) = (statuses(low).await, statuses(high).await);
+        assert!(high.iter().all(|(s, _)| *s == 200), "{high:?}");
+        assert!(low.iter().all(|(s, _)| *s == 200 || *s == 429), "{low:?}");
+        shed.extend(
+            low.iter()
+                .filter(|(s, _)| *s == 429)
+                .map(|(_, t)| t.clone()),
+        );
+        rounds += 1;
+        if !shed.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        !shed.is_empty(),
+        "level 2 shed nothing in {} rounds",
+        rounds.len()
+    );
     assert!(shed[0].contains("priority level 2 is full"), "{}", shed[0]);
-    assert!(low.iter().all(|(s, _)| *s == 200 || *s == 429), "{low:?}");
     let metrics = common::metrics_text(&base).await;
     assert!(
         metrics
