@@ -107,11 +107,7 @@ async fn a_full_lower_level_is_shed_while_the_higher_level_is_served() {
             break;
         }
     }
-    assert!(
-        !shed.is_empty(),
-        "level 2 shed nothing in {} rounds",
-        rounds.len()
-    );
+    assert!(!shed.is_empty(), "level 2 shed nothing in {rounds} rounds");
     assert!(shed[0].contains("priority level 2 is full"), "{}", shed[0]);
     let metrics = common::metrics_text(&base).await;
     assert!(
