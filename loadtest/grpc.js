@@ -4,13 +4,20 @@
 //
 //   .venv/bin/k6 run -e SCENARIO=steady -e RATE=1000 loadtest/grpc.js
 //
-// Env: TICKSERVE_GRPC (127.0.0.1:8001) and those of lib/scenarios.js.
+// Env: TICKSERVE_GRPC (127.0.0.1:8001), TIMEOUT (each call's deadline, sent as
+// grpc-timeout: 1s) and those of lib/scenarios.js.
+//
+// Each call carries its own deadline, as a trading client's would. Without one, k6
+// sends the scenario's end as the deadline for the last two minutes of a run, and
+// those ever-changing grpc-timeout values churn the server's HPACK tables late in
+// the run (docs/performance.md, "Soak").
 import grpc from 'k6/net/grpc';
 import encoding from 'k6/encoding';
 import { Rate } from 'k6/metrics';
 import * as shape from './lib/scenarios.js';
 
 const ADDR = __ENV.TICKSERVE_GRPC || '127.0.0.1:8001';
+const TIMEOUT = __ENV.TIMEOUT || '1s';
 const client = new grpc.Client();
 client.load(['../proto'], 'grpc_service.proto');
 const errors = new Rate('errors');
@@ -36,7 +43,9 @@ export default function () {
     client.connect(ADDR, { plaintext: true });
     connected = true;
   }
-  const r = client.invoke('inference.GRPCInferenceService/ModelInfer', requests[shape.model()]);
+  const r = client.invoke('inference.GRPCInferenceService/ModelInfer', requests[shape.model()], {
+    timeout: TIMEOUT,
+  });
   const ok = r && r.status === grpc.StatusOK;
   const exhausted = r && r.status === grpc.StatusResourceExhausted;
   shed.add(exhausted);

@@ -15,8 +15,10 @@ interpolated within its buckets). At the end: RSS growth after the first minute
 Client and server share this machine's cores.
 """
 import argparse
+import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -90,7 +92,11 @@ def main():
     p.add_argument("--protocols", default="http,grpc",
                    help="the front ends to load, sharing the rate (default: http,grpc)")
     p.add_argument("--config", help="the server's tickserve.toml (default: config/tickserve.toml)")
+    p.add_argument("--stall", action="append", default=[], metavar="SECOND:MS",
+                   help="stop the server (SIGSTOP) at SECOND for MS milliseconds, as a noisy "
+                        "neighbour or a page-cache stall would; the open loop piles up meanwhile")
     args = p.parse_args()
+    stalls = sorted(tuple(float(x) for x in s.split(":")) for s in args.stall)
     duration = f"{args.minutes * 60 + 5}s"
     with Server(binary=args.binary, **({'config': args.config} if args.config else {})) as server:
         ready = scrape(server.http_port)
@@ -113,6 +119,13 @@ def main():
         rows, last = [], ready
         started = time.monotonic()
         for minute in range(1, args.minutes + 1):
+            while stalls and stalls[0][0] < 60 * minute:
+                second, ms = stalls.pop(0)
+                time.sleep(max(0.0, started + second - time.monotonic()))
+                os.kill(server.pid, signal.SIGSTOP)
+                time.sleep(ms / 1000)
+                os.kill(server.pid, signal.SIGCONT)
+                print(f"(stalled the server {ms:.0f} ms at second {second:.0f})", flush=True)
             time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
             now = scrape(server.http_port)
             threads, fds, anonymous = process(server.pid)
