@@ -9,7 +9,8 @@
 #   cargo build --release -p tickserve-server && scripts/bench_priorities.sh [RATE]
 #
 # EXECUTORS (default 1) sets seq_lstm's executors, QUEUE (default 4) level 2's
-# max_queue_size. `scripts/bench_priorities.sh closed` instead keeps 8 level-2 requests
+# max_queue_size. K6_NICE=N runs the level-2 load generator at nice N (19:
+# it takes only the CPU that nothing else wants, as a load generator on another host would). `scripts/bench_priorities.sh closed` instead keeps 8 level-2 requests
 # outstanding with perf_analyzer (a closed loop, no HTTP, nothing shed) and measures level
 # 1 and level 2 under it: what the priority buys, with less of the load generator's CPU.
 set -euo pipefail
@@ -59,7 +60,7 @@ if [ "${1:-}" = --clients ]; then
       -f "$out/prio_$1.csv" > "$out/prio_$1.txt" 2>&1
   }
   level1 idle
-  .venv/bin/k6 run -q --no-thresholds --summary-export "$out/prio_k6.json" \
+  ${K6_NICE:+nice -n "$K6_NICE"} .venv/bin/k6 run -q --no-thresholds --summary-export "$out/prio_k6.json" \
     -e SCENARIO=steady -e RATE="$rate" -e DURATION=120s -e PREALLOCATED_VUS=32 -e PRIORITY=2 \
     -e TICKSERVE_HTTP="http://127.0.0.1:$TICKSERVE_HTTP_PORT" loadtest/priority.js \
     > "$out/prio_k6.txt" 2>&1 &

@@ -282,6 +282,22 @@ impl Server {
         let grpc_tls = tls_for(FrontEnd::Grpc, &[b"h2"])?;
         let watched: Vec<_> = http_tls.iter().chain(grpc_tls.iter()).cloned().collect();
         tokio::spawn(tls::watch_files(watched, stopped.clone()));
+        // The shared-memory front end is up before the HTTP front end answers
+        // anything: a client that saw /v2/health/ready can connect at once.
+        let shm = if config.shm.enabled {
+            let shared = Arc::clone(&shared);
+            let runtime = tokio::runtime::Handle::current();
+            let config = config.shm.clone();
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    shm::ShmFrontEnd::start(&config, shared, runtime)
+                })
+                .await
+                .context("the shared-memory front end panicked")??,
+            )
+        } else {
+            None
+        };
         let http_task = tokio::spawn(http::serve(
             http_listener,
             Arc::clone(&shared),
@@ -298,20 +314,6 @@ impl Server {
             limits,
             stopped,
         ));
-        let shm = if config.shm.enabled {
-            let shared = Arc::clone(&shared);
-            let runtime = tokio::runtime::Handle::current();
-            let config = config.shm.clone();
-            Some(
-                tokio::task::spawn_blocking(move || {
-                    shm::ShmFrontEnd::start(&config, shared, runtime)
-                })
-                .await
-                .context("the shared-memory front end panicked")??,
-            )
-        } else {
-            None
-        };
         Ok(Server {
             http_addr,
             grpc_addr,
