@@ -10,7 +10,8 @@
 #
 # EXECUTORS (default 1) sets seq_lstm's executors, QUEUE (default 4) level 2's
 # max_queue_size. K6_NICE=N runs the level-2 load generator at nice N (19:
-# it takes only the CPU that nothing else wants, as a load generator on another host would). `scripts/bench_priorities.sh closed` instead keeps 8 level-2 requests
+# it takes only the CPU that nothing else wants, as a load generator on another host would).
+# RESERVED=N reserves N of the executors for level 1 (priority.reserved_executors). `scripts/bench_priorities.sh closed` instead keeps 8 level-2 requests
 # outstanding with perf_analyzer (a closed loop, no HTTP, nothing shed) and measures level
 # 1 and level 2 under it: what the priority buys, with less of the load generator's CPU.
 set -euo pipefail
@@ -104,6 +105,7 @@ executors = ${EXECUTORS:-1}
 [priority]
 priority_levels = 2
 default_priority_level = 2
+reserved_executors = ${RESERVED:-0}
 [priority.priority_queue_policy.2]
 max_queue_size = ${QUEUE:-4}
 TOML

@@ -91,6 +91,11 @@ pub struct PriorityConfig {
     pub default_queue_policy: QueuePolicyConfig,
     /// Policies by level (`[priority.priority_queue_policy.1]`).
     pub priority_queue_policy: BTreeMap<String, QueuePolicyConfig>,
+    /// Executors of the model that run level-1 requests only (tickserve's
+    /// own key; 0, the default: none). Lower levels share the others, so it
+    /// must be below `executors`: a level-1 request then finds an executor
+    /// that no lower level's run can be holding.
+    pub reserved_executors: usize,
 }
 
 /// One level's policy, resolved.
@@ -113,6 +118,8 @@ pub struct Priorities {
     pub default_level: u32,
     /// Whether the model has priority levels at all (Triton reports them).
     pub configured: bool,
+    /// Executors that run level-1 requests only.
+    pub reserved_executors: usize,
 }
 
 impl Default for Priorities {
@@ -121,6 +128,7 @@ impl Default for Priorities {
             policies: vec![QueuePolicy::default()],
             default_level: 1,
             configured: false,
+            reserved_executors: 0,
         }
     }
 }
@@ -161,16 +169,17 @@ impl Priorities {
         if levels == 0 {
             if config.default_priority_level.is_some_and(|l| l != 0)
                 || !config.priority_queue_policy.is_empty()
+                || config.reserved_executors > 0
             {
-                return Err(
-                    "default_priority_level and priority_queue_policy need priority_levels"
-                        .to_string(),
-                );
+                return Err("default_priority_level, priority_queue_policy and \
+                     reserved_executors need priority_levels"
+                    .to_string());
             }
             return Ok(Priorities {
                 policies: vec![default_policy],
                 default_level: 1,
                 configured: false,
+                reserved_executors: 0,
             });
         }
         let default_level = config.default_priority_level.unwrap_or(levels);
@@ -197,6 +206,7 @@ impl Priorities {
             policies,
             default_level,
             configured: true,
+            reserved_executors: config.reserved_executors,
         })
     }
 

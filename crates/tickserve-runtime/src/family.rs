@@ -47,9 +47,15 @@ pub struct Family {
     /// half (the intake). Dropping the family (or [`Family::close`]) closes
     /// it, and the executors stop once they have answered what it held.
     queue: Mutex<Option<Sender<Job>>>,
+    /// The lane of the executors reserved for level 1
+    /// (`priority.reserved_executors`), when there are any.
+    lane: Mutex<Option<Sender<Job>>>,
     /// The executors: each locked by its own thread for each batch, by a
     /// caller that finds it idle with nothing queued, and by a member joining.
+    /// The first `shared` take every level from the queue; the rest are the
+    /// reserved ones, serving the lane.
     executors: Vec<Arc<Mutex<Executor>>>,
+    shared: usize,
     /// Rows queued for any member: raised by [`Family::submit`] through each
     /// job's ticket, lowered when an executor takes the job out.
     rows: Arc<FamilyRows>,
@@ -82,7 +88,10 @@ pub struct FamilyParts {
     pub engine: (&'static str, &'static str),
     /// The queue's sending half.
     pub queue: Sender<Job>,
-    /// The executors that compiled.
+    /// The reserved executors' lane, when there are any: they are the last
+    /// `settings.priorities.reserved_executors` of `executors`.
+    pub lane: Option<Sender<Job>>,
+    /// The executors that compiled, in the order they were started.
     pub executors: Vec<Arc<Mutex<Executor>>>,
     /// What the executors share with the family.
     pub links: FamilyLinks,
@@ -115,6 +124,12 @@ impl Family {
             .map(|e| e.lock().unwrap_or_else(|p| p.into_inner()).inline_rows())
             .min()
             .unwrap_or(0);
+        let reserved = if parts.lane.is_some() {
+            parts.settings.priorities.reserved_executors
+        } else {
+            0
+        };
+        let shared = parts.executors.len().saturating_sub(reserved);
         Family {
             key: parts.key,
             shares_graph: parts.shares_graph,
@@ -123,6 +138,8 @@ impl Family {
             device: parts.device,
             engine: parts.engine,
             queue: Mutex::new(Some(parts.queue)),
+            shared,
+            lane: Mutex::new(parts.lane),
             executors: parts.executors,
             rows: Arc::new(FamilyRows::default()),
             retired: parts.links.retired,
@@ -254,8 +271,15 @@ impl Family {
             reply,
         };
         // Admission bounded the queue; only a stopped executor refuses the
-        // send (and the job's ticket gives its rows back as it drops).
-        if !self.send(job) {
+        // send (and the job's ticket gives its rows back as it drops). A
+        // level-1 job goes to a reserved executor when one is idle; else it
+        // waits in the queue, ahead of every lower level.
+        let sent = if level == 1 && self.reserved_idle() {
+            Self::send(&self.lane, job)
+        } else {
+            Self::send(&self.queue, job)
+        };
+        if !sent {
             return Err(Error::ModelNotReady {
                 model: member.name.clone(),
                 version: member.version.clone(),
@@ -283,7 +307,13 @@ impl Family {
         if submission.request.rows > self.inline_rows || self.queued_rows() > 0 {
             return Err(submission);
         }
-        for executor in &self.executors {
+        // Lower levels never take a reserved executor.
+        let allowed = if submission.level == 1 {
+            &self.executors[..]
+        } else {
+            &self.executors[..self.shared]
+        };
+        for executor in allowed {
             if let Ok(mut executor) = executor.try_lock() {
                 executor.forget_retired();
                 return Ok(executor.answer(
@@ -299,16 +329,24 @@ impl Family {
         Err(submission)
     }
 
-    /// Queues `job` for the executors; false (the job dropped) if the queue
-    /// is closed.
-    fn send(&self, job: Job) -> bool {
-        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+    /// Whether a reserved executor is idle now (none: false).
+    fn reserved_idle(&self) -> bool {
+        self.executors[self.shared..]
+            .iter()
+            .any(|executor| executor.try_lock().is_ok())
+    }
+
+    /// Sends `job` to `queue` (the queue or the lane); false (the job
+    /// dropped) if it is closed or absent.
+    fn send(queue: &Mutex<Option<Sender<Job>>>, job: Job) -> bool {
+        let queue = queue.lock().unwrap_or_else(|p| p.into_inner());
         queue.as_ref().is_some_and(|queue| queue.send(job).is_ok())
     }
 
-    /// Closes the queue: nothing more is admitted, and the executors stop
-    /// after answering what is queued.
+    /// Closes the queue and the lane: nothing more is admitted, and the
+    /// executors stop after answering what is queued.
     pub fn close(&self) {
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.lane.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }

@@ -117,6 +117,7 @@ struct Founding {
     device: Device,
     engine: (&'static str, &'static str),
     queue: Sender<Job>,
+    lane: Option<Sender<Job>>,
     links: FamilyLinks,
     reports: Vec<LoadReport>,
     spawn_error: Option<String>,
@@ -252,16 +253,27 @@ impl Loader<'_> {
 
     /// Starts compiling a new family from `first` on its executor threads.
     fn found(&self, first: Parsed) -> (Founding, First) {
-        let (queue, channel) = std::sync::mpsc::channel();
         let settings = &first.settings;
-        let intake = Arc::new(Mutex::new(
-            Intake::new(
-                channel,
-                settings.buckets.largest(),
-                settings.max_queue_delay,
-            )
-            .with_spin(self.spin),
-        ));
+        let intake = |channel| {
+            Arc::new(Mutex::new(
+                Intake::new(
+                    channel,
+                    settings.buckets.largest(),
+                    settings.max_queue_delay,
+                )
+                .with_spin(self.spin),
+            ))
+        };
+        let (queue, channel) = std::sync::mpsc::channel();
+        let shared_intake = intake(channel);
+        // Executors reserved for level 1 take their jobs from a lane of their own.
+        let reserved = settings.priorities.reserved_executors;
+        let (lane, lane_intake) = if reserved > 0 {
+            let (lane, channel) = std::sync::mpsc::channel();
+            (Some(lane), Some(intake(channel)))
+        } else {
+            (None, None)
+        };
         let links = FamilyLinks {
             family_key: first.family.clone(),
             retired: Arc::new(RetiredLog::default()),
@@ -285,7 +297,7 @@ impl Loader<'_> {
         });
         let shares_graph = input.weights.is_some();
         let start = WorkerStart {
-            intake,
+            intake: shared_intake,
             links: links.clone(),
             inline_budget: self.inline_budget,
             mixed_rows: settings.mixed_rows,
@@ -296,8 +308,13 @@ impl Loader<'_> {
         };
         let mut reports = Vec::with_capacity(settings.executors);
         let mut spawn_error = None;
+        let shared = settings.executors.saturating_sub(reserved);
         for index in 0..settings.executors {
-            match worker::spawn(Arc::clone(&input), start.clone(), index) {
+            let mut start = start.clone();
+            if let (true, Some(lane)) = (index >= shared, &lane_intake) {
+                start.intake = Arc::clone(lane);
+            }
+            match worker::spawn(Arc::clone(&input), start, index) {
                 Ok((thread, report)) => {
                     let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
                     // Threads of families that died have ended: forget them,
@@ -317,6 +334,7 @@ impl Loader<'_> {
             device: choice.device,
             engine,
             queue,
+            lane,
             links,
             reports,
             spawn_error,
@@ -356,6 +374,7 @@ impl Loader<'_> {
                     device: f.device,
                     engine: f.engine,
                     queue: f.queue,
+                    lane: f.lane,
                     executors,
                     links: f.links,
                 }));
@@ -443,9 +462,10 @@ fn parse(
         let replica = format!("device={}#{}", candidate.device, candidate.replica);
         let group = if weights.is_some() {
             format!(
-                "{family} {replica} buckets={:?} executors={} delay={:?} mixed_rows={:?} signature={:?}",
+                "{family} {replica} buckets={:?} executors={} reserved={} delay={:?} mixed_rows={:?} signature={:?}",
                 settings.buckets.sizes(),
                 settings.executors,
+                settings.priorities.reserved_executors,
                 settings.max_queue_delay,
                 settings.mixed_rows,
                 signature

@@ -86,6 +86,15 @@ impl ModelSettings {
         } else {
             NanPolicy::Reject
         };
+        let priorities =
+            Priorities::resolve(&config.priority).map_err(|e| format!("priority.{e}"))?;
+        if priorities.reserved_executors >= executors {
+            return Err(format!(
+                "priority.reserved_executors ({}) must be below executors ({executors}): \
+                 lower levels need at least one",
+                priorities.reserved_executors
+            ));
+        }
         Ok(ModelSettings {
             buckets,
             limits: Limits {
@@ -99,8 +108,7 @@ impl ModelSettings {
             default_timeout: config.timeout,
             mixed_rows: config.mixed_rows.unwrap_or_default(),
             monte_carlo: MonteCarloSettings::resolve(&config.monte_carlo, inputs, max_queue_rows)?,
-            priorities: Priorities::resolve(&config.priority)
-                .map_err(|e| format!("priority.{e}"))?,
+            priorities,
             sequence: None,
         })
     }

@@ -1,0 +1,261 @@
+//! Executors reserved for level 1 (`priority.reserved_executors`): lower
+//! levels never run on them, so a level-1 request finds one free while lower
+//! levels hold every other executor. Runs are held open by a test engine
+//! wrapped around the real ONNX Runtime engine: a row whose first feature is
+//! [`HOLD`] waits at a gate until the test opens it.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tickserve_core::config::ServerConfig;
+use tickserve_core::{
+    Buckets, CompileRequest, CompiledModel, Engine, EngineError, InferRequest, MemberId, Signature,
+    Weight,
+};
+use tickserve_engine_cuda::Gpus;
+use tickserve_engine_ort::{OrtEngine, OrtOptions};
+use tickserve_onnx::ModelGraph;
+use tickserve_runtime::engines::Engines;
+use tickserve_runtime::{Runtime, VersionState};
+
+mod common;
+use common::{request, root};
+
+/// A first feature that holds its run at the gate.
+const HOLD: f32 = 5555.0;
+
+/// Where held runs wait, and how many are waiting.
+#[derive(Debug, Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    held: AtomicUsize,
+}
+
+impl Gate {
+    fn pass(&self) {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Waits (at most 10 s) until `count` runs are held.
+    fn wait_for(&self, count: usize) {
+        let started = Instant::now();
+        while self.held() < count && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(self.held(), count, "runs held at the gate");
+    }
+}
+
+/// ONNX Runtime, with runs of [`HOLD`] rows held at a gate.
+#[derive(Debug)]
+struct GatedEngine {
+    inner: OrtEngine,
+    gate: Arc<Gate>,
+}
+
+impl Engine<ModelGraph> for GatedEngine {
+    fn platform(&self) -> &'static str {
+        self.inner.platform()
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn compile(
+        &self,
+        request: &CompileRequest<'_, ModelGraph>,
+    ) -> Result<Box<dyn CompiledModel>, EngineError> {
+        Ok(Box::new(Gated {
+            inner: Engine::compile(&self.inner, request)?,
+            gate: Arc::clone(&self.gate),
+        }))
+    }
+}
+
+struct Gated {
+    inner: Box<dyn CompiledModel>,
+    gate: Arc<Gate>,
+}
+
+impl CompiledModel for Gated {
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+    fn buckets(&self) -> &Buckets {
+        self.inner.buckets()
+    }
+    fn device(&self) -> &str {
+        self.inner.device()
+    }
+    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
+        self.inner.input_mut(bucket, input)
+    }
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
+        let first = self.inner.input_mut(bucket, 0);
+        if first.len() >= 4 && f32::from_le_bytes([first[0], first[1], first[2], first[3]]) == HOLD
+        {
+            self.gate.pass();
+        }
+        self.inner.run(bucket, member)
+    }
+    fn output(&self, bucket: usize, output: usize) -> &[u8] {
+        self.inner.output(bucket, output)
+    }
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
+        self.inner.add_member(member, weights)
+    }
+    fn remove_member(&mut self, member: MemberId) {
+        self.inner.remove_member(member);
+    }
+}
+
+fn library() -> PathBuf {
+    root().join(".local/lib/libonnxruntime.so.1.31.1")
+}
+
+/// `alpha_mlp` with `model_toml`, on the gated engine; every request goes
+/// through an executor thread (nothing runs on the caller's).
+fn runtime(model_toml: &str) -> (Arc<Runtime>, Arc<Gate>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("alpha_mlp");
+    std::fs::create_dir_all(model.join("1")).unwrap();
+    std::fs::copy(
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        model.join("1/model.onnx"),
+    )
+    .unwrap();
+    std::fs::write(model.join("model.toml"), model_toml).unwrap();
+    let mut config = ServerConfig::default();
+    config.repository.path = dir.path().to_path_buf();
+    config.runtime.onnxruntime_library = library();
+    config.runtime.inline_budget = Duration::ZERO;
+    let gate = Arc::new(Gate::default());
+    let ort = OrtEngine::new(
+        &library(),
+        OrtOptions {
+            intra_op_threads: 1,
+        },
+    )
+    .expect("the engine starts (run scripts/setup.sh first)");
+    let engine = Arc::new(GatedEngine {
+        inner: ort,
+        gate: Arc::clone(&gate),
+    });
+    let engines = Engines::new(engine.clone(), engine, Gpus::Absent("test".into()));
+    (
+        Arc::new(Runtime::load_with(&config, engines).unwrap()),
+        gate,
+        dir,
+    )
+}
+
+/// Shuts `runtime` down once the test's tasks have let go of it.
+fn stop(runtime: Arc<Runtime>) {
+    Arc::try_unwrap(runtime)
+        .ok()
+        .expect("the tasks are done")
+        .shutdown();
+}
+
+/// A one-row `alpha_mlp` request at `priority` whose first feature is `first`.
+fn row(priority: u64, first: f32) -> InferRequest {
+    let values: Vec<f32> = std::iter::once(first)
+        .chain((1..50).map(|i| i as f32 / 64.0))
+        .collect();
+    let mut request = request("alpha_mlp", "features", vec![1, 50], &values);
+    request.priority = priority;
+    request
+}
+
+/// Two executors and two levels; one-row buckets, so that each request is a
+/// run of its own (two held requests can never share one run).
+const TWO_LEVELS: &str = r#"
+executors = 2
+buckets = [1]
+[priority]
+priority_levels = 2
+default_priority_level = 2
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lower_levels_never_take_the_reserved_executor_and_level_one_finds_it_free() {
+    let (runtime, gate, _dir) = runtime(&format!("{TWO_LEVELS}reserved_executors = 1\n"));
+    // Two level-2 requests whose runs hold: one executor is not theirs, so
+    // only one runs, and the other waits for it.
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let runtime = Arc::clone(&runtime);
+            tokio::spawn(async move { runtime.infer(row(2, HOLD)).await })
+        })
+        .collect();
+    gate.wait_for(1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gate.held(), 1, "a level-2 run took the reserved executor");
+    // Level 1 is answered while level 2 holds the shared executor.
+    let level_one = tokio::time::timeout(Duration::from_secs(10), runtime.infer(row(1, 0.5)))
+        .await
+        .expect("level 1 waited behind level 2's held run")
+        .unwrap();
+    assert_eq!(level_one.outputs.len(), 1);
+    gate.open();
+    for task in held {
+        task.await.unwrap().unwrap();
+    }
+    stop(runtime);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_reservation_lower_levels_take_every_executor() {
+    let (runtime, gate, _dir) = runtime(TWO_LEVELS);
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let runtime = Arc::clone(&runtime);
+            tokio::spawn(async move { runtime.infer(row(2, HOLD)).await })
+        })
+        .collect();
+    gate.wait_for(2);
+    gate.open();
+    for task in held {
+        task.await.unwrap().unwrap();
+    }
+    stop(runtime);
+}
+
+#[test]
+fn a_reservation_must_leave_lower_levels_an_executor_and_needs_levels() {
+    for (model_toml, expected) in [
+        (
+            format!("{TWO_LEVELS}reserved_executors = 2\n"),
+            "priority.reserved_executors (2) must be below executors (2)",
+        ),
+        (
+            "executors = 2\n[priority]\nreserved_executors = 1\n".to_string(),
+            "need priority_levels",
+        ),
+    ] {
+        let (runtime, _gate, _dir) = runtime(&model_toml);
+        let models = runtime.models();
+        let Some((_, VersionState::Failed(reason))) = models["alpha_mlp"].default_version() else {
+            panic!("alpha_mlp loaded with {model_toml}")
+        };
+        assert!(reason.contains(expected), "{reason}");
+        stop(runtime);
+    }
+}
