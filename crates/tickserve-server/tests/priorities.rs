@@ -78,6 +78,11 @@ async fn a_full_lower_level_is_shed_while_the_higher_level_is_served() {
             "[priority]\npriority_levels = 2\n\
              [priority.priority_queue_policy.2]\ndefault_timeout = \"1us\"\n",
         ),
+        (
+            "seq_reserved",
+            "executors = 2\n[priority]\npriority_levels = 2\ndefault_priority_level = 2\n\
+             reserved_executors = 1\n",
+        ),
     ]);
     let server = common::start(&common::config(repository.path())).await;
     let base = format!("http://{}", server.http_addr);
@@ -169,4 +174,18 @@ async fn a_full_lower_level_is_shed_while_the_higher_level_is_served() {
         reject["dynamic_batching"]["priority_queue_policy"]["2"]["timeout_action"],
         "REJECT"
     );
+
+    // An executor reserved for level 1: both levels are served through a
+    // real server, and the configuration says how many are reserved.
+    let low = flood(&base, "seq_reserved", 64, 2, 12);
+    let high = flood(&base, "seq_reserved", 64, 1, 4);
+    let (low, high) = (statuses(low).await, statuses(high).await);
+    assert!(high.iter().all(|(s, _)| *s == 200), "{high:?}");
+    assert!(low.iter().all(|(s, _)| *s == 200), "{low:?}");
+    let reserved = common::get_json(&format!("{base}/v2/models/seq_reserved/config")).await;
+    assert_eq!(
+        reserved["parameters"]["priority_reserved_executors"]["string_value"],
+        "1"
+    );
+    assert_eq!(reserved["instance_group"][0]["count"], 2);
 }
