@@ -5,15 +5,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tickserve_core::config::ServerConfig;
 use tickserve_runtime::Runtime;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{copy_sample_model, library};
 
 /// The process's thread count (Linux).
 fn threads() -> usize {
@@ -30,16 +28,10 @@ fn threads() -> usize {
 #[test]
 fn fifty_reloads_of_an_unshared_model_leave_the_thread_count_flat() {
     let dir = tempfile::tempdir().unwrap();
-    let version = dir.path().join("alpha_mlp/1");
-    std::fs::create_dir_all(&version).unwrap();
-    std::fs::copy(
-        root().join("config/models/alpha_mlp/1/model.onnx"),
-        version.join("model.onnx"),
-    )
-    .unwrap();
+    copy_sample_model(dir.path(), "alpha_mlp", None);
     let mut config = ServerConfig::default();
     config.repository.path = dir.path().to_path_buf();
-    config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
+    config.runtime.onnxruntime_library = library();
     config.model_defaults.share_weights = false;
     config.model_defaults.executors = 2;
     let runtime = Runtime::load(&config).expect("the engine starts (run scripts/setup.sh first)");

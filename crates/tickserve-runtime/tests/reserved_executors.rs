@@ -6,24 +6,18 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use tickserve_core::InferRequest;
 use tickserve_core::config::ServerConfig;
-use tickserve_core::{
-    Buckets, CompileRequest, CompiledModel, Engine, EngineError, InferRequest, MemberId, Signature,
-    Weight,
-};
 use tickserve_engine_cuda::Gpus;
-use tickserve_engine_ort::{OrtEngine, OrtOptions};
-use tickserve_onnx::ModelGraph;
 use tickserve_runtime::engines::Engines;
 use tickserve_runtime::{Runtime, VersionState};
 
 mod common;
-use common::{request, root};
+use common::{copy_sample_model, hooked_engine, library, request};
 
 /// A first feature that holds its run at the gate.
 const HOLD: f32 = 5555.0;
@@ -64,99 +58,24 @@ impl Gate {
     }
 }
 
-/// ONNX Runtime, with runs of [`HOLD`] rows held at a gate.
-#[derive(Debug)]
-struct GatedEngine {
-    inner: OrtEngine,
-    gate: Arc<Gate>,
-}
-
-impl Engine<ModelGraph> for GatedEngine {
-    fn platform(&self) -> &'static str {
-        self.inner.platform()
-    }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn compile(
-        &self,
-        request: &CompileRequest<'_, ModelGraph>,
-    ) -> Result<Box<dyn CompiledModel>, EngineError> {
-        Ok(Box::new(Gated {
-            inner: Engine::compile(&self.inner, request)?,
-            gate: Arc::clone(&self.gate),
-        }))
-    }
-}
-
-struct Gated {
-    inner: Box<dyn CompiledModel>,
-    gate: Arc<Gate>,
-}
-
-impl CompiledModel for Gated {
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-    fn buckets(&self) -> &Buckets {
-        self.inner.buckets()
-    }
-    fn device(&self) -> &str {
-        self.inner.device()
-    }
-    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
-        self.inner.input_mut(bucket, input)
-    }
-    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
-        let first = self.inner.input_mut(bucket, 0);
-        if first.len() >= 4 && f32::from_le_bytes([first[0], first[1], first[2], first[3]]) == HOLD
-        {
-            self.gate.pass();
-        }
-        self.inner.run(bucket, member)
-    }
-    fn output(&self, bucket: usize, output: usize) -> &[u8] {
-        self.inner.output(bucket, output)
-    }
-    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
-        self.inner.add_member(member, weights)
-    }
-    fn remove_member(&mut self, member: MemberId) {
-        self.inner.remove_member(member);
-    }
-}
-
-fn library() -> PathBuf {
-    root().join(".local/lib/libonnxruntime.so.1.31.1")
-}
-
 /// `alpha_mlp` with `model_toml`, on the gated engine; every request goes
 /// through an executor thread (nothing runs on the caller's).
 fn runtime(model_toml: &str) -> (Arc<Runtime>, Arc<Gate>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("alpha_mlp");
-    std::fs::create_dir_all(model.join("1")).unwrap();
-    std::fs::copy(
-        root().join("config/models/alpha_mlp/1/model.onnx"),
-        model.join("1/model.onnx"),
-    )
-    .unwrap();
-    std::fs::write(model.join("model.toml"), model_toml).unwrap();
+    copy_sample_model(dir.path(), "alpha_mlp", Some(model_toml));
     let mut config = ServerConfig::default();
     config.repository.path = dir.path().to_path_buf();
     config.runtime.onnxruntime_library = library();
     config.runtime.inline_budget = Duration::ZERO;
     let gate = Arc::new(Gate::default());
-    let ort = OrtEngine::new(
-        &library(),
-        OrtOptions {
-            intra_op_threads: 1,
-        },
-    )
-    .expect("the engine starts (run scripts/setup.sh first)");
-    let engine = Arc::new(GatedEngine {
-        inner: ort,
-        gate: Arc::clone(&gate),
+    let engine = hooked_engine({
+        let gate = Arc::clone(&gate);
+        Arc::new(move |firsts: &[f32]| {
+            if firsts.first() == Some(&HOLD) {
+                gate.pass();
+            }
+            Ok(())
+        })
     });
     let engines = Engines::new(engine.clone(), engine, Gpus::Absent("test".into()));
     (

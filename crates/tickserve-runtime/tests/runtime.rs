@@ -11,7 +11,7 @@ use tickserve_core::config::ServerConfig;
 use tickserve_runtime::{ModelHandle, Runtime, VersionState};
 
 mod common;
-use common::{request, root};
+use common::{copy_sample_model, request, root};
 use tokio::task::JoinHandle;
 
 fn sample_runtime() -> Runtime {
@@ -326,14 +326,7 @@ fn a_gpu_that_is_not_there_stops_the_start_naming_it() {
 
     // The same in one model's model.toml names the model.
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("alpha_mlp");
-    std::fs::create_dir_all(model.join("1")).unwrap();
-    std::fs::copy(
-        root().join("config/models/alpha_mlp/1/model.onnx"),
-        model.join("1/model.onnx"),
-    )
-    .unwrap();
-    std::fs::write(model.join("model.toml"), "devices = [\"gpu:99\"]\n").unwrap();
+    copy_sample_model(dir.path(), "alpha_mlp", Some("devices = [\"gpu:99\"]\n"));
     config.model_defaults.devices = vec![Placement::Auto];
     config.repository.path = dir.path().to_path_buf();
     let error = Runtime::load(&config).err().expect("no machine has gpu:99");

@@ -11,18 +11,13 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use tickserve_core::config::ServerConfig;
-use tickserve_core::{
-    Buckets, CompileRequest, CompiledModel, Engine, EngineError, Error, InferRequest, MemberId,
-    Signature, Weight,
-};
+use tickserve_core::{Buckets, CompileRequest, Engine, EngineError, Error, InferRequest};
 use tickserve_engine_cuda::Gpus;
-use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tickserve_onnx::ModelGraph;
 use tickserve_runtime::admission::{FamilyRows, ModelQueue, Ticket};
 use tickserve_runtime::engines::Engines;
@@ -32,96 +27,25 @@ use tickserve_runtime::member::{Member, RetiredLog, Version};
 use tickserve_runtime::{ModelStats, Runtime};
 
 mod common;
-use common::{request, root};
+use common::{HookedEngine, copy_sample_model, hooked_engine, library, request, root};
 
 /// A first feature that makes the engine panic.
 const PANIC: f32 = 7777.0;
 /// A first feature that makes the engine report its device lost.
 const LOSE_DEVICE: f32 = 6666.0;
 
-fn library() -> PathBuf {
-    root().join(".local/lib/libonnxruntime.so.1.31.1")
-}
-
-/// ONNX Runtime, with faults on marked rows.
-#[derive(Debug)]
-struct FaultyEngine(OrtEngine);
-
-impl Engine<ModelGraph> for FaultyEngine {
-    fn platform(&self) -> &'static str {
-        self.0.platform()
-    }
-    fn backend(&self) -> &'static str {
-        self.0.backend()
-    }
-    fn compile(
-        &self,
-        request: &CompileRequest<'_, ModelGraph>,
-    ) -> Result<Box<dyn CompiledModel>, EngineError> {
-        let inner = Engine::compile(&self.0, request)?;
-        Ok(Box::new(Faulty { inner }))
-    }
-}
-
-struct Faulty {
-    inner: Box<dyn CompiledModel>,
-}
-
-impl Faulty {
-    /// The first feature of each row of bucket `bucket`'s first input.
-    fn first_features(&mut self, bucket: usize) -> Vec<f32> {
-        let row_bytes = self.inner.signature().inputs[0].row_bytes();
-        self.inner
-            .input_mut(bucket, 0)
-            .chunks_exact(row_bytes)
-            .map(|row| f32::from_le_bytes([row[0], row[1], row[2], row[3]]))
-            .collect()
-    }
-}
-
-impl CompiledModel for Faulty {
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-    fn buckets(&self) -> &Buckets {
-        self.inner.buckets()
-    }
-    fn device(&self) -> &str {
-        self.inner.device()
-    }
-    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
-        self.inner.input_mut(bucket, input)
-    }
-    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
-        let firsts = self.first_features(bucket);
+/// ONNX Runtime, panicking on a [`PANIC`] row and losing its device on a
+/// [`LOSE_DEVICE`] row.
+fn faulty_engine() -> Arc<HookedEngine> {
+    hooked_engine(Arc::new(|firsts: &[f32]| {
         if firsts.contains(&PANIC) {
             panic!("a poisoned row (injected)");
         }
         if firsts.contains(&LOSE_DEVICE) {
             return Err(EngineError::DeviceLost("injected".to_string()));
         }
-        self.inner.run(bucket, member)
-    }
-    fn output(&self, bucket: usize, output: usize) -> &[u8] {
-        self.inner.output(bucket, output)
-    }
-    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
-        self.inner.add_member(member, weights)
-    }
-    fn remove_member(&mut self, member: MemberId) {
-        self.inner.remove_member(member);
-    }
-}
-
-fn faulty_engine() -> Arc<FaultyEngine> {
-    let ort = OrtEngine::new(
-        &library(),
-        OrtOptions {
-            intra_op_threads: 1,
-        },
-    )
-    .expect("the engine starts (run scripts/setup.sh first)");
-    Arc::new(FaultyEngine(ort))
+        Ok(())
+    }))
 }
 
 /// A runtime over a scratch copy of the sample models `models`, on the faulty engine.
@@ -131,13 +55,7 @@ fn runtime(
 ) -> (Runtime, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     for name in models {
-        let version = dir.path().join(name).join("1");
-        std::fs::create_dir_all(&version).unwrap();
-        std::fs::copy(
-            root().join(format!("config/models/{name}/1/model.onnx")),
-            version.join("model.onnx"),
-        )
-        .unwrap();
+        copy_sample_model(dir.path(), name, None);
     }
     let mut config = ServerConfig::default();
     config.repository.path = dir.path().to_path_buf();
