@@ -311,7 +311,9 @@ impl Loader<'_> {
         let shared = settings.executors.saturating_sub(reserved);
         for index in 0..settings.executors {
             let mut start = start.clone();
-            if let (true, Some(lane)) = (index >= shared, &lane_intake) {
+            if index >= shared
+                && let Some(lane) = &lane_intake
+            {
                 start.intake = Arc::clone(lane);
             }
             match worker::spawn(Arc::clone(&input), start, index) {
