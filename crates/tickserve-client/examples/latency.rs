@@ -50,20 +50,22 @@ fn main() {
             let (mode, target, input) = (mode.clone(), target.clone(), input.clone());
             std::thread::spawn(move || {
                 let mut infer: Box<dyn FnMut() -> bool> = if mode == "shm" {
-                    let mut client = ShmClient::connect_to(&target).unwrap_or_else(|e| {
-                        eprintln!("latency: cannot reach the shared-memory service {target}: {e}");
-                        std::process::exit(2)
-                    });
+                    let mut client = reached(
+                        ShmClient::connect_to(&target),
+                        "the shared-memory service",
+                        &target,
+                    );
                     Box::new(move || {
                         client
                             .infer("alpha_mlp", std::slice::from_ref(&input))
                             .is_ok()
                     })
                 } else {
-                    let client = BlockingGrpcClient::connect(&target).unwrap_or_else(|e| {
-                        eprintln!("latency: cannot reach the gRPC server {target}: {e}");
-                        std::process::exit(2)
-                    });
+                    let client = reached(
+                        BlockingGrpcClient::connect(&target),
+                        "the gRPC server",
+                        &target,
+                    );
                     Box::new(move || {
                         client
                             .infer("alpha_mlp", std::slice::from_ref(&input))
@@ -112,4 +114,12 @@ fn main() {
         q(0.99),
         cpu * 1e6 / all.len().max(1) as f64
     );
+}
+
+/// The client `connected` made, or exits (status 2) naming `what` it could not reach.
+fn reached<C, E: std::fmt::Display>(connected: Result<C, E>, what: &str, target: &str) -> C {
+    connected.unwrap_or_else(|e| {
+        eprintln!("latency: cannot reach {what} {target}: {e}");
+        std::process::exit(2)
+    })
 }

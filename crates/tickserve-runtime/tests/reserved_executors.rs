@@ -105,6 +105,29 @@ fn row(priority: u64, first: f32) -> InferRequest {
 
 /// Two executors and two levels; one-row buckets, so that each request is a
 /// run of its own (two held requests can never share one run).
+/// Two level-2 requests whose runs hold at the gate, sent at once.
+fn two_held_level_two_requests(
+    runtime: &Arc<Runtime>,
+) -> Vec<tokio::task::JoinHandle<Result<tickserve_core::InferResponse, tickserve_core::Error>>> {
+    (0..2)
+        .map(|_| {
+            let runtime = Arc::clone(runtime);
+            tokio::spawn(async move { runtime.infer(row(2, HOLD)).await })
+        })
+        .collect()
+}
+
+/// Waits for `held` and checks each was answered.
+async fn answered(
+    held: Vec<
+        tokio::task::JoinHandle<Result<tickserve_core::InferResponse, tickserve_core::Error>>,
+    >,
+) {
+    for task in held {
+        task.await.unwrap().unwrap();
+    }
+}
+
 const TWO_LEVELS: &str = r#"
 executors = 2
 buckets = [1]
@@ -118,12 +141,7 @@ async fn lower_levels_never_take_the_reserved_executor_and_level_one_finds_it_fr
     let (runtime, gate, _dir) = runtime(&format!("{TWO_LEVELS}reserved_executors = 1\n"));
     // Two level-2 requests whose runs hold: one executor is not theirs, so
     // only one runs, and the other waits for it.
-    let held: Vec<_> = (0..2)
-        .map(|_| {
-            let runtime = Arc::clone(&runtime);
-            tokio::spawn(async move { runtime.infer(row(2, HOLD)).await })
-        })
-        .collect();
+    let held = two_held_level_two_requests(&runtime);
     gate.wait_for(1);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(gate.held(), 1, "a level-2 run took the reserved executor");
@@ -134,26 +152,17 @@ async fn lower_levels_never_take_the_reserved_executor_and_level_one_finds_it_fr
         .unwrap();
     assert_eq!(level_one.outputs.len(), 1);
     gate.open();
-    for task in held {
-        task.await.unwrap().unwrap();
-    }
+    answered(held).await;
     stop(runtime);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_reservation_lower_levels_take_every_executor() {
     let (runtime, gate, _dir) = runtime(TWO_LEVELS);
-    let held: Vec<_> = (0..2)
-        .map(|_| {
-            let runtime = Arc::clone(&runtime);
-            tokio::spawn(async move { runtime.infer(row(2, HOLD)).await })
-        })
-        .collect();
+    let held = two_held_level_two_requests(&runtime);
     gate.wait_for(2);
     gate.open();
-    for task in held {
-        task.await.unwrap().unwrap();
-    }
+    answered(held).await;
     stop(runtime);
 }
 
