@@ -3,11 +3,7 @@
 
 use crate::{ClientError, DataType, Tensor};
 
-/// The v2 protocol's generated client.
-#[allow(missing_docs, clippy::all)]
-mod pb {
-    tonic::include_proto!("inference");
-}
+use tickserve_proto::inference as pb;
 
 use pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 
@@ -41,7 +37,7 @@ impl GrpcClient {
                     ..Default::default()
                 })
                 .collect(),
-            raw_input_contents: inputs.iter().map(|t| t.data.clone()).collect(),
+            raw_input_contents: inputs.iter().map(|t| t.data.clone().into()).collect(),
             ..Default::default()
         };
         let response = self

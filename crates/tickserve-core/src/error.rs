@@ -1,11 +1,11 @@
-//! The one error type of the request path, and its mapping to protocol codes.
+//! The one error type of the request path, and its classes.
 //!
 //! Every variant names the model and, where there is one, the input, what was
 //! expected and what came. [`Error::kind`] maps each variant to exactly one
-//! [`ErrorKind`], and each kind to one gRPC code and one HTTP status, in the
-//! table of [`ErrorKind::grpc_code`] and [`ErrorKind::http_status`], pinned by a
-//! test. Load-time failures are plain strings collected per model; they never
-//! reach a request.
+//! [`ErrorKind`]; what a kind becomes on the wire (a gRPC code, an HTTP
+//! status, a shared-memory error byte) is each protocol's business, decided
+//! once per protocol in the server's edge. Load-time failures are plain
+//! strings collected per model; they never reach a request.
 
 use std::time::Duration;
 
@@ -246,51 +246,18 @@ pub enum ErrorKind {
     FailedPrecondition,
 }
 
-/// gRPC status codes, as numbers (so the core needs no gRPC crate).
-pub mod grpc_code {
-    /// INVALID_ARGUMENT.
-    pub const INVALID_ARGUMENT: i32 = 3;
-    /// DEADLINE_EXCEEDED.
-    pub const DEADLINE_EXCEEDED: i32 = 4;
-    /// NOT_FOUND.
-    pub const NOT_FOUND: i32 = 5;
-    /// RESOURCE_EXHAUSTED.
-    pub const RESOURCE_EXHAUSTED: i32 = 8;
-    /// INTERNAL.
-    pub const INTERNAL: i32 = 13;
-    /// UNAVAILABLE.
-    pub const UNAVAILABLE: i32 = 14;
-    /// FAILED_PRECONDITION.
-    pub const FAILED_PRECONDITION: i32 = 9;
-}
-
 impl ErrorKind {
-    /// The gRPC status code for this kind.
-    pub const fn grpc_code(self) -> i32 {
-        match self {
-            ErrorKind::InvalidArgument | ErrorKind::PayloadTooLarge => grpc_code::INVALID_ARGUMENT,
-            ErrorKind::NotFound => grpc_code::NOT_FOUND,
-            ErrorKind::Unavailable => grpc_code::UNAVAILABLE,
-            ErrorKind::ResourceExhausted => grpc_code::RESOURCE_EXHAUSTED,
-            ErrorKind::DeadlineExceeded => grpc_code::DEADLINE_EXCEEDED,
-            ErrorKind::Internal => grpc_code::INTERNAL,
-            ErrorKind::FailedPrecondition => grpc_code::FAILED_PRECONDITION,
-        }
-    }
-
-    /// The HTTP status for this kind.
-    pub const fn http_status(self) -> u16 {
-        match self {
-            ErrorKind::InvalidArgument => 400,
-            ErrorKind::NotFound => 404,
-            ErrorKind::PayloadTooLarge => 413,
-            ErrorKind::Unavailable => 503,
-            ErrorKind::ResourceExhausted => 429,
-            ErrorKind::DeadlineExceeded => 504,
-            ErrorKind::Internal => 500,
-            ErrorKind::FailedPrecondition => 403,
-        }
-    }
+    /// Every kind, for the tables that map them.
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::InvalidArgument,
+        ErrorKind::NotFound,
+        ErrorKind::PayloadTooLarge,
+        ErrorKind::Unavailable,
+        ErrorKind::ResourceExhausted,
+        ErrorKind::DeadlineExceeded,
+        ErrorKind::Internal,
+        ErrorKind::FailedPrecondition,
+    ];
 
     /// A short label for metrics (`invalid_argument`).
     pub const fn as_str(self) -> &'static str {
@@ -359,29 +326,6 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The one table: kind → (gRPC code, HTTP status). A change here is a
-    /// change of the wire contract.
-    #[test]
-    fn kind_table_is_pinned() {
-        let table = [
-            (ErrorKind::InvalidArgument, 3, 400),
-            (ErrorKind::NotFound, 5, 404),
-            (ErrorKind::PayloadTooLarge, 3, 413),
-            (ErrorKind::Unavailable, 14, 503),
-            (ErrorKind::FailedPrecondition, 9, 403),
-            (ErrorKind::ResourceExhausted, 8, 429),
-            (ErrorKind::DeadlineExceeded, 4, 504),
-            (ErrorKind::Internal, 13, 500),
-        ];
-        for (kind, grpc, http) in table {
-            assert_eq!(
-                (kind.grpc_code(), kind.http_status()),
-                (grpc, http),
-                "{kind:?}"
-            );
-        }
-    }
 
     #[test]
     fn messages_name_model_input_expected_and_got() {

@@ -10,8 +10,8 @@
 //! hash of (seed, r, s, e) alone, so the same seed gives bit-identical noisy
 //! rows however the requests are batched, split or interleaved.
 //!
-//! The request parameters ([`from_parameters`]) are the same over every
-//! protocol: `mc_samples` (turns it on), `mc_noise_sigma` (a scalar; without
+//! The request parameters, read by the server's one parameter reader, are
+//! the same over every protocol: `mc_samples` (turns it on), `mc_noise_sigma` (a scalar; without
 //! it the model's per-feature `[monte_carlo.sigma]` applies), `mc_seed`,
 //! `mc_output` (`moments`, the default; `quantiles`; `samples`) and
 //! `mc_quantiles` (`"0.05,0.5,0.95"`, the default).
@@ -57,151 +57,6 @@ pub struct MonteCarlo {
     pub seed: Option<u64>,
     /// What comes back.
     pub summary: Summary,
-}
-
-/// A request parameter's value, whichever protocol carried it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ParamValue<'a> {
-    /// A boolean.
-    Bool(bool),
-    /// A signed integer.
-    Int(i64),
-    /// An unsigned integer.
-    Uint(u64),
-    /// A float.
-    Float(f64),
-    /// A string.
-    Str(&'a str),
-}
-
-/// The request parameters Monte Carlo reads.
-pub const PARAMETERS: [&str; 5] = [
-    "mc_samples",
-    "mc_noise_sigma",
-    "mc_seed",
-    "mc_output",
-    "mc_quantiles",
-];
-
-/// A parameter's value as an error message quotes it.
-pub fn describe(value: ParamValue<'_>) -> String {
-    match value {
-        ParamValue::Bool(b) => b.to_string(),
-        ParamValue::Int(i) => i.to_string(),
-        ParamValue::Uint(u) => u.to_string(),
-        ParamValue::Float(x) => x.to_string(),
-        ParamValue::Str(s) if s.len() > 40 => format!("a string of {} bytes", s.len()),
-        ParamValue::Str(s) => format!("{s:?}"),
-    }
-}
-
-/// Reads the Monte Carlo parameters of a request for `model` through `get`;
-/// `None` when `mc_samples` is absent (and no other `mc_` parameter is given).
-pub fn from_parameters<'a>(
-    model: &str,
-    get: impl Fn(&str) -> Option<ParamValue<'a>>,
-) -> Result<Option<MonteCarlo>, Error> {
-    let bad = |name: &str, expected: &str, got: ParamValue<'_>| {
-        Error::request(
-            model,
-            format!("parameter {name} must be {expected}; got {}", describe(got)),
-        )
-    };
-    let Some(samples) = get("mc_samples") else {
-        if let Some(other) = PARAMETERS[1..].iter().find(|p| get(p).is_some()) {
-            return Err(Error::request(
-                model,
-                format!("parameter {other} needs mc_samples (the number of noisy copies per row)"),
-            ));
-        }
-        return Ok(None);
-    };
-    let samples = match samples {
-        ParamValue::Int(n) if n >= 1 => n as u64,
-        ParamValue::Uint(n) if n >= 1 => n,
-        other => return Err(bad("mc_samples", "a positive integer", other)),
-    };
-    let samples = usize::try_from(samples).unwrap_or(usize::MAX);
-    let sigma = match get("mc_noise_sigma") {
-        None => None,
-        Some(value) => {
-            let sigma = match value {
-                ParamValue::Float(x) => Some(x),
-                ParamValue::Int(i) => Some(i as f64),
-                ParamValue::Uint(u) => Some(u as f64),
-                ParamValue::Str(s) => s.trim().parse::<f64>().ok(),
-                ParamValue::Bool(_) => None,
-            };
-            match sigma {
-                Some(x) if x.is_finite() && x >= 0.0 => Some(x),
-                _ => return Err(bad("mc_noise_sigma", "a finite number of 0 or more", value)),
-            }
-        }
-    };
-    let seed = match get("mc_seed") {
-        None => None,
-        Some(ParamValue::Int(i)) if i >= 0 => Some(i as u64),
-        Some(ParamValue::Uint(u)) => Some(u),
-        Some(ParamValue::Str(s)) if s.trim().parse::<u64>().is_ok() => s.trim().parse::<u64>().ok(),
-        Some(other) => return Err(bad("mc_seed", "an integer of 0 or more", other)),
-    };
-    let quantiles = match get("mc_quantiles") {
-        None => None,
-        Some(ParamValue::Str(list)) => {
-            let values: Option<Vec<f64>> = list
-                .split(',')
-                .map(|q| {
-                    q.trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|q| *q > 0.0 && *q < 1.0)
-                })
-                .collect();
-            match values {
-                Some(v) if !v.is_empty() && v.len() <= MAX_QUANTILES => Some(v),
-                _ => {
-                    return Err(bad(
-                        "mc_quantiles",
-                        &format!("1 to {MAX_QUANTILES} comma-separated numbers between 0 and 1"),
-                        ParamValue::Str(list),
-                    ));
-                }
-            }
-        }
-        Some(other) => {
-            return Err(bad(
-                "mc_quantiles",
-                "a string like \"0.05,0.5,0.95\"",
-                other,
-            ));
-        }
-    };
-    let summary = match get("mc_output") {
-        None | Some(ParamValue::Str("moments")) if quantiles.is_none() => Summary::Moments,
-        Some(ParamValue::Str("quantiles")) => {
-            Summary::Quantiles(quantiles.unwrap_or_else(|| DEFAULT_QUANTILES.to_vec()))
-        }
-        Some(ParamValue::Str("samples")) if quantiles.is_none() => Summary::Samples,
-        None | Some(ParamValue::Str("moments" | "samples")) => {
-            return Err(Error::request(
-                model,
-                "parameter mc_quantiles needs mc_output = \"quantiles\"",
-            ));
-        }
-        Some(other) => {
-            return Err(bad(
-                "mc_output",
-                "\"moments\", \"quantiles\" or \"samples\"",
-                other,
-            ));
-        }
-    };
-    Ok(Some(MonteCarlo {
-        samples,
-        sigma,
-        seed,
-        summary,
-    }))
 }
 
 /// A model's `[monte_carlo]` table in `model.toml`.
@@ -647,12 +502,6 @@ fn as_f64(datatype: DataType, data: &[u8]) -> Vec<f64> {
 mod tests {
     use super::*;
 
-    fn params<'a>(
-        pairs: &'a [(&'a str, ParamValue<'a>)],
-    ) -> impl Fn(&str) -> Option<ParamValue<'a>> {
-        move |name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
-    }
-
     fn signature() -> Signature {
         Signature {
             inputs: vec![
@@ -672,77 +521,6 @@ mod tests {
                 datatype: DataType::Fp32,
                 dims: vec![2],
             }],
-        }
-    }
-
-    #[test]
-    fn parameters_parse_and_refuse() {
-        assert_eq!(from_parameters("m", params(&[])).unwrap(), None);
-        let mc = from_parameters(
-            "m",
-            params(&[
-                ("mc_samples", ParamValue::Int(64)),
-                ("mc_noise_sigma", ParamValue::Str("0.5")),
-                ("mc_seed", ParamValue::Uint(7)),
-                ("mc_output", ParamValue::Str("quantiles")),
-                ("mc_quantiles", ParamValue::Str("0.1, 0.9")),
-            ]),
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(
-            mc,
-            MonteCarlo {
-                samples: 64,
-                sigma: Some(0.5),
-                seed: Some(7),
-                summary: Summary::Quantiles(vec![0.1, 0.9]),
-            }
-        );
-        for (pairs, words) in [
-            (vec![("mc_samples", ParamValue::Int(0))], "positive integer"),
-            (
-                vec![("mc_samples", ParamValue::Float(2.0))],
-                "positive integer",
-            ),
-            (
-                vec![
-                    ("mc_samples", ParamValue::Int(4)),
-                    ("mc_noise_sigma", ParamValue::Float(-1.0)),
-                ],
-                "0 or more",
-            ),
-            (
-                vec![("mc_noise_sigma", ParamValue::Float(1.0))],
-                "needs mc_samples",
-            ),
-            (
-                vec![
-                    ("mc_samples", ParamValue::Int(4)),
-                    ("mc_output", ParamValue::Str("median")),
-                ],
-                "\"median\"",
-            ),
-            (
-                vec![
-                    ("mc_samples", ParamValue::Int(4)),
-                    ("mc_quantiles", ParamValue::Str("0.5")),
-                ],
-                "needs mc_output",
-            ),
-            (
-                vec![
-                    ("mc_samples", ParamValue::Int(4)),
-                    ("mc_output", ParamValue::Str("quantiles")),
-                    ("mc_quantiles", ParamValue::Str("1.5")),
-                ],
-                "between 0 and 1",
-            ),
-        ] {
-            let e = from_parameters("m", params(&pairs))
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(words), "{pairs:?}: {e}");
         }
     }
 

@@ -1,6 +1,7 @@
 //! Priority levels and their queue policies, as Triton configures them
 //! (`priority_levels`, `default_priority_level`, `default_queue_policy`,
-//! `priority_queue_policy`), and the request parameter `priority`.
+//! `priority_queue_policy`). The request parameter `priority` is read by the
+//! server's one parameter reader.
 //!
 //! Level 1 is the highest. A request's `priority` picks its level; 0, or a
 //! value above the model's levels, means the default level (Triton's rule).
@@ -18,27 +19,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Deserializer};
 
 use crate::durations::{self, MAX_TIMEOUT};
-use crate::monte_carlo::{ParamValue, describe};
-
-/// Reads the `priority` parameter through `get` (each protocol's parameter
-/// map): an integer of 0 or more; 0 when absent.
-pub fn from_parameters<'a>(
-    model: &str,
-    get: impl Fn(&str) -> Option<ParamValue<'a>>,
-) -> Result<u64, crate::Error> {
-    match get("priority") {
-        None => Ok(0),
-        Some(ParamValue::Uint(p)) => Ok(p),
-        Some(ParamValue::Int(p)) if p >= 0 => Ok(p as u64),
-        Some(other) => Err(crate::Error::request(
-            model,
-            format!(
-                "parameter priority must be an integer of 0 or more (1 is the highest level); got {}",
-                describe(other)
-            ),
-        )),
-    }
-}
 
 /// The most priority levels a model may have.
 pub const MAX_LEVELS: u32 = 64;

@@ -17,7 +17,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 
 use crate::durations;
-use crate::monte_carlo::ParamValue;
 use crate::{Error, InputTensor, OutputTensor, Signature, TensorSpec};
 
 /// The longest `max_sequence_idle`: a trading week.
@@ -410,53 +409,6 @@ pub struct SequenceControl {
     pub end: bool,
 }
 
-/// The request parameters a sequence takes.
-pub const PARAMETERS: [&str; 3] = ["sequence_id", "sequence_start", "sequence_end"];
-
-/// Reads `sequence_id`, `sequence_start` and `sequence_end` through `get`
-/// (each protocol's parameter map). `None` when the request names no
-/// sequence (`sequence_id` absent, or Triton's 0 without start or end).
-pub fn from_parameters<'a>(
-    model: &str,
-    get: impl Fn(&str) -> Option<ParamValue<'a>>,
-) -> Result<Option<SequenceControl>, Error> {
-    let flag = |name: &str| -> Result<bool, Error> {
-        match get(name) {
-            None => Ok(false),
-            Some(ParamValue::Bool(b)) => Ok(b),
-            Some(ParamValue::Int(n @ (0 | 1))) => Ok(n == 1),
-            Some(ParamValue::Uint(n @ (0 | 1))) => Ok(n == 1),
-            Some(other) => Err(Error::request(
-                model,
-                format!("parameter {name} must be true or false; got {other:?}"),
-            )),
-        }
-    };
-    let start = flag("sequence_start")?;
-    let end = flag("sequence_end")?;
-    let id = match get("sequence_id") {
-        None | Some(ParamValue::Int(0) | ParamValue::Uint(0)) if !start && !end => return Ok(None),
-        None => {
-            return Err(Error::request(
-                model,
-                "sequence_start and sequence_end need sequence_id (which sequence)",
-            ));
-        }
-        Some(ParamValue::Int(n)) if n >= 0 => SequenceId::number(model, n as u64)?,
-        Some(ParamValue::Uint(n)) => SequenceId::number(model, n)?,
-        Some(ParamValue::Str(s)) => SequenceId::text(model, s)?,
-        Some(other) => {
-            return Err(Error::request(
-                model,
-                format!(
-                    "parameter sequence_id must be an unsigned integer or a string; got {other:?}"
-                ),
-            ));
-        }
-    };
-    Ok(Some(SequenceControl { id, start, end }))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -577,83 +529,5 @@ mod tests {
             .unwrap();
         assert_eq!(spec.states[0].initial.as_ref(), h0.as_slice());
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    fn params<'a>(
-        list: &'a [(&'a str, ParamValue<'a>)],
-    ) -> impl Fn(&str) -> Option<ParamValue<'a>> + 'a {
-        move |name| list.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
-    }
-
-    #[test]
-    fn parameters_name_a_sequence_as_triton_clients_send_them() {
-        let got = from_parameters(
-            "m",
-            params(&[
-                ("sequence_id", ParamValue::Uint(7)),
-                ("sequence_start", ParamValue::Bool(true)),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(
-            got,
-            Some(SequenceControl {
-                id: SequenceId::Number(7),
-                start: true,
-                end: false
-            })
-        );
-        let got = from_parameters(
-            "m",
-            params(&[
-                ("sequence_id", ParamValue::Str("AAPL")),
-                ("sequence_end", ParamValue::Bool(true)),
-            ]),
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(got.id, SequenceId::Text("AAPL".to_string()));
-        assert!(got.end && !got.start);
-        assert_eq!(from_parameters("m", params(&[])).unwrap(), None);
-        assert_eq!(
-            from_parameters("m", params(&[("sequence_id", ParamValue::Int(0))])).unwrap(),
-            None
-        );
-    }
-
-    #[test]
-    fn bad_sequence_parameters_are_clear_errors() {
-        let long = "x".repeat(MAX_SEQUENCE_ID_BYTES + 1);
-        let cases: Vec<(Vec<(&str, ParamValue)>, &str)> = vec![
-            (
-                vec![("sequence_start", ParamValue::Bool(true))],
-                "need sequence_id",
-            ),
-            (
-                vec![
-                    ("sequence_id", ParamValue::Int(0)),
-                    ("sequence_start", ParamValue::Bool(true)),
-                ],
-                "sequence_id 0",
-            ),
-            (
-                vec![("sequence_id", ParamValue::Int(-3))],
-                "unsigned integer",
-            ),
-            (vec![("sequence_id", ParamValue::Float(1.5))], "unsigned"),
-            (vec![("sequence_id", ParamValue::Str(""))], "1 to 256 bytes"),
-            (vec![("sequence_id", ParamValue::Str(&long))], "got 257"),
-            (
-                vec![
-                    ("sequence_id", ParamValue::Uint(1)),
-                    ("sequence_end", ParamValue::Str("yes")),
-                ],
-                "sequence_end must be true or false",
-            ),
-        ];
-        for (list, expected) in cases {
-            let error = from_parameters("m", params(&list)).unwrap_err().to_string();
-            assert!(error.contains(expected), "{error}");
-        }
     }
 }

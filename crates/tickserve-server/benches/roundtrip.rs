@@ -13,9 +13,9 @@ use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tickserve_core::config::ServerConfig;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tickserve_server::Server;
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 
 fn bench(c: &mut Criterion) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -186,7 +186,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     runtime.block_on(async {
         let started = std::time::Instant::now();
         let mut server = crate::Server::start(&config).await?;
-        log_models(&server.shared().runtime);
+        log_models(&server.edge().runtime);
         tracing::info!(
             http = %server.http_addr,
             grpc = %server.grpc_addr,

@@ -14,7 +14,7 @@ use tickserve_core::config::ModelControlMode;
 use tickserve_core::metrics as names;
 use tickserve_runtime::IndexEntry;
 
-use crate::Shared;
+use crate::edge::Edge;
 use crate::observe::Protocol;
 
 /// A model control operation.
@@ -29,7 +29,7 @@ pub enum Operation {
 /// Loads or unloads `model` (see [`tickserve_runtime::Runtime::load_model`]),
 /// asked over `protocol`.
 pub async fn change(
-    shared: &Arc<Shared>,
+    shared: &Arc<Edge>,
     protocol: Protocol,
     operation: Operation,
     model: String,
@@ -64,7 +64,7 @@ pub async fn change(
 }
 
 /// The repository index; with `ready_only`, only the versions that serve.
-pub async fn index(shared: &Arc<Shared>, ready_only: bool) -> Result<Vec<IndexEntry>, Error> {
+pub async fn index(shared: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntry>, Error> {
     let shared = Arc::clone(shared);
     let entries = tokio::task::spawn_blocking(move || shared.runtime.index())
         .await

@@ -14,7 +14,11 @@ use tickserve_core::config::{ModelConfig, ModelDefaults, ServerConfig};
 use tickserve_core::validate::{Limits, validate};
 use tickserve_core::{DataType, Signature, TensorSpec};
 
-use crate::grpc::{bounded, convert, pb};
+use tickserve_proto::bounded;
+use tickserve_proto::inference as pb;
+
+use crate::edge::deadline;
+use crate::grpc::convert;
 use crate::http::codec;
 
 /// The signature requests are decoded and validated against: one input of
@@ -45,8 +49,9 @@ fn limits() -> Limits {
 /// An HTTP/JSON request body, all JSON.
 pub fn http_json(data: &[u8]) {
     let body = bytes::Bytes::copy_from_slice(data);
-    if let Ok(decoded) = codec::decode("m", None, &body, None, &signature()) {
-        let _ = validate(&decoded.request, &signature(), &limits());
+    if let Ok(decoded) = codec::decode("m", &body, None, &signature()) {
+        let (request, _) = decoded.into_request("m", None, None);
+        let _ = validate(&request, &signature(), &limits());
     }
 }
 
@@ -59,8 +64,9 @@ pub fn http_binary(data: &[u8]) {
     };
     let header_length = usize::from(u16::from_le_bytes(*length));
     let body = bytes::Bytes::copy_from_slice(body);
-    if let Ok(decoded) = codec::decode("m", None, &body, Some(header_length), &signature()) {
-        let _ = validate(&decoded.request, &signature(), &limits());
+    if let Ok(decoded) = codec::decode("m", &body, Some(header_length), &signature()) {
+        let (request, _) = decoded.into_request("m", None, None);
+        let _ = validate(&request, &signature(), &limits());
     }
 }
 
@@ -68,7 +74,7 @@ pub fn http_binary(data: &[u8]) {
 /// `grpc-timeout` header made of the same bytes.
 pub fn grpc_request(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = convert::parse_grpc_timeout(text);
+        let _ = deadline::parse_grpc_timeout(text);
     }
     if bounded::check_entries(data).is_err() {
         return;
@@ -76,9 +82,9 @@ pub fn grpc_request(data: &[u8]) {
     let Ok(request) = pb::ModelInferRequest::decode(data) else {
         return;
     };
-    if let Ok((request, _raw)) =
-        convert::decode(request, Some(Duration::from_millis(5)), &signature())
-    {
+    if let Ok(decoded) = convert::decode(request, "m", &signature()) {
+        let deadline = std::time::Instant::now().checked_add(Duration::from_millis(5));
+        let (request, _) = decoded.into_request("m", None, deadline);
         let _ = validate(&request, &signature(), &limits());
     }
 }

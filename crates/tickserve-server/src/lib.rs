@@ -1,13 +1,14 @@
-//! The tickserve server: the KServe v2 front ends (gRPC and HTTP/JSON), the
-//! Prometheus endpoint, and the `serve` and `check` commands.
+//! The tickserve server: the front ends (KServe v2 over HTTP/JSON and gRPC,
+//! TF Serving's REST and gRPC APIs, shared memory), the edge they all call,
+//! the Prometheus endpoint, and the `serve` and `check` commands.
 //!
-//! Front ends are thin: they decode into the core's [`InferRequest`], call the
-//! [`Runtime`], and encode its [`InferResponse`]; no model logic lives here.
-//! [`Server::start`] binds both listeners (port 0 picks a free port, which the
-//! integration tests use) and serves until [`Server::shutdown`].
-//!
-//! [`InferRequest`]: tickserve_core::InferRequest
-//! [`InferResponse`]: tickserve_core::InferResponse
+//! Front ends are thin: they turn their bytes into the edge's request and
+//! the edge's answer into their bytes; the edge ([`edge`]) is the one request
+//! path (routes and keys, admission, lookup, parameters, the runtime call,
+//! metrics, errors). The ports ([`ports`]) put each listener's front ends
+//! together. [`Server::start`] binds both listeners (port 0 picks a free
+//! port, which the integration tests use) and serves until
+//! [`Server::shutdown`].
 
 /// jemalloc serves every allocation of a process that links the server (the
 /// binary and the tests alike), ONNX Runtime's included: the
@@ -19,26 +20,30 @@
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-pub mod access;
 pub mod cli;
-pub mod control;
+mod control;
+pub mod edge;
 pub mod fuzzing;
-pub mod grpc;
-pub mod http;
-pub mod listen;
-pub mod model_view;
+mod grpc;
+mod http;
+mod listen;
+mod model_view;
 pub mod observe;
-pub mod shm;
+mod ports;
+mod scalar;
+mod shm;
 pub mod tfserving;
-pub mod tls;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use tickserve_core::config::{FrontEnd, ServerConfig};
 use tickserve_runtime::Runtime;
+
+use crate::edge::Edge;
+use crate::edge::access::Access;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -70,134 +75,13 @@ pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5
 /// How often shutdown looks whether the queues are empty.
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// What both front ends share.
-pub struct Shared {
-    /// The loaded models.
-    pub runtime: Runtime,
-    /// True between load and shutdown: readiness endpoints report it.
-    pub accepting: AtomicBool,
-    /// Largest request body or message, in bytes.
-    pub max_request_bytes: usize,
-    /// Inference requests being answered now, both protocols together.
-    pub inflight: std::sync::atomic::AtomicUsize,
-    /// The most requests in flight (0: no limit).
-    pub max_inflight: usize,
-    /// `server.strict_readiness`.
-    pub strict_readiness: bool,
-    /// Bytes of inference requests held now, both protocols together.
-    pub inflight_bytes: std::sync::atomic::AtomicUsize,
-    /// `server.max_inflight_bytes`.
-    pub max_inflight_bytes: usize,
-    /// `security.model_control_mode`: whether clients may load and unload.
-    pub model_control_mode: tickserve_core::config::ModelControlMode,
-}
-
-/// An admitted request's bytes in the server-wide budget; dropping it gives
-/// them back.
-pub struct InflightBytes<'a> {
-    shared: &'a Shared,
-    bytes: usize,
-}
-
-impl Drop for InflightBytes<'_> {
-    fn drop(&mut self) {
-        self.shared
-            .inflight_bytes
-            .fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
-
-/// [`InflightBytes`] that owns its hold on the server state.
-pub struct OwnedInflightBytes {
-    shared: Arc<Shared>,
-    bytes: usize,
-}
-
-impl Drop for OwnedInflightBytes {
-    fn drop(&mut self) {
-        self.shared
-            .inflight_bytes
-            .fetch_sub(self.bytes, Ordering::AcqRel);
-    }
-}
-
-/// One admitted inference request; dropping it lets another in.
-pub struct InflightSlot<'a>(&'a Shared);
-
-impl Drop for InflightSlot<'_> {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Shared {
-    /// Admits one more inference request, or refuses it at once when the
-    /// server already has `max_inflight` in flight (edge load shedding: it
-    /// bounds the work in the server, however the load splits over models).
-    pub fn admit(&self) -> Result<InflightSlot<'_>, tickserve_core::Error> {
-        let before = self.inflight.fetch_add(1, Ordering::AcqRel);
-        if self.max_inflight > 0 && before >= self.max_inflight {
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
-            return Err(tickserve_core::Error::Overloaded {
-                limit: self.max_inflight,
-            });
-        }
-        Ok(InflightSlot(self))
-    }
-
-    /// Takes `bytes` (a request's body or message) into the server-wide
-    /// budget, or refuses at once when they would go over it.
-    pub fn admit_bytes(&self, bytes: usize) -> Result<InflightBytes<'_>, tickserve_core::Error> {
-        self.reserve_bytes(bytes)?;
-        Ok(InflightBytes {
-            shared: self,
-            bytes,
-        })
-    }
-
-    /// [`Shared::admit_bytes`] for a request answered on a task of its own (a
-    /// stream's), which outlives the caller's borrow.
-    pub fn admit_bytes_owned(
-        self: &Arc<Self>,
-        bytes: usize,
-    ) -> Result<OwnedInflightBytes, tickserve_core::Error> {
-        self.reserve_bytes(bytes)?;
-        Ok(OwnedInflightBytes {
-            shared: Arc::clone(self),
-            bytes,
-        })
-    }
-
-    fn reserve_bytes(&self, bytes: usize) -> Result<(), tickserve_core::Error> {
-        let before = self.inflight_bytes.fetch_add(bytes, Ordering::AcqRel);
-        if before.saturating_add(bytes) > self.max_inflight_bytes {
-            self.inflight_bytes.fetch_sub(bytes, Ordering::AcqRel);
-            return Err(tickserve_core::Error::OverloadedBytes {
-                limit: self.max_inflight_bytes,
-            });
-        }
-        Ok(())
-    }
-
-    /// Accepting requests (between load and shutdown).
-    pub fn ready(&self) -> bool {
-        self.accepting.load(Ordering::Relaxed)
-    }
-
-    /// What the server readiness endpoints answer: accepting requests and,
-    /// with `server.strict_readiness`, every model serving.
-    pub fn server_ready(&self) -> bool {
-        self.ready() && (!self.strict_readiness || self.runtime.all_ready())
-    }
-}
-
 /// A running server.
 pub struct Server {
     /// Where the HTTP front end listens.
     pub http_addr: SocketAddr,
     /// Where the gRPC front end listens.
     pub grpc_addr: SocketAddr,
-    shared: Arc<Shared>,
+    edge: Arc<Edge>,
     /// Set to true to stop both front ends; each holds a receiver.
     stop: watch::Sender<bool>,
     http_task: JoinHandle<anyhow::Result<()>>,
@@ -241,17 +125,7 @@ impl Server {
                     )
                 })?
         };
-        let shared = Arc::new(Shared {
-            runtime,
-            accepting: AtomicBool::new(true),
-            max_request_bytes: config.server.max_request_bytes,
-            inflight: std::sync::atomic::AtomicUsize::new(0),
-            max_inflight: config.server.max_inflight,
-            strict_readiness: config.server.strict_readiness,
-            inflight_bytes: std::sync::atomic::AtomicUsize::new(0),
-            max_inflight_bytes: config.server.max_inflight_bytes,
-            model_control_mode: config.security.model_control_mode,
-        });
+        let edge = Arc::new(Edge::new(runtime, config));
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))
             .await
@@ -263,12 +137,10 @@ impl Server {
         let grpc_addr = grpc_listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let limits = Arc::new(listen::ConnectionLimits::new(&config.server));
-        let http_access = Arc::new(
-            access::Access::new(&config.security, FrontEnd::Http).map_err(anyhow::Error::msg)?,
-        );
-        let grpc_access = Arc::new(
-            access::Access::new(&config.security, FrontEnd::Grpc).map_err(anyhow::Error::msg)?,
-        );
+        let http_access =
+            Access::new(&config.security, FrontEnd::Http).map_err(anyhow::Error::msg)?;
+        let grpc_access =
+            Access::new(&config.security, FrontEnd::Grpc).map_err(anyhow::Error::msg)?;
         let tls_for =
             |front_end: FrontEnd, alpn: &[&[u8]]| -> anyhow::Result<Option<Arc<tls::Tls>>> {
                 match &config.security.tls {
@@ -285,12 +157,12 @@ impl Server {
         // The shared-memory front end is up before the HTTP front end answers
         // anything: a client that saw /v2/health/ready can connect at once.
         let shm = if config.shm.enabled {
-            let shared = Arc::clone(&shared);
+            let edge = Arc::clone(&edge);
             let runtime = tokio::runtime::Handle::current();
             let config = config.shm.clone();
             Some(
                 tokio::task::spawn_blocking(move || {
-                    shm::ShmFrontEnd::start(&config, shared, runtime)
+                    shm::ShmFrontEnd::start(&config, edge, runtime)
                 })
                 .await
                 .context("the shared-memory front end panicked")??,
@@ -298,17 +170,17 @@ impl Server {
         } else {
             None
         };
-        let http_task = tokio::spawn(http::serve(
+        let http_task = tokio::spawn(ports::http::serve(
             http_listener,
-            Arc::clone(&shared),
+            Arc::clone(&edge),
             http_access,
             http_tls,
             Arc::clone(&limits),
             stopped.clone(),
         ));
-        let grpc_task = tokio::spawn(grpc::serve(
+        let grpc_task = tokio::spawn(ports::grpc::serve(
             grpc_listener,
-            Arc::clone(&shared),
+            Arc::clone(&edge),
             grpc_access,
             grpc_tls,
             limits,
@@ -317,7 +189,7 @@ impl Server {
         Ok(Server {
             http_addr,
             grpc_addr,
-            shared,
+            edge,
             stop,
             http_task,
             grpc_task,
@@ -325,9 +197,9 @@ impl Server {
         })
     }
 
-    /// The shared state (models, readiness).
-    pub fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// The edge: the models, readiness and the request path.
+    pub fn edge(&self) -> &Arc<Edge> {
+        &self.edge
     }
 
     /// Waits until either front end stops on its own, which only an error does.
@@ -342,12 +214,12 @@ impl Server {
     pub async fn shutdown(self) -> anyhow::Result<()> {
         // 1. Admit nothing new: readiness turns false and new inference requests
         //    are answered UNAVAILABLE / 503 while connections stay open.
-        self.shared.accepting.store(false, Ordering::Relaxed);
+        self.edge.stop_accepting();
         // 2. Let every model's queue empty (within the grace period), so that
         //    what was admitted is answered before any connection closes.
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while self
-                .shared
+                .edge
                 .runtime
                 .ready_handles()
                 .iter()
@@ -379,13 +251,13 @@ impl Server {
             }
         }
         // 4. Nothing runs now: keep the sequences for the next start, if asked.
-        match self.shared.runtime.write_sequence_snapshot() {
+        match self.edge.runtime.write_sequence_snapshot() {
             Ok(0) => {}
             Ok(n) => tracing::info!(sequences = n, "sequence snapshot written"),
             Err(e) => tracing::error!(error = %e, "sequence snapshot not written"),
         }
-        if let Ok(shared) = Arc::try_unwrap(self.shared) {
-            tokio::task::spawn_blocking(move || shared.runtime.shutdown()).await?;
+        if let Ok(edge) = Arc::try_unwrap(self.edge) {
+            tokio::task::spawn_blocking(move || edge.runtime.shutdown()).await?;
         }
         Ok(())
     }

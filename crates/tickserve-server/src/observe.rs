@@ -141,22 +141,17 @@ impl Protocol {
 
 /// Records one answered inference request. `model` is the label: only names
 /// of models in the repository, so a client cannot grow the label set.
-pub fn record_request<T>(
-    protocol: Protocol,
-    model: &str,
-    started: Instant,
-    result: &Result<T, Error>,
-) {
-    let code = match result {
-        Ok(_) => "ok",
-        Err(e) => e.kind().as_str(),
+pub fn record_request(protocol: Protocol, model: &str, started: Instant, error: Option<&Error>) {
+    let code = match error {
+        None => "ok",
+        Some(e) => e.kind().as_str(),
     };
     // Label strings are copied per request: the recorder owns its keys.
     metrics::counter!(names::REQUESTS, "model" => model.to_string(), "protocol" => protocol.label(), "code" => code)
         .increment(1);
     metrics::histogram!(names::REQUEST_DURATION, "model" => model.to_string(), "protocol" => protocol.label())
         .record(started.elapsed().as_secs_f64());
-    if let Err(Error::Overloaded { .. }) = result {
+    if let Some(Error::Overloaded { .. }) = error {
         metrics::counter!(names::REJECTIONS, "model" => model.to_string(), "reason" => "inflight_limit")
             .increment(1);
     }

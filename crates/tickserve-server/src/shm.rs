@@ -31,12 +31,12 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use iceoryx2::prelude::*;
 use tickserve_core::config::ShmConfig;
-use tickserve_core::{
-    DataType, Error, ErrorKind, InferRequest, InferResponse, InputTensor, TensorSpec,
-};
+use tickserve_core::{DataType, Error, InferResponse, InputTensor, TensorSpec};
+use tickserve_runtime::ModelHandle;
 use tickserve_shm_protocol as wire;
 
-use crate::Shared;
+use crate::edge::params::Parameters;
+use crate::edge::{Call, Decoded, Edge, Payload, status};
 use crate::observe::{self, Protocol};
 
 /// How often a sleeping front-end thread wakes to clean up after dead clients.
@@ -86,7 +86,7 @@ impl ShmFrontEnd {
     /// with `shared`'s runtime; async work goes to `runtime`.
     pub fn start(
         config: &ShmConfig,
-        shared: Arc<Shared>,
+        shared: Arc<Edge>,
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<ShmFrontEnd> {
         let node = NodeBuilder::new()
@@ -172,7 +172,7 @@ struct Context_ {
     node: Node<Service>,
     server: ShmServer,
     listener: iceoryx2::port::listener::Listener<Service>,
-    shared: Arc<Shared>,
+    shared: Arc<Edge>,
     runtime: tokio::runtime::Handle,
     /// Handle → (model, version); a lookup adds a pair once.
     handles: Mutex<Vec<(String, String)>>,
@@ -236,7 +236,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
             got: bytes.len(),
             limit,
         };
-        observe::record_request::<()>(Protocol::Shm, "_unknown", started, &Err(error.clone()));
+        observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
         respond_error(active, request_id, &error);
         return;
     }
@@ -244,7 +244,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
         Ok(request) => request,
         Err(e) => {
             let error = Error::request("", e.to_string());
-            observe::record_request::<()>(Protocol::Shm, "_unknown", started, &Err(error.clone()));
+            observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
             respond_error(active, request_id, &error);
             return;
         }
@@ -274,119 +274,122 @@ fn handle(context: &Context_, active: ActiveRequest) {
                         "{STALE_HANDLE}: a handle comes from a lookup to this server process"
                     ),
                 };
-                observe::record_request::<()>(
-                    Protocol::Shm,
-                    "_unknown",
-                    started,
-                    &Err(error.clone()),
-                );
+                observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
                 respond_error(active, request_id, &error);
                 return;
             };
-            let request = infer_request(&name, &version, timeout_us, &inputs);
-            let size = bytes.len();
-            infer(context, active, request_id, request, size, started);
+            let request = Infer {
+                request_id,
+                inputs: copy_inputs(&name, &inputs),
+                name,
+                version,
+                timeout_us,
+                size: bytes.len(),
+                started,
+            };
+            infer(context, active, request);
         }
     }
 }
 
-/// The runtime's request from the wire's: input bytes copied out of the
-/// client's sample (which goes back to the client with the answer).
-fn infer_request(
-    name: &str,
-    version: &str,
-    timeout_us: u32,
-    inputs: &[wire::TensorRef<'_>],
-) -> Result<InferRequest, Error> {
-    let inputs = inputs
-        .iter()
-        .map(|t| {
-            let datatype = wire::datatype_name(t.datatype)
-                .and_then(DataType::parse)
-                .ok_or_else(|| {
-                    Error::input(
-                        name,
-                        t.name,
-                        "a datatype tickserve serves (BOOL, UINT8..UINT64, INT8..INT64, FP32, FP64)",
-                        wire::datatype_name(t.datatype)
-                            .map_or_else(|| format!("datatype number {}", t.datatype), str::to_string),
-                    )
-                })?;
-            Ok(InputTensor {
-                name: t.name.to_string(),
-                datatype,
-                shape: t.dims.clone(),
-                data: Bytes::copy_from_slice(t.data),
-            })
+/// A request's inputs, copied out of the client's sample (which goes back
+/// to the client with the answer), or why they cannot be.
+struct Inputs(Result<Vec<InputTensor>, Error>);
+
+impl Payload for Inputs {
+    type Encoding = ();
+
+    fn decode_bytes(&self) -> usize {
+        0
+    }
+
+    fn decode(self, _: &ModelHandle) -> Result<Decoded<()>, Error> {
+        Ok(Decoded {
+            id: String::new(),
+            inputs: self.0?,
+            outputs: None,
+            parameters: Parameters::default(),
+            encoding: (),
         })
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(InferRequest {
-        model: name.to_string(),
-        version: (!version.is_empty()).then(|| version.to_string()),
-        id: String::new(),
-        inputs,
-        outputs: None,
-        deadline: (timeout_us > 0).then(|| {
-            tickserve_core::durations::deadline_after(
-                Instant::now(),
-                Duration::from_micros(u64::from(timeout_us)),
-            )
-        }),
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
-    })
+    }
 }
 
-/// Runs an inference: polled once here, finished on the async runtime if
-/// it must wait.
-fn infer(
-    context: &Context_,
-    active: ActiveRequest,
-    request_id: u64,
-    request: Result<InferRequest, Error>,
-    size: usize,
-    started: Instant,
-) {
-    let shared = Arc::clone(&context.shared);
-    let model = request
-        .as_ref()
-        .map(|r| r.model.clone())
-        .unwrap_or_default();
-    let handle = shared.runtime.model(&model, None);
-    let label = match &handle {
-        Ok(h) => h.name.clone(),
-        Err(_) => shared.runtime.model_label(&model),
-    };
+/// The inputs of a request for `name`, copied out of the wire's tensors.
+fn copy_inputs(name: &str, inputs: &[wire::TensorRef<'_>]) -> Inputs {
+    Inputs(
+        inputs
+            .iter()
+            .map(|t| {
+                let datatype = wire::datatype_name(t.datatype)
+                    .and_then(DataType::parse)
+                    .ok_or_else(|| {
+                        Error::input(
+                            name,
+                            t.name,
+                            "a datatype tickserve serves (BOOL, UINT8..UINT64, INT8..INT64, FP32, FP64)",
+                            wire::datatype_name(t.datatype)
+                                .map_or_else(|| format!("datatype number {}", t.datatype), str::to_string),
+                        )
+                    })?;
+                Ok(InputTensor {
+                    name: t.name.to_string(),
+                    datatype,
+                    shape: t.dims.clone(),
+                    data: Bytes::copy_from_slice(t.data),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Runs an inference through the edge: polled once here, finished on the
+/// async runtime if it must wait.
+fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
+    let edge = Arc::clone(&context.shared);
+    let Infer {
+        request_id,
+        name,
+        version,
+        timeout_us,
+        inputs,
+        size,
+        started,
+    } = request;
     let work = async move {
-        if !shared.ready() {
-            return Err(Error::ShuttingDown);
-        }
-        let _slot = shared.admit()?;
-        let _bytes = shared.admit_bytes(size)?;
-        let request = request?;
-        let handle = shared
-            .runtime
-            .model(&request.model, request.version.as_deref())?;
-        let prepared = handle.prepare(request)?;
-        handle.run(prepared).await
+        let call = Call {
+            protocol: Protocol::Shm,
+            model: &name,
+            version: (!version.is_empty()).then_some(version.as_str()),
+            bytes: size,
+            timeout: Ok((timeout_us > 0).then(|| Duration::from_micros(u64::from(timeout_us)))),
+            started,
+        };
+        edge.infer(call, inputs).await.map(|answer| answer.response)
     };
     let mut work: Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send>> =
         Box::pin(work);
     let mut poll_context = Context::from_waker(Waker::noop());
     match work.as_mut().poll(&mut poll_context) {
-        Poll::Ready(result) => {
-            observe::record_request(Protocol::Shm, &label, started, &result);
-            respond(active, request_id, result);
-        }
+        Poll::Ready(result) => respond(active, request_id, result),
         Poll::Pending => {
             context.runtime.spawn(async move {
                 let result = work.await;
-                observe::record_request(Protocol::Shm, &label, started, &result);
                 respond(active, request_id, result);
             });
         }
     }
+}
+
+/// An inference request off the wire, its inputs copied.
+struct Infer {
+    request_id: u64,
+    name: String,
+    version: String,
+    timeout_us: u32,
+    inputs: Inputs,
+    /// The request's bytes, held in `server.max_inflight_bytes`.
+    size: usize,
+    started: Instant,
 }
 
 /// Answers a lookup: the model's handle and signature.
@@ -405,7 +408,7 @@ fn lookup(
     let handle = match found {
         Ok(handle) => handle,
         Err(error) => {
-            observe::record_request::<()>(Protocol::Shm, "_unknown", started, &Err(error.clone()));
+            observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
             respond_error(active, request_id, &error);
             return;
         }
@@ -502,16 +505,7 @@ fn respond(active: ActiveRequest, request_id: u64, result: Result<InferResponse,
 }
 
 fn respond_error(active: ActiveRequest, request_id: u64, error: &Error) {
-    let code = match error.kind() {
-        ErrorKind::InvalidArgument => wire::ErrorCode::InvalidArgument,
-        ErrorKind::NotFound => wire::ErrorCode::NotFound,
-        ErrorKind::PayloadTooLarge => wire::ErrorCode::PayloadTooLarge,
-        ErrorKind::Unavailable => wire::ErrorCode::Unavailable,
-        ErrorKind::ResourceExhausted => wire::ErrorCode::ResourceExhausted,
-        ErrorKind::DeadlineExceeded => wire::ErrorCode::DeadlineExceeded,
-        ErrorKind::Internal => wire::ErrorCode::Internal,
-        ErrorKind::FailedPrecondition => wire::ErrorCode::FailedPrecondition,
-    };
+    let code = status::shm_code(error.kind());
     let message = error.to_string();
     let mut answer = vec![0u8; wire::error_answer_len(&message)];
     wire::write_error_answer(&mut answer, request_id, code, &message);

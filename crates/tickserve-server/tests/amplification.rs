@@ -13,7 +13,7 @@
 //! Over gRPC: a 14 MiB message may raise it by at most 8 × 16 MiB = 128 MiB:
 //! the test's message and tonic's encode buffer (2 ×), the server's frame
 //! (1 ×), what prost may decode before the request is refused (the codec's
-//! walk holds it to 4 × the message, `grpc::bounded::AMPLIFICATION`), and
+//! walk holds it to 4 × the message, `tickserve_proto::bounded::AMPLIFICATION`), and
 //! slack. Empty `inputs` entries once took 1.9 GiB.
 
 #![allow(clippy::unwrap_used)]
@@ -165,7 +165,7 @@ impl tonic::codec::Codec for RawCodec {
     }
 }
 
-use tickserve_server::grpc::pb;
+use tickserve_proto::inference as pb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amplification_messages_stay_within_a_small_multiple_of_their_size() {

@@ -7,8 +7,8 @@
 mod common;
 
 use serde_json::{Value, json};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::Code;
 
 const LIMIT: usize = 64 * 1024;
@@ -332,7 +332,7 @@ async fn http_bad_input_is_refused_clearly() {
     // Deadlines: a bad header is refused; one that has passed before the run
     // is answered 504 and the request is never computed.
     let runs = |s: &tickserve_server::Server| {
-        s.shared()
+        s.edge()
             .runtime
             .model("alpha_mlp", None)
             .unwrap()
@@ -534,7 +534,7 @@ async fn grpc_bad_input_is_refused_clearly() {
     // A deadline that passed before the request ran: DEADLINE_EXCEEDED, never computed.
     let runs = || {
         server
-            .shared()
+            .edge()
             .runtime
             .model("alpha_mlp", None)
             .unwrap()

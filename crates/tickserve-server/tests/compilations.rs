@@ -17,7 +17,7 @@ async fn serving_compiles_nothing() {
     let client = reqwest::Client::new();
 
     let at_ready = common::counter_total(&common::metrics_text(&base).await, GRAPH_COMPILATIONS);
-    let models = server.shared().runtime.models();
+    let models = server.edge().runtime.models();
     // Buckets per family: a shared family counts once, however many members.
     let mut families: std::collections::BTreeMap<String, usize> = Default::default();
     for (name, model) in &models {

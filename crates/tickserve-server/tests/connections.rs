@@ -226,14 +226,14 @@ async fn an_idle_http2_connection_is_sent_goaway_and_closed() {
         assert_eq!(normal(server.http_addr).await, 200);
     }
     // A client keeps working across the close: it reconnects.
-    let mut client = tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
+    let mut client = tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
         format!("http://{}", server.grpc_addr),
     )
     .await
     .unwrap();
     for _ in 0..3 {
         client
-            .server_ready(tickserve_server::grpc::pb::ServerReadyRequest {})
+            .server_ready(tickserve_proto::inference::ServerReadyRequest {})
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;

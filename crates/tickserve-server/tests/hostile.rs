@@ -12,8 +12,8 @@
 mod common;
 
 use serde_json::{Value, json};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::Code;
 
 /// `alpha_mlp`, and two copies of it whose `model.toml` asks for absurd durations.

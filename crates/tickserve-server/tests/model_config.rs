@@ -7,8 +7,8 @@
 mod common;
 
 use serde_json::{Value, json};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 
 /// A repository with `alpha_mlp` configured away from every default.
 fn configured_repository() -> tempfile::TempDir {

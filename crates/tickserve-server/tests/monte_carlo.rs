@@ -8,9 +8,9 @@
 mod common;
 
 use serde_json::{Value, json};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use tickserve_server::grpc::pb::infer_parameter::ParameterChoice;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference::infer_parameter::ParameterChoice;
 
 fn body(model_input: &str, width: usize, parameters: Value) -> Value {
     json!({

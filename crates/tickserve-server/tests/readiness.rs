@@ -7,8 +7,8 @@
 
 mod common;
 
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 
 /// (HTTP /v2/health/ready status, gRPC ServerReady, HTTP alpha_mlp ready status).
 async fn readiness(server: &tickserve_server::Server) -> (u16, bool, u16) {

@@ -9,8 +9,8 @@
 mod common;
 
 use tickserve_core::config::{EndpointGroup, FrontEnd, Restriction};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::Code;
 
 const KEY_VARIABLE: &str = "TICKSERVE_TEST_ADMIN_KEY";

@@ -12,10 +12,10 @@
 mod common;
 
 use serde_json::{Value, json};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use tickserve_server::grpc::sequences::pb as spb;
-use tickserve_server::grpc::sequences::pb::sequence_service_client::SequenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::tickserve as spb;
+use tickserve_proto::tickserve::sequence_service_client::SequenceServiceClient;
 
 const TICKS: usize = 30;
 const FEATURES: usize = 8;

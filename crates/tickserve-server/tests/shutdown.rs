@@ -36,7 +36,7 @@ async fn shutdown_answers_what_was_admitted() {
     let tasks = common::flood(&url, &body, json_len, 24);
     assert!(24 * rows <= config.model_defaults.max_queue_rows);
     // Wait until every request is admitted (queued or answered), then stop.
-    let handle = server.shared().runtime.model("seq_lstm", None).unwrap();
+    let handle = server.edge().runtime.model("seq_lstm", None).unwrap();
     let admitted = || handle.queue.rows() / rows + handle.stats.snapshot().success.count as usize;
     let waited = tokio::time::timeout(Duration::from_secs(30), async {
         while admitted() < tasks.len() {
@@ -50,7 +50,7 @@ async fn shutdown_answers_what_was_admitted() {
         "{queued_requests} of {} requests still queued when shutdown began",
         tasks.len()
     );
-    let shared = std::sync::Arc::clone(server.shared());
+    let shared = std::sync::Arc::clone(server.edge());
     let stopping = tokio::spawn(server.shutdown());
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert!(!shared.ready(), "readiness is false while draining");

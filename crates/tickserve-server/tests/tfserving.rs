@@ -12,10 +12,10 @@ mod common;
 use prost::Message;
 use serde_json::{Value, json};
 use tickserve_core::config::{EndpointGroup, FrontEnd, Restriction};
-use tickserve_server::tfserving::grpc::pb;
-use tickserve_server::tfserving::grpc::pb::serving::model_service_client::ModelServiceClient;
-use tickserve_server::tfserving::grpc::pb::serving::prediction_service_client::PredictionServiceClient;
-use tickserve_server::tfserving::grpc::pb::serving::{
+use tickserve_proto::tensorflow as pb;
+use tickserve_proto::tensorflow::serving::model_service_client::ModelServiceClient;
+use tickserve_proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use tickserve_proto::tensorflow::serving::{
     GetModelMetadataRequest, GetModelStatusRequest, ModelSpec, PredictRequest, SignatureDefMap,
     model_spec::VersionChoice,
 };

@@ -18,8 +18,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
 use tickserve_core::config::{FrontEnd, Restriction, TlsConfig};
-use tickserve_server::grpc::pb;
-use tickserve_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 /// A certificate authority of the test.

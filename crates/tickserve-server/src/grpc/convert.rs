@@ -6,36 +6,65 @@
 //! (converted, with range checks). A response uses `raw_output_contents` when
 //! its request used raw inputs, and typed contents otherwise, as Triton does.
 
-use std::time::{Duration, Instant};
-
-use tickserve_core::durations;
-use tickserve_core::monte_carlo::{self, ParamValue};
 use tickserve_core::request::MAX_ID_BYTES;
 use tickserve_core::validate::unknown_datatype;
-use tickserve_core::{DataType, Error, InferRequest, InferResponse, InputTensor, Signature};
-use tickserve_core::{priority, sequence};
+use tickserve_core::{DataType, Error, InferResponse, InputTensor, Signature};
+use tickserve_runtime::ModelHandle;
 
 use super::pb;
+use crate::edge::params::{Param, Parameters};
+use crate::edge::{Decoded, Payload};
 
-/// Decodes a ModelInfer request for a model with `signature` (which words
-/// the error for a datatype tickserve does not know); `timeout` is the gRPC
-/// deadline, if any.
+/// A `ModelInferRequest` as tonic decoded it, for the edge to decode
+/// against its model.
+pub struct Message(pub pb::ModelInferRequest);
+
+impl Payload for Message {
+    /// Whether the answer goes back as `raw_output_contents`.
+    type Encoding = bool;
+
+    fn decode_bytes(&self) -> usize {
+        // Raw contents are taken without a copy; typed contents were parsed
+        // by prost already (off the async worker when large).
+        0
+    }
+
+    fn decode(self, handle: &ModelHandle) -> Result<Decoded<bool>, Error> {
+        decode(self.0, &handle.name, &handle.signature)
+    }
+}
+
+/// An `InferParameter` as the parameter reader takes it.
+pub fn param(parameter: &pb::InferParameter) -> Param<'_> {
+    use pb::infer_parameter::ParameterChoice as P;
+    match &parameter.parameter_choice {
+        Some(P::BoolParam(b)) => Param::Bool(*b),
+        Some(P::Int64Param(i)) => Param::Int(*i),
+        Some(P::StringParam(s)) => Param::Str(s),
+        Some(P::DoubleParam(x)) => Param::Float(*x),
+        Some(P::Uint64Param(u)) => Param::Uint(*u),
+        None => Param::Other("an InferParameter with no value"),
+    }
+}
+
+/// Decodes a ModelInfer request for `model`, whose `signature` words the
+/// error for a datatype tickserve does not know; the answer goes back raw
+/// (`true`) when the request came raw.
 pub fn decode(
     request: pb::ModelInferRequest,
-    timeout: Option<Duration>,
+    model: &str,
     signature: &Signature,
-) -> Result<(InferRequest, bool), Error> {
-    let model = request.model_name;
+) -> Result<Decoded<bool>, Error> {
     if request.id.len() > MAX_ID_BYTES {
         return Err(Error::request(
-            &model,
+            model,
             format!("the request id is longer than {MAX_ID_BYTES} bytes"),
         ));
     }
     let raw = !request.raw_input_contents.is_empty();
     if raw && request.raw_input_contents.len() != request.inputs.len() {
         return Err(Error::request(
-            &model,
+            model,
             format!(
                 "raw_input_contents must hold one entry per input: expected {}, got {}",
                 request.inputs.len(),
@@ -48,7 +77,7 @@ pub fn decode(
     for input in request.inputs {
         let Some(datatype) = DataType::parse(&input.datatype) else {
             return Err(unknown_datatype(
-                &model,
+                model,
                 signature,
                 &input.name,
                 &input.datatype,
@@ -57,7 +86,7 @@ pub fn decode(
         let data = match (raw_contents.next(), input.contents) {
             (Some(_), Some(c)) if !contents_empty(&c) => {
                 return Err(Error::input(
-                    &model,
+                    model,
                     &input.name,
                     "data in either raw_input_contents or contents",
                     "both",
@@ -65,7 +94,7 @@ pub fn decode(
             }
             (Some(bytes), _) => bytes,
             (None, Some(contents)) => {
-                typed_to_bytes(&model, &input.name, datatype, &input.shape, &contents)?.into()
+                typed_to_bytes(model, &input.name, datatype, &input.shape, &contents)?.into()
             }
             (None, None) => bytes::Bytes::new(),
         };
@@ -76,52 +105,16 @@ pub fn decode(
             data,
         });
     }
-    let param_timeout = request
-        .parameters
-        .get("timeout")
-        .and_then(|p| match p.parameter_choice {
-            Some(pb::infer_parameter::ParameterChoice::Int64Param(us)) if us > 0 => {
-                Some(Duration::from_micros(us as u64))
-            }
-            _ => None,
-        });
-    let deadline = [timeout, param_timeout]
-        .into_iter()
-        .flatten()
-        .min()
-        .map(|t| durations::deadline_after(Instant::now(), t));
-    let param = |name: &str| {
-        use pb::infer_parameter::ParameterChoice as P;
-        Some(
-            match request.parameters.get(name)?.parameter_choice.as_ref()? {
-                P::BoolParam(b) => ParamValue::Bool(*b),
-                P::Int64Param(i) => ParamValue::Int(*i),
-                P::StringParam(s) => ParamValue::Str(s),
-                P::DoubleParam(x) => ParamValue::Float(*x),
-                P::Uint64Param(u) => ParamValue::Uint(*u),
-            },
-        )
-    };
-    let monte_carlo = monte_carlo::from_parameters(&model, param)?;
-    let sequence = sequence::from_parameters(&model, param)?;
-    let priority = priority::from_parameters(&model, param)?;
+    let parameters = Parameters::read(model, |name| request.parameters.get(name).map(param))?;
     let outputs = (!request.outputs.is_empty())
         .then(|| request.outputs.into_iter().map(|o| o.name).collect());
-    let version = (!request.model_version.is_empty()).then_some(request.model_version);
-    Ok((
-        InferRequest {
-            model,
-            version,
-            id: request.id,
-            inputs,
-            outputs,
-            deadline,
-            monte_carlo,
-            priority,
-            sequence,
-        },
-        raw,
-    ))
+    Ok(Decoded {
+        id: request.id,
+        inputs,
+        outputs,
+        parameters,
+        encoding: raw,
+    })
 }
 
 fn contents_empty(c: &pb::InferTensorContents) -> bool {
@@ -333,76 +326,9 @@ fn bytes_to_typed(datatype: DataType, data: &[u8]) -> pb::InferTensorContents {
     c
 }
 
-/// A request's `grpc-timeout`: `Ok(None)` without one; a malformed one is
-/// `Err` with what came, refused once the model is known (never ignored: the
-/// client meant a deadline).
-pub fn request_timeout(
-    metadata: &tonic::metadata::MetadataMap,
-) -> Result<Option<Duration>, String> {
-    match metadata.get("grpc-timeout") {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(parse_grpc_timeout)
-            .map(Some)
-            .ok_or_else(|| format!("{v:?}")),
-    }
-}
-
-/// The error for a malformed `grpc-timeout` (`got`, from [`request_timeout`]).
-pub fn malformed_timeout(model: &str, got: &str) -> Error {
-    Error::request(
-        model,
-        format!(
-            "the grpc-timeout header must be 1 to 8 digits and a unit (H, M, S, m, u, n); got {got}"
-        ),
-    )
-}
-
-/// Parses a `grpc-timeout` header value as the gRPC spec writes it: 1 to 8
-/// digits and a unit (`100m`, `5S`, `250u`); `None` for anything else.
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn grpc_timeouts() {
-        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
-        assert_eq!(parse_grpc_timeout("250u"), Some(Duration::from_micros(250)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("x"), None);
-        assert_eq!(parse_grpc_timeout("10q"), None);
-        assert_eq!(parse_grpc_timeout("S"), None);
-        assert_eq!(parse_grpc_timeout("+5S"), None);
-        assert_eq!(
-            parse_grpc_timeout("99999999H"),
-            Some(Duration::from_secs(99_999_999 * 3600))
-        );
-        assert_eq!(
-            parse_grpc_timeout("123456789S"),
-            None,
-            "9 digits: over the spec's 8"
-        );
-        assert_eq!(parse_grpc_timeout("5é"), None);
-    }
 
     #[test]
     fn typed_contents_must_match_the_datatype() {

@@ -1,9 +1,10 @@
-//! The gRPC front end: `inference.GRPCInferenceService` of the KServe v2
-//! protocol (with Triton's ModelConfig and ModelStatistics), TF Serving's
-//! `PredictionService` and `ModelService` ([`crate::tfserving`]) and
-//! `grpc.health.v1`.
+//! The gRPC front end of the KServe v2 protocol:
+//! `inference.GRPCInferenceService` (with Triton's ModelConfig and
+//! ModelStatistics), and the sequence-state service ([`sequences`]). The
+//! gRPC port ([`crate::ports::grpc`]) serves them beside TF Serving's.
+//! Inference goes through the edge's pipeline; errors become statuses in
+//! [`crate::edge::status`].
 
-pub mod bounded;
 pub mod convert;
 pub mod sequences;
 pub mod stream;
@@ -13,82 +14,39 @@ use std::time::Instant;
 
 use tickserve_core::{Error, TensorSpec};
 use tickserve_runtime::ModelHandle;
-use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::access::Access;
-use crate::listen::{self, ConnectionLimits};
+use crate::edge::status::grpc as status;
+use crate::edge::{Call, Edge, deadline};
 use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
-use crate::observe::{self, Protocol};
-use crate::tls::Tls;
+use crate::observe::Protocol;
 use crate::{
-    COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, Shared,
-    control,
+    COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, control,
 };
 
-/// The protocol's generated types, server and client.
-#[allow(missing_docs, clippy::all)]
-pub mod pb {
-    tonic::include_proto!("inference");
-}
+use tickserve_proto::inference as pb;
 
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use pb::model_config::SchedulingChoice;
 
-/// Serves gRPC on `listener` behind `access`, over `tls` when
-/// given, within `limits`, until `stop`
-/// turns true.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    shared: Arc<Shared>,
-    access: Arc<Access>,
-    tls: Option<Arc<Tls>>,
-    limits: Arc<ConnectionLimits>,
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let limit = shared.max_request_bytes;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<GrpcInferenceServiceServer<InferenceService>>()
-        .await;
-    let (predictions, model_status) =
-        crate::tfserving::grpc::TfServing::services(Arc::clone(&shared), limit);
-    let service = GrpcInferenceServiceServer::new(InferenceService {
-        shared: Arc::clone(&shared),
-    })
-    .max_decoding_message_size(limit)
-    .max_encoding_message_size(usize::MAX);
-    // Served by hyper (`listen`) rather than tonic's transport: tonic's
-    // transport answers a `grpc-timeout` that runs out with CANCELLED before the
-    // handler runs; tickserve applies the deadline itself (it is checked when
-    // the request is dispatched) and answers DEADLINE_EXCEEDED.
-    let router = tonic::service::Routes::new(health_service)
-        .add_service(service)
-        .add_service(predictions)
-        .add_service(model_status)
-        .add_service(sequences::Sequence::service(Arc::clone(&shared)))
-        .into_axum_router()
-        .layer(tower::util::MapResponseLayer::new(
-            oversized_is_invalid_argument::<axum::body::Body>,
-        ));
-    let router = crate::access::apply(router, access);
-    let mut stopping = stop.clone();
-    tokio::spawn(async move {
-        let _ = stopping.wait_for(|stopped| *stopped).await;
-        health
-            .set_not_serving::<GrpcInferenceServiceServer<InferenceService>>()
-            .await;
-    });
-    listen::serve(listener, router, tls, limits, "grpc", stop).await
+/// The v2 inference service, as the gRPC port mounts it.
+pub type Server = GrpcInferenceServiceServer<InferenceService>;
+
+/// The v2 inference service over `edge`, decoding messages of at most
+/// `limit` bytes.
+pub fn service(edge: Arc<Edge>, limit: usize) -> Server {
+    GrpcInferenceServiceServer::new(InferenceService { shared: edge })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX)
 }
 
 /// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE
 /// before any handler runs; tickserve answers every bad request with
 /// INVALID_ARGUMENT, so that status is rewritten (its message, which names the
 /// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
-fn oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
+pub fn oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
     let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
     if headers
@@ -105,14 +63,7 @@ fn oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Re
 
 /// The v2 inference service over the shared runtime.
 pub struct InferenceService {
-    shared: Arc<Shared>,
-}
-
-fn status(error: &Error) -> Status {
-    Status::new(
-        tonic::Code::from(error.kind().grpc_code()),
-        error.to_string(),
-    )
+    shared: Arc<Edge>,
 }
 
 fn optional(version: &str) -> Option<&str> {
@@ -457,34 +408,27 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let started = Instant::now();
-        let timeout = convert::request_timeout(request.metadata());
-        let request = request.into_inner();
-        let runtime = &self.shared.runtime;
-        // The one lookup of this request's model.
-        let handle = runtime.model(&request.model_name, optional(&request.model_version));
-        let label = match &handle {
-            Ok(h) => h.name.clone(),
-            Err(_) => runtime.model_label(&request.model_name),
+        let timeout = deadline::grpc_timeout(request.metadata());
+        let mut message = request.into_inner();
+        let bytes = prost::Message::encoded_len(&message);
+        // The name and version go to the edge; the rest is decoded there.
+        let model = std::mem::take(&mut message.model_name);
+        let version = std::mem::take(&mut message.model_version);
+        let call = Call {
+            protocol: Protocol::Grpc,
+            model: &model,
+            version: optional(&version),
+            bytes,
+            timeout,
+            started,
         };
-        let result = async {
-            if !self.shared.ready() {
-                return Err(Error::ShuttingDown);
-            }
-            let _slot = self.shared.admit()?;
-            let _bytes = self
-                .shared
-                .admit_bytes(prost::Message::encoded_len(&request))?;
-            let handle = handle?;
-            let timeout = timeout.map_err(|got| convert::malformed_timeout(&handle.name, &got))?;
-            let (request, raw) = convert::decode(request, timeout, &handle.signature)?;
-            handle.infer(request).await.map(|r| {
-                let timing = r.timing;
-                (convert::encode(r, raw), timing)
-            })
-        }
-        .await;
-        observe::record_request(Protocol::Grpc, &label, started, &result);
-        let (message, timing) = result.map_err(|e| status(&e))?;
+        let answer = self
+            .shared
+            .infer(call, convert::Message(message))
+            .await
+            .map_err(|e| status(&e))?;
+        let timing = answer.response.timing;
+        let message = convert::encode(answer.response, answer.encoding);
         let mut response = Response::new(message);
         let metadata = response.metadata_mut();
         // Values that change with every answer stay out of HPACK's table

@@ -14,14 +14,10 @@ use tickserve_runtime::sequences::Sequences;
 use tonic::{Request, Response, Status};
 
 use super::{optional, status};
-use crate::Shared;
-use crate::http::sequences::STATE_TURN_TIMEOUT;
+use crate::edge::Edge;
+use crate::edge::STATE_TURN_TIMEOUT;
 
-/// The generated types of `tickserve_sequence.proto`.
-#[allow(missing_docs, clippy::all)]
-pub mod pb {
-    tonic::include_proto!("tickserve");
-}
+use tickserve_proto::tickserve as pb;
 
 use pb::sequence_service_server::{SequenceService, SequenceServiceServer};
 
@@ -30,12 +26,12 @@ pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// The sequence-state service over the shared runtime.
 pub struct Sequence {
-    shared: Arc<Shared>,
+    shared: Arc<Edge>,
 }
 
 impl Sequence {
     /// The service, ready to add to a router.
-    pub fn service(shared: Arc<Shared>) -> SequenceServiceServer<Sequence> {
+    pub fn service(shared: Arc<Edge>) -> SequenceServiceServer<Sequence> {
         SequenceServiceServer::new(Sequence { shared }).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 

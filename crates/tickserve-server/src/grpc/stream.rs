@@ -16,7 +16,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tickserve_core::{Error, InferResponse};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -24,8 +23,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, optional, pb};
-use crate::Shared;
-use crate::observe::{self, Protocol};
+use crate::edge::{Call, Edge};
+use crate::observe::Protocol;
 
 /// Requests of one stream in the server at once.
 pub const STREAM_IN_FLIGHT: usize = 256;
@@ -36,7 +35,7 @@ pub type AnswerStream =
 
 /// Serves one `ModelStreamInfer` call.
 pub fn serve(
-    shared: Arc<Shared>,
+    edge: Arc<Edge>,
     request: Request<Streaming<pb::ModelInferRequest>>,
 ) -> Response<AnswerStream> {
     let mut incoming = request.into_inner();
@@ -46,7 +45,7 @@ pub fn serve(
         // A broken stream (or the client's half-close) ends the reader; what
         // it started is still answered while the client listens.
         while let Ok(Some(message)) = incoming.message().await {
-            let task = start(&shared, message);
+            let task = start(&edge, message).await;
             if order.send(task).await.is_err() {
                 break; // the client stopped listening
             }
@@ -67,43 +66,34 @@ fn failed(message: String) -> pb::ModelStreamInferResponse {
     }
 }
 
-/// Decodes and prepares `message` here (in stream order), and runs it on a
-/// task of its own.
-fn start(
-    shared: &Arc<Shared>,
-    message: pb::ModelInferRequest,
+/// Admits `message` here (in stream order: a sequence's requests take
+/// their turns in the order they came), and runs it on a task of its own.
+/// The message's bytes and slot are held until it is answered.
+async fn start(
+    edge: &Arc<Edge>,
+    mut message: pb::ModelInferRequest,
 ) -> JoinHandle<pb::ModelStreamInferResponse> {
     let started = Instant::now();
-    let runtime = &shared.runtime;
-    let handle = runtime.model(&message.model_name, optional(&message.model_version));
-    let label = match &handle {
-        Ok(h) => h.name.clone(),
-        Err(_) => runtime.model_label(&message.model_name),
+    let bytes = prost::Message::encoded_len(&message);
+    let model = std::mem::take(&mut message.model_name);
+    let version = std::mem::take(&mut message.model_version);
+    let call = Call {
+        protocol: Protocol::GrpcStream,
+        model: &model,
+        version: optional(&version),
+        bytes,
+        timeout: Ok(None),
+        started,
     };
-    let prepared = (|| {
-        if !shared.ready() {
-            return Err(Error::ShuttingDown);
-        }
-        // The message's bytes count in the server-wide budget until it is answered.
-        let bytes = shared.admit_bytes_owned(prost::Message::encoded_len(&message))?;
-        let handle = handle?;
-        let (request, raw) = convert::decode(message, None, &handle.signature)?;
-        let prepared = handle.prepare(request)?;
-        Ok((handle, prepared, raw, bytes))
-    })();
-    let shared = Arc::clone(shared);
+    let admitted = edge.admit_request(call, convert::Message(message)).await;
     tokio::spawn(async move {
-        let result: Result<(InferResponse, bool), Error> = async {
-            let (handle, prepared, raw, _bytes) = prepared?;
-            let _slot = shared.admit()?;
-            Ok((handle.run(prepared).await?, raw))
-        }
-        .await;
-        observe::record_request(Protocol::GrpcStream, &label, started, &result);
-        match result {
-            Ok((response, raw)) => pb::ModelStreamInferResponse {
-                error_message: String::new(),
-                infer_response: Some(convert::encode(response, raw)),
+        match admitted {
+            Ok(admitted) => match admitted.run().await {
+                Ok(answer) => pb::ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(convert::encode(answer.response, answer.encoding)),
+                },
+                Err(e) => failed(e.to_string()),
             },
             Err(e) => failed(e.to_string()),
         }

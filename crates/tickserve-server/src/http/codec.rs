@@ -8,8 +8,6 @@
 //! `parameters.binary_data_size` is set take their bytes from after the JSON
 //! header, in order; outputs asked for with `binary_data` come back that way.
 
-use std::time::{Duration, Instant};
-
 use std::marker::PhantomData;
 
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
@@ -17,19 +15,17 @@ use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use tickserve_core::durations;
-use tickserve_core::monte_carlo::{self, ParamValue};
 use tickserve_core::validate::unknown_datatype;
-use tickserve_core::{
-    DataType, Error, InferRequest, InferResponse, InputTensor, OutputTensor, Signature,
-};
-use tickserve_core::{priority, sequence};
+use tickserve_core::{DataType, Error, InferResponse, InputTensor, OutputTensor, Signature};
+
+use crate::edge::Decoded;
+use crate::edge::params::{self, Param, Parameters};
+use crate::scalar::{Scalar, push_scalar};
 
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
-/// The most inputs, and the most outputs, one request may name.
-pub const MAX_TENSORS: usize = 64;
+pub use crate::edge::MAX_TENSORS;
 /// The most dimensions one input's shape may have.
 pub const MAX_RANK: usize = 32;
 /// The most bytes of JSON one `parameters` object may take.
@@ -137,14 +133,20 @@ fn parameters(raw: Option<&RawValue>) -> Result<Option<Map<String, Value>>, Stri
         .map_err(|e| format!("parameters must be a JSON object: {e}"))
 }
 
-/// A decoded request and how its answer must be encoded.
-pub struct Decoded {
-    /// The request for the runtime.
-    pub request: InferRequest,
+/// How a request's answer must be encoded: which outputs go back binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binary {
     /// Per output asked for (or `None`: every output), whether it goes back binary.
-    pub binary_outputs: Option<Vec<bool>>,
+    pub outputs: Option<Vec<bool>>,
     /// Whether outputs not listed go back binary (`binary_data_output`).
-    pub binary_default: bool,
+    pub default: bool,
+}
+
+impl Binary {
+    /// One flag per output of an answer with `outputs` outputs.
+    pub fn flags(self, outputs: usize) -> Vec<bool> {
+        self.outputs.unwrap_or_else(|| vec![self.default; outputs])
+    }
 }
 
 /// Decodes a request body for model `model`, whose `signature` words the
@@ -152,11 +154,10 @@ pub struct Decoded {
 /// binary extension's JSON length.
 pub fn decode(
     model: &str,
-    version: Option<String>,
     body: &bytes::Bytes,
     header_length: Option<usize>,
     signature: &Signature,
-) -> Result<Decoded, Error> {
+) -> Result<Decoded<Binary>, Error> {
     let json_len = header_length.unwrap_or(body.len());
     if json_len > body.len() {
         return Err(Error::request(
@@ -188,10 +189,14 @@ pub fn decode(
         };
         let input_parameters = parameters(input.parameters)
             .map_err(|e| Error::input(model, &input.name, "small parameters", e))?;
-        let binary_size = param_u64(input_parameters.as_ref(), "binary_data_size");
+        let binary_size = params::byte_count(
+            model,
+            params::BINARY_DATA_SIZE,
+            get(input_parameters.as_ref(), params::BINARY_DATA_SIZE),
+        )?;
         let data = match (binary_size, input.data) {
             (Some(size), None) => {
-                let size = size as usize;
+                let size = usize::try_from(size).unwrap_or(usize::MAX);
                 if size > binary.len() {
                     return Err(Error::input(
                         model,
@@ -239,8 +244,13 @@ pub fn decode(
         ));
     }
     let request_parameters = parameters(parsed.parameters).map_err(|e| Error::request(model, e))?;
-    let params = request_parameters.as_ref();
-    let binary_default = param_bool(params, "binary_data_output").unwrap_or(false);
+    let request_parameters = request_parameters.as_ref();
+    let binary_default = params::flag(
+        model,
+        params::BINARY_DATA_OUTPUT,
+        get(request_parameters, params::BINARY_DATA_OUTPUT),
+    )?
+    .unwrap_or(false);
     let (outputs, binary_outputs) = match parsed.outputs {
         None => (None, None),
         Some(list) => {
@@ -250,59 +260,53 @@ pub fn decode(
                 let output_parameters = parameters(output.parameters)
                     .map_err(|e| Error::request(model, format!("output '{}': {e}", output.name)))?;
                 flags.push(
-                    param_bool(output_parameters.as_ref(), "binary_data").unwrap_or(binary_default),
+                    params::flag(
+                        model,
+                        params::BINARY_DATA,
+                        get(output_parameters.as_ref(), params::BINARY_DATA),
+                    )?
+                    .unwrap_or(binary_default),
                 );
                 names.push(output.name);
             }
             (Some(names), Some(flags))
         }
     };
-    let param = |name: &str| param_value(params?.get(name)?);
-    let monte_carlo = monte_carlo::from_parameters(model, param)?;
-    let sequence = sequence::from_parameters(model, param)?;
-    let priority = priority::from_parameters(model, param)?;
-    let deadline = param_u64(params, "timeout")
-        .map(|us| durations::deadline_after(Instant::now(), Duration::from_micros(us)));
+    let parameters = Parameters::read(model, |name| get(request_parameters, name))?;
     Ok(Decoded {
-        request: InferRequest {
-            model: model.to_string(),
-            version,
-            id: parsed.id.unwrap_or_default(),
-            inputs,
-            outputs,
-            deadline,
-            monte_carlo,
-            priority,
-            sequence,
+        id: parsed.id.unwrap_or_default(),
+        inputs,
+        outputs,
+        parameters,
+        encoding: Binary {
+            outputs: binary_outputs,
+            default: binary_default,
         },
-        binary_outputs,
-        binary_default,
     })
 }
 
-/// A JSON parameter's value, as the parameter readers take it (`None` for a
-/// number JSON cannot hold).
-pub fn param_value(value: &Value) -> Option<ParamValue<'_>> {
-    Some(match value {
-        Value::Bool(b) => ParamValue::Bool(*b),
+/// The parameter `name` of a JSON `parameters` object, as the parameter
+/// reader takes it.
+pub fn get<'a>(parameters: Option<&'a Map<String, Value>>, name: &str) -> Option<Param<'a>> {
+    parameters?.get(name).map(param)
+}
+
+/// A JSON value as a parameter: an object, list or null is named as what it
+/// is, and refused by every parameter that reads it.
+pub fn param(value: &Value) -> Param<'_> {
+    match value {
+        Value::Bool(b) => Param::Bool(*b),
         Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => ParamValue::Int(i),
-            (None, Some(u), _) => ParamValue::Uint(u),
-            (None, None, Some(x)) => ParamValue::Float(x),
-            _ => return None,
+            (Some(i), _, _) => Param::Int(i),
+            (None, Some(u), _) => Param::Uint(u),
+            (None, None, Some(x)) => Param::Float(x),
+            _ => Param::Other("a number JSON cannot hold"),
         },
-        Value::String(s) => ParamValue::Str(s),
-        // An object, list or null: reported as what it is.
-        _ => ParamValue::Str("a JSON object, list or null"),
-    })
-}
-
-fn param_u64(params: Option<&Map<String, Value>>, key: &str) -> Option<u64> {
-    params?.get(key)?.as_u64()
-}
-
-fn param_bool(params: Option<&Map<String, Value>>, key: &str) -> Option<bool> {
-    params?.get(key)?.as_bool()
+        Value::String(s) => Param::Str(s),
+        Value::Object(_) => Param::Other("a JSON object"),
+        Value::Array(_) => Param::Other("a JSON list"),
+        Value::Null => Param::Other("JSON null"),
+    }
 }
 
 /// Converts JSON tensor data (flat or nested, row-major) straight into
@@ -419,64 +423,6 @@ impl<'de> Visitor<'de> for Elements<'_> {
         let index = *self.count;
         Err(de::Error::custom(format!("an object at element {index}")))
     }
-}
-
-/// One JSON scalar.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Scalar {
-    Bool(bool),
-    Int(i64),
-    Uint(u64),
-    Float(f64),
-}
-
-impl std::fmt::Display for Scalar {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Scalar::Bool(b) => write!(f, "{b}"),
-            Scalar::Int(i) => write!(f, "{i}"),
-            Scalar::Uint(u) => write!(f, "{u}"),
-            Scalar::Float(x) => write!(
-                f,
-                "{}",
-                serde_json::Number::from_f64(*x).map_or_else(|| x.to_string(), |n| n.to_string())
-            ),
-        }
-    }
-}
-
-/// Appends `v` as `datatype` (little-endian), range-checked; the error names the value.
-pub(crate) fn push_scalar(out: &mut Vec<u8>, datatype: DataType, v: Scalar) -> Result<(), String> {
-    fn int<T: TryFrom<i64> + TryFrom<u64>>(v: Scalar) -> Result<T, String> {
-        match v {
-            Scalar::Int(i) => T::try_from(i).map_err(|_| format!("{v} (out of range)")),
-            Scalar::Uint(u) => T::try_from(u).map_err(|_| format!("{v} (out of range)")),
-            _ => Err(format!("{v}")),
-        }
-    }
-    let float = |v: Scalar| match v {
-        Scalar::Int(i) => Ok(i as f64),
-        Scalar::Uint(u) => Ok(u as f64),
-        Scalar::Float(x) => Ok(x),
-        Scalar::Bool(_) => Err(format!("{v}")),
-    };
-    match datatype {
-        DataType::Bool => match v {
-            Scalar::Bool(b) => out.push(u8::from(b)),
-            other => return Err(format!("{other}")),
-        },
-        DataType::Uint8 => out.extend(int::<u8>(v)?.to_le_bytes()),
-        DataType::Uint16 => out.extend(int::<u16>(v)?.to_le_bytes()),
-        DataType::Uint32 => out.extend(int::<u32>(v)?.to_le_bytes()),
-        DataType::Uint64 => out.extend(int::<u64>(v)?.to_le_bytes()),
-        DataType::Int8 => out.extend(int::<i8>(v)?.to_le_bytes()),
-        DataType::Int16 => out.extend(int::<i16>(v)?.to_le_bytes()),
-        DataType::Int32 => out.extend(int::<i32>(v)?.to_le_bytes()),
-        DataType::Int64 => out.extend(int::<i64>(v)?.to_le_bytes()),
-        DataType::Fp32 => out.extend((float(v)? as f32).to_le_bytes()),
-        DataType::Fp64 => out.extend(float(v)?.to_le_bytes()),
-    }
-    Ok(())
 }
 
 /// Little-endian tensor bytes, serialized as a flat JSON array.
@@ -631,38 +577,18 @@ mod tests {
         let flat = br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[1,2,3,4]}]}"#;
         let nested =
             br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4]]}]}"#;
-        let a = decode(
-            "m",
-            None,
-            &bytes::Bytes::from_static(flat),
-            None,
-            &no_type(),
-        )
-        .unwrap();
-        let b = decode(
-            "m",
-            None,
-            &bytes::Bytes::from_static(nested),
-            None,
-            &no_type(),
-        )
-        .unwrap();
-        assert_eq!(a.request.inputs[0].data, b.request.inputs[0].data);
-        assert_eq!(&a.request.inputs[0].data[4..8], &2f32.to_le_bytes());
+        let a = decode("m", &bytes::Bytes::from_static(flat), None, &no_type()).unwrap();
+        let b = decode("m", &bytes::Bytes::from_static(nested), None, &no_type()).unwrap();
+        assert_eq!(a.inputs[0].data, b.inputs[0].data);
+        assert_eq!(&a.inputs[0].data[4..8], &2f32.to_le_bytes());
     }
 
     #[test]
     fn out_of_range_integers_are_refused() {
         let body = br#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]}"#;
-        let err = decode(
-            "m",
-            None,
-            &bytes::Bytes::from_static(body),
-            None,
-            &no_type(),
-        )
-        .err()
-        .unwrap();
+        let err = decode("m", &bytes::Bytes::from_static(body), None, &no_type())
+            .err()
+            .unwrap();
         assert!(
             err.to_string()
                 .contains("expected INT8 values, got 300 (out of range) at element 0"),
@@ -676,8 +602,8 @@ mod tests {
         let mut body = json.to_vec();
         body.extend(1f32.to_le_bytes());
         body.extend(2f32.to_le_bytes());
-        let d = decode("m", None, &body.into(), Some(json.len()), &no_type()).unwrap();
-        assert_eq!(d.request.inputs[0].data.len(), 8);
+        let d = decode("m", &body.into(), Some(json.len()), &no_type()).unwrap();
+        assert_eq!(d.inputs[0].data.len(), 8);
         let response = InferResponse {
             model: "m".into(),
             version: "1".into(),

@@ -14,26 +14,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use tickserve_core::Error;
-use tickserve_core::sequence::{self, SequenceId};
+use tickserve_core::sequence::SequenceId;
 use tickserve_runtime::ModelHandle;
 use tickserve_runtime::sequences::Sequences;
 
-use super::{HttpError, ModelPath, codec, read_body};
-use crate::Shared;
-
-/// How long a state operation may wait for its sequence's turn.
-pub const STATE_TURN_TIMEOUT: Duration = Duration::from_secs(10);
+use super::{SMALL_BODY_BYTES, codec};
+use crate::edge::routes::ModelRef;
+use crate::edge::status::HttpError;
+use crate::edge::{Edge, STATE_TURN_TIMEOUT, body, params};
 
 /// The model asked for, which must keep sequences.
-fn stateful(
-    shared: &Shared,
-    path: &ModelPath,
-) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
+fn stateful(shared: &Edge, path: &ModelRef) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
     let handle = shared.runtime.model(&path.model, path.version.as_deref())?;
     let sequences = handle.sequences().cloned().ok_or_else(|| {
         Error::request(
@@ -46,8 +41,7 @@ fn stateful(
 
 /// The `sequence_id` of a `{"parameters": {...}}` object.
 fn sequence_id(model: &str, parameters: Option<&Map<String, Value>>) -> Result<SequenceId, Error> {
-    let param = |name: &str| codec::param_value(parameters?.get(name)?);
-    sequence::from_parameters(model, param)?
+    params::sequence(model, &|name: &str| codec::get(parameters, name))?
         .map(|control| control.id)
         .ok_or_else(|| {
             Error::request(
@@ -60,10 +54,16 @@ fn sequence_id(model: &str, parameters: Option<&Map<String, Value>>) -> Result<S
 /// A small JSON body's `parameters` object.
 async fn parameters(
     model: &str,
-    shared: &Shared,
+    shared: &Edge,
     body: Body,
 ) -> Result<Option<Map<String, Value>>, Error> {
-    let body = read_body(model, body, shared.max_request_bytes.min(64 * 1024), None).await?;
+    let body = body::read(
+        model,
+        body,
+        shared.max_request_bytes.min(SMALL_BODY_BYTES),
+        None,
+    )
+    .await?;
     if body.is_empty() {
         return Ok(None);
     }
@@ -99,8 +99,8 @@ fn micros(d: Duration) -> u64 {
 
 /// The stateful model of `path` and the sequence a small JSON body names.
 async fn named_sequence(
-    shared: &Shared,
-    path: &ModelPath,
+    shared: &Edge,
+    path: &ModelRef,
     body: Body,
 ) -> Result<(Arc<ModelHandle>, Arc<Sequences>, SequenceId), Error> {
     let (handle, sequences) = stateful(shared, path)?;
@@ -110,11 +110,8 @@ async fn named_sequence(
 }
 
 /// `GET .../sequences`: every sequence the model keeps, by id.
-pub(crate) async fn list(
-    State(shared): State<Arc<Shared>>,
-    Path(path): Path<ModelPath>,
-) -> Result<Response, HttpError> {
-    let (handle, sequences) = stateful(&shared, &path)?;
+pub fn list(shared: &Edge, path: &ModelRef) -> Result<Response, HttpError> {
+    let (handle, sequences) = stateful(shared, path)?;
     let list: Vec<Value> = sequences
         .list()
         .iter()
@@ -132,12 +129,8 @@ pub(crate) async fn list(
 }
 
 /// `POST .../sequences/read`: a sequence's state.
-pub(crate) async fn read(
-    State(shared): State<Arc<Shared>>,
-    Path(path): Path<ModelPath>,
-    body: Body,
-) -> Result<Response, HttpError> {
-    let (handle, sequences, id) = named_sequence(&shared, &path, body).await?;
+pub async fn read(shared: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
+    let (handle, sequences, id) = named_sequence(shared, path, body).await?;
     let state = sequences.read(&id, deadline()).await?;
     let outputs: Vec<Value> = sequences
         .spec()
@@ -156,32 +149,23 @@ pub(crate) async fn read(
 
 /// `POST .../sequences/write`: sets a sequence's state (starting it if it
 /// is not kept); the body is an inference request whose inputs are the states.
-pub(crate) async fn write(
-    State(shared): State<Arc<Shared>>,
-    Path(path): Path<ModelPath>,
-    headers: HeaderMap,
+pub async fn write(
+    shared: &Edge,
+    path: &ModelRef,
+    headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (handle, sequences) = stateful(&shared, &path)?;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let body = read_body(&handle.name, body, shared.max_request_bytes, declared).await?;
+    let (handle, sequences) = stateful(shared, path)?;
+    let declared = body::declared_length(headers);
+    let body = body::read(&handle.name, body, shared.max_request_bytes, declared).await?;
     let header_length = headers
         .get(codec::HEADER_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.parse::<usize>().ok());
     let spec = sequences.spec();
-    let decoded = codec::decode(
-        &handle.name,
-        None,
-        &body,
-        header_length,
-        &spec.state_signature(),
-    )?;
+    let decoded = codec::decode(&handle.name, &body, header_length, &spec.state_signature())?;
     let id = decoded
-        .request
+        .parameters
         .sequence
         .as_ref()
         .map(|control| control.id.clone())
@@ -191,18 +175,18 @@ pub(crate) async fn write(
                 "the body names no sequence: {\"parameters\": {\"sequence_id\": ...}}",
             )
         })?;
-    let rows = spec.state_rows(&handle.name, decoded.request.inputs)?;
+    let rows = spec.state_rows(&handle.name, decoded.inputs)?;
     sequences.write(&id, rows, deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "written": true})).into_response())
 }
 
 /// `POST .../sequences/drop`: ends a sequence and drops its state.
-pub(crate) async fn drop_sequence(
-    State(shared): State<Arc<Shared>>,
-    Path(path): Path<ModelPath>,
+pub async fn drop_sequence(
+    shared: &Edge,
+    path: &ModelRef,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (_, sequences, id) = named_sequence(&shared, &path, body).await?;
+    let (_, sequences, id) = named_sequence(shared, path, body).await?;
     sequences.remove(&id, deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "dropped": true})).into_response())
 }

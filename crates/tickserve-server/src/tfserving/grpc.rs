@@ -6,31 +6,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prost::Message;
-use tickserve_core::{Error, InferRequest, Signature, TensorSpec};
+use tickserve_core::{Error, Signature, TensorSpec};
 use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
 use super::tensor;
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, no_labels, output, tf_dtype};
-use crate::Shared;
-use crate::grpc::convert;
+use crate::edge::params::Parameters;
+use crate::edge::status::grpc as status;
+use crate::edge::{Call, Decoded, Edge, Payload, deadline};
 use crate::observe::{self, Protocol};
 
-/// TF Serving's generated types, servers and clients, by protobuf package.
-#[allow(missing_docs, clippy::all)]
-pub mod pb {
-    tonic::include_proto!("tensorflow");
-
-    /// `tensorflow.error`.
-    pub mod error {
-        tonic::include_proto!("tensorflow.error");
-    }
-
-    /// `tensorflow.serving`.
-    pub mod serving {
-        tonic::include_proto!("tensorflow.serving");
-    }
-}
+use tickserve_proto::tensorflow as pb;
 
 use pb::serving::model_service_server::{ModelService, ModelServiceServer};
 use pb::serving::prediction_service_server::{PredictionService, PredictionServiceServer};
@@ -46,13 +33,13 @@ const SIGNATURE_DEF_MAP_TYPE: &str = "type.googleapis.com/tensorflow.serving.Sig
 /// TF Serving's two services over the shared runtime.
 #[derive(Clone)]
 pub struct TfServing {
-    shared: Arc<Shared>,
+    shared: Arc<Edge>,
 }
 
 impl TfServing {
     /// The services over `shared`, each limited to `limit` bytes per message.
     pub fn services(
-        shared: Arc<Shared>,
+        shared: Arc<Edge>,
         limit: usize,
     ) -> (
         PredictionServiceServer<TfServing>,
@@ -74,13 +61,6 @@ impl TfServing {
         let (name, version) = spec_target(spec)?;
         self.shared.runtime.model(&name, version.as_deref())
     }
-}
-
-fn status(error: &Error) -> Status {
-    Status::new(
-        tonic::Code::from(error.kind().grpc_code()),
-        error.to_string(),
-    )
 }
 
 /// The model name and version a `ModelSpec` asks for; a missing spec or name,
@@ -122,13 +102,33 @@ fn answer_spec(handle: &ModelHandle) -> ModelSpec {
     }
 }
 
-/// Converts a `PredictRequest` for `handle` into the runtime's request.
+/// A `PredictRequest` as tonic decoded it, for the edge to convert for its
+/// model; tensors hold at most `max_bytes`.
+struct Predict {
+    request: PredictRequest,
+    max_bytes: usize,
+}
+
+impl Payload for Predict {
+    type Encoding = ();
+
+    fn decode_bytes(&self) -> usize {
+        0
+    }
+
+    fn decode(self, handle: &ModelHandle) -> Result<Decoded<()>, Error> {
+        predict_request(handle, self.request, self.max_bytes)
+    }
+}
+
+/// Converts a `PredictRequest` for `handle` into the edge's request. TF
+/// Serving's API has no request parameters: a request gets the model's
+/// defaults (docs/tfserving.md).
 fn predict_request(
     handle: &ModelHandle,
     request: PredictRequest,
     max_bytes: usize,
-    timeout: Option<std::time::Duration>,
-) -> Result<InferRequest, Error> {
+) -> Result<Decoded<()>, Error> {
     let model = handle.name.as_str();
     let signature: &Signature = &handle.signature;
     let mut inputs = Vec::with_capacity(request.inputs.len());
@@ -164,16 +164,12 @@ fn predict_request(
         }
         Some(names)
     };
-    Ok(InferRequest {
-        model: model.to_string(),
-        version: Some(handle.version.clone()),
+    Ok(Decoded {
         id: String::new(),
         inputs,
         outputs,
-        deadline: timeout.map(|d| tickserve_core::durations::deadline_after(Instant::now(), d)),
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
+        parameters: Parameters::default(),
+        encoding: (),
     })
 }
 
@@ -209,42 +205,43 @@ impl PredictionService for TfServing {
         request: Request<PredictRequest>,
     ) -> Result<Response<PredictResponse>, Status> {
         let started = Instant::now();
-        let timeout = convert::request_timeout(request.metadata());
+        let timeout = deadline::grpc_timeout(request.metadata());
         let request = request.into_inner();
-        let runtime = &self.shared.runtime;
-        let handle = self.model(request.model_spec.as_ref());
-        let label = match &handle {
-            Ok(h) => h.name.clone(),
-            Err(_) => runtime.model_label(
-                request
-                    .model_spec
-                    .as_ref()
-                    .map(|s| s.name.as_str())
-                    .unwrap_or_default(),
-            ),
-        };
-        let result = async {
-            if !self.shared.ready() {
-                return Err(Error::ShuttingDown);
+        let (model, version) = match spec_target(request.model_spec.as_ref()) {
+            Ok(target) => target,
+            Err(e) => {
+                let name = request.model_spec.as_ref().map_or("", |s| s.name.as_str());
+                let label = self.shared.runtime.model_label(name);
+                observe::record_request(Protocol::TfServingGrpc, &label, started, Some(&e));
+                return Err(status(&e));
             }
-            let _slot = self.shared.admit()?;
-            let _bytes = self.shared.admit_bytes(request.encoded_len())?;
-            let handle = handle?;
-            let timeout = timeout.map_err(|got| convert::malformed_timeout(&handle.name, &got))?;
-            let infer = predict_request(&handle, request, self.shared.max_request_bytes, timeout)?;
-            let response = handle.infer(infer).await?;
-            Ok(PredictResponse {
-                model_spec: Some(answer_spec(&handle)),
-                outputs: response
-                    .outputs
-                    .iter()
-                    .map(|o| (alias(&o.name).to_string(), tensor::encode(o)))
-                    .collect(),
-            })
-        }
-        .await;
-        observe::record_request(Protocol::TfServingGrpc, &label, started, &result);
-        result.map(Response::new).map_err(|e| status(&e))
+        };
+        let call = Call {
+            protocol: Protocol::TfServingGrpc,
+            model: &model,
+            version: version.as_deref(),
+            bytes: request.encoded_len(),
+            timeout,
+            started,
+        };
+        let payload = Predict {
+            request,
+            max_bytes: self.shared.max_request_bytes,
+        };
+        let answer = self
+            .shared
+            .infer(call, payload)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(PredictResponse {
+            model_spec: Some(answer_spec(&answer.handle)),
+            outputs: answer
+                .response
+                .outputs
+                .iter()
+                .map(|o| (alias(&o.name).to_string(), tensor::encode(o)))
+                .collect(),
+        }))
     }
 
     async fn get_model_metadata(

@@ -293,10 +293,10 @@ fn named_fields(raw: &str) -> Result<Vec<(Cow<'_, str>, &RawValue)>, String> {
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut fields = Vec::new();
             while let Some(entry) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
-                if fields.len() == crate::http::codec::MAX_TENSORS {
+                if fields.len() == crate::edge::MAX_TENSORS {
                     return Err(de::Error::custom(format!(
                         "more than {} named tensors (tickserve's limit)",
-                        crate::http::codec::MAX_TENSORS
+                        crate::edge::MAX_TENSORS
                     )));
                 }
                 fields.push(entry);
@@ -535,7 +535,7 @@ enum Scalar<'a> {
 /// them, and TF Serving's non-finite tokens (quoted by [`quote_non_finite`])
 /// as floats; the error names the value.
 fn push(out: &mut Vec<u8>, datatype: DataType, value: Scalar<'_>) -> Result<(), String> {
-    use crate::http::codec::{Scalar as Number, push_scalar};
+    use crate::scalar::{Scalar as Number, push_scalar};
     let number = match value {
         Scalar::Bool(b) => Number::Bool(b),
         Scalar::Int(i) => Number::Int(i),

@@ -22,8 +22,8 @@ use tickserve_core::{DataType, Error, Signature, TensorSpec};
 use tickserve_runtime::Runtime;
 use tickserve_runtime::models::VersionState;
 
-use grpc::pb::error::Code;
-use grpc::pb::serving::model_version_status::State;
+use tickserve_proto::tensorflow::error::Code;
+use tickserve_proto::tensorflow::serving::model_version_status::State;
 
 /// The one signature a tickserve model has, under TF Serving's default name.
 pub const SIGNATURE_NAME: &str = "serving_default";
@@ -185,7 +185,7 @@ pub fn version_statuses(
 
 /// TensorFlow's `DataType` number for a tickserve datatype.
 pub const fn tf_dtype(datatype: DataType) -> i32 {
-    use crate::tfserving::grpc::pb::DataType as T;
+    use tickserve_proto::tensorflow::DataType as T;
     (match datatype {
         DataType::Bool => T::DtBool,
         DataType::Uint8 => T::DtUint8,
@@ -210,7 +210,7 @@ pub fn from_tf_dtype(dtype: i32) -> Option<DataType> {
 /// TensorFlow's name for a `DataType` number (`DT_FLOAT`), for messages and
 /// the REST metadata.
 pub fn tf_dtype_name(dtype: i32) -> String {
-    use crate::tfserving::grpc::pb::DataType as T;
+    use tickserve_proto::tensorflow::DataType as T;
     T::try_from(dtype).map_or_else(
         |_| format!("DataType {dtype}"),
         |t| t.as_str_name().to_string(),

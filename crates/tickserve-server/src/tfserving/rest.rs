@@ -4,96 +4,37 @@
 //! - `GET /v1/models/NAME[/versions/N]` (model status),
 //! - `GET /v1/models/NAME[/versions/N]/metadata` (the signature).
 //!
-//! Errors are `{"error": "..."}` with the status of their kind (TF Serving's
-//! mapping agrees: bad input 400, unknown model 404, overload 429, deadline
-//! 504, not ready 503).
+//! The HTTP port's route table reads the path ([`crate::edge::routes`]);
+//! inference goes through the edge's pipeline. Errors are `{"error": "..."}`
+//! with the status of their kind (TF Serving's mapping agrees: bad input 400,
+//! unknown model 404, overload 429, deadline 504, not ready 503).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tickserve_core::{Error, TensorSpec, durations};
+use tickserve_core::{Error, TensorSpec};
 use tickserve_runtime::ModelHandle;
 
 use super::json::{self as tfjson, Format};
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, no_labels, tf_dtype, tf_dtype_name};
-use crate::Shared;
-use crate::http::{DECODE_IN_PLACE_BYTES, HttpError, read_body, timeout_header};
-use crate::observe::{self, Protocol};
+use crate::edge::params::Parameters;
+use crate::edge::routes::TfRoute;
+use crate::edge::status::HttpError;
+use crate::edge::{Call, Decoded, Edge, Payload, body, deadline};
+use crate::observe::Protocol;
 
-/// What a `/v1/models/...` path asks for.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Target {
-    /// The model.
-    pub model: String,
-    /// `/versions/N`, as given.
-    pub version: Option<String>,
-    /// `/labels/L`.
-    pub label: Option<String>,
-    /// `:predict`, `:classify`, `:regress`.
-    pub verb: Option<String>,
-    /// `/metadata`.
-    pub metadata: bool,
-}
-
-/// Parses the part of a path after `/v1/models/`.
-pub fn parse(path: &str) -> Result<Target, String> {
-    let malformed = || {
-        format!(
-            "malformed request: /v1/models/{path} (expected \
-             /v1/models/NAME[/versions/N][:predict] or .../metadata)"
-        )
-    };
-    let (rest, metadata) = match path.strip_suffix("/metadata") {
-        Some(rest) => (rest, true),
-        None => (path, false),
-    };
-    let (rest, verb) = match rest.rsplit_once(':') {
-        Some((rest, verb)) => (rest, Some(verb.to_string())),
-        None => (rest, None),
-    };
-    let segments: Vec<&str> = rest.split('/').collect();
-    let (model, version, label) = match segments.as_slice() {
-        [model] => (*model, None, None),
-        [model, "versions", n] => {
-            if n.parse::<i64>().map_or(true, |n| n < 0) {
-                return Err(format!(
-                    "failed to convert version \"{n}\" of /v1/models/{path} to a version number"
-                ));
-            }
-            (*model, Some((*n).to_string()), None)
-        }
-        [model, "labels", label] => (*model, None, Some((*label).to_string())),
-        _ => return Err(malformed()),
-    };
-    if model.is_empty() || (metadata && verb.is_some()) {
-        return Err(malformed());
-    }
-    Ok(Target {
-        model: model.to_string(),
-        version,
-        label,
-        verb,
-        metadata,
-    })
-}
-
-fn json_response(value: Value) -> Response {
-    axum::Json(value).into_response()
-}
-
-fn target(path: &str) -> Result<Target, HttpError> {
-    parse(path).map_err(|m| HttpError(Error::request("_tfserving", m)))
+/// A path under `/v1/models/` TF Serving would not read: 400 with its words.
+pub fn malformed(message: &str) -> Response {
+    HttpError(Error::request("_tfserving", message)).into_response()
 }
 
 /// `GET /v1/models/...`: model status or metadata.
-pub async fn get(State(shared): State<Arc<Shared>>, Path(path): Path<String>) -> Response {
+pub fn get(edge: &Edge, t: &TfRoute) -> Response {
     let result = (|| {
-        let t = target(&path)?;
         if let Some(verb) = &t.verb {
             return Err(HttpError(Error::request(
                 &t.model,
@@ -104,22 +45,18 @@ pub async fn get(State(shared): State<Arc<Shared>>, Path(path): Path<String>) ->
             return Err(HttpError(no_labels(&t.model, label)));
         }
         if t.metadata {
-            let handle = shared.runtime.model(&t.model, t.version.as_deref())?;
-            Ok(json_response(metadata(&handle)))
+            let handle = edge.runtime.model(&t.model, t.version.as_deref())?;
+            Ok(axum::Json(metadata(&handle)).into_response())
         } else {
-            Ok(json_response(status(
-                &shared,
-                &t.model,
-                t.version.as_deref(),
-            )?))
+            Ok(axum::Json(status(edge, &t.model, t.version.as_deref())?).into_response())
         }
     })();
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// The model status: each version (or the one asked for) and its state.
-fn status(shared: &Shared, model: &str, version: Option<&str>) -> Result<Value, Error> {
-    let versions: Vec<Value> = super::version_statuses(&shared.runtime, model, version)?
+fn status(edge: &Edge, model: &str, version: Option<&str>) -> Result<Value, Error> {
+    let versions: Vec<Value> = super::version_statuses(&edge.runtime, model, version)?
         .into_iter()
         .map(|s| {
             json!({
@@ -165,138 +102,110 @@ fn metadata(handle: &ModelHandle) -> Value {
     })
 }
 
-/// `POST /v1/models/...:predict`.
-pub async fn post(
-    State(shared): State<Arc<Shared>>,
-    Path(path): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let started = Instant::now();
-    let t = match target(&path) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
-    let handle = match &t.label {
-        Some(label) => Err(no_labels(&t.model, label)),
-        None => shared.runtime.model(&t.model, t.version.as_deref()),
-    };
-    let label = match &handle {
-        Ok(h) => h.name.clone(),
-        Err(_) => shared.runtime.model_label(&t.model),
-    };
-    let result = predict(&shared, handle, &t, &headers, body).await;
-    observe::record_request(Protocol::TfServingRest, &label, started, &result);
-    result.unwrap_or_else(|e| HttpError(e).into_response())
+/// A `:predict` body, undecoded.
+struct PredictBody(bytes::Bytes);
+
+impl Payload for PredictBody {
+    type Encoding = Format;
+
+    fn decode_bytes(&self) -> usize {
+        self.0.len()
+    }
+
+    fn decode(self, handle: &ModelHandle) -> Result<Decoded<Format>, Error> {
+        let predict = tfjson::decode(&handle.name, &handle.signature, &self.0)?;
+        // TF Serving's API has no request parameters: a request gets the
+        // model's defaults (docs/tfserving.md).
+        Ok(Decoded {
+            id: String::new(),
+            inputs: predict.inputs,
+            outputs: None,
+            parameters: Parameters::default(),
+            encoding: predict.format,
+        })
+    }
 }
 
-async fn predict(
-    shared: &Shared,
-    handle: Result<Arc<ModelHandle>, Error>,
-    t: &Target,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Response, Error> {
-    if !shared.ready() {
-        return Err(Error::ShuttingDown);
-    }
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+/// `POST /v1/models/...:predict` (or a path TF Serving answers with an error).
+pub async fn post(edge: &Arc<Edge>, t: &TfRoute, headers: &HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
     // Read before anything is refused: answering with unread bytes would
     // reset the connection.
-    let body = read_body(&t.model, body, shared.max_request_bytes, declared).await?;
-    match t.verb.as_deref() {
-        Some("predict") => {}
-        Some(verb @ ("classify" | "regress")) => {
-            return Err(Error::request(
-                &t.model,
-                format!(
-                    ":{verb} takes tf.Example inputs, which an ONNX model does not have; \
-                     tickserve serves :predict"
-                ),
-            ));
-        }
-        _ => {
-            return Err(Error::request(
-                &t.model,
-                "malformed request: POST /v1/models/NAME[/versions/N]:predict",
-            ));
-        }
+    let body = match body::read(
+        &t.model,
+        body,
+        edge.max_request_bytes,
+        body::declared_length(headers),
+    )
+    .await
+    {
+        Ok(body) => body,
+        Err(e) => return HttpError(e).into_response(),
+    };
+    if let Err(e) = check_verb(t) {
+        return HttpError(e).into_response();
     }
-    let _slot = shared.admit()?;
-    let _bytes = shared.admit_bytes(body.len())?;
-    let handle = handle?;
-    let timeout = timeout_header(&handle.name, headers)?;
-    let decoded = if body.len() <= DECODE_IN_PLACE_BYTES {
-        tfjson::decode(&handle.name, &handle.signature, &body)?
-    } else {
-        // A large body is decoded off the async workers.
-        let decoding = Arc::clone(&handle);
-        tokio::task::spawn_blocking(move || {
-            tfjson::decode(&decoding.name, &decoding.signature, &body)
-        })
-        .await
-        .map_err(|e| Error::Internal {
-            model: handle.name.clone(),
-            message: format!("decoding the request failed: {e}"),
-        })??
+    let call = Call {
+        protocol: Protocol::TfServingRest,
+        model: &t.model,
+        version: t.version.as_deref(),
+        bytes: body.len(),
+        timeout: deadline::http_timeout(headers),
+        started,
     };
-    let request = tickserve_core::InferRequest {
-        model: handle.name.clone(),
-        version: Some(handle.version.clone()),
-        id: String::new(),
-        inputs: decoded.inputs,
-        outputs: None,
-        deadline: timeout.map(|d| durations::deadline_after(Instant::now(), d)),
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
-    };
-    let response = handle.infer(request).await?;
-    let format: Format = decoded.format;
-    let mut reply = Response::new(Body::from(tfjson::encode(&response, format)));
-    reply.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(reply)
+    match edge.infer(call, PredictBody(body)).await {
+        Ok(answer) => {
+            let encoded = tfjson::encode(&answer.response, answer.encoding);
+            let mut reply = Response::new(Body::from(encoded));
+            reply.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            reply
+        }
+        Err(e) => HttpError(e).into_response(),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Refuses what TF Serving refuses before it looks for the model: a label,
+/// a verb other than `:predict`, a `POST` without a verb.
+fn check_verb(t: &TfRoute) -> Result<(), Error> {
+    if let Some(label) = &t.label {
+        return Err(no_labels(&t.model, label));
+    }
+    match t.verb.as_deref() {
+        Some("predict") => Ok(()),
+        Some(verb @ ("classify" | "regress")) => Err(Error::request(
+            &t.model,
+            format!(
+                ":{verb} takes tf.Example inputs, which an ONNX model does not have; \
+                 tickserve serves :predict"
+            ),
+        )),
+        _ => Err(Error::request(
+            &t.model,
+            "malformed request: POST /v1/models/NAME[/versions/N]:predict",
+        )),
+    }
+}
 
-    #[test]
-    fn paths_parse_as_tf_serving_reads_them() {
-        let t = parse("half_plus_two:predict").unwrap();
-        assert_eq!(
-            (t.model.as_str(), t.verb.as_deref(), t.version, t.metadata),
-            ("half_plus_two", Some("predict"), None, false)
-        );
-        let t = parse("m/versions/123:predict").unwrap();
-        assert_eq!(t.version.as_deref(), Some("123"));
-        let t = parse("m/versions/7/metadata").unwrap();
-        assert!(t.metadata && t.verb.is_none());
-        let t = parse("m/labels/stable").unwrap();
-        assert_eq!(t.label.as_deref(), Some("stable"));
-        assert!(
-            parse("m/version/50:predict")
-                .unwrap_err()
-                .contains("malformed")
-        );
-        assert!(
-            parse("m/versions/HELLO:regress")
-                .unwrap_err()
-                .contains("failed to convert")
-        );
-        assert!(
-            parse("m/versions/18446744073709551615:predict")
-                .unwrap_err()
-                .contains("failed to convert")
-        );
-        assert!(parse(":predict").is_err());
-        assert!(parse("m:predict/metadata").is_err());
+/// A TF Serving route: `GET` for status and metadata, `POST` for `:predict`.
+pub async fn serve(
+    edge: &Arc<Edge>,
+    method: &Method,
+    t: &TfRoute,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    if method == Method::POST {
+        post(edge, t, headers, body).await
+    } else if method == Method::GET || method == Method::HEAD {
+        get(edge, t)
+    } else {
+        crate::edge::status::Refusal::WrongMethod {
+            path: format!("/v1/models/{}", t.model),
+            method: method.to_string(),
+        }
+        .http()
     }
 }

@@ -10,8 +10,8 @@
 use bytes::Bytes;
 use tickserve_core::{DataType, Error, InputTensor, OutputTensor, TensorSpec};
 
-use super::grpc::pb::{TensorProto, TensorShapeProto, tensor_shape_proto::Dim};
 use super::{alias, from_tf_dtype, tf_dtype, tf_dtype_name};
+use tickserve_proto::tensorflow::{TensorProto, TensorShapeProto, tensor_shape_proto::Dim};
 
 /// The typed field each datatype's values travel in.
 const fn typed_field(datatype: DataType) -> &'static str {

@@ -165,8 +165,8 @@ pub async fn metrics_text(base: &str) -> String {
 }
 
 /// A one-row `alpha_mlp` request over gRPC (50 features of 0.5, typed contents).
-pub fn grpc_alpha_row() -> tickserve_server::grpc::pb::ModelInferRequest {
-    use tickserve_server::grpc::pb;
+pub fn grpc_alpha_row() -> tickserve_proto::inference::ModelInferRequest {
+    use tickserve_proto::inference as pb;
     pb::ModelInferRequest {
         model_name: "alpha_mlp".into(),
         inputs: vec![pb::model_infer_request::InferInputTensor {

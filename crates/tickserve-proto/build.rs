@@ -1,5 +1,6 @@
-//! Generates the gRPC servers and clients from `proto/`: the v2 inference
-//! protocol, and TF Serving's PredictionService and ModelService.
+//! Generates the gRPC servers and clients from `proto/`, once for the whole
+//! workspace: the v2 inference protocol, the sequence-state service, and TF
+//! Serving's PredictionService and ModelService.
 
 /// TF Serving's protos (wire-compatible subsets), relative to `proto/`.
 const TF_SERVING: &[&str] = &[
@@ -38,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     protos.extend(TF_SERVING.iter().map(|p| format!("{proto_dir}/{p}")));
     tonic_prost_build::configure()
         // prost's codec behind a check of repeated-field entry counts.
-        .codec_path("crate::grpc::bounded::BoundedCodec")
+        .codec_path("crate::bounded::BoundedCodec")
         .build_client(true)
         .build_server(true)
         .compile_with_config(

@@ -23,7 +23,8 @@
 //! Decoding a large message moves the async worker's other tasks elsewhere
 //! first (`block_in_place`), so a 16 MiB request does not stall the other
 //! connections. Both the generated server and client use this codec
-//! (`build.rs`: `codec_path`).
+//! (`build.rs`: `codec_path`), so a client that decodes answers is held to
+//! the same bounds.
 
 use std::any::TypeId;
 use std::marker::PhantomData;
@@ -34,8 +35,8 @@ use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use super::pb;
-use crate::tfserving::grpc::pb as tf;
+use crate::inference as pb;
+use crate::tensorflow as tf;
 
 /// The most entries one repeated (or map) field of a message may hold: far
 /// above any real request (a model has a handful of inputs), far below what
@@ -551,7 +552,7 @@ mod tests {
     #[test]
     fn a_real_request_passes_and_malformed_bytes_are_left_to_prost() {
         use prost::Message;
-        let request = super::super::pb::ModelInferRequest {
+        let request = pb::ModelInferRequest {
             model_name: "alpha_mlp".into(),
             inputs: vec![Default::default(); 3],
             raw_input_contents: vec![vec![0u8; 200].into(); 3],

@@ -1,0 +1,220 @@
+//! Keys per endpoint group, on both ports: whether a route's group needs a
+//! key on this port, and whether the request carries it. The group comes
+//! from the port's route table ([`super::routes`]), the same parse the
+//! handler serves; the refusal's answer from [`super::status`].
+//!
+//! A key comes either in the restriction's own header (Triton's syntax: the
+//! header `KEY` over HTTP, the metadata `triton-grpc-protocol-KEY` over gRPC)
+//! or as `Authorization: Bearer VALUE`. No key: HTTP 401 (with
+//! `WWW-Authenticate`) or gRPC UNAUTHENTICATED; a wrong key: HTTP 403 or
+//! PERMISSION_DENIED. Each refusal is counted by front end, group and reason.
+//! Keys are compared in constant time and never logged or echoed.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use subtle::ConstantTimeEq;
+use tickserve_core::config::{EndpointGroup, FrontEnd, KeySource, SecurityConfig};
+use tickserve_core::metrics as names;
+
+use super::status;
+
+/// The gRPC metadata prefix of Triton's restricted-protocol keys.
+pub const GRPC_KEY_PREFIX: &str = "triton-grpc-protocol-";
+
+/// The groups that need a key on one front end.
+#[derive(Debug)]
+pub struct Access {
+    front_end: FrontEnd,
+    guards: Vec<Guard>,
+}
+
+/// One restricted group: the header its key comes in, and the key.
+#[derive(Debug)]
+struct Guard {
+    group: EndpointGroup,
+    header: HeaderName,
+    key: tickserve_core::config::Secret,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRefusal {
+    /// It carried no key for its group.
+    MissingKey,
+    /// It carried a key, and not the right one.
+    WrongKey,
+}
+
+impl KeyRefusal {
+    /// The metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KeyRefusal::MissingKey => "missing_key",
+            KeyRefusal::WrongKey => "wrong_key",
+        }
+    }
+}
+
+impl Access {
+    /// The restrictions of `config` on `front_end`, with their keys read.
+    /// A key given on the command line is accepted with a warning.
+    pub fn new(config: &SecurityConfig, front_end: FrontEnd) -> Result<Access, String> {
+        let mut guards = Vec::new();
+        for restriction in config
+            .restricted
+            .iter()
+            .filter(|r| r.front_ends.contains(&front_end))
+        {
+            let source = restriction.key()?;
+            if matches!(source, KeySource::Literal(_)) {
+                tracing::warn!(
+                    groups = ?restriction.groups,
+                    "a key given on the command line is visible to every user of this host \
+                     (ps, /proc); write VALUE as env:NAME or file:PATH"
+                );
+            }
+            let key = source.read()?;
+            let name = match front_end {
+                FrontEnd::Http => restriction.header.to_ascii_lowercase(),
+                FrontEnd::Grpc => {
+                    format!(
+                        "{GRPC_KEY_PREFIX}{}",
+                        restriction.header.to_ascii_lowercase()
+                    )
+                }
+            };
+            let header = HeaderName::try_from(name.as_str())
+                .map_err(|e| format!("security.restricted: the header '{name}': {e}"))?;
+            for &group in &restriction.groups {
+                guards.push(Guard {
+                    group,
+                    header: header.clone(),
+                    key: key.clone(),
+                });
+            }
+        }
+        Ok(Access { front_end, guards })
+    }
+
+    /// Whether any group needs a key on this front end.
+    pub fn restricts_anything(&self) -> bool {
+        !self.guards.is_empty()
+    }
+
+    /// Whether a request of `group` with `headers` may go on.
+    pub fn check(&self, group: EndpointGroup, headers: &HeaderMap) -> Result<(), KeyRefusal> {
+        let Some(guard) = self.guards.iter().find(|g| g.group == group) else {
+            return Ok(());
+        };
+        let own = headers.get(&guard.header).map(HeaderValue::as_bytes);
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        if own.is_none() && bearer.is_none() {
+            return Err(KeyRefusal::MissingKey);
+        }
+        let expected = guard.key.expose();
+        let matches = |sent: Option<&[u8]>| sent.is_some_and(|s| bool::from(s.ct_eq(expected)));
+        if matches(own) || matches(bearer) {
+            Ok(())
+        } else {
+            Err(KeyRefusal::WrongKey)
+        }
+    }
+
+    /// Checks a request of `group` with `headers`; a refusal is counted and
+    /// comes back as the edge's [`status::Refusal`], for the port to word.
+    pub fn admit(&self, group: EndpointGroup, headers: &HeaderMap) -> Result<(), status::Refusal> {
+        let Err(refusal) = self.check(group, headers) else {
+            return Ok(());
+        };
+        let protocol = match self.front_end {
+            FrontEnd::Http => "http",
+            FrontEnd::Grpc => "grpc",
+        };
+        metrics::counter!(
+            names::ACCESS_REFUSED,
+            "protocol" => protocol,
+            "group" => group.as_str(),
+            "reason" => refusal.as_str()
+        )
+        .increment(1);
+        Err(match refusal {
+            KeyRefusal::MissingKey => status::Refusal::MissingKey {
+                group: group.as_str(),
+                header: self
+                    .guards
+                    .iter()
+                    .find(|g| g.group == group)
+                    .map_or_else(String::new, |g| g.header.as_str().to_string()),
+            },
+            KeyRefusal::WrongKey => status::Refusal::WrongKey {
+                group: group.as_str(),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tickserve_core::config::Restriction;
+
+    #[test]
+    fn a_key_is_taken_from_its_header_or_bearer_and_compared_whole() {
+        let mut restriction =
+            Restriction::parse_triton("inference:Admin-Key=file:/nonexistent", FrontEnd::Grpc)
+                .unwrap();
+        restriction.key_file = None;
+        restriction.key_literal = Some(match KeySource::parse_triton("s3cret") {
+            KeySource::Literal(secret) => secret,
+            other => panic!("{other:?}"),
+        });
+        let config = SecurityConfig {
+            restricted: vec![restriction],
+            ..Default::default()
+        };
+        let access = Access::new(&config, FrontEnd::Grpc).unwrap();
+        let headers = |pairs: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (k, v) in pairs {
+                map.insert(
+                    HeaderName::try_from(*k).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            map
+        };
+        let group = EndpointGroup::Inference;
+        assert_eq!(
+            access.check(group, &headers(&[])),
+            Err(KeyRefusal::MissingKey)
+        );
+        assert_eq!(
+            access.check(
+                group,
+                &headers(&[("triton-grpc-protocol-admin-key", "s3cret")])
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            access.check(group, &headers(&[("authorization", "Bearer s3cret")])),
+            Ok(())
+        );
+        for wrong in ["s3cre", "s3cret2", ""] {
+            assert_eq!(
+                access.check(
+                    group,
+                    &headers(&[("triton-grpc-protocol-admin-key", wrong)])
+                ),
+                Err(KeyRefusal::WrongKey),
+                "{wrong}"
+            );
+        }
+        assert_eq!(
+            access.check(group, &headers(&[("admin-key", "s3cret")])),
+            Err(KeyRefusal::MissingKey),
+            "over gRPC the header carries Triton's prefix"
+        );
+        assert_eq!(access.check(EndpointGroup::Health, &headers(&[])), Ok(()));
+    }
+}

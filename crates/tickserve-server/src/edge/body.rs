@@ -1,0 +1,56 @@
+//! An HTTP request body, read within `server.max_request_bytes`, for every
+//! HTTP front end (v2 and TF Serving's REST API).
+
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use tickserve_core::Error;
+
+/// How much of an oversized body is read and dropped before the 413 goes out.
+/// Closing a connection with unread request bytes makes the kernel reset it,
+/// and the client then sees a reset instead of the 413; bodies up to this many
+/// times the limit are drained so the client reads the answer.
+const DRAIN_FACTOR: usize = 4;
+
+/// The body's declared length (`Content-Length`), when it has a readable one.
+pub fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
+/// Reads a request body of at most `limit` bytes. An oversized body is
+/// answered 413; it is drained first unless it is far too large.
+pub async fn read(
+    model: &str,
+    body: Body,
+    limit: usize,
+    declared: Option<usize>,
+) -> Result<bytes::Bytes, Error> {
+    use http_body_util::BodyExt;
+    let cap = limit.saturating_mul(DRAIN_FACTOR);
+    if let Some(len) = declared.filter(|&len| len > cap) {
+        return Err(Error::PayloadTooLarge { got: len, limit });
+    }
+    let mut body = body;
+    // One allocation per request, sized from Content-Length when it fits.
+    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| Error::request(model, format!("cannot read the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            buffer.extend_from_slice(&data);
+        } else if seen > cap {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(Error::PayloadTooLarge { got: seen, limit });
+    }
+    Ok(buffer.freeze())
+}

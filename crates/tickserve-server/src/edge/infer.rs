@@ -1,0 +1,248 @@
+//! The inference pipeline, once for every front end: readiness, admission
+//! (a slot, the request's bytes), the one model lookup, decoding (large
+//! payloads on a blocking thread), the parameters, the runtime call, and the
+//! request's metrics. A front end describes its request ([`Call`]) and hands
+//! over its undecoded payload ([`Payload`]); it gets back the answer and
+//! what it needs to encode it ([`Answer`]), or the error to word in its
+//! protocol ([`super::status`]).
+//!
+//! [`Edge::admit_request`] is the synchronous-order half (a stream admits
+//! its messages in the order they came, so one sequence's requests keep
+//! their order) and [`Admitted::run`] the half that waits for the answer;
+//! [`Edge::infer`] is both.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
+use tickserve_runtime::ModelHandle;
+use tickserve_runtime::models::Prepared;
+
+use super::Edge;
+use super::admission::{HeldBytes, Slot};
+use super::params::Parameters;
+use crate::observe::{self, Protocol};
+
+/// Payloads that decode in more than this many bytes go to a blocking
+/// thread, so that they do not hold up every other connection meanwhile.
+pub const DECODE_IN_PLACE_BYTES: usize = 256 * 1024;
+
+/// One inference request as its front end describes it, before decoding.
+pub struct Call<'a> {
+    /// The front end, for metrics.
+    pub protocol: Protocol,
+    /// The model asked for.
+    pub model: &'a str,
+    /// The version asked for (`None`: the default version).
+    pub version: Option<&'a str>,
+    /// The request's bytes as they came, held in `server.max_inflight_bytes`
+    /// until it is answered.
+    pub bytes: usize,
+    /// The deadline the transport carried (`grpc-timeout`,
+    /// `tickserve-timeout`), or the words for a malformed one.
+    pub timeout: Result<Option<Duration>, String>,
+    /// When the request came.
+    pub started: Instant,
+}
+
+/// A front end's undecoded request: decoded by the edge against the model it
+/// names, in place or on a blocking thread.
+pub trait Payload: Send + 'static {
+    /// What the front end needs back to encode the answer (which outputs go
+    /// back binary, say).
+    type Encoding: Send + 'static;
+
+    /// The bytes decoding will read; over [`DECODE_IN_PLACE_BYTES`] it runs
+    /// on a blocking thread. 0 for a payload already decoded by its
+    /// transport (gRPC's messages).
+    fn decode_bytes(&self) -> usize;
+
+    /// Decodes the payload for `handle`'s model; the parameters are read
+    /// with [`Parameters::read`].
+    fn decode(self, handle: &ModelHandle) -> Result<Decoded<Self::Encoding>, Error>;
+}
+
+/// A decoded request, in the core's terms.
+pub struct Decoded<E> {
+    /// The request id, echoed in the answer.
+    pub id: String,
+    /// The inputs.
+    pub inputs: Vec<InputTensor>,
+    /// The outputs asked for, by name; `None` for every output.
+    pub outputs: Option<Vec<String>>,
+    /// What the request's parameters set.
+    pub parameters: Parameters,
+    /// What the front end needs to encode the answer.
+    pub encoding: E,
+}
+
+impl<E> Decoded<E> {
+    /// The core's request for version `version` of `model`, answered by
+    /// `deadline`, and what the front end keeps for the encoding.
+    pub fn into_request(
+        self,
+        model: &str,
+        version: Option<String>,
+        deadline: Option<Instant>,
+    ) -> (InferRequest, E) {
+        let Decoded {
+            id,
+            inputs,
+            outputs,
+            parameters,
+            encoding,
+        } = self;
+        let request = InferRequest {
+            model: model.to_string(),
+            version,
+            id,
+            inputs,
+            outputs,
+            deadline,
+            monte_carlo: parameters.monte_carlo,
+            priority: parameters.priority,
+            sequence: parameters.sequence,
+        };
+        (request, encoding)
+    }
+}
+
+/// A prediction and what its front end needs to encode it.
+pub struct Answer<E> {
+    /// The prediction.
+    pub response: InferResponse,
+    /// What the front end decoded for the encoding.
+    pub encoding: E,
+    /// The model version that answered.
+    pub handle: Arc<ModelHandle>,
+}
+
+/// An admitted request, validated and in its place (its sequence's turn
+/// included), holding its slot and bytes until it is answered.
+pub struct Admitted<E> {
+    handle: Arc<ModelHandle>,
+    prepared: Prepared,
+    encoding: E,
+    record: Record,
+    _slot: Slot,
+    _bytes: HeldBytes,
+}
+
+/// What the request's metrics are recorded under.
+struct Record {
+    protocol: Protocol,
+    label: String,
+    started: Instant,
+}
+
+impl Record {
+    fn outcome(&self, error: Option<&Error>) {
+        observe::record_request(self.protocol, &self.label, self.started, error);
+    }
+}
+
+impl Edge {
+    /// Answers one inference request: [`Edge::admit_request`], then
+    /// [`Admitted::run`].
+    pub async fn infer<P: Payload>(
+        self: &Arc<Self>,
+        call: Call<'_>,
+        payload: P,
+    ) -> Result<Answer<P::Encoding>, Error> {
+        self.admit_request(call, payload).await?.run().await
+    }
+
+    /// Admits, looks up, decodes and prepares one request; a refusal is
+    /// recorded here.
+    pub async fn admit_request<P: Payload>(
+        self: &Arc<Self>,
+        call: Call<'_>,
+        payload: P,
+    ) -> Result<Admitted<P::Encoding>, Error> {
+        // The one lookup of this request's model.
+        let handle = self.runtime.model(call.model, call.version);
+        let record = Record {
+            protocol: call.protocol,
+            label: match &handle {
+                Ok(h) => h.name.clone(),
+                Err(_) => self.runtime.model_label(call.model),
+            },
+            started: call.started,
+        };
+        let admitted = self.admit_inner(call, handle, payload).await;
+        match admitted {
+            Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
+                handle,
+                prepared,
+                encoding,
+                record,
+                _slot: slot,
+                _bytes: bytes,
+            }),
+            Err(error) => {
+                record.outcome(Some(&error));
+                Err(error)
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    async fn admit_inner<P: Payload>(
+        self: &Arc<Self>,
+        call: Call<'_>,
+        handle: Result<Arc<ModelHandle>, Error>,
+        payload: P,
+    ) -> Result<(Arc<ModelHandle>, Prepared, P::Encoding, Slot, HeldBytes), Error> {
+        if !self.ready() {
+            return Err(Error::ShuttingDown);
+        }
+        let slot = self.admit()?;
+        let bytes = self.admit_bytes(call.bytes)?;
+        let handle = handle?;
+        let transport_timeout = call
+            .timeout
+            .map_err(|message| Error::request(&handle.name, message))?;
+        let decoded = if payload.decode_bytes() <= DECODE_IN_PLACE_BYTES {
+            payload.decode(&handle)?
+        } else {
+            let decoding = Arc::clone(&handle);
+            tokio::task::spawn_blocking(move || payload.decode(&decoding))
+                .await
+                .map_err(|e| Error::Internal {
+                    model: handle.name.clone(),
+                    message: format!("decoding the request failed: {e}"),
+                })??
+        };
+        let deadline = [transport_timeout, decoded.parameters.timeout]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|t| durations::deadline_after(Instant::now(), t));
+        let (request, encoding) =
+            decoded.into_request(&handle.name, Some(handle.version.clone()), deadline);
+        let prepared = handle.prepare(request)?;
+        Ok((handle, prepared, encoding, slot, bytes))
+    }
+}
+
+impl<E> Admitted<E> {
+    /// Waits for the answer (the sequence's turn, the queue, the run); the
+    /// outcome is recorded here.
+    pub async fn run(self) -> Result<Answer<E>, Error> {
+        let Admitted {
+            handle,
+            prepared,
+            encoding,
+            record,
+            _slot,
+            _bytes,
+        } = self;
+        let result = handle.run(prepared).await;
+        record.outcome(result.as_ref().err());
+        result.map(|response| Answer {
+            response,
+            encoding,
+            handle,
+        })
+    }
+}

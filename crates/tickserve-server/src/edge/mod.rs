@@ -1,0 +1,99 @@
+//! The edge: the one request path every front end calls.
+//!
+//! A front end turns its bytes into the edge's request and the edge's answer
+//! into its bytes; nothing else. Everything between is here, once:
+//!
+//! - [`routes`]: one route table per port, decoded once; it dispatches and
+//!   names the key group;
+//! - [`access`]: keys per group, checked on the route the handler serves;
+//! - [`admission`]: a slot and the request's bytes in the server-wide budget;
+//! - [`params`]: the one parameter reader;
+//! - [`deadline`]: the transport's deadline headers;
+//! - [`body`]: an HTTP body read within the byte limit;
+//! - [`infer`]: the pipeline: readiness, admission, the one model lookup,
+//!   decoding (large payloads off the async workers), parameters, the
+//!   runtime call, metrics;
+//! - [`status`]: what a failure becomes on each protocol.
+//!
+//! The edge imports no front end (`scripts/check_layers.py` checks it).
+
+pub mod access;
+pub mod admission;
+pub mod body;
+pub mod deadline;
+pub mod infer;
+pub mod params;
+pub mod routes;
+pub mod status;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tickserve_core::config::{ModelControlMode, ServerConfig};
+use tickserve_runtime::Runtime;
+
+pub use infer::{Admitted, Answer, Call, Decoded, Payload};
+
+/// The most inputs, and the most outputs, one request may name (every JSON
+/// front end).
+pub const MAX_TENSORS: usize = 64;
+
+/// How long a sequence-state operation (read, write, drop; either port) may
+/// wait for its sequence's turn.
+pub const STATE_TURN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What every front end shares: the models, readiness and the server-wide
+/// limits.
+pub struct Edge {
+    /// The loaded models.
+    pub runtime: Runtime,
+    /// True between load and shutdown: readiness endpoints report it.
+    accepting: AtomicBool,
+    /// Largest request body or message, in bytes (`server.max_request_bytes`).
+    pub max_request_bytes: usize,
+    /// Inference requests being answered now, every front end together.
+    inflight: AtomicUsize,
+    /// The most requests in flight (0: no limit).
+    max_inflight: usize,
+    /// `server.strict_readiness`.
+    strict_readiness: bool,
+    /// Bytes of inference requests held now, every front end together.
+    inflight_bytes: AtomicUsize,
+    /// `server.max_inflight_bytes`.
+    max_inflight_bytes: usize,
+    /// `security.model_control_mode`: whether clients may load and unload.
+    pub model_control_mode: ModelControlMode,
+}
+
+impl Edge {
+    /// The edge over `runtime`, with `config`'s limits, accepting requests.
+    pub fn new(runtime: Runtime, config: &ServerConfig) -> Edge {
+        Edge {
+            runtime,
+            accepting: AtomicBool::new(true),
+            max_request_bytes: config.server.max_request_bytes,
+            inflight: AtomicUsize::new(0),
+            max_inflight: config.server.max_inflight,
+            strict_readiness: config.server.strict_readiness,
+            inflight_bytes: AtomicUsize::new(0),
+            max_inflight_bytes: config.server.max_inflight_bytes,
+            model_control_mode: config.security.model_control_mode,
+        }
+    }
+
+    /// Accepting requests (between load and shutdown).
+    pub fn ready(&self) -> bool {
+        self.accepting.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting requests: readiness turns false and new inference
+    /// requests are answered UNAVAILABLE.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// What the server readiness endpoints answer: accepting requests and,
+    /// with `server.strict_readiness`, every model serving.
+    pub fn server_ready(&self) -> bool {
+        self.ready() && (!self.strict_readiness || self.runtime.all_ready())
+    }
+}

@@ -1,0 +1,584 @@
+//! The one parameter reader: every request parameter tickserve knows, read
+//! by one rule for every front end.
+//!
+//! A front end only turns its protocol's parameter values into [`Param`]s (v2
+//! gRPC's `InferParameter`, JSON values, the shared-memory parameter block);
+//! [`Parameters::read`] and the binary-extension readers do the rest. Each
+//! known parameter has one type; a value of another type is refused with an
+//! error naming the parameter, the type expected and what came. Unknown
+//! parameters are ignored, as Triton ignores them (they are the model's, not
+//! the server's). Names are in [`KNOWN`], the one list (Triton keeps its
+//! reserved names in one place too, `src/common.h`).
+
+use std::time::Duration;
+
+use tickserve_core::Error;
+use tickserve_core::monte_carlo::{DEFAULT_QUANTILES, MAX_QUANTILES, MonteCarlo, Summary};
+use tickserve_core::sequence::{SequenceControl, SequenceId};
+
+/// `timeout`: microseconds until the request stops being useful; 0 (or
+/// absent) is no timeout, as in Triton.
+pub const TIMEOUT: &str = "timeout";
+/// `priority`: 1 is the highest level; 0 the model's default level.
+pub const PRIORITY: &str = "priority";
+/// `sequence_id`: which sequence the request continues (a number or a string).
+pub const SEQUENCE_ID: &str = "sequence_id";
+/// `sequence_start`: the request starts its sequence.
+pub const SEQUENCE_START: &str = "sequence_start";
+/// `sequence_end`: the request ends its sequence.
+pub const SEQUENCE_END: &str = "sequence_end";
+/// `mc_samples`: Monte Carlo's noisy copies per row.
+pub const MC_SAMPLES: &str = "mc_samples";
+/// `mc_noise_sigma`: the noise's standard deviation.
+pub const MC_NOISE_SIGMA: &str = "mc_noise_sigma";
+/// `mc_seed`: the noise generator's seed.
+pub const MC_SEED: &str = "mc_seed";
+/// `mc_output`: `moments`, `quantiles` or `samples`.
+pub const MC_OUTPUT: &str = "mc_output";
+/// `mc_quantiles`: the quantiles `mc_output = "quantiles"` returns.
+pub const MC_QUANTILES: &str = "mc_quantiles";
+/// `binary_data_output` (HTTP): every output goes back binary.
+pub const BINARY_DATA_OUTPUT: &str = "binary_data_output";
+/// `binary_data` (HTTP, per output): this output goes back binary.
+pub const BINARY_DATA: &str = "binary_data";
+/// `binary_data_size` (HTTP, per input): the input's bytes follow the JSON.
+pub const BINARY_DATA_SIZE: &str = "binary_data_size";
+
+/// Every parameter the server reads, request-level and per tensor.
+pub const KNOWN: [&str; 13] = [
+    TIMEOUT,
+    PRIORITY,
+    SEQUENCE_ID,
+    SEQUENCE_START,
+    SEQUENCE_END,
+    MC_SAMPLES,
+    MC_NOISE_SIGMA,
+    MC_SEED,
+    MC_OUTPUT,
+    MC_QUANTILES,
+    BINARY_DATA_OUTPUT,
+    BINARY_DATA,
+    BINARY_DATA_SIZE,
+];
+
+/// The Monte Carlo parameters, `mc_samples` first.
+const MONTE_CARLO: [&str; 5] = [MC_SAMPLES, MC_NOISE_SIGMA, MC_SEED, MC_OUTPUT, MC_QUANTILES];
+
+/// A request parameter's value, whichever protocol carried it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Param<'a> {
+    /// A boolean.
+    Bool(bool),
+    /// A signed integer.
+    Int(i64),
+    /// An unsigned integer.
+    Uint(u64),
+    /// A floating-point number.
+    Float(f64),
+    /// A string.
+    Str(&'a str),
+    /// A value no parameter takes, by what it is (`"a JSON object"`).
+    Other(&'static str),
+}
+
+impl Param<'_> {
+    /// What came, for an error message: its type and, when short, its value.
+    pub fn describe(&self) -> String {
+        match self {
+            Param::Bool(b) => format!("the boolean {b}"),
+            Param::Int(i) => format!("the integer {i}"),
+            Param::Uint(u) => format!("the integer {u}"),
+            Param::Float(x) => format!("the number {x}"),
+            Param::Str(s) if s.len() > 40 => format!("a string of {} bytes", s.len()),
+            Param::Str(s) => format!("the string {s:?}"),
+            Param::Other(what) => (*what).to_string(),
+        }
+    }
+
+    /// The value as an unsigned integer, when it is a non-negative integer.
+    fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Param::Uint(u) => Some(u),
+            Param::Int(i) => u64::try_from(i).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// The error for parameter `name` of a request for `model`: `expected`, and
+/// what came.
+pub fn wrong(model: &str, name: &str, expected: &str, got: &Param<'_>) -> Error {
+    Error::request(
+        model,
+        format!(
+            "parameter {name} must be {expected}; got {}",
+            got.describe()
+        ),
+    )
+}
+
+/// The request-level options a request's parameters set.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Parameters {
+    /// `timeout`, when it sets one (0 and absent set none).
+    pub timeout: Option<Duration>,
+    /// `priority` (0: the model's default level).
+    pub priority: u64,
+    /// `sequence_id` and its flags, when the request names a sequence.
+    pub sequence: Option<SequenceControl>,
+    /// Monte Carlo (`mc_samples` and friends), when asked for.
+    pub monte_carlo: Option<MonteCarlo>,
+}
+
+impl Parameters {
+    /// Reads every request-level parameter of a request for `model` through
+    /// `get` (the value of a parameter by name, if the request has it).
+    pub fn read<'a>(
+        model: &str,
+        get: impl Fn(&str) -> Option<Param<'a>>,
+    ) -> Result<Parameters, Error> {
+        Ok(Parameters {
+            timeout: timeout(model, get(TIMEOUT))?,
+            priority: priority(model, get(PRIORITY))?,
+            sequence: sequence(model, &get)?,
+            monte_carlo: monte_carlo(model, &get)?,
+        })
+    }
+}
+
+/// `timeout`: microseconds, an integer of 0 or more; 0 is no timeout.
+fn timeout(model: &str, value: Option<Param<'_>>) -> Result<Option<Duration>, Error> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    match value.as_u64() {
+        Some(0) => Ok(None),
+        Some(us) => Ok(Some(Duration::from_micros(us))),
+        None => Err(wrong(
+            model,
+            TIMEOUT,
+            "an integer of 0 or more (microseconds; 0 is no timeout)",
+            &value,
+        )),
+    }
+}
+
+/// `priority`: an integer of 0 or more.
+fn priority(model: &str, value: Option<Param<'_>>) -> Result<u64, Error> {
+    let Some(value) = value else {
+        return Ok(0);
+    };
+    value.as_u64().ok_or_else(|| {
+        wrong(
+            model,
+            PRIORITY,
+            "an integer of 0 or more (1 is the highest level)",
+            &value,
+        )
+    })
+}
+
+/// A flag: a boolean (Triton's clients send `bool_param`), or 0 / 1.
+pub fn flag(model: &str, name: &str, value: Option<Param<'_>>) -> Result<Option<bool>, Error> {
+    match value {
+        None => Ok(None),
+        Some(Param::Bool(b)) => Ok(Some(b)),
+        Some(Param::Int(n @ (0 | 1))) => Ok(Some(n == 1)),
+        Some(Param::Uint(n @ (0 | 1))) => Ok(Some(n == 1)),
+        Some(other) => Err(wrong(model, name, "true or false", &other)),
+    }
+}
+
+/// A byte count (`binary_data_size`): an integer of 0 or more.
+pub fn byte_count(model: &str, name: &str, value: Option<Param<'_>>) -> Result<Option<u64>, Error> {
+    match value {
+        None => Ok(None),
+        Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+            wrong(
+                model,
+                name,
+                "a byte count (an integer of 0 or more)",
+                &value,
+            )
+        }),
+    }
+}
+
+/// `sequence_id`, `sequence_start` and `sequence_end` (also what the
+/// sequence-state API reads to name its sequence).
+pub fn sequence<'a>(
+    model: &str,
+    get: &impl Fn(&str) -> Option<Param<'a>>,
+) -> Result<Option<SequenceControl>, Error> {
+    let start = flag(model, SEQUENCE_START, get(SEQUENCE_START))?.unwrap_or(false);
+    let end = flag(model, SEQUENCE_END, get(SEQUENCE_END))?.unwrap_or(false);
+    let id = match get(SEQUENCE_ID) {
+        None | Some(Param::Int(0) | Param::Uint(0)) if !start && !end => return Ok(None),
+        None => {
+            return Err(Error::request(
+                model,
+                "sequence_start and sequence_end need sequence_id (which sequence)",
+            ));
+        }
+        Some(Param::Str(s)) => SequenceId::text(model, s)?,
+        Some(value) => match value.as_u64() {
+            Some(n) => SequenceId::number(model, n)?,
+            None => {
+                return Err(wrong(
+                    model,
+                    SEQUENCE_ID,
+                    "an unsigned integer or a string",
+                    &value,
+                ));
+            }
+        },
+    };
+    Ok(Some(SequenceControl { id, start, end }))
+}
+
+/// The Monte Carlo parameters; `None` when `mc_samples` is absent (and no
+/// other `mc_` parameter is given).
+fn monte_carlo<'a>(
+    model: &str,
+    get: &impl Fn(&str) -> Option<Param<'a>>,
+) -> Result<Option<MonteCarlo>, Error> {
+    let Some(samples) = get(MC_SAMPLES) else {
+        if let Some(other) = MONTE_CARLO[1..].iter().find(|p| get(p).is_some()) {
+            return Err(Error::request(
+                model,
+                format!("parameter {other} needs mc_samples (the number of noisy copies per row)"),
+            ));
+        }
+        return Ok(None);
+    };
+    let samples = match samples.as_u64() {
+        Some(n) if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
+        _ => return Err(wrong(model, MC_SAMPLES, "a positive integer", &samples)),
+    };
+    let sigma = match get(MC_NOISE_SIGMA) {
+        None => None,
+        Some(value) => {
+            let sigma = match value {
+                Param::Float(x) => Some(x),
+                Param::Int(i) => Some(i as f64),
+                Param::Uint(u) => Some(u as f64),
+                Param::Str(s) => s.trim().parse::<f64>().ok(),
+                Param::Bool(_) | Param::Other(_) => None,
+            };
+            match sigma {
+                Some(x) if x.is_finite() && x >= 0.0 => Some(x),
+                _ => {
+                    return Err(wrong(
+                        model,
+                        MC_NOISE_SIGMA,
+                        "a finite number of 0 or more",
+                        &value,
+                    ));
+                }
+            }
+        }
+    };
+    let seed = match get(MC_SEED) {
+        None => None,
+        Some(Param::Str(s)) if s.trim().parse::<u64>().is_ok() => s.trim().parse::<u64>().ok(),
+        Some(value) => match value.as_u64() {
+            Some(seed) => Some(seed),
+            None => return Err(wrong(model, MC_SEED, "an integer of 0 or more", &value)),
+        },
+    };
+    let quantiles = match get(MC_QUANTILES) {
+        None => None,
+        Some(value @ Param::Str(list)) => {
+            let values: Option<Vec<f64>> = list
+                .split(',')
+                .map(|q| {
+                    q.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|q| *q > 0.0 && *q < 1.0)
+                })
+                .collect();
+            match values {
+                Some(v) if !v.is_empty() && v.len() <= MAX_QUANTILES => Some(v),
+                _ => {
+                    return Err(wrong(
+                        model,
+                        MC_QUANTILES,
+                        &format!("1 to {MAX_QUANTILES} comma-separated numbers between 0 and 1"),
+                        &value,
+                    ));
+                }
+            }
+        }
+        Some(other) => {
+            return Err(wrong(
+                model,
+                MC_QUANTILES,
+                "a string like \"0.05,0.5,0.95\"",
+                &other,
+            ));
+        }
+    };
+    let summary = match get(MC_OUTPUT) {
+        None | Some(Param::Str("moments")) if quantiles.is_none() => Summary::Moments,
+        Some(Param::Str("quantiles")) => {
+            Summary::Quantiles(quantiles.unwrap_or_else(|| DEFAULT_QUANTILES.to_vec()))
+        }
+        Some(Param::Str("samples")) if quantiles.is_none() => Summary::Samples,
+        None | Some(Param::Str("moments" | "samples")) => {
+            return Err(Error::request(
+                model,
+                "parameter mc_quantiles needs mc_output = \"quantiles\"",
+            ));
+        }
+        Some(other) => {
+            return Err(wrong(
+                model,
+                MC_OUTPUT,
+                "\"moments\", \"quantiles\" or \"samples\"",
+                &other,
+            ));
+        }
+    };
+    Ok(Some(MonteCarlo {
+        samples,
+        sigma,
+        seed,
+        summary,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tickserve_core::sequence::MAX_SEQUENCE_ID_BYTES;
+
+    fn read(pairs: &[(&str, Param<'_>)]) -> Result<Parameters, Error> {
+        Parameters::read("m", |name| {
+            pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+        })
+    }
+
+    fn refused(pairs: &[(&str, Param<'_>)]) -> String {
+        read(pairs).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn nothing_asked_is_the_defaults() {
+        assert_eq!(read(&[]).unwrap(), Parameters::default());
+        assert_eq!(
+            read(&[("some_model_parameter", Param::Other("a JSON object"))]).unwrap(),
+            Parameters::default(),
+            "unknown parameters are ignored, as in Triton"
+        );
+    }
+
+    #[test]
+    fn timeout_zero_is_no_timeout() {
+        for zero in [Param::Int(0), Param::Uint(0)] {
+            assert_eq!(read(&[(TIMEOUT, zero)]).unwrap().timeout, None);
+        }
+        assert_eq!(
+            read(&[(TIMEOUT, Param::Int(250))]).unwrap().timeout,
+            Some(Duration::from_micros(250))
+        );
+        assert_eq!(
+            read(&[(TIMEOUT, Param::Uint(u64::MAX))]).unwrap().timeout,
+            Some(Duration::from_micros(u64::MAX))
+        );
+    }
+
+    #[test]
+    fn a_value_of_another_type_names_the_parameter_the_type_and_what_came() {
+        for (pairs, words) in [
+            (
+                vec![(TIMEOUT, Param::Other("a JSON object"))],
+                "parameter timeout must be an integer of 0 or more (microseconds; 0 is no timeout); got a JSON object",
+            ),
+            (vec![(TIMEOUT, Param::Int(-1))], "got the integer -1"),
+            (vec![(TIMEOUT, Param::Str("5"))], "got the string \"5\""),
+            (vec![(TIMEOUT, Param::Float(5.0))], "got the number 5"),
+            (
+                vec![(PRIORITY, Param::Str("1"))],
+                "parameter priority must be",
+            ),
+            (vec![(PRIORITY, Param::Bool(true))], "got the boolean true"),
+            (
+                vec![(SEQUENCE_ID, Param::Other("a JSON list"))],
+                "parameter sequence_id must be an unsigned integer or a string; got a JSON list",
+            ),
+            (
+                vec![(SEQUENCE_ID, Param::Other("JSON null"))],
+                "got JSON null",
+            ),
+            (
+                vec![(SEQUENCE_START, Param::Other("a JSON object"))],
+                "parameter sequence_start must be true or false",
+            ),
+            (
+                vec![(MC_SAMPLES, Param::Other("a JSON object"))],
+                "parameter mc_samples must be a positive integer",
+            ),
+        ] {
+            let e = refused(&pairs);
+            assert!(e.contains(words), "{pairs:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn sequences_are_named_as_triton_clients_name_them() {
+        let got = read(&[
+            (SEQUENCE_ID, Param::Uint(7)),
+            (SEQUENCE_START, Param::Bool(true)),
+        ])
+        .unwrap();
+        assert_eq!(
+            got.sequence,
+            Some(SequenceControl {
+                id: SequenceId::Number(7),
+                start: true,
+                end: false
+            })
+        );
+        let got = read(&[
+            (SEQUENCE_ID, Param::Str("AAPL")),
+            (SEQUENCE_END, Param::Bool(true)),
+        ])
+        .unwrap()
+        .sequence
+        .unwrap();
+        assert_eq!(got.id, SequenceId::Text("AAPL".to_string()));
+        assert!(got.end && !got.start);
+        assert_eq!(
+            read(&[(SEQUENCE_ID, Param::Int(0))]).unwrap().sequence,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_sequence_parameters_are_clear_errors() {
+        let long = "x".repeat(MAX_SEQUENCE_ID_BYTES + 1);
+        let cases: Vec<(Vec<(&str, Param)>, &str)> = vec![
+            (
+                vec![(SEQUENCE_START, Param::Bool(true))],
+                "need sequence_id",
+            ),
+            (
+                vec![
+                    (SEQUENCE_ID, Param::Int(0)),
+                    (SEQUENCE_START, Param::Bool(true)),
+                ],
+                "sequence_id 0",
+            ),
+            (vec![(SEQUENCE_ID, Param::Int(-3))], "unsigned integer"),
+            (vec![(SEQUENCE_ID, Param::Float(1.5))], "unsigned"),
+            (vec![(SEQUENCE_ID, Param::Str(""))], "1 to 256 bytes"),
+            (vec![(SEQUENCE_ID, Param::Str(&long))], "got 257"),
+            (
+                vec![
+                    (SEQUENCE_ID, Param::Uint(1)),
+                    (SEQUENCE_END, Param::Str("yes")),
+                ],
+                "sequence_end must be true or false",
+            ),
+        ];
+        for (list, expected) in cases {
+            let error = refused(&list);
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn monte_carlo_parameters_parse_and_refuse() {
+        assert_eq!(read(&[]).unwrap().monte_carlo, None);
+        let mc = read(&[
+            (MC_SAMPLES, Param::Int(64)),
+            (MC_NOISE_SIGMA, Param::Str("0.5")),
+            (MC_SEED, Param::Uint(7)),
+            (MC_OUTPUT, Param::Str("quantiles")),
+            (MC_QUANTILES, Param::Str("0.1, 0.9")),
+        ])
+        .unwrap()
+        .monte_carlo
+        .unwrap();
+        assert_eq!(
+            mc,
+            MonteCarlo {
+                samples: 64,
+                sigma: Some(0.5),
+                seed: Some(7),
+                summary: Summary::Quantiles(vec![0.1, 0.9]),
+            }
+        );
+        for (pairs, words) in [
+            (vec![(MC_SAMPLES, Param::Int(0))], "positive integer"),
+            (vec![(MC_SAMPLES, Param::Float(2.0))], "positive integer"),
+            (
+                vec![
+                    (MC_SAMPLES, Param::Int(4)),
+                    (MC_NOISE_SIGMA, Param::Float(-1.0)),
+                ],
+                "0 or more",
+            ),
+            (
+                vec![(MC_NOISE_SIGMA, Param::Float(1.0))],
+                "needs mc_samples",
+            ),
+            (
+                vec![
+                    (MC_SAMPLES, Param::Int(4)),
+                    (MC_OUTPUT, Param::Str("median")),
+                ],
+                "\"median\"",
+            ),
+            (
+                vec![
+                    (MC_SAMPLES, Param::Int(4)),
+                    (MC_QUANTILES, Param::Str("0.5")),
+                ],
+                "needs mc_output",
+            ),
+            (
+                vec![
+                    (MC_SAMPLES, Param::Int(4)),
+                    (MC_OUTPUT, Param::Str("quantiles")),
+                    (MC_QUANTILES, Param::Str("1.5")),
+                ],
+                "between 0 and 1",
+            ),
+        ] {
+            let e = refused(&pairs);
+            assert!(e.contains(words), "{pairs:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn binary_extension_parameters_have_one_type_each() {
+        assert_eq!(
+            flag("m", BINARY_DATA, Some(Param::Bool(true))).unwrap(),
+            Some(true)
+        );
+        let e = flag("m", BINARY_DATA_OUTPUT, Some(Param::Str("true")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "parameter binary_data_output must be true or false; got the string \"true\""
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            byte_count("m", BINARY_DATA_SIZE, Some(Param::Uint(8))).unwrap(),
+            Some(8)
+        );
+        let e = byte_count("m", BINARY_DATA_SIZE, Some(Param::Int(-8)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("parameter binary_data_size must be a byte count"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,668 @@
+//! The route tables, one per port: what a request path asks for, decoded
+//! once, and the key group it belongs to.
+//!
+//! The HTTP port's table ([`HttpRoute::parse`]) is the only reader of an
+//! HTTP path: the key check and the handler both see the route it returns,
+//! so no spelling of a path can reach a handler by a way the key check read
+//! differently. Each segment is percent-decoded once, after the path is split
+//! on `/` (so `%2F` is part of a name, never a separator). A path that does
+//! not parse is answered 404 whatever its key; it is never waved through.
+//!
+//! The gRPC port's table ([`grpc_group`]) names every method of every
+//! service it serves; a method not in it is answered UNIMPLEMENTED before any
+//! service sees it.
+
+use tickserve_core::config::EndpointGroup;
+
+/// A model, and the version asked for (`None`: the default version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRef {
+    /// The model's name.
+    pub model: String,
+    /// `/versions/V`, as given.
+    pub version: Option<String>,
+}
+
+/// What a v2 endpoint under `/v2/models/NAME[/versions/V]` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelEndpoint {
+    /// `GET` the model's metadata.
+    Metadata,
+    /// `GET .../ready`.
+    Ready,
+    /// `GET .../config`.
+    Config,
+    /// `GET .../stats`.
+    Stats,
+    /// `POST .../infer`.
+    Infer,
+    /// `GET .../sequences`: a stateful model's sequences.
+    Sequences,
+    /// `POST .../sequences/read`.
+    SequenceRead,
+    /// `POST .../sequences/write`.
+    SequenceWrite,
+    /// `POST .../sequences/drop`.
+    SequenceDrop,
+}
+
+/// What a TF Serving path under `/v1/models/` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TfRoute {
+    /// The model.
+    pub model: String,
+    /// `/versions/N`, as given.
+    pub version: Option<String>,
+    /// `/labels/L`.
+    pub label: Option<String>,
+    /// `:predict`, `:classify`, `:regress`.
+    pub verb: Option<String>,
+    /// `/metadata`.
+    pub metadata: bool,
+}
+
+/// Which method an endpoint takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// `GET` (and `HEAD`).
+    Get,
+    /// `POST`.
+    Post,
+    /// Either (TF Serving's paths: their handler words a wrong method the
+    /// way TF Serving does).
+    Any,
+}
+
+/// Every endpoint of the HTTP port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpRoute {
+    /// `GET /v2/health/live`.
+    Live,
+    /// `GET /v2/health/ready`.
+    Ready,
+    /// `GET /v2`: server metadata.
+    ServerMetadata,
+    /// `GET /metrics`: Prometheus.
+    Metrics,
+    /// `GET /v2/models/stats`: every model's statistics.
+    AllStats,
+    /// An endpoint of one model.
+    Model(ModelRef, ModelEndpoint),
+    /// `POST /v2/repository/index`.
+    RepositoryIndex,
+    /// `POST /v2/repository/models/NAME/load`.
+    RepositoryLoad(String),
+    /// `POST /v2/repository/models/NAME/unload`.
+    RepositoryUnload(String),
+    /// TF Serving's REST API.
+    TfServing(TfRoute),
+    /// A path under `/v1/models/` TF Serving would not read: answered 400
+    /// with TF Serving's words (nothing of a model is touched).
+    TfMalformed(String),
+}
+
+/// Percent-decodes one path segment; `None` for a bad escape or bytes that
+/// are not UTF-8.
+fn decode(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    if !bytes.contains(&b'%') {
+        return Some(segment.to_string());
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+impl HttpRoute {
+    /// The route of a request path (without its query), or `None` when
+    /// tickserve serves nothing there.
+    pub fn parse(path: &str) -> Option<HttpRoute> {
+        let rest = path.strip_prefix('/')?;
+        let segments: Vec<String> = rest.split('/').map(decode).collect::<Option<_>>()?;
+        if segments.iter().any(String::is_empty) {
+            return None;
+        }
+        let s: Vec<&str> = segments.iter().map(String::as_str).collect();
+        Some(match s.as_slice() {
+            ["metrics"] => HttpRoute::Metrics,
+            ["v2"] => HttpRoute::ServerMetadata,
+            ["v2", "health", "live"] => HttpRoute::Live,
+            ["v2", "health", "ready"] => HttpRoute::Ready,
+            ["v2", "models", "stats"] => HttpRoute::AllStats,
+            ["v2", "repository", "index"] => HttpRoute::RepositoryIndex,
+            ["v2", "repository", "models", model, "load"] => {
+                HttpRoute::RepositoryLoad((*model).to_string())
+            }
+            ["v2", "repository", "models", model, "unload"] => {
+                HttpRoute::RepositoryUnload((*model).to_string())
+            }
+            ["v2", "models", model, "versions", version, tail @ ..] => {
+                let model = ModelRef {
+                    model: (*model).to_string(),
+                    version: Some((*version).to_string()),
+                };
+                HttpRoute::Model(model, model_endpoint(tail)?)
+            }
+            ["v2", "models", model, tail @ ..] => {
+                let model = ModelRef {
+                    model: (*model).to_string(),
+                    version: None,
+                };
+                HttpRoute::Model(model, model_endpoint(tail)?)
+            }
+            ["v1", "models", tail @ ..] if !tail.is_empty() => match parse_tf(&tail.join("/")) {
+                Ok(route) => HttpRoute::TfServing(route),
+                Err(message) => HttpRoute::TfMalformed(message),
+            },
+            _ => return None,
+        })
+    }
+
+    /// The key group the route belongs to.
+    pub fn group(&self) -> EndpointGroup {
+        match self {
+            HttpRoute::Live | HttpRoute::Ready => EndpointGroup::Health,
+            HttpRoute::ServerMetadata => EndpointGroup::Metadata,
+            HttpRoute::Metrics => EndpointGroup::Metrics,
+            HttpRoute::AllStats => EndpointGroup::Statistics,
+            HttpRoute::RepositoryIndex
+            | HttpRoute::RepositoryLoad(_)
+            | HttpRoute::RepositoryUnload(_) => EndpointGroup::ModelRepository,
+            HttpRoute::Model(_, endpoint) => match endpoint {
+                ModelEndpoint::Metadata => EndpointGroup::Metadata,
+                ModelEndpoint::Ready => EndpointGroup::Health,
+                ModelEndpoint::Config => EndpointGroup::ModelConfig,
+                ModelEndpoint::Stats => EndpointGroup::Statistics,
+                ModelEndpoint::Infer => EndpointGroup::Inference,
+                ModelEndpoint::Sequences
+                | ModelEndpoint::SequenceRead
+                | ModelEndpoint::SequenceWrite
+                | ModelEndpoint::SequenceDrop => EndpointGroup::ModelRepository,
+            },
+            HttpRoute::TfServing(route) if route.verb.is_some() => EndpointGroup::Inference,
+            HttpRoute::TfServing(route) if route.metadata => EndpointGroup::Metadata,
+            HttpRoute::TfServing(_) => EndpointGroup::Health,
+            // The strictest group: a malformed path reads nothing, and a
+            // client without the inference key learns nothing from it.
+            HttpRoute::TfMalformed(_) => EndpointGroup::Inference,
+        }
+    }
+
+    /// The method the route's endpoint takes.
+    pub fn method(&self) -> Method {
+        match self {
+            HttpRoute::Live
+            | HttpRoute::Ready
+            | HttpRoute::ServerMetadata
+            | HttpRoute::Metrics
+            | HttpRoute::AllStats => Method::Get,
+            HttpRoute::RepositoryIndex
+            | HttpRoute::RepositoryLoad(_)
+            | HttpRoute::RepositoryUnload(_) => Method::Post,
+            HttpRoute::Model(_, endpoint) => match endpoint {
+                ModelEndpoint::Metadata
+                | ModelEndpoint::Ready
+                | ModelEndpoint::Config
+                | ModelEndpoint::Stats
+                | ModelEndpoint::Sequences => Method::Get,
+                ModelEndpoint::Infer
+                | ModelEndpoint::SequenceRead
+                | ModelEndpoint::SequenceWrite
+                | ModelEndpoint::SequenceDrop => Method::Post,
+            },
+            HttpRoute::TfServing(_) | HttpRoute::TfMalformed(_) => Method::Any,
+        }
+    }
+}
+
+/// The endpoint after `/v2/models/NAME[/versions/V]`.
+fn model_endpoint(tail: &[&str]) -> Option<ModelEndpoint> {
+    Some(match tail {
+        [] => ModelEndpoint::Metadata,
+        ["ready"] => ModelEndpoint::Ready,
+        ["config"] => ModelEndpoint::Config,
+        ["stats"] => ModelEndpoint::Stats,
+        ["infer"] => ModelEndpoint::Infer,
+        ["sequences"] => ModelEndpoint::Sequences,
+        ["sequences", "read"] => ModelEndpoint::SequenceRead,
+        ["sequences", "write"] => ModelEndpoint::SequenceWrite,
+        ["sequences", "drop"] => ModelEndpoint::SequenceDrop,
+        _ => return None,
+    })
+}
+
+/// Parses the decoded part of a TF Serving path after `/v1/models/`, as TF
+/// Serving reads it; `Err` with TF Serving's words when it would not.
+pub fn parse_tf(path: &str) -> Result<TfRoute, String> {
+    let malformed = || {
+        format!(
+            "malformed request: /v1/models/{path} (expected \
+             /v1/models/NAME[/versions/N][:predict] or .../metadata)"
+        )
+    };
+    let (rest, metadata) = match path.strip_suffix("/metadata") {
+        Some(rest) => (rest, true),
+        None => (path, false),
+    };
+    let (rest, verb) = match rest.rsplit_once(':') {
+        Some((rest, verb)) => (rest, Some(verb.to_string())),
+        None => (rest, None),
+    };
+    let segments: Vec<&str> = rest.split('/').collect();
+    let (model, version, label) = match segments.as_slice() {
+        [model] => (*model, None, None),
+        [model, "versions", n] => {
+            if n.parse::<i64>().map_or(true, |n| n < 0) {
+                return Err(format!(
+                    "failed to convert version \"{n}\" of /v1/models/{path} to a version number"
+                ));
+            }
+            (*model, Some((*n).to_string()), None)
+        }
+        [model, "labels", label] => (*model, None, Some((*label).to_string())),
+        _ => return Err(malformed()),
+    };
+    if model.is_empty() || (metadata && verb.is_some()) {
+        return Err(malformed());
+    }
+    Ok(TfRoute {
+        model: model.to_string(),
+        version,
+        label,
+        verb,
+        metadata,
+    })
+}
+
+/// Every gRPC method the gRPC port serves, with its key group: the port's
+/// one table. `grpc.health.v1.Health` is matched by its service.
+const GRPC_METHODS: [(&str, EndpointGroup); 19] = [
+    (
+        "/inference.GRPCInferenceService/ServerLive",
+        EndpointGroup::Health,
+    ),
+    (
+        "/inference.GRPCInferenceService/ServerReady",
+        EndpointGroup::Health,
+    ),
+    (
+        "/inference.GRPCInferenceService/ModelReady",
+        EndpointGroup::Health,
+    ),
+    (
+        "/inference.GRPCInferenceService/ServerMetadata",
+        EndpointGroup::Metadata,
+    ),
+    (
+        "/inference.GRPCInferenceService/ModelMetadata",
+        EndpointGroup::Metadata,
+    ),
+    (
+        "/inference.GRPCInferenceService/ModelInfer",
+        EndpointGroup::Inference,
+    ),
+    (
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        EndpointGroup::Inference,
+    ),
+    (
+        "/inference.GRPCInferenceService/ModelConfig",
+        EndpointGroup::ModelConfig,
+    ),
+    (
+        "/inference.GRPCInferenceService/ModelStatistics",
+        EndpointGroup::Statistics,
+    ),
+    (
+        "/inference.GRPCInferenceService/RepositoryIndex",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/inference.GRPCInferenceService/RepositoryModelLoad",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/inference.GRPCInferenceService/RepositoryModelUnload",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/tensorflow.serving.PredictionService/Predict",
+        EndpointGroup::Inference,
+    ),
+    (
+        "/tensorflow.serving.PredictionService/GetModelMetadata",
+        EndpointGroup::Metadata,
+    ),
+    (
+        "/tensorflow.serving.ModelService/GetModelStatus",
+        EndpointGroup::Health,
+    ),
+    (
+        "/tickserve.SequenceService/SequenceList",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/tickserve.SequenceService/SequenceStateRead",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/tickserve.SequenceService/SequenceStateWrite",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/tickserve.SequenceService/SequenceDrop",
+        EndpointGroup::ModelRepository,
+    ),
+];
+
+/// The gRPC health service, whose methods (Check, Watch) are all health.
+const GRPC_HEALTH: &str = "/grpc.health.v1.Health/";
+
+/// The key group of a gRPC method path, or `None` for a method the port
+/// does not serve.
+pub fn grpc_group(path: &str) -> Option<EndpointGroup> {
+    if let Some(method) = path.strip_prefix(GRPC_HEALTH) {
+        return matches!(method, "Check" | "Watch").then_some(EndpointGroup::Health);
+    }
+    GRPC_METHODS
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, group)| *group)
+}
+
+/// Every gRPC method path of the table (for tests and docs).
+pub fn grpc_methods() -> impl Iterator<Item = (&'static str, EndpointGroup)> {
+    GRPC_METHODS.iter().copied().chain([
+        ("/grpc.health.v1.Health/Check", EndpointGroup::Health),
+        ("/grpc.health.v1.Health/Watch", EndpointGroup::Health),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use EndpointGroup as G;
+
+    fn model(name: &str, version: Option<&str>, endpoint: ModelEndpoint) -> HttpRoute {
+        HttpRoute::Model(
+            ModelRef {
+                model: name.into(),
+                version: version.map(str::to_string),
+            },
+            endpoint,
+        )
+    }
+
+    #[test]
+    fn every_served_path_has_its_route_and_group() {
+        use ModelEndpoint as E;
+        for (path, route, group) in [
+            ("/v2/health/live", HttpRoute::Live, G::Health),
+            ("/v2/health/ready", HttpRoute::Ready, G::Health),
+            ("/v2/models/m/ready", model("m", None, E::Ready), G::Health),
+            (
+                "/v2/models/m/versions/2/ready",
+                model("m", Some("2"), E::Ready),
+                G::Health,
+            ),
+            ("/v2", HttpRoute::ServerMetadata, G::Metadata),
+            ("/v2/models/m", model("m", None, E::Metadata), G::Metadata),
+            (
+                "/v2/models/m/versions/2",
+                model("m", Some("2"), E::Metadata),
+                G::Metadata,
+            ),
+            (
+                "/v2/models/m/infer",
+                model("m", None, E::Infer),
+                G::Inference,
+            ),
+            (
+                "/v2/models/m/versions/2/infer",
+                model("m", Some("2"), E::Infer),
+                G::Inference,
+            ),
+            (
+                "/v2/models/m/config",
+                model("m", None, E::Config),
+                G::ModelConfig,
+            ),
+            (
+                "/v2/models/m/versions/2/config",
+                model("m", Some("2"), E::Config),
+                G::ModelConfig,
+            ),
+            (
+                "/v2/models/m/stats",
+                model("m", None, E::Stats),
+                G::Statistics,
+            ),
+            (
+                "/v2/models/m/versions/2/stats",
+                model("m", Some("2"), E::Stats),
+                G::Statistics,
+            ),
+            ("/v2/models/stats", HttpRoute::AllStats, G::Statistics),
+            (
+                "/v2/repository/index",
+                HttpRoute::RepositoryIndex,
+                G::ModelRepository,
+            ),
+            (
+                "/v2/repository/models/m/load",
+                HttpRoute::RepositoryLoad("m".into()),
+                G::ModelRepository,
+            ),
+            (
+                "/v2/repository/models/m/unload",
+                HttpRoute::RepositoryUnload("m".into()),
+                G::ModelRepository,
+            ),
+            (
+                "/v2/models/m/sequences",
+                model("m", None, E::Sequences),
+                G::ModelRepository,
+            ),
+            (
+                "/v2/models/m/sequences/read",
+                model("m", None, E::SequenceRead),
+                G::ModelRepository,
+            ),
+            (
+                "/v2/models/m/versions/2/sequences/write",
+                model("m", Some("2"), E::SequenceWrite),
+                G::ModelRepository,
+            ),
+            (
+                "/v2/models/m/sequences/drop",
+                model("m", None, E::SequenceDrop),
+                G::ModelRepository,
+            ),
+            ("/metrics", HttpRoute::Metrics, G::Metrics),
+        ] {
+            assert_eq!(HttpRoute::parse(path).as_ref(), Some(&route), "{path}");
+            assert_eq!(route.group(), group, "{path}");
+        }
+        for (path, group) in [
+            ("/v1/models/m:predict", G::Inference),
+            ("/v1/models/m/versions/3:predict", G::Inference),
+            ("/v1/models/m/metadata", G::Metadata),
+            ("/v1/models/m", G::Health),
+            ("/v1/models/m/versions/3", G::Health),
+            ("/v1/models/m/bogus/path", G::Inference),
+            ("/v1/models/m/versions/HELLO:predict", G::Inference),
+        ] {
+            assert_eq!(HttpRoute::parse(path).unwrap().group(), group, "{path}");
+        }
+    }
+
+    #[test]
+    fn paths_that_do_not_parse_have_no_route() {
+        for path in [
+            "/v2/models/m/sequences/other",
+            "/v2/models/m/bogus",
+            "/v2/models/m/versions/2/infer/more",
+            "/elsewhere",
+            "/v2/",
+            "/v2//health/live",
+            "/v2/health/live/",
+            "/v2/models/m/infer/",
+            "/v2/models/%zz/infer",
+            "/v2/models/%ff/infer",
+            "/v2/models/m/infer%",
+            "/v1/models/",
+            "/v1/models",
+            "",
+            "v2",
+        ] {
+            assert_eq!(HttpRoute::parse(path), None, "{path}");
+        }
+    }
+
+    /// An encoded spelling parses to the same route as the plain one, so the
+    /// key check sees what the handler serves.
+    #[test]
+    fn encoded_spellings_parse_to_the_plain_route() {
+        for (encoded, plain) in [
+            (
+                "/v1/models/m/versions/%31:predict",
+                "/v1/models/m/versions/1:predict",
+            ),
+            ("/v1/models/m%3Apredict", "/v1/models/m:predict"),
+            ("/v1/models/m%3apredict", "/v1/models/m:predict"),
+            ("/v1/models/m/%6Detadata", "/v1/models/m/metadata"),
+            ("/v1/models/m/versions/%32", "/v1/models/m/versions/2"),
+            ("/v2/models/m/%69nfer", "/v2/models/m/infer"),
+            (
+                "/v2/models/%6D/versions/%31/infer",
+                "/v2/models/m/versions/1/infer",
+            ),
+            ("/v2/%6Dodels/m/config", "/v2/models/m/config"),
+            ("/%6Detrics", "/metrics"),
+            (
+                "/v2/repository/models/m/%6Coad",
+                "/v2/repository/models/m/load",
+            ),
+            (
+                "/v2/models/m/sequences/%77rite",
+                "/v2/models/m/sequences/write",
+            ),
+        ] {
+            let route = HttpRoute::parse(encoded);
+            assert!(route.is_some(), "{encoded}");
+            assert_eq!(route, HttpRoute::parse(plain), "{encoded}");
+        }
+        // An encoded slash is part of a name, never a separator.
+        assert_eq!(
+            HttpRoute::parse("/v2/models/a%2Fb/infer"),
+            Some(model("a/b", None, ModelEndpoint::Infer))
+        );
+        assert_eq!(
+            HttpRoute::parse("/v2/models/m%2Finfer"),
+            Some(model("m/infer", None, ModelEndpoint::Metadata))
+        );
+    }
+
+    #[test]
+    fn tf_paths_parse_as_tf_serving_reads_them() {
+        let t = parse_tf("half_plus_two:predict").unwrap();
+        assert_eq!(
+            (t.model.as_str(), t.verb.as_deref(), t.version, t.metadata),
+            ("half_plus_two", Some("predict"), None, false)
+        );
+        let t = parse_tf("m/versions/123:predict").unwrap();
+        assert_eq!(t.version.as_deref(), Some("123"));
+        let t = parse_tf("m/versions/7/metadata").unwrap();
+        assert!(t.metadata && t.verb.is_none());
+        let t = parse_tf("m/labels/stable").unwrap();
+        assert_eq!(t.label.as_deref(), Some("stable"));
+        assert!(
+            parse_tf("m/version/50:predict")
+                .unwrap_err()
+                .contains("malformed")
+        );
+        assert!(
+            parse_tf("m/versions/HELLO:regress")
+                .unwrap_err()
+                .contains("failed to convert")
+        );
+        assert!(
+            parse_tf("m/versions/18446744073709551615:predict")
+                .unwrap_err()
+                .contains("failed to convert")
+        );
+        assert!(parse_tf(":predict").is_err());
+        assert!(parse_tf("m:predict/metadata").is_err());
+    }
+
+    #[test]
+    fn every_grpc_method_has_its_group() {
+        for (path, group) in grpc_methods() {
+            assert_eq!(grpc_group(path), Some(group), "{path}");
+        }
+        assert_eq!(
+            grpc_group("/inference.GRPCInferenceService/ModelConfig"),
+            Some(G::ModelConfig)
+        );
+        for path in [
+            "/inference.GRPCInferenceService/Other",
+            "/inference.GRPCInferenceService/",
+            "/grpc.health.v1.Health/Other",
+            "/tickserve.SequenceService/Other",
+            "/inference.GRPCInferenceService/Model%49nfer",
+            "",
+        ] {
+            assert_eq!(grpc_group(path), None, "{path}");
+        }
+    }
+
+    /// The table names every method the `.proto` files declare, so a method
+    /// added to a service cannot be served without a group.
+    #[test]
+    fn the_grpc_table_covers_every_method_of_the_protos() {
+        let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/../../proto");
+        let mut declared = Vec::new();
+        for file in [
+            "grpc_service.proto",
+            "tickserve_sequence.proto",
+            "tensorflow_serving/apis/prediction_service.proto",
+            "tensorflow_serving/apis/model_service.proto",
+        ] {
+            let text = std::fs::read_to_string(format!("{proto}/{file}")).unwrap();
+            let package = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("package "))
+                .unwrap()
+                .trim_end_matches(';')
+                .to_string();
+            let mut service = String::new();
+            for line in text.lines().map(str::trim) {
+                if let Some(rest) = line.strip_prefix("service ") {
+                    service = rest.split_whitespace().next().unwrap().to_string();
+                }
+                if let Some(rest) = line.strip_prefix("rpc ") {
+                    let method = rest.split('(').next().unwrap().trim();
+                    declared.push(format!("/{package}.{service}/{method}"));
+                }
+            }
+        }
+        assert!(declared.len() >= 17, "{declared:?}");
+        for path in &declared {
+            assert!(grpc_group(path).is_some(), "{path} has no group");
+        }
+        assert_eq!(declared.len() + 2, grpc_methods().count(), "{declared:?}");
+    }
+}
