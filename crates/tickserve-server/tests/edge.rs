@@ -1,0 +1,359 @@
+//! The edge, through real servers on loopback: one route table per port
+//! whose parse both the key check and the handler see (every route, plain and
+//! percent-encoded, refused without its key and served with it), and one
+//! parameter reader for every protocol (a parameter of the wrong type is a
+//! 400 / INVALID_ARGUMENT naming it; `timeout: 0` is no timeout).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use serde_json::json;
+use tickserve_core::config::{EndpointGroup, FrontEnd, Restriction};
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tonic::Code;
+
+const KEY_VARIABLE: &str = "TICKSERVE_TEST_EDGE_KEY";
+const KEY: &str = "edge-k3y";
+
+/// A v2 JSON body of one `alpha_mlp` row, with `parameters`.
+fn alpha_row(parameters: serde_json::Value) -> String {
+    json!({
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 50], "data": vec![0.5; 50]}],
+        "parameters": parameters,
+    })
+    .to_string()
+}
+
+/// Every HTTP route: method, path, and the same path spelled with a
+/// percent-encoded character in one or more segments.
+fn routes() -> Vec<(&'static str, &'static str, &'static str)> {
+    vec![
+        ("GET", "/v2/health/live", "/v2/health/%6Cive"),
+        ("GET", "/v2/health/ready", "/v2/%68ealth/ready"),
+        ("GET", "/v2", "/%762"),
+        ("GET", "/metrics", "/%6Detrics"),
+        ("GET", "/v2/models/stats", "/v2/models/%73tats"),
+        ("GET", "/v2/models/alpha_mlp", "/v2/models/%61lpha_mlp"),
+        (
+            "GET",
+            "/v2/models/alpha_mlp/versions/1",
+            "/v2/models/alpha_mlp/versions/%31",
+        ),
+        (
+            "GET",
+            "/v2/models/alpha_mlp/ready",
+            "/v2/models/alpha_mlp/%72eady",
+        ),
+        (
+            "GET",
+            "/v2/models/alpha_mlp/versions/1/ready",
+            "/v2/models/alpha_mlp/versions/%31/ready",
+        ),
+        (
+            "GET",
+            "/v2/models/alpha_mlp/config",
+            "/v2/models/alpha_mlp/%63onfig",
+        ),
+        (
+            "GET",
+            "/v2/models/alpha_mlp/stats",
+            "/v2/models/alpha%5Fmlp/stats",
+        ),
+        (
+            "POST",
+            "/v2/models/alpha_mlp/infer",
+            "/v2/models/alpha_mlp/%69nfer",
+        ),
+        (
+            "POST",
+            "/v2/models/alpha_mlp/versions/1/infer",
+            "/v2/models/alpha_mlp/versions/%31/infer",
+        ),
+        (
+            "GET",
+            "/v2/models/seq_lstm_step/sequences",
+            "/v2/models/seq_lstm_step/%73equences",
+        ),
+        (
+            "POST",
+            "/v2/models/seq_lstm_step/sequences/read",
+            "/v2/models/seq_lstm_step/sequences/%72ead",
+        ),
+        (
+            "POST",
+            "/v2/models/seq_lstm_step/sequences/write",
+            "/v2/models/seq_lstm_step/sequences/%77rite",
+        ),
+        (
+            "POST",
+            "/v2/models/seq_lstm_step/sequences/drop",
+            "/v2/models/seq_lstm_step/sequences/%64rop",
+        ),
+        ("POST", "/v2/repository/index", "/v2/repository/%69ndex"),
+        (
+            "POST",
+            "/v2/repository/models/alpha_mlp/load",
+            "/v2/repository/models/alpha_mlp/%6Coad",
+        ),
+        (
+            "POST",
+            "/v2/repository/models/alpha_mlp/unload",
+            "/v2/repository/models/alpha_mlp/%75nload",
+        ),
+        ("GET", "/v1/models/alpha_mlp", "/v1/models/%61lpha_mlp"),
+        (
+            "GET",
+            "/v1/models/alpha_mlp/versions/1",
+            "/v1/models/alpha_mlp/versions/%31",
+        ),
+        (
+            "GET",
+            "/v1/models/alpha_mlp/metadata",
+            "/v1/models/alpha_mlp/%6Detadata",
+        ),
+        (
+            "POST",
+            "/v1/models/alpha_mlp:predict",
+            "/v1/models/alpha_mlp%3Apredict",
+        ),
+        (
+            "POST",
+            "/v1/models/alpha_mlp/versions/1:predict",
+            "/v1/models/alpha_mlp/versions/%31:predict",
+        ),
+        (
+            "POST",
+            "/v1/models/alpha_mlp/versions/1:predict",
+            "/v1/models/alpha_mlp%2Fversions%2F1%3Apredict",
+        ),
+        (
+            "POST",
+            "/v1/models/alpha_mlp/version/1:predict",
+            "/v1/models/alpha_mlp/versio%6E/1:predict",
+        ),
+    ]
+}
+
+/// Sends `method path` with `key` (if any): the status and the body.
+async fn answer_of(
+    client: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+) -> (u16, String) {
+    // reqwest would normalise nothing here: the path goes out as written.
+    let url = format!("{base}{path}");
+    let mut request = match method {
+        "GET" => client.get(&url),
+        _ => client.post(&url).body(if path.contains("predict") {
+            json!({"instances": [vec![0.5; 50]]}).to_string()
+        } else {
+            alpha_row(json!({}))
+        }),
+    };
+    if let Some(key) = key {
+        request = request.header("admin-key", key);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// [`answer_of`]'s status.
+async fn status_of(
+    client: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+) -> u16 {
+    answer_of(client, base, method, path, key).await.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_and_its_encoded_spellings_need_their_key() {
+    // SAFETY of set_var: this test binary sets this variable here only, before
+    // the server (which reads it) starts.
+    unsafe { std::env::set_var(KEY_VARIABLE, KEY) };
+    let mut config = common::config(&common::root().join("config/models"));
+    let groups = EndpointGroup::ALL.map(EndpointGroup::as_str).join(",");
+    config.security.restricted = vec![
+        Restriction::parse_triton(
+            &format!("{groups}:admin-key=env:{KEY_VARIABLE}"),
+            FrontEnd::Http,
+        )
+        .unwrap(),
+    ];
+    config.validate().unwrap();
+    let server = common::start(&config).await;
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", server.http_addr);
+    for (method, plain, encoded) in routes() {
+        for path in [plain, encoded] {
+            assert_eq!(
+                status_of(&client, &base, method, path, None).await,
+                401,
+                "{method} {path} without the key"
+            );
+            assert_eq!(
+                status_of(&client, &base, method, path, Some("wrong")).await,
+                403,
+                "{method} {path} with a wrong key"
+            );
+        }
+        // With the key, both spellings reach the same handler.
+        let (plain_status, body) = answer_of(&client, &base, method, plain, Some(KEY)).await;
+        let encoded_status = status_of(&client, &base, method, encoded, Some(KEY)).await;
+        assert!(
+            ![401, 404, 405].contains(&plain_status)
+                && !body.contains("need a key")
+                && !body.contains("not the right one"),
+            "{method} {plain}: {plain_status} {body}"
+        );
+        assert_eq!(plain_status, encoded_status, "{method} {encoded}");
+    }
+    // A path that does not parse is 404 with or without a key, never served.
+    for path in [
+        "/v2/models/alpha_mlp/%zz",
+        "/v2/models/alpha_mlp/infer/",
+        "/v2//health/live",
+        "/v2/models/alpha_mlp/bogus",
+        "/v3",
+    ] {
+        for key in [None, Some(KEY)] {
+            assert_eq!(
+                status_of(&client, &base, "GET", path, key).await,
+                404,
+                "{path} {key:?}"
+            );
+        }
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parameter_of_another_type_is_refused_naming_it_over_http_and_grpc() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    for (parameters, words) in [
+        (
+            json!({"timeout": {"us": 5}}),
+            "parameter timeout must be an integer of 0 or more",
+        ),
+        (json!({"timeout": "5"}), "got the string \"5\""),
+        (json!({"timeout": -1}), "got the integer -1"),
+        (
+            json!({"priority": [1]}),
+            "parameter priority must be an integer of 0 or more",
+        ),
+        (
+            json!({"sequence_id": {}}),
+            "parameter sequence_id must be an unsigned integer or a string; got a JSON object",
+        ),
+        (json!({"sequence_id": null}), "got JSON null"),
+        (
+            json!({"sequence_start": "yes"}),
+            "parameter sequence_start must be true or false",
+        ),
+        (
+            json!({"mc_samples": [4]}),
+            "parameter mc_samples must be a positive integer",
+        ),
+        (
+            json!({"binary_data_output": "yes"}),
+            "parameter binary_data_output must be true or false",
+        ),
+    ] {
+        let response = client
+            .post(&url)
+            .body(alpha_row(parameters.clone()))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap();
+        let error = body["error"].as_str().unwrap_or_default();
+        assert_eq!(status, 400, "{parameters}: {body}");
+        assert!(error.contains(words), "{parameters}: {error}");
+        assert!(error.contains("alpha_mlp"), "{parameters}: {error}");
+    }
+    // Unknown parameters are the model's, as in Triton: ignored.
+    let response = client
+        .post(&url)
+        .body(alpha_row(json!({"desk": {"id": 7}})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    use pb::infer_parameter::ParameterChoice as P;
+    for (name, value, words) in [
+        (
+            "timeout",
+            P::StringParam("5".into()),
+            "parameter timeout must be",
+        ),
+        ("timeout", P::DoubleParam(5.0), "got the number 5"),
+        ("priority", P::BoolParam(true), "parameter priority must be"),
+        (
+            "sequence_id",
+            P::DoubleParam(1.5),
+            "parameter sequence_id must be",
+        ),
+        (
+            "mc_samples",
+            P::StringParam("4".into()),
+            "parameter mc_samples must be",
+        ),
+    ] {
+        let mut request = common::grpc_alpha_row();
+        request.parameters.insert(
+            name.to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(value),
+            },
+        );
+        let status = grpc.model_infer(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{name}: {status:?}");
+        assert!(status.message().contains(words), "{name}: {status:?}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_zero_is_no_timeout_over_http_and_grpc() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    for timeout in [json!(0), json!(0u64)] {
+        let response = client
+            .post(&url)
+            .body(alpha_row(json!({"timeout": timeout})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    }
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    use pb::infer_parameter::ParameterChoice as P;
+    for zero in [P::Int64Param(0), P::Uint64Param(0)] {
+        let mut request = common::grpc_alpha_row();
+        request.parameters.insert(
+            "timeout".to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(zero),
+            },
+        );
+        grpc.model_infer(request).await.unwrap();
+    }
+    server.shutdown().await.unwrap();
+}
