@@ -17,6 +17,9 @@ trap 'rm -rf "$tmp"' EXIT
 .venv/bin/python scripts/make_models.py "$tmp/models"
 diff -r "$tmp/models" config/models --exclude=model.toml
 
+echo "== structure: no import circle, no front end importing another, the edge importing no front end"
+.venv/bin/python scripts/check_layers.py
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::buckets::DEFAULT_BUCKETS;
+pub use crate::validate::NanPolicy;
 
 mod security;
 
@@ -277,16 +278,6 @@ impl Default for ModelDefaults {
             devices: vec![Placement::Auto],
         }
     }
-}
-
-/// What to do with NaN and infinity in float inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NanPolicy {
-    /// Refuse the request (INVALID_ARGUMENT / 400).
-    Reject,
-    /// Pass them to the model (tree ensembles read NaN as "missing").
-    Allow,
 }
 
 /// Where a model runs: one entry of a `devices` list.

@@ -8,8 +8,19 @@
 
 use bytes::Bytes;
 
-use crate::config::NanPolicy;
+use serde::Deserialize;
+
 use crate::{Error, InferRequest, Signature, TensorSpec};
+
+/// What to do with NaN and infinity in float inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NanPolicy {
+    /// Refuse the request (INVALID_ARGUMENT / 400).
+    Reject,
+    /// Pass them to the model (tree ensembles read NaN as "missing").
+    Allow,
+}
 
 /// The limits a request is checked against, from the model's configuration.
 #[derive(Debug, Clone, Copy)]
