@@ -5,6 +5,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use tickserve_core::Error;
 
+use super::Edge;
+
 /// How much of an oversized body is read and dropped before the 413 goes out.
 /// Closing a connection with unread request bytes makes the kernel reset it,
 /// and the client then sees a reset instead of the 413; bodies up to this many
@@ -53,4 +55,23 @@ pub async fn read(
         return Err(Error::PayloadTooLarge { got: seen, limit });
     }
     Ok(buffer.freeze())
+}
+
+/// Reads an inference request's body for `model` within the server's
+/// `max_request_bytes`, sized from its `Content-Length`. Every HTTP front end
+/// reads the body before anything is refused: answering with unread bytes
+/// would reset the connection instead.
+pub async fn read_request(
+    edge: &Edge,
+    model: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<bytes::Bytes, Error> {
+    read(
+        model,
+        body,
+        edge.max_request_bytes,
+        declared_length(headers),
+    )
+    .await
 }

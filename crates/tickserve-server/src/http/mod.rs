@@ -146,16 +146,7 @@ pub async fn infer(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    // The body is read before anything is refused: answering with unread
-    // bytes would reset the connection instead.
-    let body = match body::read(
-        &model.model,
-        body,
-        edge.max_request_bytes,
-        body::declared_length(headers),
-    )
-    .await
-    {
+    let body = match body::read_request(edge, &model.model, headers, body).await {
         Ok(body) => body,
         Err(e) => return HttpError(e).into_response(),
     };

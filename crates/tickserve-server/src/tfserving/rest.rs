@@ -129,16 +129,7 @@ impl Payload for PredictBody {
 /// `POST /v1/models/...:predict` (or a path TF Serving answers with an error).
 pub async fn post(edge: &Arc<Edge>, t: &TfRoute, headers: &HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    // Read before anything is refused: answering with unread bytes would
-    // reset the connection.
-    let body = match body::read(
-        &t.model,
-        body,
-        edge.max_request_bytes,
-        body::declared_length(headers),
-    )
-    .await
-    {
+    let body = match body::read_request(edge, &t.model, headers, body).await {
         Ok(body) => body,
         Err(e) => return HttpError(e).into_response(),
     };
