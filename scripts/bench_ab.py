@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Old binary against new, in one run: perf_analyzer over gRPC on alpha_mlp (one row
-per request) at concurrency 1 and 8, the server pinned to one core and perf_analyzer to
+"""Old binary against new, in one run: perf_analyzer over gRPC and HTTP (--protocols) on
+alpha_mlp (one row per request) at concurrency 1 and 8, the server pinned to one core and perf_analyzer to
 another (as scripts/bench_batching.py pins them), the two binaries taking turns round
 by round so that the machine's drift falls on both alike. Prints each round and a
 Markdown table of medians with the new/old ratios.
@@ -28,16 +28,17 @@ from server import ROOT, Server  # noqa: E402
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 
 
-def measure(grpc_port, concurrency, cpus, interval_ms, attempts=3, host="127.0.0.1", extra=()):
-    """One perf_analyzer measurement: (requests/s, p50 µs, p99 µs). perf_analyzer gives
-    up when no three windows in twenty agree within 20 % (a noisy moment on a shared
-    machine); that measurement is tried again, up to `attempts` times. `extra`: more
-    perf_analyzer flags (TLS's, say)."""
+def measure(port, concurrency, cpus, interval_ms, attempts=3, host="127.0.0.1", extra=(),
+            protocol="grpc"):
+    """One perf_analyzer measurement over `protocol` (grpc or http) to `port`:
+    (requests/s, p50 µs, p99 µs). perf_analyzer gives up when no three windows in twenty
+    agree within 20 % (a noisy moment on a shared machine); that measurement is tried
+    again, up to `attempts` times. `extra`: more perf_analyzer flags (TLS's, say)."""
     for attempt in range(1, attempts + 1):
         with tempfile.TemporaryDirectory() as tmp:
             out = pathlib.Path(tmp) / "pa.csv"
             command = ["taskset", "-c", cpus, str(PERF_ANALYZER), "-m", "alpha_mlp",
-                       "-u", f"{host}:{grpc_port}", "-i", "grpc", *extra,
+                       "-u", f"{host}:{port}", "-i", protocol, *extra,
                        "--concurrency-range", str(concurrency),
                        "--measurement-interval", str(interval_ms),
                        "--stability-percentage", "20", "--max-trials", "20", "-f", str(out)]
@@ -60,10 +61,12 @@ def main():
     p.add_argument("--server-cpus", default="0")
     p.add_argument("--client-cpus", default="1")
     p.add_argument("--concurrency", default="1,8")
+    p.add_argument("--protocols", default="grpc,http")
     args = p.parse_args()
     if not PERF_ANALYZER.exists():
         sys.exit(f"perf_analyzer wrapper not found at {PERF_ANALYZER}")
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [(protocol, int(c)) for protocol in args.protocols.split(",")
+              for c in args.concurrency.split(",")]
     results = {(which, c): [] for which in ("old", "new") for c in levels}
     for round_ in range(1, args.rounds + 1):
         # Alternate which goes first, so neither always runs on a warmer machine.
@@ -71,25 +74,26 @@ def main():
         for which in order:
             binary = getattr(args, which)
             with Server(binary=binary, taskset_cpus=args.server_cpus) as server:
-                for c in levels:
-                    r = measure(server.grpc_port, c, args.client_cpus, args.interval)
-                    results[(which, c)].append(r)
-                    print(f"round {round_} {which} c{c}: {r[0]:.0f} req/s, "
+                for protocol, c in levels:
+                    port = server.grpc_port if protocol == "grpc" else server.http_port
+                    r = measure(port, c, args.client_cpus, args.interval, protocol=protocol)
+                    results[(which, (protocol, c))].append(r)
+                    print(f"round {round_} {which} {protocol} c{c}: {r[0]:.0f} req/s, "
                           f"p50 {r[1]:.0f} µs, p99 {r[2]:.0f} µs", flush=True)
     print()
     print(f"medians of {args.rounds} rounds, {args.interval} ms windows, server on cpus "
           f"{args.server_cpus}, perf_analyzer on cpus {args.client_cpus}")
     print()
-    print("| concurrency | binary | requests/s | p50 (µs) | p99 (µs) |")
-    print("| ---: | --- | ---: | ---: | ---: |")
+    print("| protocol | concurrency | binary | requests/s | p50 (µs) | p99 (µs) |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
     for c in levels:
         med = {w: [statistics.median(x[i] for x in results[(w, c)]) for i in range(3)]
                for w in ("old", "new")}
         for w in ("old", "new"):
             rps, p50, p99 = med[w]
-            print(f"| {c} | {w} | {rps:.0f} | {p50:.0f} | {p99:.0f} |")
+            print(f"| {c[0]} | {c[1]} | {w} | {rps:.0f} | {p50:.0f} | {p99:.0f} |")
         ratio = [n / o if o else float("nan") for n, o in zip(med["new"], med["old"])]
-        print(f"| {c} | new/old | {ratio[0]:.2f} | {ratio[1]:.2f} | {ratio[2]:.2f} |")
+        print(f"| {c[0]} | {c[1]} | new/old | {ratio[0]:.2f} | {ratio[1]:.2f} | {ratio[2]:.2f} |")
 
 
 if __name__ == "__main__":
