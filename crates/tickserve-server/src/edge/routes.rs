@@ -12,6 +12,8 @@
 //! service it serves; a method not in it is answered UNIMPLEMENTED before any
 //! service sees it.
 
+use std::borrow::Cow;
+
 use tickserve_core::config::EndpointGroup;
 
 /// A model, and the version asked for (`None`: the default version).
@@ -101,12 +103,12 @@ pub enum HttpRoute {
     TfMalformed(String),
 }
 
-/// Percent-decodes one path segment; `None` for a bad escape or bytes that
-/// are not UTF-8.
-fn decode(segment: &str) -> Option<String> {
+/// Percent-decodes one path segment (borrowed when it has no escape);
+/// `None` for a bad escape or bytes that are not UTF-8.
+fn decode(segment: &str) -> Option<Cow<'_, str>> {
     let bytes = segment.as_bytes();
     if !bytes.contains(&b'%') {
-        return Some(segment.to_string());
+        return Some(Cow::Borrowed(segment));
     }
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -121,7 +123,7 @@ fn decode(segment: &str) -> Option<String> {
             i += 1;
         }
     }
-    String::from_utf8(out).ok()
+    String::from_utf8(out).ok().map(Cow::Owned)
 }
 
 impl HttpRoute {
@@ -129,11 +131,12 @@ impl HttpRoute {
     /// tickserve serves nothing there.
     pub fn parse(path: &str) -> Option<HttpRoute> {
         let rest = path.strip_prefix('/')?;
-        let segments: Vec<String> = rest.split('/').map(decode).collect::<Option<_>>()?;
-        if segments.iter().any(String::is_empty) {
+        // One allocation for the list; a segment only when it was encoded.
+        let segments: Vec<Cow<'_, str>> = rest.split('/').map(decode).collect::<Option<_>>()?;
+        if segments.iter().any(|s| s.is_empty()) {
             return None;
         }
-        let s: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let s: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
         Some(match s.as_slice() {
             ["metrics"] => HttpRoute::Metrics,
             ["v2"] => HttpRoute::ServerMetadata,
