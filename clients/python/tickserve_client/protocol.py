@@ -24,6 +24,10 @@ ERRORS = {1: "INVALID_ARGUMENT", 2: "NOT_FOUND", 3: "PAYLOAD_TOO_LARGE", 4: "UNA
 _HEADER = struct.Struct("<4sBBHQIIQ")
 _ANSWER = struct.Struct("<4sBBHQIIII")
 _TENSOR = struct.Struct("<HBBIQ")
+_BLOCK = struct.Struct("<BBHI")
+_PARAMETER = struct.Struct("<HBBI")
+FLAG_PARAMETERS = 1
+PARAMETERS_VERSION = 1
 
 
 class ServerError(Exception):
@@ -48,9 +52,31 @@ def lookup_request(request_id, name, version=""):
     ])
 
 
-def infer_request(request_id, handle, timeout_us, inputs):
-    """`inputs`: (name bytes, array) pairs."""
-    parts = [_HEADER.pack(REQUEST_MAGIC, INFER, 0, len(inputs), request_id, handle, timeout_us, 0)]
+def _parameter(name, value):
+    """One parameter of the block: bool, int (int64, or uint64 above it), float or str."""
+    name_b = name.encode()
+    if isinstance(value, bool):
+        kind, data = 1, struct.pack("<Q", int(value))
+    elif isinstance(value, int):
+        kind, data = (2, struct.pack("<q", value)) if value < 2**63 else (3, struct.pack("<Q", value))
+    elif isinstance(value, float):
+        kind, data = 4, struct.pack("<d", value)
+    elif isinstance(value, str):
+        kind, data = 5, value.encode()
+    else:
+        raise TypeError(f"parameter {name}: {type(value).__name__}; bool, int, float or str")
+    return b"".join([_PARAMETER.pack(len(name_b), kind, 0, len(data)),
+                     name_b.ljust(_pad(len(name_b)), b"\0"), data.ljust(_pad(len(data)), b"\0")])
+
+
+def infer_request(request_id, handle, timeout_us, inputs, parameters=None):
+    """`inputs`: (name bytes, array) pairs; `parameters`: a dict of v2 parameters
+    (`priority`, `sequence_id`, `sequence_start`, ...), sent in the parameter block."""
+    flags = FLAG_PARAMETERS if parameters else 0
+    parts = [_HEADER.pack(REQUEST_MAGIC, INFER, flags, len(inputs), request_id, handle, timeout_us, 0)]
+    if parameters:
+        parts.append(_BLOCK.pack(PARAMETERS_VERSION, 0, len(parameters), 0))
+        parts.extend(_parameter(name, value) for name, value in parameters.items())
     for name, array in inputs:
         code = CODES.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
         if code is None:

@@ -44,18 +44,21 @@ class ShmClient:
         self._models = {}
         self._ids = itertools.count(1)
 
-    def infer(self, model, inputs):
+    def infer(self, model, inputs, parameters=None):
+        """Runs `model` on `inputs` (a dict of name to numpy array); `parameters`: a dict of
+        v2 request parameters (`priority`, `sequence_id`, `sequence_start`, `sequence_end`,
+        `mc_samples`, ...). Returns a dict of name to numpy array."""
         cached = model in self._models
         try:
-            return self._infer_once(model, inputs)
+            return self._infer_once(model, inputs, parameters)
         except protocol.ServerError as e:
             # A handle from before the server restarted: look the model up again and send
             # once more (the request never ran).
             if cached and e.code == "NOT_FOUND" and "stale model handle" in e.message:
-                return self._infer_once(model, inputs)
+                return self._infer_once(model, inputs, parameters)
             raise
 
-    def _infer_once(self, model, inputs):
+    def _infer_once(self, model, inputs, parameters):
         handle = self._models.get(model)
         if handle is None:
             kind, handle, _, _ = protocol.read_answer(
@@ -63,7 +66,7 @@ class ShmClient:
             self._models[model] = handle
         request = protocol.infer_request(
             next(self._ids), handle, min(int(self.timeout * 1e6), 2**32 - 1),
-            [(name.encode(), array) for name, array in inputs.items()])
+            [(name.encode(), array) for name, array in inputs.items()], parameters)
         try:
             return protocol.read_answer(self._call(request))[1]
         except protocol.ServerError as e:

@@ -27,6 +27,7 @@ mod tensor;
 pub use grpc::{BlockingGrpcClient, GrpcClient};
 pub use shm::{AsyncShmClient, ShmClient};
 pub use tensor::{DataType, Tensor};
+pub use tickserve_shm_protocol::{ParamValue, Parameter};
 
 /// Why a call gave no prediction.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use iceoryx2::prelude::*;
 use tickserve_shm_protocol as wire;
 
-use crate::{ClientError, DataType, Tensor};
+use crate::{ClientError, DataType, Parameter, Tensor};
 
 type Service = ipc_threadsafe::Service;
 type RequestService =
@@ -124,20 +124,54 @@ impl ShmClient {
 
     /// Runs `model` (its default version) on `inputs`; returns its outputs.
     pub fn infer(&mut self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
+        self.infer_with(model, inputs, &[])
+    }
+
+    /// [`ShmClient::infer`] with request parameters, as the v2 protocol
+    /// names them (`priority`, `sequence_id`, `sequence_start`,
+    /// `sequence_end`, `mc_samples`, ...; docs/protocol.md).
+    pub fn infer_with(
+        &mut self,
+        model: &str,
+        inputs: &[Tensor],
+        parameters: &[Parameter<'_>],
+    ) -> Result<Vec<Tensor>, ClientError> {
         let cached = self.models.contains_key(model);
-        match self.infer_once(model, inputs) {
+        match self.infer_once(model, inputs, parameters) {
             // A handle from before the server restarted: look the model up
             // again and send once more (the request never ran).
             Err(ClientError::Server { code, message })
                 if cached && code == "NOT_FOUND" && message.contains("stale model handle") =>
             {
-                self.infer_once(model, inputs)
+                self.infer_once(model, inputs, parameters)
             }
             other => other,
         }
     }
 
-    fn infer_once(&mut self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
+    fn infer_once(
+        &mut self,
+        model: &str,
+        inputs: &[Tensor],
+        parameters: &[Parameter<'_>],
+    ) -> Result<Vec<Tensor>, ClientError> {
+        if parameters.len() > wire::MAX_PARAMETERS {
+            return Err(ClientError::Transport(format!(
+                "{} parameters; a request carries at most {}",
+                parameters.len(),
+                wire::MAX_PARAMETERS
+            )));
+        }
+        let too_long = |text: &str| text.len() > wire::MAX_PARAMETER_BYTES;
+        if let Some(p) = parameters.iter().find(|p| {
+            too_long(p.name) || matches!(p.value, wire::ParamValue::Str(s) if too_long(s))
+        }) {
+            return Err(ClientError::Transport(format!(
+                "parameter {}: names and strings take at most {} bytes",
+                p.name,
+                wire::MAX_PARAMETER_BYTES
+            )));
+        }
         let handle = match self.models.get(model) {
             Some(&handle) => handle,
             None => {
@@ -162,9 +196,9 @@ impl ShmClient {
             .collect();
         let id = self.next_id();
         let timeout_us = u32::try_from(self.timeout.as_micros()).unwrap_or(u32::MAX);
-        let len = wire::infer_request_len(&tensors);
+        let len = wire::infer_request_len(parameters, &tensors);
         let answer = self.call(len, |buffer| {
-            wire::write_infer_request(buffer, id, handle, timeout_us, &tensors);
+            wire::write_infer_request(buffer, id, handle, timeout_us, parameters, &tensors);
         })?;
         match wire::parse_answer(&answer).map_err(|e| ClientError::Transport(e.to_string()))? {
             wire::Answer::Infer { outputs, .. } => outputs

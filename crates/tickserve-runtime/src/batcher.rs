@@ -160,6 +160,7 @@ impl<J: Queued> Batcher<J> {
     }
 
     /// True when nothing is queued.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -6,46 +6,65 @@
 //!
 //! | module | its one job |
 //! | --- | --- |
-//! | [`stats`] | Triton-style statistics per model version |
-//! | [`affinity`] | pinning a thread to a CPU |
-//! | [`admission`] | rows waiting per model version and per family, and each request's ticket |
-//! | [`member`] | a model version inside a family: identity, stats, metrics, retirement |
-//! | [`batcher`] | the batching policy, a plain struct tested on explicit instants |
-//! | [`job`] | one admitted request's envelope |
-//! | [`executor`] | a compiled model on one device, and the bucket runs |
-//! | [`settings`] | a model's effective settings |
-//! | [`engines`] | the engines, and the choice of one per replica (the only code naming ONNX Runtime or CUDA) |
-//! | [`worker`] | an executor thread: compile, time the inline budget, serve batches from the intake |
-//! | [`family`] | a compiled graph on its executors and its queue; `submit` runs at once or admits |
-//! | [`repository`] | the repository on disk |
-//! | [`sequences`] | a stateful model's sequences: their state, their turns, expiry |
-//! | [`models`] | the registry: handles, versions, the index; `ModelHandle::infer` |
-//! | [`loader`] | loading many versions into families in parallel |
-//! | [`snapshot`] | stateful models' sequences written at shutdown, read back at start |
+//! | `stats` | Triton-style statistics per model version |
+//! | `affinity` | pinning a thread to a CPU |
+//! | `admission` | rows waiting per model version and per family, and each request's ticket |
+//! | `member` | a model version inside a family: identity, stats, metrics, retirement |
+//! | `batcher` | the batching policy, a plain struct tested on explicit instants |
+//! | `job` | one admitted request's envelope |
+//! | `executor` | a compiled model on one device, and the bucket runs |
+//! | `settings` | a model's effective settings |
+//! | `engines` | the engines, and the choice of one per replica (the only code naming ONNX Runtime or CUDA) |
+//! | `worker` | an executor thread: compile, time the inline budget, serve batches from the intake |
+//! | `family` | a compiled graph on its executors and its queue; `submit` runs at once or admits |
+//! | `repository` | the repository on disk |
+//! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
+//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`) |
+//! | `handle` | the handle a request is served through: `prepare` and `run` |
+//! | `registry` | every model's versions and their states, the index |
+//! | `loader` | loading many versions into families in parallel |
 //! | this file | the [`Runtime`] facade |
 //!
-//! A request's way: the front end looks its model up once ([`Runtime::model`]),
-//! then [`ModelHandle::infer`] validates it, picks the replica with the
-//! shortest queue and calls [`family::Family::submit`], which runs it at once
-//! on an idle executor or admits it to the family's queue; an executor thread
-//! ([`worker`]) takes it out in a batch and [`executor::Executor`] answers.
+//! A request's way: the edge looks its model up once ([`Runtime::model`]),
+//! then [`ModelHandle::prepare`] validates it and [`ModelHandle::run`] picks the replica with the
+//! shortest queue and calls `Family::submit`, which runs it at once on an
+//! idle executor or admits it to the family's queue; an executor thread
+//! (`worker`) takes it out in a batch and its `Executor` answers. The
+//! modules are private; what other crates use is re-exported here.
 
-pub mod admission;
-pub mod affinity;
-pub mod batcher;
-pub mod engines;
-pub mod executor;
-pub mod family;
-pub mod job;
-pub mod loader;
-pub mod member;
-pub mod models;
-pub mod repository;
-pub mod sequences;
-pub mod settings;
-pub mod snapshot;
-pub mod stats;
-pub mod worker;
+mod admission;
+mod affinity;
+mod batcher;
+mod engines;
+mod executor;
+mod family;
+mod handle;
+mod job;
+mod loader;
+mod member;
+mod monte_carlo;
+mod registry;
+mod repository;
+mod sequences;
+mod settings;
+mod stats;
+mod worker;
+
+pub use crate::admission::ModelQueue;
+pub use crate::affinity::pin_current_thread;
+pub use crate::engines::Engines;
+pub use crate::sequences::{SequenceState, SequenceSummary, Sequences};
+pub use crate::stats::Stat;
+
+/// The runtime's inner parts, for its own integration tests (a test engine
+/// wrapped around ONNX Runtime drives an executor by hand); not an API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::admission::{FamilyRows, Ticket};
+    pub use crate::executor::{Executor, FamilyLinks};
+    pub use crate::job::Job;
+    pub use crate::member::{Member, RetiredLog, Version};
+}
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -54,12 +73,10 @@ use std::thread::JoinHandle;
 use tickserve_core::config::ServerConfig;
 use tickserve_core::{Error, InferRequest, InferResponse};
 
-use crate::engines::Engines;
 use crate::family::Family;
+pub use crate::handle::{Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
-pub use crate::models::{
-    IndexEntry, Loaded, ModelHandle, ModelVersions, Models, ReplicaInfo, VersionState,
-};
+pub use crate::registry::{IndexEntry, ModelVersions, Models, VersionState};
 pub use crate::settings::ModelSettings;
 pub use crate::stats::ModelStats;
 pub use tickserve_core::Device;
@@ -164,7 +181,7 @@ impl Runtime {
         }
         runtime.models.set_all(models);
         if let Some(path) = &runtime.config.runtime.sequence_snapshot {
-            match snapshot::restore(path, &runtime.models.ready_handles()) {
+            match sequences::snapshot::restore(path, &runtime.models.ready_handles()) {
                 Ok(0) => {}
                 Ok(n) => {
                     tracing::info!(sequences = n, file = %path.display(), "sequences restored")
@@ -181,7 +198,7 @@ impl Runtime {
     pub fn write_sequence_snapshot(&self) -> Result<usize, String> {
         match &self.config.runtime.sequence_snapshot {
             None => Ok(0),
-            Some(path) => snapshot::write(path, &self.models.ready_handles()),
+            Some(path) => sequences::snapshot::write(path, &self.models.ready_handles()),
         }
     }
 

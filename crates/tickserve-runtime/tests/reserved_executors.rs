@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::InferRequest;
 use tickserve_core::config::ServerConfig;
 use tickserve_engine_cuda::Gpus;
-use tickserve_runtime::engines::Engines;
+use tickserve_runtime::Engines;
 use tickserve_runtime::{Runtime, VersionState};
 
 mod common;

@@ -19,11 +19,12 @@ use tickserve_core::config::ServerConfig;
 use tickserve_core::{Buckets, CompileRequest, Engine, EngineError, Error, InferRequest};
 use tickserve_engine_cuda::Gpus;
 use tickserve_onnx::ModelGraph;
-use tickserve_runtime::admission::{FamilyRows, ModelQueue, Ticket};
-use tickserve_runtime::engines::Engines;
-use tickserve_runtime::executor::{Executor, FamilyLinks};
-use tickserve_runtime::job::Job;
-use tickserve_runtime::member::{Member, RetiredLog, Version};
+use tickserve_runtime::Engines;
+use tickserve_runtime::ModelQueue;
+use tickserve_runtime::testing::Job;
+use tickserve_runtime::testing::{Executor, FamilyLinks};
+use tickserve_runtime::testing::{FamilyRows, Ticket};
+use tickserve_runtime::testing::{Member, RetiredLog, Version};
 use tickserve_runtime::{ModelStats, Runtime};
 
 mod common;

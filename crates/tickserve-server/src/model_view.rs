@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tickserve_core::priority::{Priorities, QueuePolicy, TimeoutAction};
 use tickserve_core::{DataType, Device, TensorSpec};
-use tickserve_runtime::stats::Stat;
+use tickserve_runtime::Stat;
 use tickserve_runtime::{Loaded, ModelHandle};
 
 /// Triton's model configuration of one model version.
@@ -481,7 +481,7 @@ mod tests {
     use tickserve_core::config::NanPolicy;
     use tickserve_core::validate::Limits;
     use tickserve_core::{Buckets, Signature};
-    use tickserve_runtime::admission::ModelQueue;
+    use tickserve_runtime::ModelQueue;
     use tickserve_runtime::{ModelSettings, ModelStats, ReplicaInfo};
 
     use super::*;

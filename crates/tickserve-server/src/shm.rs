@@ -35,7 +35,7 @@ use tickserve_core::{DataType, Error, InferResponse, InputTensor, TensorSpec};
 use tickserve_runtime::ModelHandle;
 use tickserve_shm_protocol as wire;
 
-use crate::edge::params::Parameters;
+use crate::edge::params::{Param, Parameters};
 use crate::edge::{Call, Decoded, Edge, Payload, status};
 use crate::observe::{self, Protocol};
 
@@ -145,7 +145,7 @@ impl ShmFrontEnd {
                     .name(format!("shm-{index}"))
                     .spawn(move || {
                         if let Some(cpu) = cpu {
-                            tickserve_runtime::affinity::pin_current_thread(cpu);
+                            tickserve_runtime::pin_current_thread(cpu);
                         }
                         serve(&context, &stop);
                     })
@@ -258,6 +258,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
             request_id,
             handle,
             timeout_us,
+            parameters,
             inputs,
         } => {
             let model = (handle >> 16 == u32::from(context.epoch))
@@ -280,7 +281,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
             };
             let request = Infer {
                 request_id,
-                inputs: copy_inputs(&name, &inputs),
+                inputs: copy_inputs(&name, &parameters, &inputs),
                 name,
                 version,
                 timeout_us,
@@ -293,8 +294,12 @@ fn handle(context: &Context_, active: ActiveRequest) {
 }
 
 /// A request's inputs, copied out of the client's sample (which goes back
-/// to the client with the answer), or why they cannot be.
-struct Inputs(Result<Vec<InputTensor>, Error>);
+/// to the client with the answer), and its parameters, read: each, or why
+/// it cannot be.
+struct Inputs {
+    tensors: Result<Vec<InputTensor>, Error>,
+    parameters: Result<Parameters, Error>,
+}
 
 impl Payload for Inputs {
     type Encoding = ();
@@ -306,18 +311,39 @@ impl Payload for Inputs {
     fn decode(self, _: &ModelHandle) -> Result<Decoded<()>, Error> {
         Ok(Decoded {
             id: String::new(),
-            inputs: self.0?,
+            inputs: self.tensors?,
             outputs: None,
-            parameters: Parameters::default(),
+            parameters: self.parameters?,
             encoding: (),
         })
     }
 }
 
-/// The inputs of a request for `name`, copied out of the wire's tensors.
-fn copy_inputs(name: &str, inputs: &[wire::TensorRef<'_>]) -> Inputs {
-    Inputs(
-        inputs
+/// A parameter of the wire's block as the parameter reader takes it.
+fn param<'a>(value: &wire::ParamValue<'a>) -> Param<'a> {
+    match *value {
+        wire::ParamValue::Bool(b) => Param::Bool(b),
+        wire::ParamValue::Int(i) => Param::Int(i),
+        wire::ParamValue::Uint(u) => Param::Uint(u),
+        wire::ParamValue::Double(x) => Param::Float(x),
+        wire::ParamValue::Str(s) => Param::Str(s),
+    }
+}
+
+/// The inputs of a request for `name`, copied out of the wire's tensors, and
+/// its parameters, read by the edge's one reader.
+fn copy_inputs(
+    name: &str,
+    parameters: &[wire::Parameter<'_>],
+    inputs: &[wire::TensorRef<'_>],
+) -> Inputs {
+    let parameters = Parameters::read(name, |wanted| {
+        parameters
+            .iter()
+            .find(|p| p.name == wanted)
+            .map(|p| param(&p.value))
+    });
+    let tensors = inputs
             .iter()
             .map(|t| {
                 let datatype = wire::datatype_name(t.datatype)
@@ -338,8 +364,11 @@ fn copy_inputs(name: &str, inputs: &[wire::TensorRef<'_>]) -> Inputs {
                     data: Bytes::copy_from_slice(t.data),
                 })
             })
-            .collect(),
-    )
+            .collect();
+    Inputs {
+        tensors,
+        parameters,
+    }
 }
 
 /// Runs an inference through the edge: polled once here, finished on the

@@ -1,7 +1,8 @@
 //! The shared-memory front end against a real server, through the Rust
 //! client (`tickserve-client`): answers equal gRPC's for the same rows,
 //! bad input gets the other front ends' error kinds (and a good request
-//! after it is served), and the metrics say `protocol="shm"`. (Every sample
+//! after it is served), the metrics say `protocol="shm"`, and request
+//! parameters (sequences, priority, timeout) ride in the parameter block. (Every sample
 //! model against onnxruntime through the Python client:
 //! `tests/python/shm_check.py`.)
 
@@ -9,7 +10,7 @@
 
 mod common;
 
-use tickserve_client::{ClientError, GrpcClient, ShmClient, Tensor};
+use tickserve_client::{ClientError, GrpcClient, ParamValue, Parameter, ShmClient, Tensor};
 
 /// A server on the sample repository with `[shm]` on, under a service name
 /// of this test's own (tests run at once).
@@ -163,4 +164,118 @@ async fn a_client_goes_on_after_the_server_restarts() {
 
 fn tick_row() -> Tensor {
     Tensor::from_f32("features", &[1, 16], &[0.5; 16])
+}
+
+/// One tick of `seq_lstm_step`: 8 features.
+fn step_tick(t: usize) -> Vec<f32> {
+    (0..8).map(|i| ((t * 8 + i) as f32 * 0.21).sin()).collect()
+}
+
+/// The same ticks of one sequence over shared memory (with its parameters
+/// in the block) and over HTTP give the same answers: the server kept the
+/// sequence's state between shared-memory requests. `priority` rides along;
+/// a parameter of the wrong type is INVALID_ARGUMENT naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_and_priority_parameters_ride_in_the_parameter_block() {
+    let (server, service) = server("parameters").await;
+    let base = format!("http://{}", server.http_addr);
+    let over_shm = tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        let answers: Vec<Vec<Tensor>> = (0..5)
+            .map(|t| {
+                let parameters = [
+                    Parameter {
+                        name: "sequence_id",
+                        value: ParamValue::Str("AAPL"),
+                    },
+                    Parameter {
+                        name: "sequence_start",
+                        value: ParamValue::Bool(t == 0),
+                    },
+                    Parameter {
+                        name: "priority",
+                        value: ParamValue::Uint(1),
+                    },
+                    Parameter {
+                        name: "timeout",
+                        value: ParamValue::Int(0),
+                    },
+                ];
+                let tick = Tensor::from_f32("tick", &[1, 8], &step_tick(t));
+                client
+                    .infer_with("seq_lstm_step", &[tick], &parameters)
+                    .unwrap()
+            })
+            .collect();
+        // Without sequence parameters a stateful model refuses, naming them.
+        let tick = Tensor::from_f32("tick", &[1, 8], &step_tick(0));
+        let refused = client.infer("seq_lstm_step", std::slice::from_ref(&tick));
+        let Err(ClientError::Server { code, message }) = refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(code, "INVALID_ARGUMENT", "{message}");
+        assert!(message.contains("sequence_id"), "{message}");
+        for (name, value, words) in [
+            (
+                "sequence_id",
+                ParamValue::Double(1.5),
+                "parameter sequence_id must be",
+            ),
+            (
+                "priority",
+                ParamValue::Str("high"),
+                "parameter priority must be",
+            ),
+            ("timeout", ParamValue::Int(-1), "parameter timeout must be"),
+        ] {
+            let refused = client.infer_with(
+                "seq_lstm_step",
+                std::slice::from_ref(&tick),
+                &[Parameter { name, value }],
+            );
+            let Err(ClientError::Server { code, message }) = refused else {
+                panic!("{name}: {refused:?}");
+            };
+            assert_eq!(code, "INVALID_ARGUMENT", "{name}: {message}");
+            assert!(message.contains(words), "{name}: {message}");
+        }
+        answers
+    })
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    for (t, answer) in over_shm.iter().enumerate() {
+        let body = serde_json::json!({
+            "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": step_tick(t)}],
+            "parameters": {"sequence_id": "MSFT", "sequence_start": t == 0},
+        });
+        let reply: serde_json::Value = http
+            .post(format!("{base}/v2/models/seq_lstm_step/infer"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let expected: Vec<f32> = reply["outputs"][0]["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let output = answer
+            .iter()
+            .find(|o| o.name == reply["outputs"][0]["name"])
+            .unwrap();
+        let got = output.to_f32().unwrap();
+        assert_eq!(got.len(), expected.len(), "tick {t}");
+        for (g, e) in got.iter().zip(&expected) {
+            assert!(
+                (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                "tick {t}: {got:?} vs {expected:?}"
+            );
+        }
+    }
+    server.shutdown().await.unwrap();
 }

@@ -8,14 +8,36 @@
 //! header (32 bytes)
 //!   0  magic       "TSQ1"
 //!   4  kind        u8   1 lookup, 2 infer
-//!   5  flags       u8   0
+//!   5  flags       u8   0, or 1 (FLAG_PARAMETERS) on an infer request that
+//!                       carries a parameter block; other bits are refused
 //!   6  count       u16  tensors that follow (infer)
 //!   8  request_id  u64  echoed in the answer
 //!  16  handle      u32  the model handle a lookup returned (infer)
 //!  20  timeout_us  u32  the request's deadline from now; 0 none
 //!  24  reserved    u64  0
 //! lookup body: name_len u16, version_len u16, 4 zero bytes, name, version (padded to 8)
-//! infer body:  `count` tensors
+//! infer body:  the parameter block (when flags has FLAG_PARAMETERS), then `count` tensors
+//! ```
+//!
+//! The parameter block (version 1): the request's v2 parameters (`priority`,
+//! `sequence_id`, `sequence_start`, `mc_samples`, ...), typed as gRPC's
+//! `InferParameter` is. A client that sends none sets no flag and writes no
+//! block, so a request from a client older than the block reads as it did.
+//!
+//! ```text
+//! block header (8 bytes)
+//!   0  version   u8   1
+//!   1  reserved  u8   0
+//!   2  count     u16  parameters that follow (at most MAX_PARAMETERS)
+//!   4  reserved  u32  0
+//! a parameter
+//!   0  name_len  u16
+//!   2  kind      u8   1 bool, 2 int64, 3 uint64, 4 double, 5 string
+//!   3  reserved  u8   0
+//!   4  value_len u32  8, or a string's bytes (at most MAX_PARAMETER_BYTES)
+//!   8  name      name_len bytes, padded to 8
+//!      value     value_len bytes, padded to 8 (bool: 0 or 1 in the first byte;
+//!                numbers little-endian; a string UTF-8)
 //! ```
 //!
 //! A tensor:
@@ -64,6 +86,64 @@ pub const MAX_TENSORS: usize = 256;
 pub const MAX_DIMS: usize = 16;
 /// The longest tensor or model name, and version, in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
+/// The header flag of an infer request that carries a parameter block.
+pub const FLAG_PARAMETERS: u8 = 1;
+/// The parameter block's version.
+pub const PARAMETERS_VERSION: u8 = 1;
+/// The most parameters one request carries.
+pub const MAX_PARAMETERS: usize = 64;
+/// The longest parameter name or string value, in bytes.
+pub const MAX_PARAMETER_BYTES: usize = 1024;
+
+/// A request parameter's value, typed as gRPC's `InferParameter` is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ParamValue<'a> {
+    /// `bool_param`.
+    Bool(bool),
+    /// `int64_param`.
+    Int(i64),
+    /// `uint64_param`.
+    Uint(u64),
+    /// `double_param`.
+    Double(f64),
+    /// `string_param`.
+    Str(&'a str),
+}
+
+/// One request parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Parameter<'a> {
+    /// Its name (`priority`, `sequence_id`, ...).
+    pub name: &'a str,
+    /// Its value.
+    pub value: ParamValue<'a>,
+}
+
+impl ParamValue<'_> {
+    /// The kind byte and the value's bytes on the wire.
+    fn encode(&self) -> (u8, std::borrow::Cow<'_, [u8]>) {
+        use std::borrow::Cow;
+        match *self {
+            ParamValue::Bool(b) => (1, Cow::Owned(u64::from(b).to_le_bytes().to_vec())),
+            ParamValue::Int(i) => (2, Cow::Owned(i.to_le_bytes().to_vec())),
+            ParamValue::Uint(u) => (3, Cow::Owned(u.to_le_bytes().to_vec())),
+            ParamValue::Double(x) => (4, Cow::Owned(x.to_le_bytes().to_vec())),
+            ParamValue::Str(s) => (5, Cow::Borrowed(s.as_bytes())),
+        }
+    }
+}
+
+impl Parameter<'_> {
+    fn len(&self) -> usize {
+        let value_len = match self.value {
+            ParamValue::Str(s) => s.len(),
+            _ => 8,
+        };
+        8usize
+            .saturating_add(pad8(self.name.len()))
+            .saturating_add(pad8(value_len))
+    }
+}
 
 /// Datatype numbers (Triton's `TYPE_*`) and the protocol's names for them.
 const DATATYPES: [(u8, &str); 14] = [
@@ -178,7 +258,7 @@ pub struct TensorRef<'a> {
 }
 
 /// A decoded request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Request<'a> {
     /// A model's handle, by name and version (empty: the default).
     Lookup {
@@ -197,6 +277,8 @@ pub enum Request<'a> {
         handle: u32,
         /// The deadline from now, in microseconds; 0 none.
         timeout_us: u32,
+        /// The request's parameters (none without a parameter block).
+        parameters: Vec<Parameter<'a>>,
         /// The inputs.
         inputs: Vec<TensorRef<'a>>,
     },
@@ -307,6 +389,61 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(self.padded(len)?).or_else(|_| bad(format!("{what} is not UTF-8")))
     }
 
+    fn parameters(&mut self) -> Result<Vec<Parameter<'a>>, ProtocolError> {
+        let version = self.u8()?;
+        if version != PARAMETERS_VERSION {
+            return bad(format!(
+                "parameter block version {version}; this server reads version {PARAMETERS_VERSION}"
+            ));
+        }
+        self.u8()?;
+        let count = usize::from(self.u16()?);
+        self.u32()?;
+        if count > MAX_PARAMETERS {
+            return bad(format!("{count} parameters; at most {MAX_PARAMETERS}"));
+        }
+        let mut parameters = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name_len = usize::from(self.u16()?);
+            let kind = self.u8()?;
+            self.u8()?;
+            let value_len = self.u32()? as usize;
+            if name_len > MAX_PARAMETER_BYTES || value_len > MAX_PARAMETER_BYTES {
+                return bad(format!(
+                    "a parameter name or value of more than {MAX_PARAMETER_BYTES} bytes"
+                ));
+            }
+            let name = std::str::from_utf8(self.padded(name_len)?)
+                .or_else(|_| bad("a parameter name that is not UTF-8"))?;
+            let bytes = self.padded(value_len)?;
+            let word = || -> Result<[u8; 8], ProtocolError> {
+                bytes.try_into().or_else(|_| {
+                    bad(format!(
+                        "parameter {name}: a number of {value_len} bytes; 8 expected"
+                    ))
+                })
+            };
+            let value = match kind {
+                1 => ParamValue::Bool(u64::from_le_bytes(word()?) != 0),
+                2 => ParamValue::Int(i64::from_le_bytes(word()?)),
+                3 => ParamValue::Uint(u64::from_le_bytes(word()?)),
+                4 => ParamValue::Double(f64::from_le_bytes(word()?)),
+                5 => {
+                    ParamValue::Str(std::str::from_utf8(bytes).or_else(|_| {
+                        bad(format!("parameter {name}: a string that is not UTF-8"))
+                    })?)
+                }
+                other => {
+                    return bad(format!(
+                        "parameter {name}: kind {other}; 1 bool, 2 int64, 3 uint64, 4 double, 5 string"
+                    ));
+                }
+            };
+            parameters.push(Parameter { name, value });
+        }
+        Ok(parameters)
+    }
+
     fn tensors(&mut self, count: usize) -> Result<Vec<TensorRef<'a>>, ProtocolError> {
         if count > MAX_TENSORS {
             return bad(format!("{count} tensors; at most {MAX_TENSORS}"));
@@ -347,12 +484,22 @@ pub fn parse_request(bytes: &[u8]) -> Result<Request<'_>, ProtocolError> {
         return bad("not a tickserve request (magic)");
     }
     let kind = r.u8()?;
-    let _flags = r.u8()?;
+    let flags = r.u8()?;
     let count = usize::from(r.u16()?);
     let request_id = r.u64()?;
     let handle = r.u32()?;
     let timeout_us = r.u32()?;
     r.u64()?;
+    let known = if kind == RequestKind::Infer as u8 {
+        FLAG_PARAMETERS
+    } else {
+        0
+    };
+    if flags & !known != 0 {
+        return bad(format!(
+            "header flags {flags:#04x}; this server knows {known:#04x} for request kind {kind}"
+        ));
+    }
     match kind {
         1 => {
             let name_len = usize::from(r.u16()?);
@@ -366,12 +513,20 @@ pub fn parse_request(bytes: &[u8]) -> Result<Request<'_>, ProtocolError> {
                 version,
             })
         }
-        2 => Ok(Request::Infer {
-            request_id,
-            handle,
-            timeout_us,
-            inputs: r.tensors(count)?,
-        }),
+        2 => {
+            let parameters = if flags & FLAG_PARAMETERS != 0 {
+                r.parameters()?
+            } else {
+                Vec::new()
+            };
+            Ok(Request::Infer {
+                request_id,
+                handle,
+                timeout_us,
+                parameters,
+                inputs: r.tensors(count)?,
+            })
+        }
         other => bad(format!("request kind {other}; 1 (lookup) or 2 (infer)")),
     }
 }
@@ -475,6 +630,20 @@ impl Writer<'_> {
         self.at = end;
     }
 
+    fn parameters(&mut self, parameters: &[Parameter<'_>]) {
+        self.put(&[PARAMETERS_VERSION, 0]);
+        self.put(&(parameters.len() as u16).to_le_bytes());
+        self.put(&[0; 4]);
+        for p in parameters {
+            let (kind, value) = p.value.encode();
+            self.put(&(p.name.len() as u16).to_le_bytes());
+            self.put(&[kind, 0]);
+            self.put(&(value.len() as u32).to_le_bytes());
+            self.padded(p.name.as_bytes());
+            self.padded(&value);
+        }
+    }
+
     fn tensor(&mut self, t: &TensorOut<'_>) {
         self.put(&(t.name.len() as u16).to_le_bytes());
         self.put(&[t.datatype, t.dims.len() as u8]);
@@ -510,26 +679,46 @@ impl Writer<'_> {
     }
 }
 
-/// Bytes of an infer request with `inputs`.
-pub fn infer_request_len(inputs: &[TensorOut<'_>]) -> usize {
-    inputs
+/// Bytes of an infer request with `parameters` (at most [`MAX_PARAMETERS`],
+/// names and strings of at most [`MAX_PARAMETER_BYTES`]) and `inputs`.
+pub fn infer_request_len(parameters: &[Parameter<'_>], inputs: &[TensorOut<'_>]) -> usize {
+    let block = if parameters.is_empty() {
+        0
+    } else {
+        parameters
+            .iter()
+            .fold(8usize, |n, p| n.saturating_add(p.len()))
+    };
+    tensors_len(inputs).saturating_add(block)
+}
+
+/// Bytes of a header and `tensors`.
+fn tensors_len(tensors: &[TensorOut<'_>]) -> usize {
+    tensors
         .iter()
         .fold(HEADER_BYTES, |n, t| n.saturating_add(t.len()))
 }
 
-/// Writes an infer request into `buffer` (exactly [`infer_request_len`] bytes).
+/// Writes an infer request into `buffer` (exactly [`infer_request_len`]
+/// bytes); the parameter block only when there are parameters.
 pub fn write_infer_request(
     buffer: &mut [u8],
     request_id: u64,
     handle: u32,
     timeout_us: u32,
+    parameters: &[Parameter<'_>],
     inputs: &[TensorOut<'_>],
 ) {
     let mut w = Writer { buffer, at: 0 };
+    let flags = if parameters.is_empty() {
+        0
+    } else {
+        FLAG_PARAMETERS
+    };
     w.header(
         REQUEST_MAGIC,
         RequestKind::Infer as u8,
-        0,
+        flags,
         inputs.len(),
         request_id,
         handle,
@@ -537,6 +726,9 @@ pub fn write_infer_request(
         0,
         0,
     );
+    if !parameters.is_empty() {
+        w.parameters(parameters);
+    }
     for t in inputs {
         w.tensor(t);
     }
@@ -570,7 +762,7 @@ pub fn write_lookup_request(buffer: &mut [u8], request_id: u64, name: &str, vers
 
 /// Bytes of an infer answer with `outputs`.
 pub fn infer_answer_len(outputs: &[TensorOut<'_>]) -> usize {
-    infer_request_len(outputs)
+    tensors_len(outputs)
 }
 
 /// Writes an infer answer into `buffer` (exactly [`infer_answer_len`] bytes).
@@ -600,7 +792,7 @@ pub fn write_infer_answer(
 
 /// Bytes of a lookup answer.
 pub fn lookup_answer_len(inputs: &[TensorOut<'_>], outputs: &[TensorOut<'_>]) -> usize {
-    infer_request_len(inputs).saturating_add(infer_request_len(outputs) - HEADER_BYTES)
+    tensors_len(inputs).saturating_add(tensors_len(outputs) - HEADER_BYTES)
 }
 
 /// Writes a lookup answer into `buffer` (exactly [`lookup_answer_len`] bytes).
@@ -658,8 +850,8 @@ mod tests {
             dims: &[1, 3],
             data: &data,
         }];
-        let mut buffer = vec![0xffu8; infer_request_len(&inputs)];
-        write_infer_request(&mut buffer, 42, 7, 500, &inputs);
+        let mut buffer = vec![0xffu8; infer_request_len(&[], &inputs)];
+        write_infer_request(&mut buffer, 42, 7, 500, &[], &inputs);
         assert_eq!(buffer.len() % 8, 0);
         let parsed = parse_request(&buffer).unwrap();
         assert_eq!(
@@ -668,6 +860,7 @@ mod tests {
                 request_id: 42,
                 handle: 7,
                 timeout_us: 500,
+                parameters: vec![],
                 inputs: vec![TensorRef {
                     name: "features",
                     datatype: 11,
@@ -747,8 +940,8 @@ mod tests {
             dims: &[1, 2],
             data: &data,
         }];
-        let mut good = vec![0u8; infer_request_len(&inputs)];
-        write_infer_request(&mut good, 1, 0, 0, &inputs);
+        let mut good = vec![0u8; infer_request_len(&[], &inputs)];
+        write_infer_request(&mut good, 1, 0, 0, &[], &inputs);
         // Every truncation.
         for len in 0..good.len() {
             assert!(parse_request(&good[..len]).is_err(), "truncated at {len}");
@@ -773,5 +966,85 @@ mod tests {
         bad[4] = 9;
         assert!(parse_request(&bad).unwrap_err().0.contains("kind 9"));
         assert_eq!(request_id_of(&bad), 1);
+    }
+
+    #[test]
+    fn parameters_round_trip_after_the_header() {
+        let data = [0u8; 8];
+        let inputs = [TensorOut {
+            name: "tick",
+            datatype: 11,
+            dims: &[1, 2],
+            data: &data,
+        }];
+        let parameters = [
+            Parameter {
+                name: "sequence_id",
+                value: ParamValue::Str("AAPL"),
+            },
+            Parameter {
+                name: "sequence_start",
+                value: ParamValue::Bool(true),
+            },
+            Parameter {
+                name: "priority",
+                value: ParamValue::Uint(1),
+            },
+            Parameter {
+                name: "timeout",
+                value: ParamValue::Int(-5),
+            },
+            Parameter {
+                name: "mc_noise_sigma",
+                value: ParamValue::Double(0.25),
+            },
+        ];
+        let mut buffer = vec![0xffu8; infer_request_len(&parameters, &inputs)];
+        write_infer_request(&mut buffer, 9, 3, 0, &parameters, &inputs);
+        assert_eq!(buffer[5], FLAG_PARAMETERS);
+        let Request::Infer {
+            parameters: read,
+            inputs: tensors,
+            ..
+        } = parse_request(&buffer).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(read, parameters);
+        assert_eq!(tensors[0].name, "tick");
+        assert_eq!(
+            (tensors[0].data.as_ptr() as usize - buffer.as_ptr() as usize) % 8,
+            0,
+            "the data stays 8-byte aligned after the block"
+        );
+        // Every truncation, a version from the future, too many parameters,
+        // an unknown kind, a number of the wrong width, an unknown flag.
+        for len in 0..buffer.len() {
+            assert!(parse_request(&buffer[..len]).is_err(), "truncated at {len}");
+        }
+        let block = HEADER_BYTES;
+        let mut bad = buffer.clone();
+        bad[block] = 2;
+        assert!(parse_request(&bad).unwrap_err().0.contains("version 2"));
+        let mut bad = buffer.clone();
+        bad[block + 2..block + 4].copy_from_slice(&65u16.to_le_bytes());
+        assert!(parse_request(&bad).unwrap_err().0.contains("at most 64"));
+        let mut bad = buffer.clone();
+        bad[block + 8 + 2] = 9;
+        assert!(parse_request(&bad).unwrap_err().0.contains("kind 9"));
+        let mut bad = buffer.clone();
+        bad[block + 8 + 4..block + 8 + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(parse_request(&bad).is_err());
+        let mut bad = buffer.clone();
+        bad[5] = 0x81;
+        assert!(parse_request(&bad).unwrap_err().0.contains("flags"));
+        // A request without the flag reads as before the block existed.
+        let mut plain = vec![0u8; infer_request_len(&[], &inputs)];
+        write_infer_request(&mut plain, 9, 3, 0, &[], &inputs);
+        assert_eq!(plain[5], 0);
+        let Request::Infer { parameters, .. } = parse_request(&plain).unwrap() else {
+            unreachable!()
+        };
+        assert!(parameters.is_empty());
     }
 }

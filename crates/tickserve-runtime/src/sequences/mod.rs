@@ -22,6 +22,11 @@
 //! `max_sequences`) so that its next request is told it expired rather than
 //! that it never existed.
 
+pub mod snapshot;
+mod state;
+
+pub(crate) use state::{take_state, tick_row_of, with_state};
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -26,7 +26,7 @@ use std::path::Path;
 use bytes::Bytes;
 use tickserve_core::sequence::{SequenceId, SequenceSpec};
 
-use crate::models::ModelHandle;
+use crate::handle::ModelHandle;
 
 const MAGIC: &[u8] = b"tickserve-sequences 1\n";
 

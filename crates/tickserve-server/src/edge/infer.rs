@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::models::Prepared;
+use tickserve_runtime::Prepared;
 
 use super::Edge;
 use super::admission::{HeldBytes, Slot};

@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tickserve_core::sequence::SequenceId;
 use tickserve_core::{DataType, Error, InputTensor};
-use tickserve_runtime::sequences::Sequences;
+use tickserve_runtime::Sequences;
 use tonic::{Request, Response, Status};
 
 use super::{optional, status};

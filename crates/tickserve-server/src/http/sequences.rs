@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use tickserve_core::Error;
 use tickserve_core::sequence::SequenceId;
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::sequences::Sequences;
+use tickserve_runtime::Sequences;
 
 use super::{SMALL_BODY_BYTES, codec};
 use crate::edge::routes::ModelRef;

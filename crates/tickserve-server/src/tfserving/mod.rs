@@ -20,7 +20,7 @@ pub mod tensor;
 
 use tickserve_core::{DataType, Error, Signature, TensorSpec};
 use tickserve_runtime::Runtime;
-use tickserve_runtime::models::VersionState;
+use tickserve_runtime::VersionState;
 
 use tickserve_proto::tensorflow::error::Code;
 use tickserve_proto::tensorflow::serving::model_version_status::State;

@@ -92,6 +92,31 @@ def main():
         check("probabilities" in client.infer("alpha_mlp", good), f"a good request after {what}")
     print("ok bad input: the other front ends' error kinds, and a good request after each")
 
+    # Parameters in the block: a sequence keeps its state between shared-memory requests
+    # exactly as over HTTP, and a wrong type is refused naming the parameter.
+    ticks = [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(4)]
+    over_shm, over_http = [], []
+    for t, tick in enumerate(ticks):
+        over_shm.append(client.infer("seq_lstm_step", {"tick": tick}, parameters={
+            "sequence_id": "shm-check", "sequence_start": t == 0, "priority": 1})["prediction"])
+        body = json.dumps({"inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8],
+                                       "data": tick.ravel().tolist()}],
+                           "parameters": {"sequence_id": 777, "sequence_start": t == 0}})
+        request = urllib.request.Request(f"http://{args.http}/v2/models/seq_lstm_step/infer",
+                                         data=body.encode(), method="POST")
+        with urllib.request.urlopen(request) as r:
+            answer = json.loads(r.read())
+        out = next(o for o in answer["outputs"] if o["name"] == "prediction")
+        over_http.append(np.array(out["data"], np.float32).reshape(out["shape"]))
+    for t, (a, b) in enumerate(zip(over_shm, over_http)):
+        compare(a, b, f"seq_lstm_step tick {t} over shm and HTTP")
+    try:
+        client.infer("seq_lstm_step", {"tick": ticks[0]}, parameters={"sequence_id": 1.5})
+        check(False, "a double sequence_id was accepted")
+    except ServerError as e:
+        check(e.code == "INVALID_ARGUMENT" and "parameter sequence_id" in e.message, str(e))
+    print("ok parameters: a sequence over shared memory equals HTTP; a wrong type is refused")
+
     victim = subprocess.Popen([sys.executable, "-c", VICTIM, args.service],
                               stdout=subprocess.PIPE, text=True)
     check(victim.stdout.readline().strip() == "ready", "the victim client started")

@@ -1,0 +1,333 @@
+//! The handle a request is served through: one ready model version, what it
+//! is ([`Loaded`]) and its replicas, each a membership in a family on one
+//! device.
+//!
+//! The edge looks a model up once per request ([`crate::Models::get`]) and
+//! calls [`ModelHandle::prepare`] (validation against the signature, the
+//! Monte Carlo plan, the priority level, a stateful model's turn in its
+//! sequence), then [`ModelHandle::run`]: the replica with the shortest queue
+//! and its family's [`Family::submit`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tickserve_core::durations;
+use tickserve_core::priority::TimeoutAction;
+use tickserve_core::sequence::SequenceControl;
+use tickserve_core::validate::validate;
+use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature};
+
+use crate::admission::ModelQueue;
+use crate::family::{Family, Submission};
+use crate::member::Member;
+use crate::monte_carlo::{self, Plan};
+use crate::sequences::{Entry, Purpose, Sequences, take_state, tick_row_of, with_state};
+use crate::settings::ModelSettings;
+use crate::stats::ModelStats;
+
+/// Where one replica of a model version runs, and on which engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    /// Its device.
+    pub device: Device,
+    /// Its engine's Triton platform name (`onnxruntime_onnx`).
+    pub platform: &'static str,
+    /// Its engine's Triton backend name (`onnxruntime`).
+    pub backend: &'static str,
+}
+
+/// What a model version is, once loaded.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The full signature.
+    pub signature: Signature,
+    /// The effective settings.
+    pub settings: ModelSettings,
+    /// The family key: equal for models that differ only in weight values.
+    pub family_key: String,
+    /// True when it shares its family's compiled graph (weights bound per run).
+    pub shares_graph: bool,
+    /// Where its replicas run (`cpu`, `gpu:0,gpu:1`).
+    pub device: String,
+    /// Each replica's device and engine, in placement order.
+    pub placements: Vec<ReplicaInfo>,
+    /// Time from reading its file to ready (a family's first member includes
+    /// the compilation; a later member only its weights).
+    pub load_time: Duration,
+    /// The model's statistics, shared with the front ends.
+    pub stats: Arc<ModelStats>,
+    /// Its rows waiting in the queues.
+    pub queue: Arc<ModelQueue>,
+}
+
+/// A model version that is ready to serve.
+#[derive(Debug)]
+pub struct ModelHandle {
+    /// The model's name.
+    pub name: String,
+    /// The version, as the protocol spells it.
+    pub version: String,
+    /// What it is: signature, settings, family, device, load time,
+    /// statistics (also reached through `Deref`).
+    pub loaded: Loaded,
+    /// Its replicas, one per placement entry.
+    replicas: Vec<Replica>,
+    /// Where the next search for the shortest queue starts (round robin
+    /// among equals).
+    next_replica: AtomicUsize,
+    /// A stateful model's sequences (shared by its replicas: state lives in
+    /// host memory and any replica can run any sequence's next tick).
+    sequences: Option<Arc<Sequences>>,
+}
+
+/// A request validated and placed, waiting to run ([`ModelHandle::prepare`]).
+#[derive(Debug)]
+pub struct Prepared {
+    submission: Submission,
+    monte_carlo: Option<Plan>,
+    sequence: Option<SequenceTick>,
+}
+
+/// A request's place in its sequence.
+#[derive(Debug)]
+struct SequenceTick {
+    control: SequenceControl,
+    entry: Entry,
+    /// With Monte Carlo: the clean inputs, run after the noisy copies; the
+    /// sequence's next state comes from that row.
+    clean: Option<Vec<Bytes>>,
+}
+
+/// One replica of a model version.
+#[derive(Debug)]
+pub struct Replica {
+    /// Its membership in its family; queued jobs hold it too, so its weights
+    /// stay until the last of its requests is answered.
+    pub member: Arc<Member>,
+    /// The compiled family that runs it: its queue and executors.
+    pub family: Arc<Family>,
+}
+
+impl ModelHandle {
+    /// A handle over `replicas` (at least one).
+    pub fn new(name: &str, version: &str, loaded: Loaded, replicas: Vec<Replica>) -> ModelHandle {
+        ModelHandle {
+            name: name.to_string(),
+            version: version.to_string(),
+            sequences: loaded
+                .settings
+                .sequence
+                .as_ref()
+                .map(|spec| Arc::new(Sequences::new(name, Arc::clone(spec)))),
+            loaded,
+            replicas,
+            next_replica: AtomicUsize::new(0),
+        }
+    }
+
+    /// Each replica's device and the bucket runs its family made so far
+    /// (members of one family share the count).
+    pub fn replica_runs(&self) -> Vec<(String, u64)> {
+        self.replicas
+            .iter()
+            .map(|r| (r.family.device.to_string(), r.family.runs()))
+            .collect()
+    }
+
+    /// Why it cannot serve, when none of its replicas' families can run.
+    pub fn failure(&self) -> Option<String> {
+        let failures: Vec<&str> = self
+            .replicas
+            .iter()
+            .map(|r| r.family.failure())
+            .collect::<Option<Vec<&str>>>()?;
+        Some(failures.join("; "))
+    }
+
+    /// True while at least one replica can run.
+    pub fn is_ready(&self) -> bool {
+        self.failure().is_none()
+    }
+
+    /// Validates `request` against this version, and answers it on the
+    /// replica with the shortest queue.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        let prepared = self.prepare(request)?;
+        self.run(prepared).await
+    }
+
+    /// The synchronous half of [`ModelHandle::infer`]: validates `request`,
+    /// plans its Monte Carlo expansion, places it in its priority level and,
+    /// for a stateful model, queues it for its sequence's turn. Requests
+    /// prepared one after another run in that order within a sequence (a
+    /// stream prepares its messages in order, then runs them concurrently).
+    pub fn prepare(&self, request: InferRequest) -> Result<Prepared, Error> {
+        let valid = validate(&request, &self.signature, &self.settings.limits)?;
+        let sequence = match (&self.sequences, request.sequence) {
+            (None, None) => None,
+            (None, Some(control)) => {
+                return Err(Error::request(
+                    &self.name,
+                    format!(
+                        "the model keeps no sequence state (no [[sequence.state]] in its \
+                         model.toml); got sequence_id {}",
+                        control.id
+                    ),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(Error::request(
+                    &self.name,
+                    "the model keeps state per sequence: each request names its sequence \
+                     (parameter sequence_id, with sequence_start = true on its first request)",
+                ));
+            }
+            (Some(sequences), Some(control)) => {
+                if valid.rows != 1 {
+                    return Err(Error::request(
+                        &self.name,
+                        format!(
+                            "a request of sequence {} carries one tick, 1 row; got {} rows",
+                            control.id, valid.rows
+                        ),
+                    ));
+                }
+                let purpose = Purpose::Tick {
+                    start: control.start,
+                };
+                let entry = sequences.enter(&control.id, purpose)?;
+                Some((control, entry))
+            }
+        };
+        // Monte Carlo: the request's rows, each as many noisy copies, run as
+        // one request; the answer is their summary.
+        let monte_carlo = match &request.monte_carlo {
+            None => None,
+            Some(mc) => Some(monte_carlo::plan(
+                &self.settings.monte_carlo,
+                &self.name,
+                &self.signature,
+                mc,
+                valid.rows,
+            )?),
+        };
+        let (valid, clean) = match &monte_carlo {
+            Some(plan) => {
+                let noisy = plan.expand(&valid, &self.signature);
+                // A sequence advances on its clean row only (kept for the run).
+                let clean = sequence.as_ref().map(|_| valid.inputs);
+                (noisy, clean)
+            }
+            None => (valid, None),
+        };
+        let admitted = Instant::now();
+        let deadline = request.deadline.or_else(|| {
+            self.settings
+                .default_timeout
+                .map(|t| durations::deadline_after(admitted, t))
+        });
+        // Its priority level; the level's timeout is a deadline (reject) or
+        // the time it moves behind every other request (delay). A request's
+        // own deadline always holds.
+        let placement = self.settings.priorities.place(request.priority, admitted);
+        let (deadline, delay_at) = match (placement.action, placement.timeout_at) {
+            (_, None) => (deadline, None),
+            (TimeoutAction::Reject, Some(at)) => (Some(deadline.map_or(at, |d| d.min(at))), None),
+            (TimeoutAction::Delay, Some(at)) => (deadline, Some(at)),
+        };
+        Ok(Prepared {
+            submission: Submission {
+                request: valid,
+                id: request.id,
+                admitted,
+                deadline,
+                level: placement.level,
+                delay_at,
+            },
+            monte_carlo,
+            sequence: sequence.map(|(control, entry)| SequenceTick {
+                control,
+                entry,
+                clean,
+            }),
+        })
+    }
+
+    /// The asynchronous half of [`ModelHandle::infer`]: waits for the
+    /// sequence's turn (a stateful model), runs the request on the replica
+    /// with the shortest queue, keeps the new state, summarizes Monte Carlo.
+    pub async fn run(&self, prepared: Prepared) -> Result<InferResponse, Error> {
+        let Prepared {
+            mut submission,
+            monte_carlo,
+            sequence,
+        } = prepared;
+        let (answer, restarted) = match (sequence, &self.sequences) {
+            (Some(tick), Some(sequences)) => {
+                let turn = tick.entry.turn(&self.name, submission.deadline).await?;
+                let start = turn.begin(&tick.control)?;
+                let spec = sequences.spec();
+                submission.request = with_state(spec, submission.request, tick.clean, &start.state);
+                let mut answer = self.submit(submission).await?;
+                let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
+                turn.finish(&tick.control, next);
+                (answer, start.restarted)
+            }
+            _ => (self.submit(submission).await?, false),
+        };
+        let mut answer = match monte_carlo {
+            Some(plan) => plan.reduce(answer),
+            None => answer,
+        };
+        answer.sequence_restarted = restarted;
+        Ok(answer)
+    }
+
+    /// Submits to the replica with the shortest queue.
+    async fn submit(&self, submission: Submission) -> Result<InferResponse, Error> {
+        let Some(replica) = self.route() else {
+            return Err(Error::ModelNotReady {
+                model: self.name.clone(),
+                version: self.version.clone(),
+                reason: match self.failure() {
+                    Some(reason) => format!("its family stopped: {reason}; reload it"),
+                    None => "it has no replica".to_string(),
+                },
+            });
+        };
+        replica.family.submit(&replica.member, submission).await
+    }
+
+    /// The sequence table of a stateful model.
+    pub fn sequences(&self) -> Option<&Arc<Sequences>> {
+        self.sequences.as_ref()
+    }
+
+    /// Closes every replica's queue (shutdown).
+    pub(crate) fn close(&self) {
+        for replica in &self.replicas {
+            replica.family.close();
+        }
+    }
+
+    /// The replica with the shortest queue among those that can run, taking
+    /// turns among equals.
+    fn route(&self) -> Option<&Replica> {
+        let count = self.replicas.len();
+        let start = self.next_replica.fetch_add(1, Ordering::Relaxed);
+        (0..count)
+            .map(|i| &self.replicas[(start + i) % count])
+            .filter(|r| r.family.failure().is_none())
+            .min_by_key(|r| r.family.queued_rows())
+    }
+}
+
+impl std::ops::Deref for ModelHandle {
+    type Target = Loaded;
+
+    fn deref(&self) -> &Loaded {
+        &self.loaded
+    }
+}

@@ -1,0 +1,207 @@
+//! Monte Carlo runs of a request: a plan for its noisy copies
+//! ([`plan`]), their expansion into one batched request ([`noise`]), and
+//! the answer's summary over the samples ([`summary`]). What a request asks
+//! and what a model allows are the core's (`tickserve_core::monte_carlo`);
+//! the server's parameter reader reads the request's `mc_` parameters.
+//!
+//! Noise is Gaussian, `sigma` times a standard normal, added to every element
+//! of every floating-point input the model does not opt out. It comes from a
+//! counter-based generator: sample `s` of row `r`, element `e` draws from a
+//! hash of (seed, r, s, e) alone, so the same seed gives bit-identical noisy
+//! rows however the requests are batched, split or interleaved.
+
+mod noise;
+mod summary;
+
+use tickserve_core::monte_carlo::{MonteCarlo, MonteCarloSettings, Summary};
+use tickserve_core::{Error, Signature};
+
+/// One request's Monte Carlo run: how to expand its rows and reduce the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    rows: usize,
+    samples: usize,
+    total: usize,
+    seed: u64,
+    /// Per input: its sigmas (one, or one per element), or `None` if not perturbed.
+    sigmas: Vec<Option<Vec<f64>>>,
+    summary: Summary,
+}
+
+/// Checks `mc` for a request of `rows` rows to `model` against the model's
+/// `settings`, and fixes its seed.
+pub fn plan(
+    settings: &MonteCarloSettings,
+    model: &str,
+    signature: &Signature,
+    mc: &MonteCarlo,
+    rows: usize,
+) -> Result<Plan, Error> {
+    let total = rows
+        .checked_mul(mc.samples)
+        .filter(|&t| t <= settings.max_samples);
+    let Some(total) = total else {
+        return Err(Error::request(
+            model,
+            format!(
+                "mc_samples {} × {rows} rows is more than this model's monte_carlo.max_samples ({})",
+                mc.samples, settings.max_samples
+            ),
+        ));
+    };
+    let mut sigmas = Vec::with_capacity(settings.perturbed.len());
+    for (spec, configured) in signature.inputs.iter().zip(&settings.perturbed) {
+        sigmas.push(match (configured, mc.sigma) {
+            (None, _) => None,
+            (Some(_), Some(sigma)) => Some(vec![sigma]),
+            (Some(per_feature), None) if !per_feature.is_empty() => Some(per_feature.clone()),
+            (Some(_), None) => {
+                return Err(Error::request(
+                    model,
+                    format!(
+                        "give mc_noise_sigma: input '{}' has no sigma in the model's monte_carlo.sigma",
+                        spec.name
+                    ),
+                ));
+            }
+        });
+    }
+    if sigmas.iter().all(Option::is_none) {
+        return Err(Error::request(
+            model,
+            "Monte Carlo perturbs FP32 and FP64 inputs; this model has none that is not \
+             excluded (its inputs are integers, booleans or opted out)",
+        ));
+    }
+    Ok(Plan {
+        rows,
+        samples: mc.samples,
+        total,
+        seed: mc.seed.unwrap_or_else(fresh_seed),
+        sigmas,
+        summary: mc.summary.clone(),
+    })
+}
+
+/// A seed for a request that brings none: different for every call.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS once per process and its hashers
+    // differ per instance; the time mixes in the call.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    hasher.finish()
+}
+
+impl Plan {
+    /// Rows the expanded request carries (rows × samples).
+    pub fn total_rows(&self) -> usize {
+        self.total
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tickserve_core::monte_carlo::MonteCarloConfig;
+    use tickserve_core::validate::ValidRequest;
+    use tickserve_core::{DataType, TensorSpec};
+
+    pub(crate) fn signature() -> Signature {
+        Signature {
+            inputs: vec![
+                TensorSpec {
+                    name: "x".into(),
+                    datatype: DataType::Fp32,
+                    dims: vec![2],
+                },
+                TensorSpec {
+                    name: "ids".into(),
+                    datatype: DataType::Int64,
+                    dims: vec![1],
+                },
+            ],
+            outputs: vec![TensorSpec {
+                name: "y".into(),
+                datatype: DataType::Fp32,
+                dims: vec![2],
+            }],
+        }
+    }
+
+    pub(crate) fn valid(rows: usize) -> ValidRequest {
+        let x: Vec<u8> = (0..rows * 2)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect();
+        let ids: Vec<u8> = (0..rows).flat_map(|i| (i as i64).to_le_bytes()).collect();
+        ValidRequest {
+            rows,
+            inputs: vec![x.into(), ids.into()],
+            outputs: vec![0],
+        }
+    }
+
+    pub(crate) fn mc(samples: usize, seed: u64, summary: Summary) -> MonteCarlo {
+        MonteCarlo {
+            samples,
+            sigma: Some(0.1),
+            seed: Some(seed),
+            summary,
+        }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_noise_and_integers_are_left_alone() {
+        let s = signature();
+        let settings = MonteCarloSettings::defaults(&s.inputs, 4096);
+        // Two plans from the same seed (two requests with mc_seed 42) give
+        // the same noisy rows.
+        let plan = super::plan(&settings, "m", &s, &mc(8, 42, Summary::Moments), 2).unwrap();
+        let twin = super::plan(&settings, "m", &s, &mc(8, 42, Summary::Moments), 2).unwrap();
+        let a = plan.expand(&valid(2), &s);
+        let b = twin.expand(&valid(2), &s);
+        assert_eq!(a.rows, 16);
+        assert_eq!(a.inputs, b.inputs);
+        // Integers copied: row 1's id in all of its 8 copies.
+        let ids: Vec<i64> = a.inputs[1]
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(ids, [vec![0; 8], vec![1; 8]].concat());
+        let other = super::plan(&settings, "m", &s, &mc(8, 43, Summary::Moments), 2).unwrap();
+        assert_ne!(other.expand(&valid(2), &s).inputs[0], a.inputs[0]);
+        assert!(super::plan(&settings, "m", &s, &mc(4097, 1, Summary::Moments), 1).is_err());
+        assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 3).is_err());
+    }
+
+    #[test]
+    fn plans_are_checked_against_the_model() {
+        let s = signature();
+        let config = MonteCarloConfig {
+            exclude: vec!["x".into()],
+            ..Default::default()
+        };
+        let settings = MonteCarloSettings::resolve(&config, &s.inputs, 4096).unwrap();
+        let e = super::plan(&settings, "m", &s, &mc(4, 1, Summary::Moments), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FP32 and FP64"), "{e}");
+        let mut config = MonteCarloConfig::default();
+        config.sigma.insert("x".into(), vec![0.1, 0.2]);
+        let settings = MonteCarloSettings::resolve(&config, &s.inputs, 100).unwrap();
+        let per_feature = MonteCarlo {
+            sigma: None,
+            ..mc(4, 1, Summary::Moments)
+        };
+        assert!(super::plan(&settings, "m", &s, &per_feature, 1).is_ok());
+        let defaults = MonteCarloSettings::defaults(&s.inputs, 100);
+        assert!(super::plan(&defaults, "m", &s, &per_feature, 1).is_err());
+    }
+}

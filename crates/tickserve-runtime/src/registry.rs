@@ -1,0 +1,265 @@
+//! The model registry: every model's versions and their states, and the
+//! repository index. [`Models`] is behind one lock, taken briefly to look a
+//! model up or to swap a model's versions when model control loads or
+//! unloads it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tickserve_core::{Error, metrics as names};
+
+use crate::handle::ModelHandle;
+use crate::repository::ModelDir;
+
+/// The state of one model version.
+#[derive(Debug, Clone)]
+pub enum VersionState {
+    /// Loaded and serving.
+    Ready(Arc<ModelHandle>),
+    /// Its load failed, for this reason.
+    Failed(String),
+}
+
+/// Every version of one model, highest last.
+#[derive(Debug, Clone, Default)]
+pub struct ModelVersions {
+    /// Version number → state.
+    pub versions: BTreeMap<u64, VersionState>,
+    /// A failure that concerns the model as a whole (no versions, unreadable model.toml).
+    pub error: Option<String>,
+}
+
+impl ModelVersions {
+    /// The default version: the highest.
+    pub fn default_version(&self) -> Option<(u64, &VersionState)> {
+        self.versions.iter().next_back().map(|(v, s)| (*v, s))
+    }
+
+    /// The versions that are ready, as the protocol spells them, ascending.
+    pub fn ready_versions(&self) -> Vec<String> {
+        self.versions
+            .iter()
+            .filter(|(_, s)| matches!(s, VersionState::Ready(_)))
+            .map(|(v, _)| v.to_string())
+            .collect()
+    }
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// The model's name.
+    pub name: String,
+    /// The version, empty for a model with no loaded or failed version.
+    pub version: String,
+    /// `READY`, or `UNAVAILABLE` (with `reason`).
+    pub state: &'static str,
+    /// Why it is unavailable (`unloaded`, or its load failure).
+    pub reason: String,
+}
+
+/// Every model the runtime knows, by name.
+#[derive(Debug, Default)]
+pub struct Models {
+    map: RwLock<HashMap<String, ModelVersions>>,
+}
+
+impl Models {
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, ModelVersions>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, ModelVersions>> {
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every model, by name (sorted), as it stands now.
+    pub fn all(&self) -> BTreeMap<String, ModelVersions> {
+        self.read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every ready model version, by model name then version.
+    pub fn ready_handles(&self) -> Vec<Arc<ModelHandle>> {
+        self.all()
+            .into_values()
+            .flat_map(|m| {
+                m.versions.into_values().filter_map(|s| match s {
+                    VersionState::Ready(h) => Some(h),
+                    VersionState::Failed(_) => None,
+                })
+            })
+            .collect()
+    }
+
+    /// True when every model version loaded and can run.
+    pub fn all_ready(&self) -> bool {
+        self.read().values().all(|m| {
+            m.error.is_none()
+                && m.versions
+                    .values()
+                    .all(|s| matches!(s, VersionState::Ready(h) if h.is_ready()))
+        })
+    }
+
+    /// True when a model of this name is known (loaded or failed).
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
+    /// The model version asked for (`None`: the default), ready to serve.
+    pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
+        let not_found = |known: String| Error::ModelNotFound {
+            model: name.to_string(),
+            version: version.map(str::to_string),
+            known,
+        };
+        let models = self.read();
+        let entry = models.get(name).ok_or_else(|| not_found(String::new()))?;
+        let found = match version {
+            None | Some("") => entry.default_version(),
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| entry.versions.get_key_value(&n).map(|(k, s)| (*k, s))),
+        };
+        match found {
+            Some((_, VersionState::Ready(handle))) => Ok(Arc::clone(handle)),
+            Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
+                model: name.to_string(),
+                version: v.to_string(),
+                reason: format!("its load failed: {reason}"),
+            }),
+            None => match &entry.error {
+                Some(reason) => Err(Error::ModelNotReady {
+                    model: name.to_string(),
+                    version: version.unwrap_or("default").to_string(),
+                    reason: format!("its load failed: {reason}"),
+                }),
+                None => {
+                    let versions: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
+                    Err(not_found(format!("versions: {}", versions.join(", "))))
+                }
+            },
+        }
+    }
+
+    /// Model `name`'s versions as they stand now (empty if unknown).
+    pub fn get_versions(&self, name: &str) -> ModelVersions {
+        self.read().get(name).cloned().unwrap_or_default()
+    }
+
+    /// Replaces every model with `models` (the first load).
+    pub fn set_all(&self, models: HashMap<String, ModelVersions>) {
+        *self.write() = models;
+    }
+
+    /// Puts `versions` in place of model `name`'s, unless `keep_old` and the
+    /// model is already there; returns what it replaced, or gives `versions`
+    /// back as the error when it kept the old ones.
+    pub fn replace(
+        &self,
+        name: &str,
+        versions: ModelVersions,
+        keep_old: bool,
+    ) -> Result<Option<ModelVersions>, ModelVersions> {
+        let mut models = self.write();
+        if keep_old && models.contains_key(name) {
+            return Err(versions);
+        }
+        Ok(models.insert(name.to_string(), versions))
+    }
+
+    /// Takes model `name` out; its handles still held elsewhere keep serving
+    /// what they admitted.
+    pub fn remove(&self, name: &str) -> Option<ModelVersions> {
+        self.write().remove(name)
+    }
+
+    /// Takes every model out (shutdown), closing their queues.
+    pub fn close_all(&self) {
+        for handle in self.ready_handles() {
+            handle.close();
+        }
+        self.write().clear();
+    }
+
+    /// Sets every ready version's readiness metric from its replicas' health
+    /// (a family whose device was lost makes its models not ready).
+    pub fn refresh_readiness(&self) {
+        for handle in self.ready_handles() {
+            metrics::gauge!(names::MODEL_READY, "model" => handle.name.clone(),
+                "version" => handle.version.clone())
+            .set(if handle.is_ready() { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// Sets the readiness metrics of `old` versions of model `name` to 0,
+    /// unless the same version serves again.
+    pub fn mark_gone(&self, name: &str, old: &ModelVersions) {
+        let now = self.read();
+        for version in old.versions.keys() {
+            let serving = now
+                .get(name)
+                .is_some_and(|m| matches!(m.versions.get(version), Some(VersionState::Ready(_))));
+            if !serving {
+                let v = version.to_string();
+                metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => v.clone())
+                    .set(0.0);
+                if let Some(VersionState::Ready(h)) = old.versions.get(version) {
+                    metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
+                        "version" => v, "family" => h.family_key.clone())
+                    .set(0.0);
+                }
+            }
+        }
+    }
+
+    /// The repository index: every model directory on disk and every model
+    /// known, each loaded or failed version with its state.
+    pub fn index(&self, on_disk: &[ModelDir]) -> Vec<IndexEntry> {
+        let models = self.all();
+        let mut index = Vec::new();
+        let mut names: Vec<&str> = on_disk.iter().map(|m| m.name.as_str()).collect();
+        names.extend(models.keys().map(String::as_str));
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let Some(model) = models.get(name) else {
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: String::new(),
+                    state: "UNAVAILABLE",
+                    reason: "unloaded".to_string(),
+                });
+                continue;
+            };
+            if let Some(reason) = &model.error {
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: String::new(),
+                    state: "UNAVAILABLE",
+                    reason: reason.clone(),
+                });
+            }
+            for (version, state) in &model.versions {
+                let (state, reason) = match state {
+                    VersionState::Ready(h) => match h.failure() {
+                        None => ("READY", String::new()),
+                        Some(reason) => ("UNAVAILABLE", format!("its family stopped: {reason}")),
+                    },
+                    VersionState::Failed(reason) => ("UNAVAILABLE", reason.clone()),
+                };
+                index.push(IndexEntry {
+                    name: name.to_string(),
+                    version: version.to_string(),
+                    state,
+                    reason,
+                });
+            }
+        }
+        index
+    }
+}

@@ -1,0 +1,95 @@
+//! A tick's state gathered into its request and scattered back out of the
+//! answer: the sequence's state rows go in their places among the graph's
+//! inputs, and the state outputs come out of the answer as the next state.
+
+use bytes::Bytes;
+use tickserve_core::InferResponse;
+use tickserve_core::sequence::{InputSource, SequenceSpec};
+use tickserve_core::validate::ValidRequest;
+
+use crate::monte_carlo::Plan;
+
+/// `request` (the client's inputs, Monte Carlo's noisy copies included) with
+/// the sequence's `state` rows in their places, in the graph's input order,
+/// and the state outputs asked for after the client's. With Monte Carlo the
+/// `clean` row runs last, and every row gets the same state.
+pub(crate) fn with_state(
+    spec: &SequenceSpec,
+    mut request: ValidRequest,
+    clean: Option<Vec<Bytes>>,
+    state: &[Bytes],
+) -> ValidRequest {
+    let rows = request.rows + usize::from(clean.is_some());
+    let mut client = std::mem::take(&mut request.inputs);
+    if let Some(clean) = clean {
+        for (noisy, row) in client.iter_mut().zip(clean) {
+            let mut joined = Vec::with_capacity(noisy.len() + row.len());
+            joined.extend_from_slice(noisy);
+            joined.extend_from_slice(&row);
+            *noisy = Bytes::from(joined);
+        }
+    }
+    let inputs = spec
+        .input_sources
+        .iter()
+        .map(|source| match *source {
+            InputSource::Client(i) => client.get_mut(i).map(std::mem::take).unwrap_or_default(),
+            InputSource::State(s) => {
+                let row = state.get(s).cloned().unwrap_or_default();
+                if rows == 1 {
+                    row
+                } else {
+                    Bytes::from(row.repeat(rows))
+                }
+            }
+        })
+        .collect();
+    let outputs = request
+        .outputs
+        .iter()
+        .filter_map(|&o| spec.output_indices.get(o).copied())
+        .chain(spec.states.iter().map(|s| s.output_index))
+        .collect();
+    ValidRequest {
+        rows,
+        inputs,
+        outputs,
+    }
+}
+
+/// Takes the state outputs (the last ones, see [`with_state`]) out of
+/// `answer`: the sequence's next state. With Monte Carlo, `clean_row` is the
+/// clean row's index: the state is that row's, and the row leaves the other
+/// outputs too.
+pub(crate) fn take_state(
+    spec: &SequenceSpec,
+    answer: &mut InferResponse,
+    clean_row: Option<usize>,
+) -> Vec<Bytes> {
+    let at = answer.outputs.len().saturating_sub(spec.states.len());
+    let states = answer.outputs.split_off(at);
+    let Some(row) = clean_row else {
+        return states.into_iter().map(|t| Bytes::from(t.data)).collect();
+    };
+    let rows = row + 1;
+    for output in &mut answer.outputs {
+        let row_bytes = output.data.len() / rows;
+        output.data.truncate(row * row_bytes);
+        if let Some(batch) = output.shape.first_mut() {
+            *batch = row as i64;
+        }
+    }
+    states
+        .into_iter()
+        .map(|t| {
+            let row_bytes = t.data.len() / rows;
+            Bytes::copy_from_slice(t.data.get(row * row_bytes..).unwrap_or_default())
+        })
+        .collect()
+}
+
+/// The clean row's index in a Monte Carlo run of a sequence: after every
+/// noisy copy.
+pub(crate) fn tick_row_of(monte_carlo: &Option<Plan>) -> Option<usize> {
+    monte_carlo.as_ref().map(Plan::total_rows)
+}
