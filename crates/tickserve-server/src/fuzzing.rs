@@ -6,6 +6,7 @@
 //! The cargo-fuzz targets in `fuzz/` call these (nightly, libFuzzer); the
 //! `fuzz_corpus` integration test replays the committed corpus through them on
 //! stable, so every finding, once added to the corpus, stays a regression case.
+//! Public for those two only (hidden from the docs): not an API.
 
 use std::time::Duration;
 

@@ -22,18 +22,22 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 pub mod cli;
 mod control;
-pub mod edge;
+mod edge;
+#[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
 mod http;
 mod listen;
 mod model_view;
-pub mod observe;
+mod observe;
 mod ports;
 mod scalar;
 mod shm;
-pub mod tfserving;
+mod tfserving;
 mod tls;
+
+pub use edge::Edge;
+pub use observe::render as render_metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,7 +46,6 @@ use anyhow::Context;
 use tickserve_core::config::{FrontEnd, ServerConfig};
 use tickserve_runtime::Runtime;
 
-use crate::edge::Edge;
 use crate::edge::access::Access;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -251,7 +251,7 @@ fn spec(name: &str) -> Option<ModelSpec> {
 fn float_tensor(shape: &[i64], values: &[f32]) -> pb::TensorProto {
     pb::TensorProto {
         dtype: pb::DataType::DtFloat as i32,
-        tensor_shape: Some(tickserve_server::tfserving::tensor::shape(shape)),
+        tensor_shape: Some(tensor_shape(shape)),
         float_val: values.to_vec(),
         ..Default::default()
     }
@@ -311,7 +311,7 @@ async fn grpc_predict_metadata_and_status() {
     // Several inputs of two dtypes, and an output filter.
     let sensor = pb::TensorProto {
         dtype: pb::DataType::DtInt64 as i32,
-        tensor_shape: Some(tickserve_server::tfserving::tensor::shape(&[1, 2, 2])),
+        tensor_shape: Some(tensor_shape(&[1, 2, 2])),
         int64_val: vec![1, 2, 3, 4],
         ..Default::default()
     };
@@ -523,4 +523,18 @@ async fn tf_serving_python_client_matches_onnxruntime() {
         "done",
     )
     .await;
+}
+
+/// A `TensorShapeProto` of `dims`.
+fn tensor_shape(dims: &[i64]) -> pb::TensorShapeProto {
+    pb::TensorShapeProto {
+        dim: dims
+            .iter()
+            .map(|&size| pb::tensor_shape_proto::Dim {
+                size,
+                name: String::new(),
+            })
+            .collect(),
+        unknown_rank: false,
+    }
 }

@@ -216,7 +216,7 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_the_ca_signed() {
         .await
         .unwrap();
     client.model_infer(common::grpc_alpha_row()).await.unwrap();
-    let metrics = tickserve_server::observe::render();
+    let metrics = tickserve_server::render_metrics();
     assert!(
         common::counter_total(&metrics, "tickserve_tls_handshake_failures_total") >= 2.0,
         "{metrics}"

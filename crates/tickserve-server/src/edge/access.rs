@@ -95,11 +95,6 @@ impl Access {
         Ok(Access { front_end, guards })
     }
 
-    /// Whether any group needs a key on this front end.
-    pub fn restricts_anything(&self) -> bool {
-        !self.guards.is_empty()
-    }
-
     /// Whether a request of `group` with `headers` may go on.
     pub fn check(&self, group: EndpointGroup, headers: &HeaderMap) -> Result<(), KeyRefusal> {
         let Some(guard) = self.guards.iter().find(|g| g.group == group) else {

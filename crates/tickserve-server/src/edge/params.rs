@@ -7,8 +7,8 @@
 //! known parameter has one type; a value of another type is refused with an
 //! error naming the parameter, the type expected and what came. Unknown
 //! parameters are ignored, as Triton ignores them (they are the model's, not
-//! the server's). Names are in [`KNOWN`], the one list (Triton keeps its
-//! reserved names in one place too, `src/common.h`).
+//! the server's). The names are the constants below, in one place (Triton
+//! keeps its reserved names in one place too, `src/common.h`).
 
 use std::time::Duration;
 
@@ -43,23 +43,6 @@ pub const BINARY_DATA_OUTPUT: &str = "binary_data_output";
 pub const BINARY_DATA: &str = "binary_data";
 /// `binary_data_size` (HTTP, per input): the input's bytes follow the JSON.
 pub const BINARY_DATA_SIZE: &str = "binary_data_size";
-
-/// Every parameter the server reads, request-level and per tensor.
-pub const KNOWN: [&str; 13] = [
-    TIMEOUT,
-    PRIORITY,
-    SEQUENCE_ID,
-    SEQUENCE_START,
-    SEQUENCE_END,
-    MC_SAMPLES,
-    MC_NOISE_SIGMA,
-    MC_SEED,
-    MC_OUTPUT,
-    MC_QUANTILES,
-    BINARY_DATA_OUTPUT,
-    BINARY_DATA,
-    BINARY_DATA_SIZE,
-];
 
 /// The Monte Carlo parameters, `mc_samples` first.
 const MONTE_CARLO: [&str; 5] = [MC_SAMPLES, MC_NOISE_SIGMA, MC_SEED, MC_OUTPUT, MC_QUANTILES];
