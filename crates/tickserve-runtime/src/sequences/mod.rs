@@ -1,7 +1,7 @@
 //! The sequence table of a stateful model version: each sequence's state,
 //! kept between its requests, and the order its requests run in.
 //!
-//! A sequence is a [`Slot`]: its state rows (one per state pair), its tick
+//! A sequence is a `Slot`: its state rows (one per state pair), its tick
 //! count, when it was last used, and a turn. Every operation on a sequence
 //! (a tick, a read, a write, a drop) first takes the sequence's turn, in the
 //! order the operations arrived ([`Sequences::enter`] is synchronous, so a
@@ -12,7 +12,8 @@
 //! rows into its request ([`Turn::begin`]) and, once answered, writes the
 //! new state back ([`Turn::finish`]); padding rows and other requests never
 //! touch a sequence's state. A tick that fails, or whose caller leaves,
-//! leaves the state as it was.
+//! leaves the state as it was. The turn is in `turn.rs`; the state gathered
+//! into a tick and scattered back out, `state.rs`; the snapshot, `snapshot.rs`.
 //!
 //! Bounds: at most `max_sequences` sequences (a start beyond is refused), at
 //! most [`MAX_PENDING_PER_SEQUENCE`] requests waiting for one sequence's turn.
@@ -24,8 +25,10 @@
 
 pub mod snapshot;
 mod state;
+mod turn;
 
 pub(crate) use state::{take_state, tick_row_of, with_state};
+pub use turn::{Entry, Turn};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,9 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tickserve_core::sequence::{
-    IdleAction, MAX_PENDING_PER_SEQUENCE, SequenceControl, SequenceId, SequenceSpec,
-};
+use tickserve_core::sequence::{IdleAction, MAX_PENDING_PER_SEQUENCE, SequenceId, SequenceSpec};
 use tickserve_core::{Error, metrics as names};
 use tokio::sync::oneshot;
 
@@ -144,50 +145,6 @@ pub struct Sequences {
     /// Sequences with state now (the `tickserve_sequences_active` gauge).
     live: AtomicUsize,
     metrics: SequenceMetrics,
-}
-
-/// The right to act on one sequence now; dropping it passes the turn to the
-/// next waiter in arrival order.
-#[derive(Debug)]
-pub struct Turn {
-    sequences: Arc<Sequences>,
-    slot: Arc<Slot>,
-    /// False for a turn handed back by a caller that left (see `Drop`).
-    armed: bool,
-}
-
-/// Where a caller stands after [`Sequences::enter`].
-#[derive(Debug)]
-pub enum Entry {
-    /// It holds the turn.
-    Now(Turn),
-    /// It waits behind earlier requests of the sequence.
-    Waiting(oneshot::Receiver<Turn>),
-}
-
-impl Entry {
-    /// Waits for the turn until `deadline` (DEADLINE_EXCEEDED after it).
-    pub async fn turn(self, model: &str, deadline: Option<Instant>) -> Result<Turn, Error> {
-        let waiting = match self {
-            Entry::Now(turn) => return Ok(turn),
-            Entry::Waiting(receiver) => receiver,
-        };
-        let started = Instant::now();
-        let lost = || Error::Internal {
-            model: model.to_string(),
-            message: "a sequence's turn was lost".to_string(),
-        };
-        match deadline {
-            None => waiting.await.map_err(|_| lost()),
-            Some(deadline) => match tokio::time::timeout_at(deadline.into(), waiting).await {
-                Ok(turn) => turn.map_err(|_| lost()),
-                Err(_) => Err(Error::DeadlineExceeded {
-                    model: model.to_string(),
-                    waited: started.elapsed(),
-                }),
-            },
-        }
-    }
 }
 
 impl Sequences {
@@ -516,148 +473,13 @@ impl Sequences {
     }
 }
 
-/// What a tick runs with: its state rows, and whether the sequence started
-/// afresh after expiring.
-#[derive(Debug)]
-pub struct TickStart {
-    /// One row per state pair.
-    pub state: Vec<Bytes>,
-    /// The sequence expired and restarted (`idle_action = "restart"`).
-    pub restarted: bool,
-}
-
-impl Turn {
-    /// The state a tick runs with: the initial state for a start, the kept
-    /// state otherwise; refuses a sequence that is gone or expired.
-    pub fn begin(&self, control: &SequenceControl) -> Result<TickStart, Error> {
-        let sequences = &self.sequences;
-        let spec = &sequences.spec;
-        let initial = || spec.states.iter().map(|s| s.initial.clone()).collect();
-        let mut state = self.slot.lock();
-        if control.start {
-            return Ok(TickStart {
-                state: initial(),
-                restarted: false,
-            });
-        }
-        if state.restart_pending {
-            return Ok(TickStart {
-                state: initial(),
-                restarted: true,
-            });
-        }
-        let idle = state.last_used.elapsed();
-        match &state.state {
-            Ok(_) if spec.max_idle.is_some_and(|max| idle > max) => {
-                // Found idle past its limit before the sweep ended it.
-                state.state = Err(Gone::Expired);
-                sequences.lost();
-                sequences.metrics.expiries.increment(1);
-                match spec.idle_action {
-                    IdleAction::Restart => {
-                        state.restart_pending = true;
-                        Ok(TickStart {
-                            state: initial(),
-                            restarted: true,
-                        })
-                    }
-                    IdleAction::Error => {
-                        drop(state);
-                        let mut table = sequences.table();
-                        sequences.remember_expired(&mut table, control.id.clone());
-                        Err(sequences.expired_error(&control.id))
-                    }
-                }
-            }
-            Ok(rows) => Ok(TickStart {
-                state: rows.clone(),
-                restarted: false,
-            }),
-            Err(Gone::Expired) => Err(sequences.expired_error(&control.id)),
-            Err(Gone::New | Gone::Ended) => Err(Error::SequenceNotActive {
-                model: sequences.model.clone(),
-                sequence: control.id.to_string(),
-            }),
-        }
-    }
-
-    /// Records a tick's answer: `next` is the new state (the tick ran), and
-    /// `end` ends the sequence after it.
-    pub fn finish(&self, control: &SequenceControl, next: Vec<Bytes>) {
-        let sequences = &self.sequences;
-        let mut state = self.slot.lock();
-        let started = control.start || state.restart_pending;
-        if started {
-            sequences.metrics.starts.increment(1);
-            state.ticks = 0;
-            state.restart_pending = false;
-        }
-        let had_state = state.state.is_ok();
-        state.ticks = state.ticks.saturating_add(1);
-        state.last_used = Instant::now();
-        if control.end {
-            state.state = Err(Gone::Ended);
-            sequences.metrics.ends.increment(1);
-            if had_state {
-                sequences.lost();
-            }
-        } else {
-            state.state = Ok(next);
-            if !had_state {
-                sequences.gained();
-            }
-        }
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let mut state = self.slot.lock();
-        // The next waiter whose caller is still there gets the turn.
-        while let Some(waiter) = state.waiters.pop_front() {
-            let next = Turn {
-                sequences: Arc::clone(&self.sequences),
-                slot: Arc::clone(&self.slot),
-                armed: true,
-            };
-            if let Err(mut returned) = waiter.send(next) {
-                // Its caller left: the turn comes back, disarmed (passing
-                // it on from its own drop would lock this slot again).
-                returned.armed = false;
-                continue;
-            }
-            return;
-        }
-        state.busy = false;
-        let gone = state.state.is_err() && !state.restart_pending;
-        drop(state);
-        if gone {
-            // Table, then slot: the order `enter` locks them in.
-            let mut table = self.sequences.table();
-            let state = self.slot.lock();
-            let still_gone = !state.busy && state.state.is_err() && !state.restart_pending;
-            if still_gone
-                && table
-                    .active
-                    .get(&self.slot.id)
-                    .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
-            {
-                table.active.remove(&self.slot.id);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
     use std::path::Path;
-    use tickserve_core::sequence::{SequenceConfig, StateConfig};
+    use tickserve_core::sequence::{SequenceConfig, SequenceControl, StateConfig};
     use tickserve_core::{DataType, Signature, TensorSpec};
 
     fn spec(max_sequences: usize, idle: Duration, action: IdleAction) -> Arc<SequenceSpec> {
