@@ -15,8 +15,9 @@
 //!
 //! The edge's own refusals: no key UNAUTHENTICATED / 401 (with
 //! `WWW-Authenticate`), a wrong key PERMISSION_DENIED / 403, no such endpoint
-//! UNIMPLEMENTED / 404, a method the endpoint does not take 405. Every HTTP
-//! error body is `{"error": "..."}`.
+//! UNIMPLEMENTED / 404, a method the endpoint does not take 405; tonic's
+//! OUT_OF_RANGE for a message over the size limit is INVALID_ARGUMENT, as
+//! every other bad request. Every HTTP error body is `{"error": "..."}`.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -176,6 +177,25 @@ impl Refusal {
         };
         tonic::Status::new(code, self.message())
     }
+}
+
+/// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE
+/// before any handler runs; tickserve answers every bad request with
+/// INVALID_ARGUMENT, so that status is rewritten (its message, which names the
+/// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
+pub fn grpc_oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == out_of_range.as_bytes())
+    {
+        let invalid = (tonic::Code::InvalidArgument as i32).to_string();
+        if let Ok(value) = http::HeaderValue::from_str(&invalid) {
+            headers.insert("grpc-status", value);
+        }
+    }
+    response
 }
 
 #[cfg(test)]

@@ -42,25 +42,6 @@ pub fn service(edge: Arc<Edge>, limit: usize) -> Server {
         .max_encoding_message_size(usize::MAX)
 }
 
-/// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE
-/// before any handler runs; tickserve answers every bad request with
-/// INVALID_ARGUMENT, so that status is rewritten (its message, which names the
-/// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
-pub fn oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
-    let headers = response.headers_mut();
-    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
-    if headers
-        .get("grpc-status")
-        .is_some_and(|v| v.as_bytes() == out_of_range.as_bytes())
-    {
-        let invalid = (tonic::Code::InvalidArgument as i32).to_string();
-        if let Ok(value) = http::HeaderValue::from_str(&invalid) {
-            headers.insert("grpc-status", value);
-        }
-    }
-    response
-}
-
 /// The v2 inference service over the shared runtime.
 pub struct InferenceService {
     shared: Arc<Edge>,

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use crate::edge::Edge;
 use crate::edge::access::Access;
 use crate::edge::routes::grpc_group;
-use crate::edge::status::Refusal;
+use crate::edge::status::{self, Refusal};
 use crate::listen::{self, ConnectionLimits};
 use crate::tls::Tls;
 use crate::{grpc, tfserving};
@@ -45,7 +45,7 @@ pub async fn serve(
         .add_service(grpc::sequences::Sequence::service(Arc::clone(&edge)))
         .into_axum_router()
         .layer(tower::util::MapResponseLayer::new(
-            grpc::oversized_is_invalid_argument::<axum::body::Body>,
+            status::grpc_oversized_is_invalid_argument::<axum::body::Body>,
         ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(access),
