@@ -287,6 +287,43 @@ mod tests {
         assert_eq!((model.rows(), model.bytes()), (0, 0));
     }
 
+    /// Both sides of each limit: exactly the limit is admitted, one more is
+    /// not (a `>` made `>=` refuses the first; a `>` made `>` + 1 admits the
+    /// second).
+    #[test]
+    fn exactly_the_limit_is_admitted_and_one_more_is_not() {
+        let model = Arc::new(ModelQueue::new("m", 8, 1000, &Priorities::default()));
+        let family = Arc::new(FamilyRows::default());
+        let eight = Ticket::admit(&model, &family, 8, 80, 1);
+        assert!(eight.is_ok(), "8 rows into a queue of max_queue_rows = 8");
+        assert_eq!(
+            Ticket::admit(&model, &family, 1, 1, 1).err(),
+            Some(Refused::Rows(8)),
+            "a ninth row"
+        );
+        drop(eight);
+        let full = Ticket::admit(&model, &family, 1, 1000, 1);
+        assert!(
+            full.is_ok(),
+            "1000 bytes into a queue of max_queue_bytes = 1000"
+        );
+        assert_eq!(
+            Ticket::admit(&model, &family, 1, 1, 1).err(),
+            Some(Refused::Bytes(1000)),
+            "one byte more"
+        );
+        drop(full);
+        assert!(
+            Ticket::admit(&model, &family, 9, 90, 1).is_err(),
+            "9 rows into an empty queue of 8"
+        );
+        assert!(
+            Ticket::admit(&model, &family, 1, 1001, 1).is_err(),
+            "1001 bytes into an empty queue of 1000"
+        );
+        assert_eq!((model.rows(), model.bytes()), (0, 0));
+    }
+
     #[test]
     fn a_ticket_gives_its_rows_back_once() {
         let model = Arc::new(ModelQueue::new("m", 8, 1000, &Priorities::default()));

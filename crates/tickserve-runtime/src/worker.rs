@@ -563,6 +563,51 @@ mod tests {
         );
     }
 
+    /// A queued request of one row with a deadline.
+    #[derive(Debug)]
+    struct Due(Instant, Option<Instant>);
+
+    impl Queued for Due {
+        fn rows(&self) -> usize {
+            1
+        }
+        fn admitted(&self) -> Instant {
+            self.0
+        }
+        fn deadline(&self) -> Option<Instant> {
+            self.1
+        }
+        fn member(&self) -> MemberId {
+            tickserve_core::SOLE_MEMBER
+        }
+    }
+
+    /// The sweep: a request whose deadline passed while it waited comes out
+    /// as expired (answered DEADLINE_EXCEEDED at once, never computed), not
+    /// in a batch, and the live ones behind it keep their places.
+    #[test]
+    fn requests_whose_deadline_passed_in_the_queue_come_out_expired_never_in_a_batch() {
+        let (sender, channel) = std::sync::mpsc::channel();
+        let mut intake = Intake::new(channel, 64, Duration::ZERO);
+        let now = Instant::now();
+        let past = now.checked_sub(Duration::from_millis(1));
+        sender.send(Due(now, past)).unwrap();
+        sender.send(Due(now, None)).unwrap();
+        sender.send(Due(now, past)).unwrap();
+        sender
+            .send(Due(now, Some(now + Duration::from_secs(60))))
+            .unwrap();
+        let (mut batch, mut expired) = (Vec::new(), Vec::new());
+        assert!(intake.next(&mut batch, &mut expired));
+        assert_eq!(expired.len(), 2, "both expired requests, swept");
+        assert!(batch.is_empty(), "answered before any batch runs");
+        expired.clear();
+        assert!(intake.next(&mut batch, &mut expired));
+        assert!(expired.is_empty());
+        assert_eq!(batch.len(), 2, "the live requests run together");
+        assert!(batch.iter().all(|d| d.1.is_none_or(|d| d > now)));
+    }
+
     #[test]
     fn models_bound_to_their_thread_never_run_inline() {
         assert_eq!(inline_rows(&mut Paced::new(4, false), BUDGET), 0);
