@@ -889,6 +889,38 @@ mod tests {
         );
     }
 
+    /// Bare `NaN` / `Infinity` are quoted for serde_json, but never inside a
+    /// string, whatever escapes the string holds: `\"` does not end it, and
+    /// `\\` before a quote does not hide the quote that ends it.
+    #[test]
+    fn escapes_in_strings_are_read_before_bare_tokens() {
+        for (text, quoted) in [
+            (r#"["a\"NaN", NaN]"#, r#"["a\"NaN", "NaN"]"#),
+            (r#"["a\\", NaN]"#, r#"["a\\", "NaN"]"#),
+            (
+                r#"["\\\"Infinity", -Infinity]"#,
+                r#"["\\\"Infinity", "-Infinity"]"#,
+            ),
+            (
+                r#"{"k\"": "v\\\"NaN\\", "x": NaN}"#,
+                r#"{"k\"": "v\\\"NaN\\", "x": "NaN"}"#,
+            ),
+        ] {
+            assert_eq!(quote_non_finite(text), quoted, "{text}");
+        }
+        let s = one_input();
+        // An escaped quote in a field the decoder skips: the bare NaN after
+        // the string is still the tensor's.
+        let p = decode(
+            "m",
+            &s,
+            br#"{"note": "say \"NaN\"", "instances": [NaN, 2.0]}"#,
+        )
+        .unwrap();
+        let v = floats(&p.inputs[0]);
+        assert!(v[0].is_nan() && v[1] == 2.0, "{v:?}");
+    }
+
     #[test]
     fn non_finite_tokens_read_and_write() {
         let s = one_input();
