@@ -98,6 +98,8 @@ pub struct ShmClient {
     models: HashMap<String, u32>,
     next_id: u64,
     timeout: Duration,
+    /// The deadline sent with each request; `None`: the timeout.
+    deadline: Option<Duration>,
 }
 
 impl ShmClient {
@@ -114,12 +116,21 @@ impl ShmClient {
             models: HashMap::new(),
             next_id: 1,
             timeout: DEFAULT_TIMEOUT,
+            deadline: None,
         })
     }
 
-    /// Sets how long a call waits for its answer.
+    /// Sets how long a call waits for its answer (and, without
+    /// [`ShmClient::set_deadline`], the deadline the server gets).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+
+    /// Sets the deadline each request carries to the server (its header's
+    /// `timeout_us`): past it the server answers `DEADLINE_EXCEEDED` without
+    /// computing. `None` (the default) sends the call's timeout.
+    pub fn set_deadline(&mut self, deadline: Option<Duration>) {
+        self.deadline = deadline;
     }
 
     /// Runs `model` (its default version) on `inputs`; returns its outputs.
@@ -195,7 +206,8 @@ impl ShmClient {
             })
             .collect();
         let id = self.next_id();
-        let timeout_us = u32::try_from(self.timeout.as_micros()).unwrap_or(u32::MAX);
+        let deadline = self.deadline.unwrap_or(self.timeout);
+        let timeout_us = u32::try_from(deadline.as_micros()).unwrap_or(u32::MAX);
         let len = wire::infer_request_len(parameters, &tensors);
         let answer = self.call(len, |buffer| {
             wire::write_infer_request(buffer, id, handle, timeout_us, parameters, &tensors);

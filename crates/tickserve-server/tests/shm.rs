@@ -279,3 +279,25 @@ async fn sequence_and_priority_parameters_ride_in_the_parameter_block() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// The header's `timeout_us` is the request's deadline: 1 µs runs out
+/// before the request is computed, and the server says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_in_the_header_is_kept() {
+    let (server, service) = server("deadline").await;
+    tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        client.set_deadline(Some(std::time::Duration::from_micros(1)));
+        let refused = client.infer("alpha_mlp", &[alpha_row(0.0)]);
+        let Err(ClientError::Server { code, message }) = refused else {
+            panic!("a 1 µs deadline was not kept: {refused:?}");
+        };
+        assert_eq!(code, "DEADLINE_EXCEEDED", "{message}");
+        assert!(message.contains("alpha_mlp"), "{message}");
+        client.set_deadline(None);
+        client.infer("alpha_mlp", &[alpha_row(0.0)]).unwrap();
+    })
+    .await
+    .unwrap();
+    server.shutdown().await.unwrap();
+}
