@@ -469,7 +469,18 @@ async fn busy_seq_lstm() -> (Arc<Runtime>, Arc<ModelHandle>, u64, JoinHandle<()>
             runtime.infer(big).await.unwrap();
         }
     });
+    // Bounded: a setup request that is refused (or never runs) fails here,
+    // naming why, instead of hanging the suite.
+    let started = std::time::Instant::now();
     while seq_lstm_runs(&handle) == before {
+        assert!(
+            !busy.is_finished(),
+            "the busy request ended before it ran (refused?); runs still {before}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the busy request did not start running within 10 s"
+        );
         tokio::time::sleep(Duration::from_micros(100)).await;
     }
     (runtime, handle, before, busy)
