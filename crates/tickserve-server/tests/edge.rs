@@ -357,3 +357,217 @@ async fn timeout_zero_is_no_timeout_over_http_and_grpc() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// A key per group: group `g`'s key is `key-g`, sent in its own header
+/// `g-key` (gRPC: `triton-grpc-protocol-g-key`).
+fn keyed_apart(config: &mut tickserve_core::config::ServerConfig) {
+    config.security.restricted = EndpointGroup::ALL
+        .iter()
+        .flat_map(|g| {
+            let text = format!("{0}:{0}-key=key-{0}", g.as_str());
+            [
+                Restriction::parse_triton(&text, FrontEnd::Http).unwrap(),
+                Restriction::parse_triton(&text, FrontEnd::Grpc).unwrap(),
+            ]
+        })
+        .collect();
+}
+
+/// A group that is not `group`.
+fn another(group: EndpointGroup) -> EndpointGroup {
+    let all = EndpointGroup::ALL;
+    let at = all.iter().position(|g| *g == group).unwrap();
+    all[(at + 1) % all.len()]
+}
+
+/// The route table's group of each HTTP route, as the docs state it.
+fn http_group(path: &str) -> EndpointGroup {
+    use EndpointGroup as G;
+    let plain = path.replace("%31", "1");
+    let p = plain.as_str();
+    if p == "/metrics" || p.starts_with("/%6D") {
+        G::Metrics
+    } else if p.contains(":predict")
+        || p.contains("%3Apredict")
+        || p.ends_with("infer")
+        || p.contains("versio%6E")
+    {
+        G::Inference
+    } else if p.contains("/v2/repository/") || p.contains("sequences") {
+        G::ModelRepository
+    } else if p.ends_with("config") {
+        G::ModelConfig
+    } else if p.ends_with("stats") {
+        G::Statistics
+    } else if p.contains("health")
+        || p.ends_with("ready")
+        || p.starts_with("/v1/models/") && !p.contains("metadata")
+    {
+        G::Health
+    } else {
+        G::Metadata
+    }
+}
+
+/// Each group behind a key of its own: every HTTP route, in both spellings,
+/// is refused with another group's key and served with its own; every gRPC
+/// method of the protos likewise. A route or method filed under the wrong
+/// group fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_group_opens_with_its_own_key_only_on_every_route_and_method() {
+    let mut config = common::config(&common::root().join("config/models"));
+    keyed_apart(&mut config);
+    config.validate().unwrap();
+    let server = common::start(&config).await;
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", server.http_addr);
+    for (method, plain, encoded) in routes() {
+        let group = http_group(plain);
+        for path in [plain, encoded] {
+            let url = format!("{base}{path}");
+            let send = |header: String, key: String| {
+                let request = match method {
+                    "GET" => client.get(&url),
+                    _ => client.post(&url).body(alpha_row(json!({}))),
+                };
+                request.header(header, key).send()
+            };
+            let other = another(group).as_str();
+            let status = send(format!("{other}-key"), format!("key-{other}"))
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(
+                status, 401,
+                "{method} {path} ({group:?}) with {other}'s key"
+            );
+            let status = send("authorization".into(), format!("Bearer key-{other}"))
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(
+                status, 403,
+                "{method} {path} ({group:?}) with {other}'s bearer key"
+            );
+            let own = group.as_str();
+            let status = send(format!("{own}-key"), format!("key-{own}"))
+                .await
+                .unwrap()
+                .status();
+            assert!(
+                ![401, 403].contains(&status.as_u16())
+                    || status == 403 && plain.contains("/v2/repository/models/"),
+                "{method} {path} ({group:?}) with its own key: {status}"
+            );
+        }
+    }
+
+    // Every gRPC method, over HTTP/2 with an empty message: the key check
+    // answers before any service reads it.
+    let grpc = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let grpc_status = |path: String, metadata: (String, String)| {
+        let grpc = grpc.clone();
+        let url = format!("http://{}{path}", server.grpc_addr);
+        async move {
+            let response = grpc
+                .post(url)
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .header(metadata.0, metadata.1)
+                .body(vec![0u8; 5])
+                .send()
+                .await
+                .unwrap();
+            response
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.to_str().unwrap().to_string())
+        }
+    };
+    let methods = grpc_methods_of_the_protos();
+    assert!(methods.len() >= 19, "{methods:?}");
+    for (path, group) in methods {
+        let other = another(group).as_str();
+        let refused = grpc_status(
+            path.clone(),
+            (
+                format!("triton-grpc-protocol-{other}-key"),
+                format!("key-{other}"),
+            ),
+        )
+        .await;
+        assert_eq!(
+            refused.as_deref(),
+            Some("16"),
+            "{path} ({group:?}) with {other}'s key: UNAUTHENTICATED"
+        );
+        let refused = grpc_status(
+            path.clone(),
+            ("authorization".into(), format!("Bearer key-{other}")),
+        )
+        .await;
+        assert_eq!(
+            refused.as_deref(),
+            Some("7"),
+            "{path} ({group:?}) with {other}'s bearer key: PERMISSION_DENIED"
+        );
+        let own = group.as_str();
+        let served = grpc_status(
+            path.clone(),
+            (
+                format!("triton-grpc-protocol-{own}-key"),
+                format!("key-{own}"),
+            ),
+        )
+        .await;
+        assert!(
+            !matches!(served.as_deref(), Some("16" | "7" | "12")),
+            "{path} ({group:?}) with its own key: grpc-status {served:?}"
+        );
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// Every `rpc` of the served `.proto` files with the group the docs give it.
+fn grpc_methods_of_the_protos() -> Vec<(String, EndpointGroup)> {
+    use EndpointGroup as G;
+    let proto = common::root().join("proto");
+    let mut methods = Vec::new();
+    for file in [
+        "grpc_service.proto",
+        "tickserve_sequence.proto",
+        "tensorflow_serving/apis/prediction_service.proto",
+        "tensorflow_serving/apis/model_service.proto",
+    ] {
+        let text = std::fs::read_to_string(proto.join(file)).unwrap();
+        let package = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("package "))
+            .unwrap()
+            .trim_end_matches(';')
+            .to_string();
+        let mut service = String::new();
+        for line in text.lines().map(str::trim) {
+            if let Some(rest) = line.strip_prefix("service ") {
+                service = rest.split_whitespace().next().unwrap().to_string();
+            }
+            if let Some(rest) = line.strip_prefix("rpc ") {
+                let method = rest.split('(').next().unwrap().trim().to_string();
+                let group = match method.as_str() {
+                    "ServerLive" | "ServerReady" | "ModelReady" | "GetModelStatus" => G::Health,
+                    "ServerMetadata" | "ModelMetadata" | "GetModelMetadata" => G::Metadata,
+                    "ModelInfer" | "ModelStreamInfer" | "Predict" => G::Inference,
+                    "ModelConfig" => G::ModelConfig,
+                    "ModelStatistics" => G::Statistics,
+                    _ => G::ModelRepository,
+                };
+                methods.push((format!("/{package}.{service}/{method}"), group));
+            }
+        }
+    }
+    methods.push(("/grpc.health.v1.Health/Check".into(), G::Health));
+    methods
+}
