@@ -444,4 +444,108 @@ mod tests {
                 .contains("expected datatype FP32, got FP64")
         );
     }
+
+    /// Both sides of `max_request_rows`: exactly the limit passes, one more
+    /// row is refused.
+    #[test]
+    fn exactly_max_request_rows_pass_and_one_more_is_refused() {
+        let valid = validate(&request(vec![4, 2], &[1.0; 8]), &signature(), &LIMITS).unwrap();
+        assert_eq!(valid.rows, 4);
+        let err = validate(&request(vec![5, 2], &[1.0; 10]), &signature(), &LIMITS).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::TooManyRows {
+                    rows: 5,
+                    limit: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    /// Every input carries the same rows; the error names both inputs.
+    #[test]
+    fn inputs_of_different_rows_are_refused() {
+        let signature = Signature {
+            inputs: vec![
+                TensorSpec {
+                    name: "x".into(),
+                    datatype: DataType::Fp32,
+                    dims: vec![2],
+                },
+                TensorSpec {
+                    name: "w".into(),
+                    datatype: DataType::Fp32,
+                    dims: vec![1],
+                },
+            ],
+            outputs: signature().outputs,
+        };
+        let mut req = request(vec![2, 2], &[1.0; 4]);
+        let three_rows: Vec<u8> = [1f32; 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+        req.inputs.push(InputTensor {
+            name: "w".into(),
+            datatype: DataType::Fp32,
+            shape: vec![3, 1],
+            data: three_rows.into(),
+        });
+        let err = validate(&req, &signature, &LIMITS).unwrap_err().to_string();
+        assert!(
+            err.contains("input 'w': expected 2 rows, as input 'x' has, got 3 rows"),
+            "{err}"
+        );
+        let two_rows: Vec<u8> = [1f32; 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+        req.inputs[1].shape = vec![2, 1];
+        req.inputs[1].data = two_rows.into();
+        assert_eq!(validate(&req, &signature, &LIMITS).unwrap().rows, 2);
+    }
+
+    /// A BOOL tensor whose every byte is over 1 is normalized too.
+    #[test]
+    fn bool_bytes_all_over_1_are_read_as_true() {
+        assert_eq!(
+            &normalized_bools(&Bytes::from_static(&[2, 255, 7, 9]))[..],
+            &[1, 1, 1, 1]
+        );
+        assert_eq!(
+            &normalized_bools(&Bytes::from_static(&[0, 1, 1, 0]))[..],
+            &[0, 1, 1, 0]
+        );
+    }
+
+    /// NaN and infinity are found in FP64 data as in FP32, at their index.
+    #[test]
+    fn non_finite_fp64_values_are_found_at_their_index() {
+        let data: Vec<u8> = [1.0f64, 2.0, f64::NAN, f64::INFINITY]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (index, value) = first_non_finite(8, &data).unwrap();
+        assert_eq!(index, 2);
+        assert!(value.is_nan());
+        let finite: Vec<u8> = [1.0f64, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(first_non_finite(8, &finite), None);
+    }
+
+    /// An unknown input or output is answered with the model's own names.
+    #[test]
+    fn unknown_names_are_answered_with_the_model_s_names() {
+        let mut req = request(vec![1, 2], &[1.0; 2]);
+        req.inputs[0].name = "z".into();
+        let err = validate(&req, &signature(), &LIMITS)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one of the model's inputs ('x')"), "{err}");
+        let mut req = request(vec![1, 2], &[1.0; 2]);
+        req.outputs = Some(vec!["w".into()]);
+        let err = validate(&req, &signature(), &LIMITS)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one of the model's outputs ('y')"), "{err}");
+    }
 }

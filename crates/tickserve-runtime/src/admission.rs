@@ -324,6 +324,42 @@ mod tests {
         assert_eq!((model.rows(), model.bytes()), (0, 0));
     }
 
+    /// The limits the model configuration view reports, the queue-depth
+    /// gauge, and the expiry counter a refused deadline moves.
+    #[test]
+    fn the_queue_reports_its_limits_depth_and_expiries() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let model = ModelQueue::new("m", 8, 1000, &Priorities::default());
+        assert_eq!((model.limit(), model.byte_limit()), (8, 1000));
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let snapshot = metrics::with_local_recorder(&recorder, || {
+            let model = Arc::new(ModelQueue::new("counted", 8, 1000, &Priorities::default()));
+            let family = Arc::new(FamilyRows::default());
+            let _three = Ticket::admit(&model, &family, 3, 30, 1).unwrap();
+            model.expired(1);
+            model.expired(1);
+            // While the three rows wait.
+            snapshotter.snapshot().into_vec()
+        });
+        let value = |name: &str, label: Option<&str>| {
+            snapshot
+                .iter()
+                .filter(|(key, ..)| key.key().name() == name)
+                .filter(|(key, ..)| {
+                    label.is_none_or(|l| key.key().labels().any(|k| k.value() == l))
+                })
+                .map(|(.., value)| match value {
+                    DebugValue::Counter(n) => *n as f64,
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    DebugValue::Histogram(_) => 0.0,
+                })
+                .sum::<f64>()
+        };
+        assert_eq!(value(names::QUEUE_ROWS, None), 3.0, "three rows waiting");
+        assert_eq!(value(names::REJECTIONS, Some("deadline_exceeded")), 2.0);
+    }
+
     #[test]
     fn a_ticket_gives_its_rows_back_once() {
         let model = Arc::new(ModelQueue::new("m", 8, 1000, &Priorities::default()));
