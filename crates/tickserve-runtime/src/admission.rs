@@ -167,8 +167,10 @@ impl FamilyRows {
 pub struct Ticket {
     rows: usize,
     bytes: usize,
-    /// Its priority level; 0 once released.
+    /// Its priority level (0: the model has no levels).
     level: u32,
+    /// Set by the first release; a second does nothing.
+    released: bool,
     model: Arc<ModelQueue>,
     family: Arc<FamilyRows>,
 }
@@ -223,6 +225,7 @@ impl Ticket {
             rows,
             bytes,
             level: if queue.is_some() { level } else { 0 },
+            released: false,
             model: Arc::clone(model),
             family: Arc::clone(family),
         })
@@ -231,13 +234,11 @@ impl Ticket {
     /// Takes the rows out of both counts (the request left the queue: into a
     /// run, or refused); a second release does nothing.
     pub fn release(&mut self) {
-        let rows = std::mem::take(&mut self.rows);
-        let bytes = std::mem::take(&mut self.bytes);
-        let level = std::mem::take(&mut self.level);
-        if rows > 0 || bytes > 0 || level > 0 {
-            self.model.leave(rows, bytes, level);
-            self.family.0.fetch_sub(rows, Ordering::AcqRel);
+        if std::mem::replace(&mut self.released, true) {
+            return;
         }
+        self.model.leave(self.rows, self.bytes, self.level);
+        self.family.0.fetch_sub(self.rows, Ordering::AcqRel);
     }
 }
 
