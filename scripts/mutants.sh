@@ -7,8 +7,11 @@
 # output folder when the time budget runs out.
 #
 #   scripts/mutants.sh [MINUTES] [FILE...]
+#   MUTANTS_TEST_ARGS=--lib scripts/mutants.sh 30 crates/tickserve-server/src/edge/params.rs
 #
 # MINUTES (default 60) bounds the run; FILEs default to the request path below.
+# MUTANTS_TEST_ARGS go to `cargo test` (`--lib`: the unit tests only, for the
+# server crate, whose integration tests need the Python side the copy lacks).
 # Results: target/mutants/mutants.out/{caught,missed,timeout,unviable}.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,8 +46,11 @@ export CARGO_TARGET_DIR="$PWD/target/mutants/build"
 args=()
 for f in "${files[@]}"; do args+=(--file "$f"); done
 status=0
+read -r -a test_args <<< "${MUTANTS_TEST_ARGS:-}"
+extra=()
+if [ ${#test_args[@]} -gt 0 ]; then extra=(-- "${test_args[@]}"); fi
 timeout "${minutes}m" cargo mutants --no-shuffle --cap-lints true \
-    --output target/mutants "${args[@]}" || status=$?
+    --output target/mutants "${args[@]}" "${extra[@]}" || status=$?
 out=target/mutants/mutants.out
 for outcome in caught missed timeout unviable; do
     printf '%-9s %s\n' "$outcome" "$( (cat "$out/$outcome.txt" 2>/dev/null || true) | wc -l)"

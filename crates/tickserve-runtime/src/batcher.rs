@@ -568,4 +568,68 @@ mod tests {
         }
         assert_eq!(runs, 100usize.div_ceil(8) + 1);
     }
+
+    /// A deadline exactly at `now` has passed ("at or before"), and a queue
+    /// holding only passed deadlines is swept whole.
+    #[test]
+    fn deadlines_at_or_before_now_are_swept_even_when_every_request_has_one() {
+        let t0 = Instant::now();
+        let now = t0 + us(100);
+        let due = |deadline| Req {
+            deadline: Some(deadline),
+            ..req(1, t0)
+        };
+        let mut b = Batcher::new(64, us(0));
+        b.push(due(now));
+        let mut expired = Vec::new();
+        b.take_expired(now, &mut expired);
+        assert_eq!(expired.len(), 1, "a deadline exactly at now has passed");
+        assert!(b.is_empty());
+        let mut b = Batcher::new(64, us(0));
+        b.push(due(t0));
+        b.push(due(t0 + us(50)));
+        let mut expired = Vec::new();
+        b.take_expired(now, &mut expired);
+        assert_eq!(expired.len(), 2, "every request's deadline passed");
+        assert!(b.is_empty());
+        let mut b = Batcher::new(64, us(0));
+        b.push(due(now + us(1)));
+        b.take_expired(now, &mut expired);
+        assert_eq!(expired.len(), 2, "a deadline after now stays queued");
+        assert!(!b.is_empty());
+    }
+
+    /// A delay time exactly at `now` has come, and a queue whose every
+    /// request is overdue moves them all behind the level order.
+    #[test]
+    fn delays_at_or_before_now_move_requests_back_even_when_every_request_is_overdue() {
+        let t0 = Instant::now();
+        let now = t0 + us(100);
+        let overdue = |delay_at| Req {
+            delay_at: Some(delay_at),
+            ..at_level(1, 1, t0)
+        };
+        let mut b = Batcher::new(64, us(0));
+        b.push(overdue(now));
+        b.push(overdue(t0));
+        b.delay_overdue(now);
+        assert!(
+            b.entries
+                .iter()
+                .all(|j| j.level == DELAYED && j.delay_at.is_none()),
+            "both moved back, the one due exactly now included"
+        );
+        let mut b = Batcher::new(64, us(0));
+        b.push(overdue(t0));
+        b.push(overdue(t0 + us(1)));
+        b.delay_overdue(now);
+        assert!(
+            b.entries.iter().all(|j| j.level == DELAYED),
+            "every request overdue, every one moved back"
+        );
+        let mut b = Batcher::new(64, us(0));
+        b.push(overdue(now + us(1)));
+        b.delay_overdue(now);
+        assert_eq!(b.entries[0].level, 1, "not due yet");
+    }
 }
