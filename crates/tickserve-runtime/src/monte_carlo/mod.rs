@@ -177,6 +177,9 @@ pub(crate) mod tests {
         assert_eq!(ids, [vec![0; 8], vec![1; 8]].concat());
         let other = super::plan(&settings, "m", &s, &mc(8, 43, Summary::Moments), 2).unwrap();
         assert_ne!(other.expand(&valid(2), &s).inputs[0], a.inputs[0]);
+        // Both sides of max_samples (4096): rows × samples at the limit pass.
+        assert!(super::plan(&settings, "m", &s, &mc(4096, 1, Summary::Moments), 1).is_ok());
+        assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 2).is_ok());
         assert!(super::plan(&settings, "m", &s, &mc(4097, 1, Summary::Moments), 1).is_err());
         assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 3).is_err());
     }
