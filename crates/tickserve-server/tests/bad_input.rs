@@ -248,6 +248,13 @@ async fn http_bad_input_is_refused_clearly() {
         &["over the limit of 65536 bytes"],
     )
     .await;
+    // The other side of the limit: a body of exactly max_request_bytes is
+    // read whole (the JSON at its end, after leading whitespace).
+    let body = json(alpha(json!([1, 50]), row(50)));
+    let mut exact = vec![b' '; LIMIT - body.len()];
+    exact.extend_from_slice(&body);
+    let (status, text) = http.post(infer, exact, None).await;
+    assert_eq!(status, 200, "a body of exactly max_request_bytes: {text}");
     http.refused(
         infer,
         b"{\"inputs\": [".to_vec(),
