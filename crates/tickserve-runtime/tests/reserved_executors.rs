@@ -1,107 +1,17 @@
 //! Executors reserved for level 1 (`priority.reserved_executors`): lower
 //! levels never run on them, so a level-1 request finds one free while lower
-//! levels hold every other executor. Runs are held open by a test engine
-//! wrapped around the real ONNX Runtime engine: a row whose first feature is
-//! [`HOLD`] waits at a gate until the test opens it.
+//! levels hold every other executor. Runs are held open at a gate
+//! (`common::gate`).
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use tickserve_core::InferRequest;
-use tickserve_core::config::ServerConfig;
-use tickserve_engine_cuda::Gpus;
-use tickserve_runtime::Engines;
 use tickserve_runtime::{Runtime, VersionState};
 
 mod common;
-use common::{copy_sample_model, hooked_engine, library, request};
-
-/// A first feature that holds its run at the gate.
-const HOLD: f32 = 5555.0;
-
-/// Where held runs wait, and how many are waiting.
-#[derive(Debug, Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-    held: AtomicUsize,
-}
-
-impl Gate {
-    fn pass(&self) {
-        self.held.fetch_add(1, Ordering::SeqCst);
-        let mut open = self.open.lock().unwrap();
-        while !*open {
-            open = self.opened.wait(open).unwrap();
-        }
-    }
-
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-
-    fn held(&self) -> usize {
-        self.held.load(Ordering::SeqCst)
-    }
-
-    /// Waits (at most 10 s) until `count` runs are held.
-    fn wait_for(&self, count: usize) {
-        let started = Instant::now();
-        while self.held() < count && started.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(self.held(), count, "runs held at the gate");
-    }
-}
-
-/// `alpha_mlp` with `model_toml`, on the gated engine; every request goes
-/// through an executor thread (nothing runs on the caller's).
-fn runtime(model_toml: &str) -> (Arc<Runtime>, Arc<Gate>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    copy_sample_model(dir.path(), "alpha_mlp", Some(model_toml));
-    let mut config = ServerConfig::default();
-    config.repository.path = dir.path().to_path_buf();
-    config.runtime.onnxruntime_library = library();
-    config.runtime.inline_budget = Duration::ZERO;
-    let gate = Arc::new(Gate::default());
-    let engine = hooked_engine({
-        let gate = Arc::clone(&gate);
-        Arc::new(move |firsts: &[f32]| {
-            if firsts.first() == Some(&HOLD) {
-                gate.pass();
-            }
-            Ok(())
-        })
-    });
-    let engines = Engines::new(engine.clone(), engine, Gpus::Absent("test".into()));
-    (
-        Arc::new(Runtime::load_with(&config, engines).unwrap()),
-        gate,
-        dir,
-    )
-}
-
-/// Shuts `runtime` down once the test's tasks have let go of it.
-fn stop(runtime: Arc<Runtime>) {
-    Arc::try_unwrap(runtime)
-        .ok()
-        .expect("the tasks are done")
-        .shutdown();
-}
-
-/// A one-row `alpha_mlp` request at `priority` whose first feature is `first`.
-fn row(priority: u64, first: f32) -> InferRequest {
-    let values: Vec<f32> = std::iter::once(first)
-        .chain((1..50).map(|i| i as f32 / 64.0))
-        .collect();
-    let mut request = request("alpha_mlp", "features", vec![1, 50], &values);
-    request.priority = priority;
-    request
-}
+use common::gate::{HOLD, gated_runtime as runtime, row, stop};
 
 /// Two executors and two levels; one-row buckets, so that each request is a
 /// run of its own (two held requests can never share one run).

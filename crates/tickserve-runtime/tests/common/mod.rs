@@ -1,8 +1,10 @@
 //! Helpers the runtime's integration tests share: where the repository and
-//! its sample models are, a request with one FP32 input, and ONNX Runtime
-//! with a test's hook before each run.
+//! its sample models are, a request with one FP32 input, ONNX Runtime with a
+//! test's hook before each run, and runs held at a gate ([`gate`]).
 
 #![allow(dead_code)]
+
+pub mod gate;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
