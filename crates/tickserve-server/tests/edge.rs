@@ -14,7 +14,6 @@ use tickserve_proto::inference as pb;
 use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::Code;
 
-const KEY_VARIABLE: &str = "TICKSERVE_TEST_EDGE_KEY";
 const KEY: &str = "edge-k3y";
 
 /// A v2 JSON body of one `alpha_mlp` row, with `parameters`.
@@ -175,18 +174,8 @@ async fn status_of(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_and_its_encoded_spellings_need_their_key() {
-    // SAFETY of set_var: this test binary sets this variable here only, before
-    // the server (which reads it) starts.
-    unsafe { std::env::set_var(KEY_VARIABLE, KEY) };
     let mut config = common::config(&common::root().join("config/models"));
-    let groups = EndpointGroup::ALL.map(EndpointGroup::as_str).join(",");
-    config.security.restricted = vec![
-        Restriction::parse_triton(
-            &format!("{groups}:admin-key=env:{KEY_VARIABLE}"),
-            FrontEnd::Http,
-        )
-        .unwrap(),
-    ];
+    common::restrict_every_group(&mut config, "admin-key", KEY, &[FrontEnd::Http]);
     config.validate().unwrap();
     let server = common::start(&config).await;
     let client = reqwest::Client::new();

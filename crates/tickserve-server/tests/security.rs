@@ -205,19 +205,12 @@ async fn each_restricted_group_is_refused_without_its_key_and_served_with_it() {
     // the server (which reads it) starts.
     unsafe { std::env::set_var(KEY_VARIABLE, format!("{KEY}\n")) };
     let mut config = common::config(&common::root().join("config/models"));
-    let groups = EndpointGroup::ALL.map(EndpointGroup::as_str).join(",");
-    config.security.restricted = vec![
-        Restriction::parse_triton(
-            &format!("{groups}:admin-key=env:{KEY_VARIABLE}"),
-            FrontEnd::Http,
-        )
-        .unwrap(),
-        Restriction::parse_triton(
-            &format!("{groups}:admin-key=env:{KEY_VARIABLE}"),
-            FrontEnd::Grpc,
-        )
-        .unwrap(),
-    ];
+    common::restrict_every_group(
+        &mut config,
+        "admin-key",
+        &format!("env:{KEY_VARIABLE}"),
+        &[FrontEnd::Http, FrontEnd::Grpc],
+    );
     config.validate().unwrap();
     let server = common::start(&config).await;
     let http = reqwest::Client::new();

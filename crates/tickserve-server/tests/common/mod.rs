@@ -182,3 +182,22 @@ pub fn grpc_alpha_row() -> tickserve_proto::inference::ModelInferRequest {
         ..Default::default()
     }
 }
+
+/// Puts every endpoint group of `config` behind one key, given as Triton
+/// writes it (`env:NAME`, `file:PATH` or the key itself) and sent in
+/// `header`, on each of `front_ends`.
+pub fn restrict_every_group(
+    config: &mut ServerConfig,
+    header: &str,
+    key: &str,
+    front_ends: &[tickserve_core::config::FrontEnd],
+) {
+    use tickserve_core::config::{EndpointGroup, Restriction};
+    let groups = EndpointGroup::ALL.map(EndpointGroup::as_str).join(",");
+    config.security.restricted = front_ends
+        .iter()
+        .map(|&front_end| {
+            Restriction::parse_triton(&format!("{groups}:{header}={key}"), front_end).unwrap()
+        })
+        .collect();
+}
