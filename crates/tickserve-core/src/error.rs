@@ -126,30 +126,18 @@ pub enum Error {
         limit: usize,
     },
     /// The request continues a sequence the model does not keep: never
-    /// started, ended, or dropped.
+    /// started, ended, dropped, or expired (one answer for all, so that it
+    /// does not tell a client which ids exist).
     #[error(
-        "model '{model}': sequence {sequence} is not active (never started, ended, or dropped); \
-         send its first request with sequence_start = true"
+        "model '{model}': sequence {sequence} is not active (never started, ended, dropped, or \
+         idle past the model's max_sequence_idle); send its first request with \
+         sequence_start = true"
     )]
     SequenceNotActive {
         /// The model asked for.
         model: String,
         /// The sequence id, as the client wrote it.
         sequence: String,
-    },
-    /// The request continues a sequence that sat idle past `max_sequence_idle`
-    /// and was ended.
-    #[error(
-        "model '{model}': sequence {sequence} expired after {idle} idle (the model's \
-         max_sequence_idle); its state is gone: start it again with sequence_start = true"
-    )]
-    SequenceExpired {
-        /// The model asked for.
-        model: String,
-        /// The sequence id.
-        sequence: String,
-        /// The model's `max_sequence_idle`, for people.
-        idle: String,
     },
     /// The model keeps as many sequences as it may, or one sequence has as
     /// many requests waiting for their turn as it may.
@@ -284,7 +272,6 @@ impl Error {
             | Error::InvalidRequest { .. }
             | Error::TooManyRows { .. }
             | Error::SequenceNotActive { .. }
-            | Error::SequenceExpired { .. }
             | Error::LoadFailed { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
             Error::QueueFull { .. }

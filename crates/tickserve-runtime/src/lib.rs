@@ -230,8 +230,9 @@ impl Runtime {
         self.models.all_ready()
     }
 
-    /// Brings `tickserve_model_ready` up to date with the families' health
-    /// (called before each scrape).
+    /// Brings `tickserve_model_ready` up to date with the families' health,
+    /// and ends every sequence idle past its model's `max_sequence_idle`
+    /// (called before each metrics scrape).
     pub fn refresh_readiness(&self) {
         self.models.refresh_readiness();
     }

@@ -186,13 +186,19 @@ impl Models {
         self.write().clear();
     }
 
-    /// Sets every ready version's readiness metric from its replicas' health
-    /// (a family whose device was lost makes its models not ready).
+    /// Brings the gauges that are not kept current by requests up to date
+    /// (called before each scrape): every ready version's readiness from its
+    /// replicas' health (a family whose device was lost makes its models not
+    /// ready), and every stateful version's sequences idle past their limit
+    /// ended (so that `tickserve_sequences_active` counts only live ones).
     pub fn refresh_readiness(&self) {
         for handle in self.ready_handles() {
             metrics::gauge!(names::MODEL_READY, "model" => handle.name.clone(),
                 "version" => handle.version.clone())
             .set(if handle.is_ready() { 1.0 } else { 0.0 });
+            if let Some(sequences) = handle.sequences() {
+                sequences.sweep();
+            }
         }
     }
 

@@ -18,10 +18,17 @@
 //! Bounds: at most `max_sequences` sequences (a start beyond is refused), at
 //! most [`MAX_PENDING_PER_SEQUENCE`] requests waiting for one sequence's turn.
 //! With `max_sequence_idle` set, a sequence idle longer is ended: found when
-//! its next request comes, or by the sweep that runs before each metrics
-//! scrape and as new sequences start; its id is remembered (as many as
-//! `max_sequences`) so that its next request is told it expired rather than
-//! that it never existed.
+//! anything next touches it (a tick, a read, a write, a drop, the list, a
+//! snapshot), or by the sweep that runs before each metrics scrape and, as
+//! new sequences start, every quarter of `max_sequence_idle`. With
+//! `idle_action = "restart"` its id is remembered (as many as
+//! `max_sequences`) so that its next tick restarts it. An expired sequence
+//! is refused with the words of one never started: the answer does not tell
+//! a client which ids exist.
+//!
+//! Every operation on the table is constant-time in the number of
+//! sequences, save the sweep (linear, at most once per quarter of
+//! `max_sequence_idle` on the request path) and the list and snapshot.
 
 pub mod snapshot;
 mod state;
@@ -92,9 +99,53 @@ impl Slot {
 #[derive(Debug)]
 struct Table {
     active: HashMap<SequenceId, Arc<Slot>>,
-    /// Ids of sequences that expired, oldest first (bounded).
-    expired: VecDeque<SequenceId>,
+    /// Ids of sequences that expired and restart on their next tick.
+    expired: Expired,
     last_sweep: Instant,
+}
+
+/// The ids of expired sequences, bounded, the oldest forgotten first; a
+/// lookup, an insert and a removal are constant-time (amortised).
+#[derive(Debug, Default)]
+struct Expired {
+    /// Each remembered id, with the number it was remembered under.
+    ids: HashMap<SequenceId, u64>,
+    /// Ids in the order remembered; an entry whose number no longer matches
+    /// `ids` was removed or remembered again, and is skipped.
+    order: VecDeque<(SequenceId, u64)>,
+    next: u64,
+}
+
+impl Expired {
+    fn contains(&self, id: &SequenceId) -> bool {
+        self.ids.contains_key(id)
+    }
+
+    fn remove(&mut self, id: &SequenceId) -> bool {
+        self.ids.remove(id).is_some()
+    }
+
+    /// Remembers `id`, forgetting the oldest beyond `capacity`.
+    fn insert(&mut self, id: SequenceId, capacity: usize) {
+        while self.ids.len() >= capacity.max(1) {
+            let Some((old, number)) = self.order.pop_front() else {
+                break;
+            };
+            if self.ids.get(&old) == Some(&number) {
+                self.ids.remove(&old);
+            }
+        }
+        let number = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.ids.insert(id.clone(), number);
+        self.order.push_back((id, number));
+        // Stale entries are dropped once they outnumber the live ones, so
+        // the order stays within twice the ids kept.
+        if self.order.len() > 2 * self.ids.len().max(16) {
+            let ids = &self.ids;
+            self.order.retain(|(id, n)| ids.get(id) == Some(n));
+        }
+    }
 }
 
 /// What a caller means to do with a sequence: a tick may start it, a write
@@ -158,7 +209,7 @@ impl Sequences {
             spec,
             table: Mutex::new(Table {
                 active: HashMap::new(),
-                expired: VecDeque::new(),
+                expired: Expired::default(),
                 last_sweep: Instant::now(),
             }),
             live: AtomicUsize::new(0),
@@ -222,31 +273,24 @@ impl Sequences {
             state.waiters.push_back(sender);
             return Ok(Entry::Waiting(receiver));
         }
-        let was_expired = table.expired.contains(id);
+        // Only a tick that is no start restarts an expired sequence.
+        let restarts = purpose == Purpose::Tick { start: false } && table.expired.contains(id);
         let creates = match purpose {
             Purpose::Tick { start: true } | Purpose::Write => true,
-            Purpose::Tick { start: false } => {
-                was_expired && self.spec.idle_action == IdleAction::Restart
-            }
+            Purpose::Tick { start: false } => restarts,
             Purpose::Read | Purpose::Drop => false,
         };
         if !creates {
-            return Err(if was_expired {
-                self.expired_error(id)
-            } else {
-                Error::SequenceNotActive {
-                    model: self.model.clone(),
-                    sequence: id.to_string(),
-                }
-            });
+            return Err(self.not_active(id));
         }
-        // Idle sequences are swept as new ones start: when the table is
-        // full, and every quarter of max_sequence_idle.
+        // Idle sequences are swept as new ones start, every quarter of
+        // max_sequence_idle (not at every start when the table is full: a
+        // sweep is linear in the table, a start must not be).
         let sweep_due = self
             .spec
             .max_idle
             .is_some_and(|idle| now.saturating_duration_since(table.last_sweep) >= idle / 4);
-        if sweep_due || table.active.len() >= self.spec.max_sequences {
+        if sweep_due {
             self.sweep_locked(&mut table, now);
         }
         if table.active.len() >= self.spec.max_sequences {
@@ -259,9 +303,8 @@ impl Sequences {
                 ),
             });
         }
-        if was_expired {
-            table.expired.retain(|e| e != id);
-        }
+        // A start or a write begins afresh: the id is no longer expired.
+        table.expired.remove(id);
         let slot = Arc::new(Slot {
             id: id.clone(),
             inner: Mutex::new(SlotState {
@@ -270,7 +313,7 @@ impl Sequences {
                 last_used: now,
                 busy: true,
                 waiters: VecDeque::new(),
-                restart_pending: was_expired,
+                restart_pending: restarts,
             }),
         });
         table.active.insert(id.clone(), Arc::clone(&slot));
@@ -285,16 +328,27 @@ impl Sequences {
         }
     }
 
-    fn expired_error(&self, id: &SequenceId) -> Error {
-        Error::SequenceExpired {
+    /// The refusal of a sequence without state: the same words whether it
+    /// never started, ended, was dropped or expired.
+    fn not_active(&self, id: &SequenceId) -> Error {
+        Error::SequenceNotActive {
             model: self.model.clone(),
             sequence: id.to_string(),
-            idle: self
-                .spec
-                .max_idle
-                .map(|d| humantime::format_duration(d).to_string())
-                .unwrap_or_default(),
         }
+    }
+
+    /// Ends the sequence of `state` if it sat idle past `max_sequence_idle`
+    /// (its state is dropped and it is counted as expired); true if it did.
+    /// The caller removes it from the table (or its turn's drop does).
+    fn expire_if_idle(&self, state: &mut SlotState, now: Instant) -> bool {
+        let idle = now.saturating_duration_since(state.last_used);
+        if state.state.is_err() || !self.spec.max_idle.is_some_and(|max| idle > max) {
+            return false;
+        }
+        state.state = Err(Gone::Expired);
+        self.lost();
+        self.metrics.expiries.increment(1);
+        true
     }
 
     /// Ends every sequence idle past `max_sequence_idle` that nobody is
@@ -306,32 +360,28 @@ impl Sequences {
 
     fn sweep_locked(&self, table: &mut Table, now: Instant) {
         table.last_sweep = now;
-        let Some(max_idle) = self.spec.max_idle else {
+        if self.spec.max_idle.is_none() {
             return;
-        };
+        }
         let mut expired = Vec::new();
         table.active.retain(|id, slot| {
             let mut state = slot.lock();
-            let idle = now.saturating_duration_since(state.last_used);
-            if state.busy || state.state.is_err() || idle <= max_idle {
+            if state.busy || !self.expire_if_idle(&mut state, now) {
                 return true;
             }
-            state.state = Err(Gone::Expired);
             expired.push(id.clone());
             false
         });
         for id in expired {
-            self.lost();
-            self.metrics.expiries.increment(1);
             self.remember_expired(table, id);
         }
     }
 
+    /// Remembers that `id` expired, if its model restarts expired sequences.
     fn remember_expired(&self, table: &mut Table, id: SequenceId) {
-        if table.expired.len() >= self.spec.max_sequences {
-            table.expired.pop_front();
+        if self.spec.idle_action == IdleAction::Restart {
+            table.expired.insert(id, self.spec.max_sequences);
         }
-        table.expired.push_back(id);
     }
 
     /// Every sequence kept now, with its tick count and idle time, by id.
@@ -343,7 +393,9 @@ impl Sequences {
             .values()
             .filter_map(|slot| {
                 let state = slot.lock();
-                state.state.is_ok().then(|| SequenceSummary {
+                let idle = now.saturating_duration_since(state.last_used);
+                let live = state.state.is_ok() && !self.spec.max_idle.is_some_and(|max| idle > max);
+                live.then(|| SequenceSummary {
                     id: slot.id.clone(),
                     ticks: state.ticks,
                     idle: now.saturating_duration_since(state.last_used),
@@ -364,17 +416,15 @@ impl Sequences {
             .enter(id, Purpose::Read)?
             .turn(&self.model, deadline)
             .await?;
-        let state = turn.slot.lock();
+        let mut state = turn.slot.lock();
+        self.expire_if_idle(&mut state, Instant::now());
         match &state.state {
             Ok(rows) => Ok(SequenceState {
                 ticks: state.ticks,
                 idle: state.last_used.elapsed(),
                 state: rows.clone(),
             }),
-            Err(_) => Err(Error::SequenceNotActive {
-                model: self.model.clone(),
-                sequence: id.to_string(),
-            }),
+            Err(_) => Err(self.not_active(id)),
         }
     }
 
@@ -392,13 +442,17 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
+        let now = Instant::now();
+        self.expire_if_idle(&mut state, now);
         if state.state.is_err() {
             self.gained();
             self.metrics.starts.increment(1);
         }
         state.state = Ok(rows);
         state.ticks = 0;
-        state.last_used = Instant::now();
+        state.last_used = now;
+        // The written state is what the next tick runs with, not a restart.
+        state.restart_pending = false;
         Ok(())
     }
 
@@ -414,22 +468,23 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
+        self.expire_if_idle(&mut state, Instant::now());
         if state.state.is_err() {
-            return Err(Error::SequenceNotActive {
-                model: self.model.clone(),
-                sequence: id.to_string(),
-            });
+            return Err(self.not_active(id));
         }
         state.state = Err(Gone::Ended);
+        state.restart_pending = false;
         self.lost();
         self.metrics.ends.increment(1);
         Ok(())
     }
 
     /// Every kept sequence and its state, for a snapshot (taken when no
-    /// request is running: at shutdown, after the drain).
+    /// request is running: at shutdown, after the drain); sequences idle past
+    /// `max_sequence_idle` are ended first, not kept.
     pub fn snapshot(&self) -> Vec<(SequenceId, u64, Vec<Bytes>)> {
-        let table = self.table();
+        let mut table = self.table();
+        self.sweep_locked(&mut table, Instant::now());
         let mut all: Vec<(SequenceId, u64, Vec<Bytes>)> = table
             .active
             .values()
@@ -563,8 +618,8 @@ mod tests {
         let error = tick(&t, &control(5, false, false), 0.0).unwrap_err();
         assert_eq!(
             error.to_string(),
-            "model 'm': sequence 5 is not active (never started, ended, or dropped); \
-             send its first request with sequence_start = true"
+            "model 'm': sequence 5 is not active (never started, ended, dropped, or idle past \
+             the model's max_sequence_idle); send its first request with sequence_start = true"
         );
         tick(&t, &control(5, true, false), 7.0).unwrap();
         assert_eq!(tick(&t, &control(5, true, false), 8.0).unwrap(), 0.0);
@@ -640,18 +695,20 @@ mod tests {
         tick(&t, &control(1, true, false), 1.0).unwrap();
         tick(&t, &control(2, true, false), 1.0).unwrap();
         std::thread::sleep(idle * 2);
-        let error = tick(&t, &control(1, false, false), 0.0).unwrap_err();
-        assert!(
-            error
-                .to_string()
-                .contains("sequence 1 expired after 20ms idle"),
-            "{error}"
+        // Told what a sequence never started is told: the answer does not
+        // say which ids exist.
+        let expired = tick(&t, &control(1, false, false), 0.0).unwrap_err();
+        let unknown = tick(&t, &control(77, false, false), 0.0).unwrap_err();
+        assert_eq!(
+            expired.to_string().replace(" 1 ", " 77 "),
+            unknown.to_string()
         );
-        // Sequence 2 is swept, and still told it expired.
+        // Sequence 2 is swept, and refused the same way.
         t.sweep();
         assert_eq!(t.active(), 0);
+        assert!(t.list().is_empty());
         let error = tick(&t, &control(2, false, false), 0.0).unwrap_err();
-        assert!(matches!(error, Error::SequenceExpired { .. }), "{error}");
+        assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
         // A start brings it back.
         tick(&t, &control(2, true, false), 5.0).unwrap();
         assert_eq!(tick(&t, &control(2, false, false), 0.0).unwrap(), 5.0);
@@ -672,6 +729,105 @@ mod tests {
             turn.finish(&c, row(3.0));
         }
         assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 3.0);
+    }
+
+    fn expired_table(max: usize, action: IdleAction) -> (Arc<Sequences>, Duration) {
+        let idle = Duration::from_millis(20);
+        (Arc::new(Sequences::new("m", spec(max, idle, action))), idle)
+    }
+
+    #[tokio::test]
+    async fn a_state_written_after_expiry_is_what_the_next_tick_runs_with() {
+        let (t, idle) = expired_table(8, IdleAction::Restart);
+        tick(&t, &control(1, true, false), 1.0).unwrap();
+        std::thread::sleep(idle * 2);
+        t.sweep();
+        t.write(&SequenceId::Number(1), row(42.0), None)
+            .await
+            .unwrap();
+        assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 42.0);
+    }
+
+    /// Takes sequence `id`'s turn for a tick and gives it back without an
+    /// answer (the tick failed).
+    fn failed_tick(t: &Arc<Sequences>, id: u64, start: bool) {
+        let c = control(id, start, false);
+        let Entry::Now(turn) = t.enter(&c.id, Purpose::Tick { start }).unwrap() else {
+            panic!("no one else holds the turn");
+        };
+        turn.begin(&c).unwrap();
+        drop(turn);
+    }
+
+    #[test]
+    fn a_failed_start_or_restart_leaves_no_slot_behind() {
+        for action in [IdleAction::Error, IdleAction::Restart] {
+            let (t, idle) = expired_table(1, action);
+            tick(&t, &control(1, true, false), 1.0).unwrap();
+            std::thread::sleep(idle * 2);
+            t.sweep();
+            failed_tick(&t, 1, true);
+            if action == IdleAction::Restart {
+                tick(&t, &control(1, true, false), 1.0).unwrap();
+                std::thread::sleep(idle * 2);
+                t.sweep();
+                failed_tick(&t, 1, false);
+                // Still remembered: its next tick restarts it.
+                let c = control(1, false, false);
+                let Entry::Now(turn) = t.enter(&c.id, Purpose::Tick { start: false }).unwrap()
+                else {
+                    panic!()
+                };
+                assert!(turn.begin(&c).unwrap().restarted);
+                drop(turn);
+            }
+            // The table (of one) has room for another sequence.
+            tick(&t, &control(2, true, false), 1.0).unwrap_or_else(|e| panic!("{action:?}: {e}"));
+            assert_eq!(t.active(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_expired_sequence_is_neither_read_listed_nor_snapshotted_before_a_sweep() {
+        let (t, idle) = expired_table(8, IdleAction::Error);
+        let id = SequenceId::Number(1);
+        t.write(&id, row(1.0), None).await.unwrap();
+        t.write(&SequenceId::Number(2), row(2.0), None)
+            .await
+            .unwrap();
+        std::thread::sleep(idle * 2);
+        assert!(t.list().is_empty());
+        assert!(t.snapshot().is_empty());
+        assert_eq!(t.active(), 0);
+        t.write(&SequenceId::Number(3), row(3.0), None)
+            .await
+            .unwrap();
+        std::thread::sleep(idle * 2);
+        let error = t.read(&SequenceId::Number(3), None).await.unwrap_err();
+        assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+        assert!(matches!(
+            t.remove(&id, None).await,
+            Err(Error::SequenceNotActive { .. })
+        ));
+    }
+
+    #[test]
+    fn the_expired_ids_are_bounded_and_forget_the_oldest() {
+        let mut expired = Expired::default();
+        let id = SequenceId::Number;
+        for n in 0..10 {
+            expired.insert(id(n), 4);
+        }
+        assert!((0..6).all(|n| !expired.contains(&id(n))));
+        assert!((6..10).all(|n| expired.contains(&id(n))));
+        // Removed and remembered again, many times: the order stays bounded.
+        for _ in 0..1000 {
+            assert!(expired.remove(&id(9)));
+            expired.insert(id(9), 4);
+        }
+        assert!(expired.order.len() <= 2 * 16 + 1, "{}", expired.order.len());
+        expired.insert(id(10), 4);
+        assert!(!expired.contains(&id(6)) && expired.contains(&id(9)));
     }
 
     #[tokio::test]

@@ -87,38 +87,23 @@ impl Turn {
                 restarted: true,
             });
         }
-        let idle = state.last_used.elapsed();
+        // Found idle past its limit before the sweep ended it: a restart,
+        // or refused (the turn's drop takes it out of the table).
+        if sequences.expire_if_idle(&mut state, Instant::now())
+            && spec.idle_action == IdleAction::Restart
+        {
+            state.restart_pending = true;
+            return Ok(TickStart {
+                state: initial(),
+                restarted: true,
+            });
+        }
         match &state.state {
-            Ok(_) if spec.max_idle.is_some_and(|max| idle > max) => {
-                // Found idle past its limit before the sweep ended it.
-                state.state = Err(Gone::Expired);
-                sequences.lost();
-                sequences.metrics.expiries.increment(1);
-                match spec.idle_action {
-                    IdleAction::Restart => {
-                        state.restart_pending = true;
-                        Ok(TickStart {
-                            state: initial(),
-                            restarted: true,
-                        })
-                    }
-                    IdleAction::Error => {
-                        drop(state);
-                        let mut table = sequences.table();
-                        sequences.remember_expired(&mut table, control.id.clone());
-                        Err(sequences.expired_error(&control.id))
-                    }
-                }
-            }
             Ok(rows) => Ok(TickStart {
                 state: rows.clone(),
                 restarted: false,
             }),
-            Err(Gone::Expired) => Err(sequences.expired_error(&control.id)),
-            Err(Gone::New | Gone::Ended) => Err(Error::SequenceNotActive {
-                model: sequences.model.clone(),
-                sequence: control.id.to_string(),
-            }),
+            Err(_) => Err(sequences.not_active(&control.id)),
         }
     }
 
@@ -173,13 +158,16 @@ impl Drop for Turn {
             return;
         }
         state.busy = false;
-        let gone = state.state.is_err() && !state.restart_pending;
+        let gone = state.state.is_err();
         drop(state);
         if gone {
-            // Table, then slot: the order `enter` locks them in.
+            // A sequence without state leaves the table (whatever left it so:
+            // an end, a drop, an expiry, a start or a restart whose tick
+            // failed); one that restarts on its next tick is remembered as
+            // expired. Table, then slot: the order `enter` locks them in.
             let mut table = self.sequences.table();
             let state = self.slot.lock();
-            let still_gone = !state.busy && state.state.is_err() && !state.restart_pending;
+            let still_gone = !state.busy && state.state.is_err();
             if still_gone
                 && table
                     .active
@@ -187,6 +175,10 @@ impl Drop for Turn {
                     .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
             {
                 table.active.remove(&self.slot.id);
+                if state.restart_pending {
+                    self.sequences
+                        .remember_expired(&mut table, self.slot.id.clone());
+                }
             }
         }
     }
