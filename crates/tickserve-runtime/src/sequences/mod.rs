@@ -342,7 +342,7 @@ impl Sequences {
     /// The caller removes it from the table (or its turn's drop does).
     fn expire_if_idle(&self, state: &mut SlotState, now: Instant) -> bool {
         let idle = now.saturating_duration_since(state.last_used);
-        if state.state.is_err() || !self.spec.max_idle.is_some_and(|max| idle > max) {
+        if state.state.is_err() || self.spec.max_idle.is_none_or(|max| idle <= max) {
             return false;
         }
         state.state = Err(Gone::Expired);
@@ -394,7 +394,7 @@ impl Sequences {
             .filter_map(|slot| {
                 let state = slot.lock();
                 let idle = now.saturating_duration_since(state.last_used);
-                let live = state.state.is_ok() && !self.spec.max_idle.is_some_and(|max| idle > max);
+                let live = state.state.is_ok() && self.spec.max_idle.is_none_or(|max| idle <= max);
                 live.then(|| SequenceSummary {
                     id: slot.id.clone(),
                     ticks: state.ticks,
