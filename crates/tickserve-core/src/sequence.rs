@@ -203,14 +203,13 @@ impl SequenceSpec {
             let initial = match &pair.initial_file {
                 None => Bytes::from(vec![0u8; row_bytes]),
                 Some(file) => {
-                    let path = model_dir.join(file);
-                    let bytes = std::fs::read(&path).map_err(|e| {
-                        format!("{key}.initial_file: cannot read {}: {e}", path.display())
-                    })?;
+                    // Named as model.toml writes it, never by the server's own
+                    // path: load failures are shown to clients.
+                    let bytes = std::fs::read(model_dir.join(file))
+                        .map_err(|e| format!("{key}.initial_file '{file}': cannot read it: {e}"))?;
                     if bytes.len() != row_bytes {
                         return Err(format!(
-                            "{key}.initial_file {} holds {} bytes; one row of '{}' ({} {}) is {row_bytes}",
-                            path.display(),
+                            "{key}.initial_file '{file}' holds {} bytes; one row of '{}' ({} {}) is {row_bytes}",
                             bytes.len(),
                             input.name,
                             input.datatype,
@@ -521,7 +520,14 @@ mod tests {
         let mut config = pairs(&[("h_in", "h_out")]);
         config.state[0].initial_file = Some("h0.bin".to_string());
         let error = SequenceSpec::resolve(&config, &lstm_step(), &dir).unwrap_err();
-        assert!(error.contains("holds 60 bytes"), "{error}");
+        assert!(error.contains("'h0.bin' holds 60 bytes"), "{error}");
+        let server_path = dir.to_string_lossy().to_string();
+        assert!(!error.contains(&server_path), "{error}");
+        config.state[0].initial_file = Some("missing.bin".to_string());
+        let error = SequenceSpec::resolve(&config, &lstm_step(), &dir).unwrap_err();
+        assert!(error.contains("'missing.bin': cannot read it"), "{error}");
+        assert!(!error.contains(&server_path), "{error}");
+        config.state[0].initial_file = Some("h0.bin".to_string());
         let h0: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();
         std::fs::write(dir.join("h0.bin"), &h0).unwrap();
         let spec = SequenceSpec::resolve(&config, &lstm_step(), &dir)

@@ -11,7 +11,7 @@
 //! [`ModelHandle`] over its replicas, or why it failed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -495,8 +495,33 @@ fn parse(
             graph,
             weights,
         }),
-        Err(reason) => Err(Box::new((candidate, reason))),
+        Err(reason) => {
+            let reason = without_server_paths(reason, &candidate);
+            Err(Box::new((candidate, reason)))
+        }
     }
+}
+
+/// `reason` with the server's paths of `candidate`'s directories written as
+/// the repository names them (`name/version`, `name`): a load failure is
+/// shown to clients (readiness, the repository index, TF Serving's status),
+/// and the server's file system is not theirs to see.
+fn without_server_paths(reason: String, candidate: &Candidate) -> String {
+    let version_dir = candidate.onnx_path.parent();
+    let model_dir = version_dir.and_then(Path::parent);
+    let mut reason = reason;
+    for (dir, shown) in [
+        (
+            version_dir,
+            format!("{}/{}", candidate.name, candidate.version),
+        ),
+        (model_dir, candidate.name.clone()),
+    ] {
+        if let Some(dir) = dir.filter(|d| d.is_absolute()) {
+            reason = reason.replace(&dir.display().to_string(), &shown);
+        }
+    }
+    reason
 }
 
 /// Maps `items` through `f` on as many threads as there are cores, keeping

@@ -333,6 +333,42 @@ async fn bad_sequence_requests_are_clear_client_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_initial_file_is_named_as_model_toml_writes_it_never_by_the_servers_path() {
+    let missing = format!("[sequence]\n{STATE_PAIRS}").replacen(
+        "output = \"h_out\"\n",
+        "output = \"h_out\"\ninitial_file = \"h0.bin\"\n",
+        1,
+    );
+    let repository = repository(&[("seq_missing", &missing), ("seq_short", &missing)]);
+    std::fs::write(repository.path().join("seq_short/h0.bin"), [0u8; 3]).unwrap();
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let server_path = repository.path().to_string_lossy().to_string();
+    let index = reqwest::Client::new()
+        .post(format!("{base}/v2/repository/index"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let status = reqwest::get(format!("{base}/v1/models/seq_short"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for answer in [&index, &status] {
+        assert!(!answer.contains(&server_path), "{answer}");
+    }
+    assert!(index.contains("'h0.bin': cannot read it"), "{index}");
+    assert!(index.contains("'h0.bin' holds 3 bytes"), "{index}");
+    assert!(status.contains("'h0.bin' holds 3 bytes"), "{status}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
     let repository = repository(&[
         (

@@ -21,6 +21,7 @@
 //! state). The file is renamed `*.restored` once read, so that a later
 //! crash-and-restart does not bring back state older than what served since.
 
+use std::io::Write;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -30,50 +31,99 @@ use crate::handle::ModelHandle;
 
 const MAGIC: &[u8] = b"tickserve-sequences 1\n";
 
-/// Writes every stateful model's sequences in `handles` to `path`
-/// (atomically: a temporary file, then a rename); returns how many.
+/// Writes every stateful model's sequences in `handles` to `path`; returns
+/// how many. The file is written as a temporary beside it (`*.partial`,
+/// owner-only, created new: a symlink or anything else already at that name
+/// is removed, never followed), streamed, flushed to disk, renamed over
+/// `path`, and the directory flushed, so that `path` is always either the
+/// previous snapshot or this one, whole.
 pub fn write(path: &Path, handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
-    let mut out = Vec::from(MAGIC);
+    let temporary = path.with_extension("partial");
+    let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    match std::fs::remove_file(&temporary) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(e)),
+        _ => {}
+    }
+    let file = create_private(&temporary).map_err(fail)?;
+    let mut out = std::io::BufWriter::new(file);
+    let total = write_to(&mut out, handles).map_err(fail)?;
+    let file = out.into_inner().map_err(|e| fail(e.into_error()))?;
+    file.sync_all().map_err(fail)?;
+    drop(file);
+    std::fs::rename(&temporary, path).map_err(fail)?;
+    sync_directory(path).map_err(fail)?;
+    Ok(total)
+}
+
+/// Creates `path` new, readable and writable by its owner only, without
+/// following a symlink.
+fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    options.open(path)
+}
+
+/// Flushes the directory holding `path` (its new name) to disk.
+fn sync_directory(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let directory = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(directory)?.sync_all()?;
+    }
+    let _ = path;
+    Ok(())
+}
+
+fn write_to(
+    out: &mut impl Write,
+    handles: &[std::sync::Arc<ModelHandle>],
+) -> std::io::Result<usize> {
+    out.write_all(MAGIC)?;
     let stateful: Vec<_> = handles
         .iter()
         .filter_map(|h| h.sequences().map(|s| (h, s)))
         .collect();
-    put_u32(&mut out, stateful.len());
+    put_u32(out, stateful.len())?;
     let mut total = 0;
     for (handle, sequences) in stateful {
         let spec = sequences.spec();
-        put_str(&mut out, &handle.name);
-        put_str(&mut out, &handle.version);
-        put_u32(&mut out, spec.states.len());
+        put_str(out, &handle.name)?;
+        put_str(out, &handle.version)?;
+        put_u32(out, spec.states.len())?;
         for state in &spec.states {
-            put_str(&mut out, &state.input.name);
-            put_str(&mut out, state.input.datatype.as_str());
-            put_u64(&mut out, state.input.row_bytes() as u64);
+            put_str(out, &state.input.name)?;
+            put_str(out, state.input.datatype.as_str())?;
+            put_u64(out, state.input.row_bytes() as u64)?;
         }
         let all = sequences.snapshot();
-        put_u64(&mut out, all.len() as u64);
+        put_u64(out, all.len() as u64)?;
         for (id, ticks, rows) in &all {
             match id {
                 SequenceId::Number(n) => {
-                    out.push(0);
-                    put_u64(&mut out, *n);
+                    out.write_all(&[0])?;
+                    put_u64(out, *n)?;
                 }
                 SequenceId::Text(s) => {
-                    out.push(1);
-                    put_str(&mut out, s);
+                    out.write_all(&[1])?;
+                    put_str(out, s)?;
                 }
             }
-            put_u64(&mut out, *ticks);
+            put_u64(out, *ticks)?;
             for row in rows {
-                out.extend_from_slice(row);
+                out.write_all(row)?;
             }
         }
         total += all.len();
     }
-    let temporary = path.with_extension("partial");
-    std::fs::write(&temporary, &out)
-        .and_then(|()| std::fs::rename(&temporary, path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    out.flush()?;
     Ok(total)
 }
 
@@ -152,17 +202,17 @@ fn same_states(spec: &SequenceSpec, states: &[(String, String, u64)]) -> bool {
             })
 }
 
-fn put_u32(out: &mut Vec<u8>, n: usize) {
-    out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+fn put_u32(out: &mut impl Write, n: usize) -> std::io::Result<()> {
+    out.write_all(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes())
 }
 
-fn put_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(&n.to_le_bytes());
+fn put_u64(out: &mut impl Write, n: u64) -> std::io::Result<()> {
+    out.write_all(&n.to_le_bytes())
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    put_u32(out, s.len());
-    out.extend_from_slice(s.as_bytes());
+fn put_str(out: &mut impl Write, s: &str) -> std::io::Result<()> {
+    put_u32(out, s.len())?;
+    out.write_all(s.as_bytes())
 }
 
 /// Checked reads: a short or corrupt file is an error, never a panic.
@@ -202,12 +252,35 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    #[cfg(unix)]
+    #[test]
+    fn the_file_is_owner_only_and_a_symlink_at_its_temporary_name_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sequences.bin");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, path.with_extension("partial")).unwrap();
+        assert_eq!(write(&path, &[]).unwrap(), 0);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(!path.with_extension("partial").exists());
+        let mut expected = Vec::from(MAGIC);
+        put_u32(&mut expected, 0).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+        // A second write replaces the first whole.
+        assert_eq!(write(&path, &[]).unwrap(), 0);
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
     #[test]
     fn a_short_or_foreign_file_is_an_error_not_a_panic() {
         assert!(read(b"hello", &[]).is_err());
         let mut file = Vec::from(MAGIC);
-        put_u32(&mut file, 1);
-        put_str(&mut file, "m");
+        put_u32(&mut file, 1).unwrap();
+        put_str(&mut file, "m").unwrap();
         assert!(read(&file, &[]).unwrap_err().contains("ends early"));
         // A huge count with nothing behind it.
         let mut file = Vec::from(MAGIC);
