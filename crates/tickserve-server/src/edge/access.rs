@@ -5,12 +5,15 @@
 //!
 //! A key comes either in the restriction's own header (Triton's syntax: the
 //! header `KEY` over HTTP, the metadata `triton-grpc-protocol-KEY` over gRPC)
-//! or as `Authorization: Bearer VALUE`. No key: HTTP 401 (with
-//! `WWW-Authenticate`) or gRPC UNAUTHENTICATED; a wrong key: HTTP 403 or
-//! PERMISSION_DENIED. Each refusal is counted by front end, group and reason.
-//! Keys are compared in constant time and never logged or echoed.
+//! or as `Authorization: Bearer VALUE` (the scheme's name in any case, RFC
+//! 7235). No key: HTTP 401 (with `WWW-Authenticate`) or gRPC UNAUTHENTICATED;
+//! a wrong key: HTTP 403 or PERMISSION_DENIED. Each refusal is counted by
+//! front end, group and reason. Keys are never logged or echoed, and are
+//! compared as SHA-256 digests in constant time: neither the time nor the
+//! answer depends on how long the key is or how much of it a guess got right.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tickserve_core::config::{EndpointGroup, FrontEnd, KeySource, SecurityConfig};
 use tickserve_core::metrics as names;
@@ -27,12 +30,28 @@ pub struct Access {
     guards: Vec<Guard>,
 }
 
-/// One restricted group: the header its key comes in, and the key.
+/// One restricted group: the header its key comes in, and the key's digest.
 #[derive(Debug)]
 struct Guard {
     group: EndpointGroup,
     header: HeaderName,
-    key: tickserve_core::config::Secret,
+    digest: [u8; 32],
+}
+
+/// The SHA-256 digest of `key`: what keys are compared as.
+fn digest_of(key: &[u8]) -> [u8; 32] {
+    Sha256::digest(key).into()
+}
+
+/// The credentials of an `Authorization` header of the `Bearer` scheme.
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ')?;
+    rest.get(start..)
 }
 
 /// Why a request was refused.
@@ -73,6 +92,7 @@ impl Access {
                 );
             }
             let key = source.read()?;
+            let digest = digest_of(key.expose());
             let name = match front_end {
                 FrontEnd::Http => restriction.header.to_ascii_lowercase(),
                 FrontEnd::Grpc => {
@@ -88,7 +108,7 @@ impl Access {
                 guards.push(Guard {
                     group,
                     header: header.clone(),
-                    key: key.clone(),
+                    digest,
                 });
             }
         }
@@ -103,12 +123,13 @@ impl Access {
         let own = headers.get(&guard.header).map(HeaderValue::as_bytes);
         let bearer = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            .and_then(|v| bearer(v.as_bytes()));
         if own.is_none() && bearer.is_none() {
             return Err(KeyRefusal::MissingKey);
         }
-        let expected = guard.key.expose();
-        let matches = |sent: Option<&[u8]>| sent.is_some_and(|s| bool::from(s.ct_eq(expected)));
+        let matches = |sent: Option<&[u8]>| {
+            sent.is_some_and(|s| bool::from(digest_of(s).ct_eq(&guard.digest)))
+        };
         if matches(own) || matches(bearer) {
             Ok(())
         } else {
@@ -191,9 +212,32 @@ mod tests {
             ),
             Ok(())
         );
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            assert_eq!(
+                access.check(
+                    group,
+                    &headers(&[("authorization", &format!("{scheme}  s3cret"))])
+                ),
+                Ok(()),
+                "{scheme}"
+            );
+        }
+        for other in [
+            "Basic s3cret",
+            "Bearers3cret",
+            "s3cret",
+            "Bearer",
+            "Bearer ",
+        ] {
+            assert_eq!(
+                access.check(group, &headers(&[("authorization", other)])),
+                Err(KeyRefusal::MissingKey),
+                "{other}"
+            );
+        }
         assert_eq!(
-            access.check(group, &headers(&[("authorization", "Bearer s3cret")])),
-            Ok(())
+            access.check(group, &headers(&[("authorization", "bearer s3cre")])),
+            Err(KeyRefusal::WrongKey)
         );
         for wrong in ["s3cre", "s3cret2", ""] {
             assert_eq!(
@@ -211,5 +255,12 @@ mod tests {
             "over gRPC the header carries Triton's prefix"
         );
         assert_eq!(access.check(EndpointGroup::Health, &headers(&[])), Ok(()));
+    }
+
+    #[test]
+    fn keys_are_compared_as_fixed_length_digests() {
+        assert_eq!(digest_of(b"s3cret"), digest_of(b"s3cret"));
+        assert_ne!(digest_of(b"s3cret"), digest_of(b"s3cre"));
+        assert_eq!(digest_of(b"").len(), digest_of(&[7u8; 4096]).len());
     }
 }
