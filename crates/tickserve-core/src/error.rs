@@ -286,6 +286,13 @@ impl Error {
         }
     }
 
+    /// The message an answer carries: the error's text with any client
+    /// string in it quoted short and the whole bounded
+    /// ([`crate::text::clip_message`]).
+    pub fn client_message(&self) -> String {
+        crate::text::clip_message(&self.to_string())
+    }
+
     /// Shorthand for [`Error::InvalidInput`].
     pub fn input(
         model: &str,

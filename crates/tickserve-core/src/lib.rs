@@ -18,6 +18,7 @@ pub mod priority;
 pub mod request;
 pub mod sequence;
 pub mod signature;
+pub mod text;
 pub mod validate;
 
 pub use buckets::Buckets;

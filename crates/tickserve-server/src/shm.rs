@@ -535,7 +535,7 @@ fn respond(active: ActiveRequest, request_id: u64, result: Result<InferResponse,
 
 fn respond_error(active: ActiveRequest, request_id: u64, error: &Error) {
     let code = status::shm_code(error.kind());
-    let message = error.to_string();
+    let message = error.client_message();
     let mut answer = vec![0u8; wire::error_answer_len(&message)];
     wire::write_error_answer(&mut answer, request_id, code, &message);
     send(active, &answer);

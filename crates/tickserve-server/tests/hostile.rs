@@ -219,3 +219,75 @@ async fn bool_bytes_are_normalized_and_every_error_status_has_a_json_body() {
     assert_eq!(status, 200, "{text}");
     server.shutdown().await.unwrap();
 }
+
+/// Whether `message` names a client's string by a short prefix and its length.
+fn quoted_short(message: &str, length: usize) -> bool {
+    message.len() < 1024 && message.contains(&format!("{length} bytes"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_client_string_comes_back_as_a_short_prefix_and_its_length_on_every_front_end() {
+    let repository = repository();
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let long = "x".repeat(2 << 20);
+    let length = long.len();
+
+    // v2 HTTP: a string element, a string where a flag belongs, and a string
+    // where serde expects a list (its own "invalid type" text).
+    let mut element = one_row();
+    element["inputs"][0]["data"][3] = json!(long);
+    // (Request parameters are bounded at 64 KiB of JSON.)
+    let medium = "y".repeat(60_000);
+    let mut flag = one_row();
+    flag["parameters"] = json!({"sequence_start": medium});
+    let mut shape = one_row();
+    shape["inputs"][0]["shape"] = json!(long);
+    let tf = json!({"instances": [[long]]});
+    for (path, body, length) in [
+        ("/v2/models/alpha_mlp/infer", element, length),
+        ("/v2/models/alpha_mlp/infer", flag, medium.len()),
+        ("/v2/models/alpha_mlp/infer", shape, length),
+        ("/v1/models/alpha_mlp:predict", tf, length),
+    ] {
+        let response = http
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{path}");
+        let answer: Value = response.json().await.unwrap();
+        let message = answer["error"].as_str().unwrap();
+        assert!(quoted_short(message, length), "{path}: {message:.300}");
+    }
+
+    // v2 gRPC: a string where a flag belongs; the message rides in a header.
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let mut request = grpc_one_row();
+    request.parameters.insert(
+        "sequence_start".into(),
+        pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::StringParam(
+                long.clone(),
+            )),
+        },
+    );
+    let status = grpc.model_infer(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        quoted_short(status.message(), length),
+        "{:.300}",
+        status.message()
+    );
+
+    // Other requests were never harmed.
+    let (status, text) = http_infer(&http, &base, &[], json!({})).await;
+    assert_eq!(status, 200, "{text}");
+    server.shutdown().await.unwrap();
+}

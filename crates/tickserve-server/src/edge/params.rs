@@ -72,8 +72,7 @@ impl Param<'_> {
             Param::Int(i) => format!("the integer {i}"),
             Param::Uint(u) => format!("the integer {u}"),
             Param::Float(x) => format!("the number {x}"),
-            Param::Str(s) if s.len() > 40 => format!("a string of {} bytes", s.len()),
-            Param::Str(s) => format!("the string {s:?}"),
+            Param::Str(s) => format!("the string {}", tickserve_core::text::quote(s)),
             Param::Other(what) => (*what).to_string(),
         }
     }

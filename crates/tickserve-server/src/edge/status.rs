@@ -68,7 +68,7 @@ pub const fn shm_code(kind: ErrorKind) -> ErrorCode {
 
 /// An error as a gRPC status: its kind's code and its message.
 pub fn grpc(error: &Error) -> tonic::Status {
-    tonic::Status::new(grpc_code(error.kind()), error.to_string())
+    tonic::Status::new(grpc_code(error.kind()), error.client_message())
 }
 
 /// An HTTP error answer: `status` with the JSON body `{"error": message}`.
@@ -80,7 +80,7 @@ pub fn http_answer(status: StatusCode, message: &str) -> Response {
 /// told when to come back.
 pub fn http(error: &Error) -> Response {
     let kind = error.kind();
-    let mut response = http_answer(http_status(kind), &error.to_string());
+    let mut response = http_answer(http_status(kind), &error.client_message());
     if kind == ErrorKind::ResourceExhausted {
         // Shedding is momentary: a client may come back in a second.
         response
@@ -135,10 +135,14 @@ pub enum Refusal {
 impl Refusal {
     /// What the refused client reads.
     pub fn message(&self) -> String {
+        // A path is the client's text: quoted short, as every client text.
+        let path = |p: &str| tickserve_core::text::clip(p, tickserve_core::text::MAX_QUOTED_BYTES);
         match self {
-            Refusal::NoRoute(what) => format!("no endpoint {what}"),
-            Refusal::WrongMethod { path, method } => format!(
-                "{path} does not take {method}; see docs/protocol.md for each endpoint's method"
+            Refusal::NoRoute(what) => format!("no endpoint {}", path(what)),
+            Refusal::WrongMethod { path: p, method } => format!(
+                "{} does not take {}; see docs/protocol.md for each endpoint's method",
+                path(p),
+                path(method)
             ),
             Refusal::MissingKey { group, header } => format!(
                 "the {group} endpoints need a key: send it as '{header}: KEY' or \

@@ -93,9 +93,9 @@ async fn start(
                     error_message: String::new(),
                     infer_response: Some(convert::encode(answer.response, answer.encoding)),
                 },
-                Err(e) => failed(e.to_string()),
+                Err(e) => failed(e.client_message()),
             },
-            Err(e) => failed(e.to_string()),
+            Err(e) => failed(e.client_message()),
         }
     })
 }

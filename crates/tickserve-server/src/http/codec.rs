@@ -413,7 +413,10 @@ impl<'de> Visitor<'de> for Elements<'_> {
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
         let index = *self.count;
-        Err(E::custom(format!("{v:?} at element {index}")))
+        Err(E::custom(format!(
+            "the string {} at element {index}",
+            tickserve_core::text::quote(v)
+        )))
     }
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         let index = *self.count;

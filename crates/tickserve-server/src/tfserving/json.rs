@@ -558,8 +558,7 @@ fn describe(value: Scalar<'_>) -> String {
         Scalar::Int(i) => i.to_string(),
         Scalar::Uint(u) => u.to_string(),
         Scalar::Float(x) => format_f64(x),
-        Scalar::Text(t) if t.len() > 40 => format!("a string of {} bytes", t.len()),
-        Scalar::Text(t) => format!("{t:?}"),
+        Scalar::Text(t) => tickserve_core::text::quote(t),
     }
 }
 
