@@ -155,23 +155,17 @@ pub fn unknown_datatype(model: &str, signature: &Signature, input: &str, got: &s
     Error::input(model, input, expected, got)
 }
 
-/// Checks one tensor and returns its row count.
-fn check_tensor(
+/// Checks a shape a client declared for input `spec` (rank, every dimension
+/// positive, the dimensions after the batch, at most `max_request_rows`
+/// rows) and returns its rows: what a decoder checks before it makes a
+/// tensor of that shape.
+pub fn check_shape(
     model: &str,
     spec: &TensorSpec,
-    tensor: &crate::InputTensor,
+    shape: &[i64],
     limits: &Limits,
 ) -> Result<usize, Error> {
     let name = spec.name.as_str();
-    if tensor.datatype != spec.datatype {
-        return Err(Error::input(
-            model,
-            name,
-            format!("datatype {}", spec.datatype),
-            tensor.datatype.as_str(),
-        ));
-    }
-    let shape = &tensor.shape;
     let expected_shape = || format!("shape {}", spec.display_shape());
     if shape.len() != spec.dims.len() + 1 {
         return Err(Error::input(
@@ -209,6 +203,27 @@ fn check_tensor(
             limit: limits.max_request_rows,
         });
     }
+    Ok(rows)
+}
+
+/// Checks one tensor and returns its row count.
+fn check_tensor(
+    model: &str,
+    spec: &TensorSpec,
+    tensor: &crate::InputTensor,
+    limits: &Limits,
+) -> Result<usize, Error> {
+    let name = spec.name.as_str();
+    if tensor.datatype != spec.datatype {
+        return Err(Error::input(
+            model,
+            name,
+            format!("datatype {}", spec.datatype),
+            tensor.datatype.as_str(),
+        ));
+    }
+    let shape = &tensor.shape;
+    let rows = check_shape(model, spec, shape, limits)?;
     // rows ≤ max_request_rows and row_bytes is fixed at load: no overflow.
     let want_bytes = rows * spec.row_bytes();
     if tensor.data.len() != want_bytes {

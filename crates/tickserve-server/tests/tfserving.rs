@@ -538,3 +538,47 @@ fn tensor_shape(dims: &[i64]) -> pb::TensorShapeProto {
         unknown_rank: false,
     }
 }
+
+/// One typed value may fill a large shape: the filled size counts in
+/// `server.max_inflight_bytes` (not the message's few bytes), and a shape the
+/// model refuses is refused before anything is filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filled_tensor_counts_its_filled_bytes_in_the_inflight_budget() {
+    let repository = common::fixture_repository();
+    let mut config = common::config(repository.path());
+    config.server.max_inflight_bytes = 1 << 20;
+    config.server.max_request_bytes = 1 << 20;
+    let server = common::start(&config).await;
+    let mut predictions = PredictionServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let request = |rows: i64| PredictRequest {
+        model_spec: spec("half_plus_two"),
+        inputs: [("x".to_string(), float_tensor(&[rows], &[1.0]))]
+            .into_iter()
+            .collect(),
+        output_filter: Vec::new(),
+    };
+    // 1000 rows of FP32 fill 4000 bytes from a message of a few dozen.
+    let answer = predictions.predict(request(1000)).await.unwrap();
+    assert_eq!(answer.into_inner().outputs["y"].float_val.len(), 1000);
+    // Hold all but 2000 bytes of the budget: the same request no longer fits.
+    let held = server.edge().admit_bytes((1 << 20) - 2000).unwrap();
+    let refused = predictions.predict(request(1000)).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Code::ResourceExhausted,
+        "{}",
+        refused.message()
+    );
+    let small = predictions.predict(request(10)).await.unwrap();
+    assert_eq!(small.into_inner().outputs["y"].float_val.len(), 10);
+    drop(held);
+    // More rows than max_request_rows: refused by its shape, before the fill.
+    let refused = predictions.predict(request(1025)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("1025"), "{}", refused.message());
+    let answer = predictions.predict(request(1000)).await.unwrap();
+    assert_eq!(answer.into_inner().outputs["y"].float_val.len(), 1000);
+    server.shutdown().await.unwrap();
+}

@@ -26,6 +26,14 @@ pub struct HeldBytes {
     bytes: usize,
 }
 
+impl HeldBytes {
+    /// One hold of both `self`'s bytes and `other`'s.
+    pub fn join(mut self, mut other: HeldBytes) -> HeldBytes {
+        self.bytes += std::mem::take(&mut other.bytes);
+        self
+    }
+}
+
 impl Drop for HeldBytes {
     fn drop(&mut self) {
         self.edge

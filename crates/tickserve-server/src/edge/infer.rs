@@ -57,6 +57,16 @@ pub trait Payload: Send + 'static {
     /// transport (gRPC's messages).
     fn decode_bytes(&self) -> usize;
 
+    /// The bytes decoding will make beyond the request's own (a one-element
+    /// typed list that fills a large shape, say), checked against `handle`'s
+    /// model before anything is made: they are held in
+    /// `server.max_inflight_bytes` beside the request's bytes, and count
+    /// towards decoding on a blocking thread.
+    fn expansion(&self, handle: &ModelHandle) -> Result<usize, Error> {
+        let _ = handle;
+        Ok(0)
+    }
+
     /// Decodes the payload for `handle`'s model; the parameters are read
     /// with [`Parameters::read`].
     fn decode(self, handle: &ModelHandle) -> Result<Decoded<Self::Encoding>, Error>;
@@ -202,7 +212,10 @@ impl Edge {
         let transport_timeout = call
             .timeout
             .map_err(|message| Error::request(&handle.name, message))?;
-        let decoded = if payload.decode_bytes() <= DECODE_IN_PLACE_BYTES {
+        let expansion = payload.expansion(&handle)?;
+        let bytes = bytes.join(self.admit_bytes(expansion)?);
+        let work = payload.decode_bytes().saturating_add(expansion);
+        let decoded = if work <= DECODE_IN_PLACE_BYTES {
             payload.decode(&handle)?
         } else {
             let decoding = Arc::clone(&handle);

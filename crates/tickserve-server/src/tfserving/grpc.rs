@@ -116,6 +116,18 @@ impl Payload for Predict {
         0
     }
 
+    fn expansion(&self, handle: &ModelHandle) -> Result<usize, Error> {
+        let model = handle.name.as_str();
+        let limits = &handle.settings.limits;
+        let mut total = 0usize;
+        for (name, tensor) in &self.request.inputs {
+            let spec = super::input(model, &handle.signature, name)?;
+            let bytes = tensor::expansion(model, spec, tensor, limits, self.max_bytes)?;
+            total = total.saturating_add(bytes);
+        }
+        Ok(total)
+    }
+
     fn decode(self, handle: &ModelHandle) -> Result<Decoded<()>, Error> {
         predict_request(handle, self.request, self.max_bytes)
     }

@@ -55,7 +55,7 @@ pub struct Predict {
 pub fn decode(model: &str, signature: &Signature, body: &[u8]) -> Result<Predict, Error> {
     let text = std::str::from_utf8(body)
         .map_err(|e| Error::request(model, format!("the body is not UTF-8 JSON: {e}")))?;
-    let text = quote_non_finite(text);
+    let text = quote_non_finite(text).map_err(|message| Error::request(model, message))?;
     let parsed: PredictJson = serde_json::from_str(&text)
         .map_err(|e| Error::request(model, format!("JSON parse error: {e}")))?;
     check_signature(model, parsed.signature_name.as_deref().unwrap_or_default())?;
@@ -541,11 +541,9 @@ fn push(out: &mut Vec<u8>, datatype: DataType, value: Scalar<'_>) -> Result<(), 
         Scalar::Int(i) => Number::Int(i),
         Scalar::Uint(u) => Number::Uint(u),
         Scalar::Float(x) => Number::Float(x),
-        Scalar::Text(token) if datatype.is_float() => match token {
-            "NaN" => Number::Float(f64::NAN),
-            "Infinity" => Number::Float(f64::INFINITY),
-            "-Infinity" => Number::Float(f64::NEG_INFINITY),
-            _ => return Err(describe(value)),
+        Scalar::Text(marked) if datatype.is_float() => match marked_non_finite(marked) {
+            Some((_, x)) => Number::Float(x),
+            None => return Err(describe(value)),
         },
         Scalar::Text(_) => return Err(describe(value)),
     };
@@ -558,18 +556,42 @@ fn describe(value: Scalar<'_>) -> String {
         Scalar::Int(i) => i.to_string(),
         Scalar::Uint(u) => u.to_string(),
         Scalar::Float(x) => format_f64(x),
-        Scalar::Text(t) => tickserve_core::text::quote(t),
+        Scalar::Text(t) => match marked_non_finite(t) {
+            Some((token, _)) => token.to_string(),
+            None => tickserve_core::text::quote(t),
+        },
     }
 }
 
+/// The bare tokens TF Serving reads as non-finite floats, with their values.
+const NON_FINITE: [(&str, f64); 3] = [
+    ("NaN", f64::NAN),
+    ("Infinity", f64::INFINITY),
+    ("-Infinity", f64::NEG_INFINITY),
+];
+
+/// What [`quote_non_finite`] marks a bare token's string with: U+0000, which
+/// no client string may hold, so that a client's quoted `"NaN"` stays a
+/// string (TF Serving refuses it as a float).
+const MARK: char = '\0';
+
+/// The token and value of a string [`quote_non_finite`] made of a bare token.
+fn marked_non_finite(text: &str) -> Option<(&'static str, f64)> {
+    let token = text.strip_prefix(MARK)?;
+    NON_FINITE.into_iter().find(|(t, _)| *t == token)
+}
+
 /// Turns the bare tokens `NaN`, `Infinity` and `-Infinity` (outside strings)
-/// into the strings `"NaN"`, `"Infinity"`, `"-Infinity"`, which the decoder
-/// reads as floats; the text is copied only when it has such a token.
-fn quote_non_finite(text: &str) -> Cow<'_, str> {
+/// into marked strings (`"\u0000NaN"`, see [`MARK`]), which the decoder reads
+/// as floats; the text is copied only when it has such a token. A string of
+/// the client's that holds U+0000 (`\u0000`) is refused: it could pass for
+/// a marked token.
+fn quote_non_finite(text: &str) -> Result<Cow<'_, str>, String> {
     let bytes = text.as_bytes();
     let token_at = |i: usize| -> Option<&'static str> {
-        ["NaN", "Infinity", "-Infinity"]
+        NON_FINITE
             .into_iter()
+            .map(|(t, _)| t)
             .find(|t| bytes[i..].starts_with(t.as_bytes()))
     };
     let mut out: Option<String> = None;
@@ -580,7 +602,16 @@ fn quote_non_finite(text: &str) -> Cow<'_, str> {
         let b = bytes[i];
         if in_string {
             match b {
-                b'\\' => i += 1,
+                b'\\' => {
+                    if bytes[i + 1..].starts_with(b"u0000") {
+                        return Err(
+                            "a string in the body holds U+0000 (\\u0000), which TF Serving's \
+                             JSON API has no use for"
+                                .to_string(),
+                        );
+                    }
+                    i += 1;
+                }
                 b'"' => in_string = false,
                 _ => {}
             }
@@ -597,7 +628,7 @@ fn quote_non_finite(text: &str) -> Cow<'_, str> {
         {
             let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 64));
             o.push_str(&text[copied..i]);
-            o.push('"');
+            o.push_str("\"\\u0000");
             o.push_str(token);
             o.push('"');
             i += token.len();
@@ -606,13 +637,13 @@ fn quote_non_finite(text: &str) -> Cow<'_, str> {
         }
         i += 1;
     }
-    match out {
+    Ok(match out {
         None => Cow::Borrowed(text),
         Some(mut o) => {
             o.push_str(&text[copied..]);
             Cow::Owned(o)
         }
-    }
+    })
 }
 
 /// Encodes an answer: `{"predictions": ...}` for a row request (one value per
@@ -894,19 +925,22 @@ mod tests {
     #[test]
     fn escapes_in_strings_are_read_before_bare_tokens() {
         for (text, quoted) in [
-            (r#"["a\"NaN", NaN]"#, r#"["a\"NaN", "NaN"]"#),
-            (r#"["a\\", NaN]"#, r#"["a\\", "NaN"]"#),
+            (r#"["a\"NaN", NaN]"#, r#"["a\"NaN", "\u0000NaN"]"#),
+            (r#"["a\\", NaN]"#, r#"["a\\", "\u0000NaN"]"#),
             (
                 r#"["\\\"Infinity", -Infinity]"#,
-                r#"["\\\"Infinity", "-Infinity"]"#,
+                r#"["\\\"Infinity", "\u0000-Infinity"]"#,
             ),
             (
                 r#"{"k\"": "v\\\"NaN\\", "x": NaN}"#,
-                r#"{"k\"": "v\\\"NaN\\", "x": "NaN"}"#,
+                r#"{"k\"": "v\\\"NaN\\", "x": "\u0000NaN"}"#,
             ),
+            // An escaped backslash then "u0000" is no U+0000.
+            (r#"["\\u0000NaN", 1]"#, r#"["\\u0000NaN", 1]"#),
         ] {
-            assert_eq!(quote_non_finite(text), quoted, "{text}");
+            assert_eq!(quote_non_finite(text).unwrap(), quoted, "{text}");
         }
+        assert!(quote_non_finite(r#"["\u0000NaN"]"#).is_err());
         let s = one_input();
         // An escaped quote in a field the decoder skips: the bare NaN after
         // the string is still the tensor's.
@@ -918,6 +952,29 @@ mod tests {
         .unwrap();
         let v = floats(&p.inputs[0]);
         assert!(v[0].is_nan() && v[1] == 2.0, "{v:?}");
+    }
+
+    /// TF Serving reads the bare tokens as floats, and refuses the quoted
+    /// strings `"NaN"` and `"Infinity"` in a float tensor.
+    #[test]
+    fn quoted_non_finite_strings_are_strings_not_floats() {
+        let s = one_input();
+        for body in [
+            r#"{"instances": ["NaN", 1.0]}"#,
+            r#"{"instances": ["Infinity", 1.0]}"#,
+            r#"{"inputs": ["-Infinity", 1.0]}"#,
+        ] {
+            let e = decode("m", &s, body.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("values (a FP32 tensor"), "{body}: {e}");
+            assert!(
+                e.contains("got \"") && e.contains("finity\"") || e.contains("\"NaN\""),
+                "{body}: {e}"
+            );
+        }
+        let e = decode("m", &s, br#"{"instances": ["\u0000NaN"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("U+0000"), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! clients reading `outputs["y"].float_val` work unchanged.
 
 use bytes::Bytes;
+use tickserve_core::validate::{Limits, check_shape};
 use tickserve_core::{DataType, Error, InputTensor, OutputTensor, TensorSpec};
 
 use super::{alias, from_tf_dtype, tf_dtype, tf_dtype_name};
@@ -47,6 +48,43 @@ fn filled_fields(t: &TensorProto) -> Vec<(&'static str, usize)> {
     .into_iter()
     .filter(|(_, n)| *n > 0)
     .collect()
+}
+
+/// The bytes decoding `tensor` for input `spec` will make beyond the
+/// message's own: the whole tensor when its values come in a typed field
+/// (where one value fills any shape), after its shape is checked against the
+/// model's (rank, dimensions, `max_request_rows`) and its size against
+/// `max_bytes`, so that nothing is filled for a shape the model refuses. 0
+/// for `tensor_content` (taken without a copy) and for a shape decoding
+/// refuses on its own (no shape, a negative dimension).
+pub fn expansion(
+    model: &str,
+    spec: &TensorSpec,
+    tensor: &TensorProto,
+    limits: &Limits,
+    max_bytes: usize,
+) -> Result<usize, Error> {
+    if !tensor.tensor_content.is_empty() {
+        return Ok(0);
+    }
+    let Some(shape) = tensor.tensor_shape.as_ref().filter(|s| !s.unknown_rank) else {
+        return Ok(0);
+    };
+    let dims: Vec<i64> = shape.dim.iter().map(|d| d.size).collect();
+    if dims.iter().any(|&d| d < 0) {
+        return Ok(0);
+    }
+    let rows = check_shape(model, spec, &dims, limits)?;
+    let bytes = rows.saturating_mul(spec.row_bytes());
+    if bytes > max_bytes {
+        return Err(Error::input(
+            model,
+            alias(&spec.name),
+            format!("at most {max_bytes} bytes of tensor (tickserve's request limit)"),
+            format!("shape {dims:?}: {bytes} bytes"),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The input `spec` from the tensor a client sent for it; `max_bytes` bounds
