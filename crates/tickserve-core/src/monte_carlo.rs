@@ -61,6 +61,9 @@ pub struct MonteCarlo {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MonteCarloConfig {
+    /// Whether the model takes Monte Carlo requests at all (off unless set:
+    /// one request of many samples costs as many rows).
+    pub enabled: bool,
     /// The most samples one request may ask for, rows × samples (default
     /// [`DEFAULT_MAX_SAMPLES`], and never more than `max_queue_rows`).
     pub max_samples: Option<usize>,
@@ -74,6 +77,8 @@ pub struct MonteCarloConfig {
 /// A model's Monte Carlo settings, checked against its signature at load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MonteCarloSettings {
+    /// Whether the model takes Monte Carlo requests (`enabled = true`).
+    pub enabled: bool,
     /// The most rows × samples of one request.
     pub max_samples: usize,
     /// Per input, in signature order: `None` for an input never perturbed
@@ -141,6 +146,7 @@ impl MonteCarloSettings {
             perturbed.push(Some(sigmas));
         }
         Ok(MonteCarloSettings {
+            enabled: config.enabled,
             max_samples,
             perturbed,
         })
@@ -150,6 +156,7 @@ impl MonteCarloSettings {
     pub fn defaults(inputs: &[TensorSpec], max_queue_rows: usize) -> MonteCarloSettings {
         Self::resolve(&MonteCarloConfig::default(), inputs, max_queue_rows).unwrap_or(
             MonteCarloSettings {
+                enabled: false,
                 max_samples: DEFAULT_MAX_SAMPLES.min(max_queue_rows),
                 perturbed: vec![None; inputs.len()],
             },

@@ -270,8 +270,9 @@ fn normalized_bools(data: &Bytes) -> Bytes {
         .into()
 }
 
-/// The first NaN or infinity in little-endian float data, with its index.
-fn first_non_finite(size: usize, data: &[u8]) -> Option<(usize, f64)> {
+/// The first NaN or infinity in little-endian float data of elements of
+/// `size` bytes (4 or 8), with its index.
+pub fn first_non_finite(size: usize, data: &[u8]) -> Option<(usize, f64)> {
     if size == 4 {
         data.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)

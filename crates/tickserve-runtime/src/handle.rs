@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tickserve_core::durations;
 use tickserve_core::priority::TimeoutAction;
 use tickserve_core::sequence::SequenceControl;
-use tickserve_core::validate::validate;
+use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate};
 use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature};
 
 use crate::admission::ModelQueue;
@@ -82,12 +81,26 @@ pub struct ModelHandle {
     sequences: Option<Arc<Sequences>>,
 }
 
+/// Monte Carlo runs whose noise has more elements than this draw it on a
+/// blocking thread, not on the async worker that serves connections.
+const NOISE_IN_PLACE_ELEMENTS: usize = 64 * 1024;
+
 /// A request validated and placed, waiting to run ([`ModelHandle::prepare`]).
 #[derive(Debug)]
 pub struct Prepared {
     submission: Submission,
     monte_carlo: Option<Plan>,
     sequence: Option<SequenceTick>,
+    held_bytes: usize,
+}
+
+impl Prepared {
+    /// The bytes its run will hold beyond the request's own: with Monte
+    /// Carlo, the noisy copies of its inputs and their answer before it is
+    /// summarized (the edge holds them in `server.max_inflight_bytes`).
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
 }
 
 /// A request's place in its sequence.
@@ -95,9 +108,6 @@ pub struct Prepared {
 struct SequenceTick {
     control: SequenceControl,
     entry: Entry,
-    /// With Monte Carlo: the clean inputs, run after the noisy copies; the
-    /// sequence's next state comes from that row.
-    clean: Option<Vec<Bytes>>,
 }
 
 /// One replica of a model version.
@@ -202,7 +212,8 @@ impl ModelHandle {
             }
         };
         // Monte Carlo: the request's rows, each as many noisy copies, run as
-        // one request; the answer is their summary.
+        // one request (a sequence's clean tick beside them); the answer is
+        // their summary. The noise is drawn when it runs.
         let monte_carlo = match &request.monte_carlo {
             None => None,
             Some(mc) => Some(monte_carlo::plan(
@@ -211,17 +222,12 @@ impl ModelHandle {
                 &self.signature,
                 mc,
                 valid.rows,
+                usize::from(sequence.is_some()),
             )?),
         };
-        let (valid, clean) = match &monte_carlo {
-            Some(plan) => {
-                let noisy = plan.expand(&valid, &self.signature);
-                // A sequence advances on its clean row only (kept for the run).
-                let clean = sequence.as_ref().map(|_| valid.inputs);
-                (noisy, clean)
-            }
-            None => (valid, None),
-        };
+        let held_bytes = monte_carlo
+            .as_ref()
+            .map_or(0, |plan| plan.held_bytes(&self.signature, &valid.outputs));
         let admitted = Instant::now();
         let deadline = request.deadline.or_else(|| {
             self.settings
@@ -247,12 +253,44 @@ impl ModelHandle {
                 delay_at,
             },
             monte_carlo,
-            sequence: sequence.map(|(control, entry)| SequenceTick {
-                control,
-                entry,
-                clean,
-            }),
+            sequence: sequence.map(|(control, entry)| SequenceTick { control, entry }),
+            held_bytes,
         })
+    }
+
+    /// `valid`'s noisy copies for `plan`, drawn on a blocking thread when
+    /// large; refused when the noise made a value non-finite and the model's
+    /// `nan_policy` is `"reject"` (a huge `mc_noise_sigma`).
+    async fn expand(&self, plan: &Plan, valid: &ValidRequest) -> Result<ValidRequest, Error> {
+        let noisy = if plan.noise_elements(&self.signature) <= NOISE_IN_PLACE_ELEMENTS {
+            plan.expand(valid, &self.signature)
+        } else {
+            let (plan, valid) = (plan.clone(), valid.clone());
+            let signature = self.signature.clone();
+            tokio::task::spawn_blocking(move || plan.expand(&valid, &signature))
+                .await
+                .map_err(|e| Error::Internal {
+                    model: self.name.clone(),
+                    message: format!("drawing the Monte Carlo noise failed: {e}"),
+                })?
+        };
+        if self.settings.limits.nan_policy == NanPolicy::Reject {
+            for (spec, data) in self.signature.inputs.iter().zip(&noisy.inputs) {
+                if !spec.datatype.is_float() {
+                    continue;
+                }
+                if let Some((index, value)) = first_non_finite(spec.datatype.size(), data) {
+                    return Err(Error::input(
+                        &self.name,
+                        &spec.name,
+                        "finite values after the Monte Carlo noise (the model's nan_policy is \
+                         \"reject\"; lower mc_noise_sigma)",
+                        format!("{value} at element {index} of the noisy copies"),
+                    ));
+                }
+            }
+        }
+        Ok(noisy)
     }
 
     /// The asynchronous half of [`ModelHandle::infer`]: waits for the
@@ -263,13 +301,23 @@ impl ModelHandle {
             mut submission,
             monte_carlo,
             sequence,
+            held_bytes: _,
         } = prepared;
+        // A sequence advances on its clean row only: kept for the run.
+        let mut clean = None;
+        if let Some(plan) = &monte_carlo {
+            let noisy = self.expand(plan, &submission.request).await?;
+            let valid = std::mem::replace(&mut submission.request, noisy);
+            if sequence.is_some() {
+                clean = Some(valid.inputs);
+            }
+        }
         let (answer, restarted) = match (sequence, &self.sequences) {
             (Some(tick), Some(sequences)) => {
                 let turn = tick.entry.turn(&self.name, submission.deadline).await?;
                 let start = turn.begin(&tick.control)?;
                 let spec = sequences.spec();
-                submission.request = with_state(spec, submission.request, tick.clean, &start.state);
+                submission.request = with_state(spec, submission.request, clean, &start.state);
                 let mut answer = self.submit(submission).await?;
                 let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
                 turn.finish(&tick.control, next);

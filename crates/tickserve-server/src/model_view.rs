@@ -347,7 +347,7 @@ fn monte_carlo_parameters(loaded: &Loaded) -> Vec<(&'static str, String)> {
         .filter(|(_, p)| p.is_some())
         .map(|(t, _)| t.name.as_str())
         .collect();
-    if perturbed.is_empty() {
+    if !settings.enabled || perturbed.is_empty() {
         return Vec::new();
     }
     vec![
@@ -514,6 +514,7 @@ mod tests {
                 default_timeout: None,
                 mixed_rows: Default::default(),
                 monte_carlo: tickserve_core::monte_carlo::MonteCarloSettings {
+                    enabled: true,
                     max_samples: 1024,
                     perturbed: vec![Some(Vec::new())],
                 },

@@ -46,7 +46,13 @@ async fn monte_carlo_answers_are_summaries_and_repeat_with_a_seed() {
     // typed_io's only float input opted out: nothing left to perturb.
     std::fs::write(
         repository.path().join("typed_io/model.toml"),
-        "[monte_carlo]\nexclude = [\"scale\"]\n",
+        "[monte_carlo]\nenabled = true\nexclude = [\"scale\"]\n",
+    )
+    .unwrap();
+    // alpha_mlp takes Monte Carlo requests as a model.toml turns them on.
+    std::fs::write(
+        repository.path().join("alpha_mlp/model.toml"),
+        "[monte_carlo]\nenabled = true\n",
     )
     .unwrap();
     // Two members of the tick family, to run Monte Carlo through a shared graph.
@@ -61,6 +67,7 @@ async fn monte_carlo_answers_are_summaries_and_repeat_with_a_seed() {
             dir.join("model.onnx"),
         )
         .unwrap();
+        std::fs::write(dir.join("../model.toml"), "[monte_carlo]\nenabled = true\n").unwrap();
     }
     let server = common::start(&common::config(repository.path())).await;
     let base = format!("http://{}", server.http_addr);
@@ -281,4 +288,86 @@ async fn monte_carlo_answers_are_summaries_and_repeat_with_a_seed() {
 async fn monte_carlo_statistics_match_a_numpy_reference() {
     let server = common::start(&common::config(&common::root().join("config/models"))).await;
     common::run_python_check(&server, "monte_carlo_check.py", &[], "done").await;
+}
+
+/// Monte Carlo is a model's choice; a run holds its noisy copies and their
+/// answer in the in-flight budget; the noise is checked against the model's
+/// `nan_policy`; binary flags follow each summary output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monte_carlo_is_opt_in_counted_and_checked_after_the_noise() {
+    let repository = common::fixture_repository();
+    std::fs::write(
+        repository.path().join("alpha_mlp/model.toml"),
+        "[monte_carlo]\nenabled = true\n",
+    )
+    .unwrap();
+    let mut config = common::config(repository.path());
+    config.server.max_inflight_bytes = 1 << 20;
+    config.server.max_request_bytes = 64 << 10;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let mc = |samples: usize, sigma: f64| json!({"mc_samples": samples, "mc_noise_sigma": sigma});
+
+    // A model without `enabled = true` takes none.
+    let (status, answer) = infer(
+        &base,
+        "half_plus_two",
+        &json!({
+        "parameters": mc(4, 0.1),
+        "inputs": [{"name": "x:0", "datatype": "FP32", "shape": [1], "data": [1.0]}]}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("enabled = true"),
+        "{answer}"
+    );
+
+    // A sigma so large the noisy copies overflow FP32: refused as a NaN
+    // input is, not run.
+    let (status, answer) = infer(&base, "alpha_mlp", &body("features", 50, mc(8, 1e300))).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("after the Monte Carlo noise"),
+        "{answer}"
+    );
+
+    // 1024 noisy rows of alpha_mlp hold 1024 × (200 + 12) bytes while they
+    // run: with all but 100 kB of the budget held, refused at once.
+    let held = server.edge().admit_bytes((1 << 20) - 100_000).unwrap();
+    let (status, answer) = infer(&base, "alpha_mlp", &body("features", 50, mc(1024, 0.1))).await;
+    assert_eq!(status, 429, "{answer}");
+    let (status, answer) = infer(&base, "alpha_mlp", &body("features", 50, mc(64, 0.1))).await;
+    assert_eq!(status, 200, "{answer}");
+    drop(held);
+    let (status, answer) = infer(&base, "alpha_mlp", &body("features", 50, mc(1024, 0.1))).await;
+    assert_eq!(status, 200, "{answer}");
+
+    // Binary flags follow each summary of the output asked for binary.
+    let mut binary = body("features", 50, mc(16, 0.1));
+    binary["outputs"] = json!([{"name": "probabilities", "parameters": {"binary_data": true}}]);
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v2/models/alpha_mlp/infer"))
+        .json(&binary)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let json_len: usize = response.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bytes = response.bytes().await.unwrap();
+    let header: Value = serde_json::from_slice(&bytes[..json_len]).unwrap();
+    for name in ["probabilities_mean", "probabilities_std"] {
+        let o = output(&header, name);
+        assert_eq!(o["parameters"]["binary_data_size"], json!(12), "{header}");
+        assert!(o.get("data").is_none(), "{header}");
+    }
+    assert_eq!(bytes.len() - json_len, 24);
+    server.shutdown().await.unwrap();
 }

@@ -640,7 +640,10 @@ async fn sequences_survive_a_drain_and_restart_with_a_snapshot_and_a_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn monte_carlo_on_a_sequence_advances_the_state_by_its_clean_tick_only() {
-    let repository = repository(&[]);
+    let repository = repository(&[(
+        "seq_mc_small",
+        &format!("[monte_carlo]\nenabled = true\nmax_samples = 64\n[sequence]\n{STATE_PAIRS}"),
+    )]);
     let server = common::start(&common::config(repository.path())).await;
     let base = format!("http://{}", server.http_addr);
     let http = reqwest::Client::new();
@@ -680,6 +683,24 @@ async fn monte_carlo_on_a_sequence_advances_the_state_by_its_clean_tick_only() {
     // The mean of the noisy copies is near the clean prediction, not equal.
     let mean = answer["outputs"][0]["data"][0].as_f64().unwrap() as f32;
     assert_ne!(mean, prediction(&plain));
+
+    // The clean tick runs beside the noisy copies and counts in max_samples:
+    // max_samples noisy copies are a clear 400 (not a 429 for ever), one
+    // fewer runs.
+    let small = format!("{base}/v2/models/seq_mc_small/infer");
+    let (status, _) = post(&http, &small, &body(json!(1), true, false, &tick(1, 0))).await;
+    assert_eq!(status, 200);
+    for (samples, expected) in [(64, 400), (63, 200)] {
+        let mut noisy = body(json!(1), false, false, &tick(1, 1));
+        noisy["parameters"]["mc_samples"] = json!(samples);
+        noisy["parameters"]["mc_noise_sigma"] = json!(0.3);
+        let (status, answer) = post(&http, &small, &noisy).await;
+        assert_eq!(status, expected, "{samples}: {answer}");
+        if status == 400 {
+            let error = answer["error"].as_str().unwrap();
+            assert!(error.contains("+ 1 clean row"), "{error}");
+        }
+    }
     server.shutdown().await.unwrap();
 }
 

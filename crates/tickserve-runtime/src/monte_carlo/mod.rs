@@ -29,22 +29,36 @@ pub struct Plan {
 }
 
 /// Checks `mc` for a request of `rows` rows to `model` against the model's
-/// `settings`, and fixes its seed.
+/// `settings`, and fixes its seed; `clean_rows` more rows run beside the
+/// noisy copies (a sequence's clean tick) and count towards `max_samples`.
 pub fn plan(
     settings: &MonteCarloSettings,
     model: &str,
     signature: &Signature,
     mc: &MonteCarlo,
     rows: usize,
+    clean_rows: usize,
 ) -> Result<Plan, Error> {
-    let total = rows
-        .checked_mul(mc.samples)
-        .filter(|&t| t <= settings.max_samples);
-    let Some(total) = total else {
+    if !settings.enabled {
+        return Err(Error::request(
+            model,
+            "the model takes no Monte Carlo requests (mc_samples): its model.toml has no \
+             [monte_carlo] enabled = true",
+        ));
+    }
+    let total = rows.checked_mul(mc.samples);
+    let Some(total) = total.filter(|&t| t.saturating_add(clean_rows) <= settings.max_samples)
+    else {
+        let clean = if clean_rows > 0 {
+            format!(" + {clean_rows} clean row")
+        } else {
+            String::new()
+        };
         return Err(Error::request(
             model,
             format!(
-                "mc_samples {} × {rows} rows is more than this model's monte_carlo.max_samples ({})",
+                "mc_samples {} × {rows} rows{clean} is more than this model's \
+                 monte_carlo.max_samples ({})",
                 mc.samples, settings.max_samples
             ),
         ));
@@ -103,6 +117,31 @@ impl Plan {
     pub fn total_rows(&self) -> usize {
         self.total
     }
+
+    /// Elements of noise the expansion draws (for deciding where it runs).
+    pub fn noise_elements(&self, signature: &Signature) -> usize {
+        let per_row: usize = signature
+            .inputs
+            .iter()
+            .zip(&self.sigmas)
+            .filter(|(_, s)| s.is_some())
+            .map(|(t, _)| t.row_elements())
+            .sum();
+        per_row.saturating_mul(self.total)
+    }
+
+    /// The bytes the run holds beyond the request's own: the noisy inputs,
+    /// and the answer of every noisy row for `outputs` (output indices)
+    /// before it is summarized.
+    pub fn held_bytes(&self, signature: &Signature, outputs: &[usize]) -> usize {
+        let inputs: usize = signature.inputs.iter().map(|t| t.row_bytes()).sum();
+        let answer: usize = outputs
+            .iter()
+            .filter_map(|&o| signature.outputs.get(o))
+            .map(|t| t.row_bytes())
+            .sum();
+        inputs.saturating_add(answer).saturating_mul(self.total)
+    }
 }
 
 #[cfg(test)]
@@ -148,6 +187,14 @@ pub(crate) mod tests {
         }
     }
 
+    /// `settings` with Monte Carlo on, as `enabled = true` sets it.
+    pub(crate) fn enabled(settings: MonteCarloSettings) -> MonteCarloSettings {
+        MonteCarloSettings {
+            enabled: true,
+            ..settings
+        }
+    }
+
     pub(crate) fn mc(samples: usize, seed: u64, summary: Summary) -> MonteCarlo {
         MonteCarlo {
             samples,
@@ -160,11 +207,11 @@ pub(crate) mod tests {
     #[test]
     fn the_same_seed_gives_the_same_noise_and_integers_are_left_alone() {
         let s = signature();
-        let settings = MonteCarloSettings::defaults(&s.inputs, 4096);
+        let settings = enabled(MonteCarloSettings::defaults(&s.inputs, 4096));
         // Two plans from the same seed (two requests with mc_seed 42) give
         // the same noisy rows.
-        let plan = super::plan(&settings, "m", &s, &mc(8, 42, Summary::Moments), 2).unwrap();
-        let twin = super::plan(&settings, "m", &s, &mc(8, 42, Summary::Moments), 2).unwrap();
+        let plan = super::plan(&settings, "m", &s, &mc(8, 42, Summary::Moments), 2, 0).unwrap();
+        let twin = super::plan(&settings, "m", &s, &mc(8, 42, Summary::Moments), 2, 0).unwrap();
         let a = plan.expand(&valid(2), &s);
         let b = twin.expand(&valid(2), &s);
         assert_eq!(a.rows, 16);
@@ -175,13 +222,25 @@ pub(crate) mod tests {
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
             .collect();
         assert_eq!(ids, [vec![0; 8], vec![1; 8]].concat());
-        let other = super::plan(&settings, "m", &s, &mc(8, 43, Summary::Moments), 2).unwrap();
+        let other = super::plan(&settings, "m", &s, &mc(8, 43, Summary::Moments), 2, 0).unwrap();
         assert_ne!(other.expand(&valid(2), &s).inputs[0], a.inputs[0]);
         // Both sides of max_samples (4096): rows × samples at the limit pass.
-        assert!(super::plan(&settings, "m", &s, &mc(4096, 1, Summary::Moments), 1).is_ok());
-        assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 2).is_ok());
-        assert!(super::plan(&settings, "m", &s, &mc(4097, 1, Summary::Moments), 1).is_err());
-        assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 3).is_err());
+        assert!(super::plan(&settings, "m", &s, &mc(4096, 1, Summary::Moments), 1, 0).is_ok());
+        assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 2, 0).is_ok());
+        assert!(super::plan(&settings, "m", &s, &mc(4097, 1, Summary::Moments), 1, 0).is_err());
+        assert!(super::plan(&settings, "m", &s, &mc(2048, 1, Summary::Moments), 3, 0).is_err());
+        // A sequence's clean row counts: max_samples noisy rows leave no room for it.
+        assert!(super::plan(&settings, "m", &s, &mc(4095, 1, Summary::Moments), 1, 1).is_ok());
+        let e = super::plan(&settings, "m", &s, &mc(4096, 1, Summary::Moments), 1, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("+ 1 clean row"), "{e}");
+        // Off unless the model turns it on.
+        let off = MonteCarloSettings::defaults(&s.inputs, 4096);
+        let e = super::plan(&off, "m", &s, &mc(4, 1, Summary::Moments), 1, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("enabled = true"), "{e}");
     }
 
     #[test]
@@ -191,20 +250,20 @@ pub(crate) mod tests {
             exclude: vec!["x".into()],
             ..Default::default()
         };
-        let settings = MonteCarloSettings::resolve(&config, &s.inputs, 4096).unwrap();
-        let e = super::plan(&settings, "m", &s, &mc(4, 1, Summary::Moments), 1)
+        let settings = enabled(MonteCarloSettings::resolve(&config, &s.inputs, 4096).unwrap());
+        let e = super::plan(&settings, "m", &s, &mc(4, 1, Summary::Moments), 1, 0)
             .unwrap_err()
             .to_string();
         assert!(e.contains("FP32 and FP64"), "{e}");
         let mut config = MonteCarloConfig::default();
         config.sigma.insert("x".into(), vec![0.1, 0.2]);
-        let settings = MonteCarloSettings::resolve(&config, &s.inputs, 100).unwrap();
+        let settings = enabled(MonteCarloSettings::resolve(&config, &s.inputs, 100).unwrap());
         let per_feature = MonteCarlo {
             sigma: None,
             ..mc(4, 1, Summary::Moments)
         };
-        assert!(super::plan(&settings, "m", &s, &per_feature, 1).is_ok());
-        let defaults = MonteCarloSettings::defaults(&s.inputs, 100);
-        assert!(super::plan(&defaults, "m", &s, &per_feature, 1).is_err());
+        assert!(super::plan(&settings, "m", &s, &per_feature, 1, 0).is_ok());
+        let defaults = enabled(MonteCarloSettings::defaults(&s.inputs, 100));
+        assert!(super::plan(&defaults, "m", &s, &per_feature, 1, 0).is_err());
     }
 }

@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn summaries_are_named_and_shaped() {
         let s = signature();
-        let settings = MonteCarloSettings::defaults(&s.inputs, 4096);
+        let settings = super::super::tests::enabled(MonteCarloSettings::defaults(&s.inputs, 4096));
         let response = |samples: usize| InferResponse {
             model: "m".into(),
             version: "1".into(),
@@ -186,7 +186,8 @@ mod tests {
             timing: Default::default(),
             sequence_restarted: false,
         };
-        let plan = super::super::plan(&settings, "m", &s, &mc(5, 1, Summary::Moments), 1).unwrap();
+        let plan =
+            super::super::plan(&settings, "m", &s, &mc(5, 1, Summary::Moments), 1, 0).unwrap();
         let out = plan.reduce(response(5));
         assert_eq!(out.outputs[0].name, "y_mean");
         assert_eq!(out.outputs[0].shape, vec![1, 2]);
@@ -195,12 +196,13 @@ mod tests {
         let std = as_f64(DataType::Fp32, &out.outputs[1].data);
         assert!((std[0] - 2f64.sqrt()).abs() < 1e-6, "{std:?}");
         let quantiles = mc(5, 1, Summary::Quantiles(vec![0.5, 0.025]));
-        let plan = super::super::plan(&settings, "m", &s, &quantiles, 1).unwrap();
+        let plan = super::super::plan(&settings, "m", &s, &quantiles, 1, 0).unwrap();
         let out = plan.reduce(response(5));
         assert_eq!(out.outputs[0].name, "y_q50");
         assert_eq!(as_f64(DataType::Fp32, &out.outputs[0].data), vec![2.0, 4.0]);
         assert_eq!(out.outputs[1].name, "y_q2.5");
-        let plan = super::super::plan(&settings, "m", &s, &mc(5, 1, Summary::Samples), 1).unwrap();
+        let plan =
+            super::super::plan(&settings, "m", &s, &mc(5, 1, Summary::Samples), 1, 0).unwrap();
         let out = plan.reduce(response(5));
         assert_eq!(out.outputs[0].name, "y_samples");
         assert_eq!(out.outputs[0].shape, vec![1, 5, 2]);

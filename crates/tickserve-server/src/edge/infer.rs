@@ -234,6 +234,8 @@ impl Edge {
         let (request, encoding) =
             decoded.into_request(&handle.name, Some(handle.version.clone()), deadline);
         let prepared = handle.prepare(request)?;
+        // A Monte Carlo run's noisy copies and their answer are held too.
+        let bytes = bytes.join(self.admit_bytes(prepared.held_bytes())?);
         Ok((handle, prepared, encoding, slot, bytes))
     }
 }

@@ -280,13 +280,23 @@ fn monte_carlo<'a>(
                         .filter(|q| *q > 0.0 && *q < 1.0)
                 })
                 .collect();
+            // Each quantile names an output (NAME_qP, P in percent to 4
+            // decimals): two that name the same output are one too many.
+            let distinct = |v: &[f64]| {
+                let mut keys: Vec<i64> = v.iter().map(|q| (q * 1e6).round() as i64).collect();
+                keys.sort_unstable();
+                keys.windows(2).all(|w| w[0] != w[1])
+            };
             match values {
-                Some(v) if !v.is_empty() && v.len() <= MAX_QUANTILES => Some(v),
+                Some(v) if !v.is_empty() && v.len() <= MAX_QUANTILES && distinct(&v) => Some(v),
                 _ => {
                     return Err(wrong(
                         model,
                         MC_QUANTILES,
-                        &format!("1 to {MAX_QUANTILES} comma-separated numbers between 0 and 1"),
+                        &format!(
+                            "1 to {MAX_QUANTILES} distinct comma-separated numbers between 0 \
+                             and 1"
+                        ),
                         &value,
                     ));
                 }
@@ -529,6 +539,15 @@ mod tests {
                     (MC_QUANTILES, Param::Str("1.5")),
                 ],
                 "between 0 and 1",
+            ),
+            (
+                // Two quantiles that name one output (y_q50).
+                vec![
+                    (MC_SAMPLES, Param::Int(4)),
+                    (MC_OUTPUT, Param::Str("quantiles")),
+                    (MC_QUANTILES, Param::Str("0.5,0.1,0.5000001")),
+                ],
+                "distinct",
             ),
         ] {
             let e = refused(&pairs);

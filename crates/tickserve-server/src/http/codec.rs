@@ -143,9 +143,21 @@ pub struct Binary {
 }
 
 impl Binary {
-    /// One flag per output of an answer with `outputs` outputs.
+    /// One flag per output of an answer with `outputs` outputs. A Monte
+    /// Carlo answer has as many outputs per output asked for (`y_mean`,
+    /// `y_std`, in the order asked): each takes its output's flag.
     pub fn flags(self, outputs: usize) -> Vec<bool> {
-        self.outputs.unwrap_or_else(|| vec![self.default; outputs])
+        match self.outputs {
+            None => vec![self.default; outputs],
+            Some(asked) if asked.is_empty() => Vec::new(),
+            Some(asked) => {
+                let each = (outputs / asked.len()).max(1);
+                asked
+                    .iter()
+                    .flat_map(|&flag| std::iter::repeat_n(flag, each))
+                    .collect()
+            }
+        }
     }
 }
 
