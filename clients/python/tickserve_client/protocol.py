@@ -4,8 +4,8 @@ import struct
 
 import numpy as np
 
-REQUEST_MAGIC = b"TSQ1"
-ANSWER_MAGIC = b"TSA1"
+REQUEST_MAGIC = b"TSQ2"  # version 2: 64-bit model handles
+ANSWER_MAGIC = b"TSA2"
 LOOKUP, INFER = 1, 2
 ANSWER_LOOKUP, ANSWER_INFER, ANSWER_ERROR = 1, 2, 3
 
@@ -21,8 +21,9 @@ CODES = {dtype: code for code, (_, dtype) in DATATYPES.items()}
 ERRORS = {1: "INVALID_ARGUMENT", 2: "NOT_FOUND", 3: "PAYLOAD_TOO_LARGE", 4: "UNAVAILABLE",
           5: "RESOURCE_EXHAUSTED", 6: "DEADLINE_EXCEEDED", 7: "INTERNAL", 8: "FAILED_PRECONDITION"}
 
-_HEADER = struct.Struct("<4sBBHQIIQ")
+_HEADER = struct.Struct("<4sBBHQQII")
 _ANSWER = struct.Struct("<4sBBHQIIII")
+_LOOKUP_ANSWER = struct.Struct("<4sBBHQQII")
 _TENSOR = struct.Struct("<HBBIQ")
 _BLOCK = struct.Struct("<BBHI")
 _PARAMETER = struct.Struct("<HBBI")
@@ -106,8 +107,8 @@ def _tensors(view, at, count):
 
 def read_answer(view):
     """An answer's kind and contents: ("lookup", handle, inputs, outputs), ("infer", outputs dict)."""
-    magic, kind, error, count, request_id, handle, queue_us, compute_us, inputs = \
-        _ANSWER.unpack_from(view, 0)
+    magic, kind, error, count, request_id, _, queue_us, compute_us, _ = _ANSWER.unpack_from(view, 0)
+    _, _, _, _, _, handle, _, inputs = _LOOKUP_ANSWER.unpack_from(view, 0)
     if magic != ANSWER_MAGIC:
         raise ConnectionError("not a tickserve answer")
     if kind == ANSWER_ERROR:

@@ -95,7 +95,7 @@ pub struct ShmClient {
     service: String,
     connection: Option<Connection>,
     /// Model name → (handle, output names).
-    models: HashMap<String, u32>,
+    models: HashMap<String, u64>,
     next_id: u64,
     timeout: Duration,
     /// The deadline sent with each request; `None`: the timeout.
@@ -251,7 +251,7 @@ impl ShmClient {
         id
     }
 
-    fn lookup(&mut self, model: &str) -> Result<u32, ClientError> {
+    fn lookup(&mut self, model: &str) -> Result<u64, ClientError> {
         let id = self.next_id();
         let len = wire::lookup_request_len(model, "");
         let answer = self.call(len, |buffer| {

@@ -80,6 +80,10 @@ pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_sec
 /// labelled `device` (`gpu:N`).
 pub const DEVICE_MEMORY: &str = "tickserve_device_memory_bytes";
 
+/// Panics on a shared-memory front-end thread (each is restarted), labelled
+/// `thread`.
+pub const SHM_THREAD_PANICS: &str = "tickserve_shm_thread_panics_total";
+
 /// Histogram buckets for durations, in seconds: 10 µs to 100 ms.
 pub const DURATION_BUCKETS: [f64; 16] = [
     10e-6, 25e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3,
@@ -202,6 +206,12 @@ pub fn describe() {
         TLS_RELOADS,
         Unit::Count,
         "Times the TLS certificate and key were loaded anew from their files."
+    );
+    describe_counter!(
+        SHM_THREAD_PANICS,
+        Unit::Count,
+        "Panics on a shared-memory front-end thread, by thread; the server is not ready while \
+         the thread is down, and it starts again."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

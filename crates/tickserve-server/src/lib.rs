@@ -24,6 +24,8 @@ pub mod cli;
 mod control;
 mod edge;
 #[doc(hidden)]
+pub mod faults;
+#[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
 mod http;

@@ -16,10 +16,19 @@
 //! run-at-once path: an idle executor, nothing queued): the future is polled
 //! once, in place. Otherwise it moves to the async runtime and answers from
 //! there when the executor does. Lookups turn a model name into a handle
-//! (an index into this front end's table of names, so a handle survives a
-//! reload of its model).
+//! (a 64-bit token this process drew at random for the model's name and
+//! version, so a handle survives a reload of its model, and a client can
+//! neither guess another's nor use one from before a restart).
+//!
+//! The request is copied out of the client's sample before it is parsed: the
+//! sample stays writable by the client while the server reads it. Each
+//! thread is supervised: a panic is counted
+//! (`tickserve_shm_thread_panics_total`), the server reports not ready while
+//! the thread is down, and the thread starts again after a back-off.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,13 +57,69 @@ pub const MAX_HANDLES: usize = 4096;
 /// The start of the message for a handle this server did not give out.
 pub const STALE_HANDLE: &str = "unknown or stale model handle";
 
-/// A mark for this process's handles, different from the last run's with
-/// near certainty (the clock's nanoseconds and the process id).
-fn epoch() -> u16 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    ((nanos ^ std::process::id().rotate_left(7)) & 0xffff) as u16
+/// The handles given out: each model name and version (canonical: as the
+/// model answers it, so `1`, `01` and `+1` are one) has one random 64-bit
+/// token.
+struct Handles {
+    keys: Vec<(String, String)>,
+    by_key: HashMap<(String, String), u64>,
+    by_token: HashMap<u64, usize>,
+    /// Keyed by the process's random state: tokens nobody outside can
+    /// predict, different from any earlier run's.
+    tokens: RandomState,
+}
+
+impl Handles {
+    fn new() -> Handles {
+        Handles {
+            keys: Vec::new(),
+            by_key: HashMap::new(),
+            by_token: HashMap::new(),
+            tokens: RandomState::new(),
+        }
+    }
+
+    /// The token of (`name`, `version`), made on its first lookup; `None`
+    /// once [`MAX_HANDLES`] are out.
+    fn token(&mut self, name: &str, version: &str) -> Option<u64> {
+        let key = (name.to_string(), version.to_string());
+        if let Some(&token) = self.by_key.get(&key) {
+            return Some(token);
+        }
+        if self.keys.len() >= MAX_HANDLES {
+            return None;
+        }
+        let index = self.keys.len();
+        // A fresh token for a fresh index; a (vanishingly rare) collision
+        // draws again.
+        let mut salt = 0u64;
+        let token = loop {
+            let token = self.tokens.hash_one((index, salt));
+            if token != 0 && !self.by_token.contains_key(&token) {
+                break token;
+            }
+            salt += 1;
+        };
+        self.keys.push(key.clone());
+        self.by_key.insert(key, token);
+        self.by_token.insert(token, index);
+        Some(token)
+    }
+
+    /// The model name and version of `token`, if this process gave it out.
+    fn resolve(&self, token: u64) -> Option<(String, String)> {
+        self.by_token
+            .get(&token)
+            .and_then(|&i| self.keys.get(i))
+            .cloned()
+    }
+}
+
+/// The version a handle is kept under: empty for "the default version" (it
+/// follows the default as models load), else the version as the model
+/// answers to it (`01` and `+1` are `1`).
+fn canonical_version<'a>(asked: &str, resolved: &'a str) -> &'a str {
+    if asked.is_empty() { "" } else { resolved }
 }
 
 /// The most requests one client may have in flight.
@@ -129,8 +194,7 @@ impl ShmFrontEnd {
             listener,
             shared,
             runtime,
-            handles: Mutex::new(Vec::new()),
-            epoch: epoch(),
+            handles: Mutex::new(Handles::new()),
             spin: config.spin,
             _services: (service, wake),
         });
@@ -147,7 +211,7 @@ impl ShmFrontEnd {
                         if let Some(cpu) = cpu {
                             tickserve_runtime::pin_current_thread(cpu);
                         }
-                        serve(&context, &stop);
+                        supervise(index, &context, &stop);
                     })
                     .context("cannot start a shared-memory thread")?,
             );
@@ -174,15 +238,53 @@ struct Context_ {
     listener: iceoryx2::port::listener::Listener<Service>,
     shared: Arc<Edge>,
     runtime: tokio::runtime::Handle,
-    /// Handle → (model, version); a lookup adds a pair once.
-    handles: Mutex<Vec<(String, String)>>,
-    /// This process's mark in the upper 16 bits of every handle, so that a
-    /// handle from a server that ran before (a client that outlived a
-    /// restart) is refused instead of naming another model here.
-    epoch: u16,
+    /// The handles given out.
+    handles: Mutex<Handles>,
     spin: Duration,
     /// Kept open while serving.
     _services: (RequestService, WakeService),
+}
+
+/// The first wait before a thread that panicked starts again; it doubles
+/// with each panic in a row, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The longest wait before a thread that keeps panicking starts again.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Runs thread `index`'s loop until `stop`; a panic is counted and logged,
+/// the server reports not ready while the thread is down, and the loop
+/// starts again after a back-off (a panic a minute after the last starts
+/// the back-off afresh).
+fn supervise(index: usize, context: &Context_, stop: &AtomicBool) {
+    let mut backoff = FIRST_BACKOFF;
+    let mut last_panic: Option<Instant> = None;
+    while !stop.load(Ordering::Acquire) {
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(context, stop)));
+        let Err(panic) = run else {
+            return;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        metrics::counter!(tickserve_core::metrics::SHM_THREAD_PANICS, "thread" => index.to_string())
+            .increment(1);
+        if last_panic.is_some_and(|t| t.elapsed() > Duration::from_secs(60)) {
+            backoff = FIRST_BACKOFF;
+        }
+        last_panic = Some(Instant::now());
+        tracing::error!(thread = index, panic = %what, backoff = ?backoff,
+            "a shared-memory thread panicked; it starts again after the back-off");
+        context.shared.thread_down();
+        let until = Instant::now() + backoff;
+        while Instant::now() < until && !stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        context.shared.thread_up();
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
 }
 
 /// A front-end thread's loop.
@@ -227,6 +329,7 @@ fn serve(context: &Context_, stop: &AtomicBool) {
 /// Answers one request: a lookup here; an inference here when it can
 /// finish without waiting, else on the async runtime.
 fn handle(context: &Context_, active: ActiveRequest) {
+    crate::faults::shm_request();
     let started = Instant::now();
     let bytes = active.payload();
     let request_id = wire::request_id_of(bytes);
@@ -240,7 +343,10 @@ fn handle(context: &Context_, active: ActiveRequest) {
         respond_error(active, request_id, &error);
         return;
     }
-    let request = match wire::parse_request(bytes) {
+    // The client may still write its sample: what is checked and parsed is
+    // a copy (the inputs are slices of it, not copied again).
+    let owned = Bytes::copy_from_slice(bytes);
+    let request = match wire::parse_request(&owned) {
         Ok(request) => request,
         Err(e) => {
             let error = Error::request("", e.to_string());
@@ -261,15 +367,14 @@ fn handle(context: &Context_, active: ActiveRequest) {
             parameters,
             inputs,
         } => {
-            let model = (handle >> 16 == u32::from(context.epoch))
-                .then(|| {
-                    let handles = context.handles.lock().unwrap_or_else(|p| p.into_inner());
-                    handles.get((handle & 0xffff) as usize).cloned()
-                })
-                .flatten();
+            let model = context
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .resolve(handle);
             let Some((name, version)) = model else {
                 let error = Error::ModelNotFound {
-                    model: format!("handle {handle}"),
+                    model: format!("handle {handle:#018x}"),
                     version: None,
                     known: format!(
                         "{STALE_HANDLE}: a handle comes from a lookup to this server process"
@@ -281,11 +386,11 @@ fn handle(context: &Context_, active: ActiveRequest) {
             };
             let request = Infer {
                 request_id,
-                inputs: copy_inputs(&name, &parameters, &inputs),
+                inputs: copy_inputs(&name, &parameters, &inputs, &owned),
                 name,
                 version,
                 timeout_us,
-                size: bytes.len(),
+                size: owned.len(),
                 started,
             };
             infer(context, active, request);
@@ -330,12 +435,14 @@ fn param<'a>(value: &wire::ParamValue<'a>) -> Param<'a> {
     }
 }
 
-/// The inputs of a request for `name`, copied out of the wire's tensors, and
-/// its parameters, read by the edge's one reader.
+/// The inputs of a request for `name` (the wire's tensors, slices of
+/// `owned`, the request's copy), and its parameters, read by the edge's one
+/// reader.
 fn copy_inputs(
     name: &str,
     parameters: &[wire::Parameter<'_>],
     inputs: &[wire::TensorRef<'_>],
+    owned: &Bytes,
 ) -> Inputs {
     let parameters = Parameters::read(name, |wanted| {
         parameters
@@ -361,7 +468,7 @@ fn copy_inputs(
                     name: t.name.to_string(),
                     datatype,
                     shape: t.dims.clone(),
-                    data: Bytes::copy_from_slice(t.data),
+                    data: owned.slice_ref(t.data),
                 })
             })
             .collect();
@@ -442,19 +549,12 @@ fn lookup(
             return;
         }
     };
-    let index = {
-        let mut handles = context.handles.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (name, version);
-        match handles.iter().position(|k| *k == key) {
-            Some(index) => Some(index),
-            None if handles.len() < MAX_HANDLES => {
-                handles.push(key);
-                Some(handles.len() - 1)
-            }
-            None => None,
-        }
-    };
-    let Some(index) = index else {
+    let token = context
+        .handles
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .token(&name, canonical_version(&version, &handle.version));
+    let Some(token) = token else {
         let error = Error::request(
             &handle.name,
             format!(
@@ -482,8 +582,7 @@ fn lookup(
         tensors_without_data(&outputs),
     );
     let mut answer = vec![0u8; wire::lookup_answer_len(&i, &o)];
-    let handle = (u32::from(context.epoch) << 16) | index as u32;
-    wire::write_lookup_answer(&mut answer, request_id, handle, &i, &o);
+    wire::write_lookup_answer(&mut answer, request_id, token, &i, &o);
     send(active, &answer);
 }
 
@@ -552,5 +651,63 @@ fn send(active: ActiveRequest, answer: &[u8]) {
         .and_then(|sample| sample.send().map_err(|e| format!("{e:?}")));
     if let Err(e) = sent {
         tracing::debug!(error = %e, "a shared-memory answer was not delivered (its client left?)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn spellings_of_one_version_share_one_handle() {
+        // The runtime resolves `01` and `+1` to version "1"; the handle is
+        // kept under what it resolved to (empty stays "the default").
+        assert_eq!(canonical_version("01", "1"), "1");
+        assert_eq!(canonical_version("+1", "1"), "1");
+        assert_eq!(canonical_version("", "1"), "");
+        let mut handles = Handles::new();
+        let one = handles.token("m", canonical_version("1", "1")).unwrap();
+        for spelling in ["01", "+1", "001"] {
+            assert_eq!(
+                handles.token("m", canonical_version(spelling, "1")),
+                Some(one)
+            );
+        }
+        assert_eq!(handles.keys.len(), 1);
+    }
+
+    #[test]
+    fn handles_are_random_64_bit_tokens_of_this_process_only() {
+        let mut handles = Handles::new();
+        let tokens: Vec<u64> = (0..100)
+            .map(|i| handles.token(&format!("m{i}"), "").unwrap())
+            .collect();
+        let distinct: std::collections::HashSet<u64> = tokens.iter().copied().collect();
+        assert_eq!(distinct.len(), 100);
+        // Not an index, nor a small number: the upper half is used.
+        assert!(tokens.iter().any(|t| t >> 32 != 0));
+        assert!((0..4096u64).all(|guess| handles.resolve(guess).is_none()));
+        assert_eq!(
+            handles.resolve(tokens[7]),
+            Some(("m7".into(), String::new()))
+        );
+        // Another process (another random state) resolves none of them.
+        let other = Handles::new();
+        assert!(tokens.iter().all(|&t| other.resolve(t).is_none()));
+    }
+
+    #[test]
+    fn the_handle_table_is_bounded() {
+        let mut handles = Handles::new();
+        for i in 0..MAX_HANDLES {
+            assert!(handles.token(&format!("m{i}"), "").is_some());
+        }
+        assert!(handles.token("one-more", "").is_none());
+        assert!(
+            handles.token("m0", "").is_some(),
+            "a known key keeps its handle"
+        );
     }
 }

@@ -6,15 +6,15 @@
 //!
 //! ```text
 //! header (32 bytes)
-//!   0  magic       "TSQ1"
+//!   0  magic       "TSQ2"
 //!   4  kind        u8   1 lookup, 2 infer
 //!   5  flags       u8   0, or 1 (FLAG_PARAMETERS) on an infer request that
 //!                       carries a parameter block; other bits are refused
 //!   6  count       u16  tensors that follow (infer)
 //!   8  request_id  u64  echoed in the answer
-//!  16  handle      u32  the model handle a lookup returned (infer)
-//!  20  timeout_us  u32  the request's deadline from now; 0 none
-//!  24  reserved    u64  0
+//!  16  handle      u64  the model handle a lookup returned (infer)
+//!  24  timeout_us  u32  the request's deadline from now; 0 none
+//!  28  reserved    u32  0
 //! lookup body: name_len u16, version_len u16, 4 zero bytes, name, version (padded to 8)
 //! infer body:  the parameter block (when flags has FLAG_PARAMETERS), then `count` tensors
 //! ```
@@ -57,15 +57,20 @@
 //!
 //! ```text
 //! header (32 bytes)
-//!   0  magic       "TSA1"
+//!   0  magic       "TSA2"
 //!   4  kind        u8   1 lookup, 2 infer, 3 error
 //!   5  error       u8   0, or the error's kind (see [`ErrorCode`])
 //!   6  count       u16  tensors that follow
 //!   8  request_id  u64
-//!  16  handle      u32  (lookup) the model's handle
-//!  20  queue_us    u32  (infer) time in the model's queue
-//!  24  compute_us  u32  (infer) copying in, running, copying out
-//!  28  inputs      u32  (lookup) how many of the tensors are inputs
+//! lookup:
+//!  16  handle      u64  the model's handle
+//!  24  reserved    u32  0
+//!  28  inputs      u32  how many of the tensors are inputs
+//! infer:
+//!  16  reserved    u32  0
+//!  20  queue_us    u32  time in the model's queue
+//!  24  compute_us  u32  copying in, running, copying out
+//!  28  reserved    u32  0
 //! lookup body: the model's inputs then outputs, as tensors without data whose dims
 //!              are the protocol shape (-1 for the batch)
 //! infer body:  the outputs
@@ -74,10 +79,10 @@
 
 use thiserror::Error;
 
-/// The first bytes of a request.
-pub const REQUEST_MAGIC: [u8; 4] = *b"TSQ1";
+/// The first bytes of a request (version 2: 64-bit handles).
+pub const REQUEST_MAGIC: [u8; 4] = *b"TSQ2";
 /// The first bytes of an answer.
-pub const ANSWER_MAGIC: [u8; 4] = *b"TSA1";
+pub const ANSWER_MAGIC: [u8; 4] = *b"TSA2";
 /// Bytes of either header.
 pub const HEADER_BYTES: usize = 32;
 /// The most tensors one request or answer carries.
@@ -274,7 +279,7 @@ pub enum Request<'a> {
         /// Echoed in the answer.
         request_id: u64,
         /// The model's handle.
-        handle: u32,
+        handle: u64,
         /// The deadline from now, in microseconds; 0 none.
         timeout_us: u32,
         /// The request's parameters (none without a parameter block).
@@ -292,7 +297,7 @@ pub enum Answer<'a> {
         /// The request's id.
         request_id: u64,
         /// The handle to infer with.
-        handle: u32,
+        handle: u64,
         /// The inputs (dims: -1 for the batch), no data.
         inputs: Vec<TensorRef<'a>>,
         /// The outputs, likewise.
@@ -480,16 +485,23 @@ impl<'a> Reader<'a> {
 /// Reads a request.
 pub fn parse_request(bytes: &[u8]) -> Result<Request<'_>, ProtocolError> {
     let mut r = Reader { bytes, at: 0 };
-    if r.take(4)? != REQUEST_MAGIC {
-        return bad("not a tickserve request (magic)");
+    match r.take(4)? {
+        magic if magic == REQUEST_MAGIC => {}
+        b"TSQ1" => {
+            return bad(
+                "a request of the shared-memory protocol's version 1; this server speaks \
+                 version 2 (64-bit model handles): update the client",
+            );
+        }
+        _ => return bad("not a tickserve request (magic)"),
     }
     let kind = r.u8()?;
     let flags = r.u8()?;
     let count = usize::from(r.u16()?);
     let request_id = r.u64()?;
-    let handle = r.u32()?;
+    let handle = r.u64()?;
     let timeout_us = r.u32()?;
-    r.u64()?;
+    r.u32()?;
     let known = if kind == RequestKind::Infer as u8 {
         FLAG_PARAMETERS
     } else {
@@ -549,10 +561,14 @@ pub fn parse_answer(bytes: &[u8]) -> Result<Answer<'_>, ProtocolError> {
     let error = r.u8()?;
     let count = usize::from(r.u16()?);
     let request_id = r.u64()?;
-    let handle = r.u32()?;
-    let queue_us = r.u32()?;
-    let compute_us = r.u32()?;
-    let inputs = r.u32()? as usize;
+    let fields = r.take(16)?;
+    let word = |at: usize| {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&fields[at..at + 4]);
+        u32::from_le_bytes(b)
+    };
+    let handle = u64::from(word(0)) | (u64::from(word(4)) << 32);
+    let (queue_us, compute_us, inputs) = (word(4), word(8), word(12) as usize);
     match kind {
         1 => {
             let mut tensors = r.tensors(count)?;
@@ -664,16 +680,13 @@ impl Writer<'_> {
         error: u8,
         count: usize,
         request_id: u64,
-        a: u32,
-        b: u32,
-        c: u32,
-        d: u32,
+        words: [u32; 4],
     ) {
         self.put(&magic);
         self.put(&[kind, error]);
         self.put(&(count as u16).to_le_bytes());
         self.put(&request_id.to_le_bytes());
-        for word in [a, b, c, d] {
+        for word in words {
             self.put(&word.to_le_bytes());
         }
     }
@@ -704,7 +717,7 @@ fn tensors_len(tensors: &[TensorOut<'_>]) -> usize {
 pub fn write_infer_request(
     buffer: &mut [u8],
     request_id: u64,
-    handle: u32,
+    handle: u64,
     timeout_us: u32,
     parameters: &[Parameter<'_>],
     inputs: &[TensorOut<'_>],
@@ -721,10 +734,7 @@ pub fn write_infer_request(
         flags,
         inputs.len(),
         request_id,
-        handle,
-        timeout_us,
-        0,
-        0,
+        [halves(handle).0, halves(handle).1, timeout_us, 0],
     );
     if !parameters.is_empty() {
         w.parameters(parameters);
@@ -748,10 +758,7 @@ pub fn write_lookup_request(buffer: &mut [u8], request_id: u64, name: &str, vers
         0,
         0,
         request_id,
-        0,
-        0,
-        0,
-        0,
+        [0; 4],
     );
     w.put(&(name.len() as u16).to_le_bytes());
     w.put(&(version.len() as u16).to_le_bytes());
@@ -780,10 +787,7 @@ pub fn write_infer_answer(
         0,
         outputs.len(),
         request_id,
-        0,
-        queue_us,
-        compute_us,
-        0,
+        [0, queue_us, compute_us, 0],
     );
     for t in outputs {
         w.tensor(t);
@@ -799,7 +803,7 @@ pub fn lookup_answer_len(inputs: &[TensorOut<'_>], outputs: &[TensorOut<'_>]) ->
 pub fn write_lookup_answer(
     buffer: &mut [u8],
     request_id: u64,
-    handle: u32,
+    handle: u64,
     inputs: &[TensorOut<'_>],
     outputs: &[TensorOut<'_>],
 ) {
@@ -811,14 +815,16 @@ pub fn write_lookup_answer(
         0,
         count,
         request_id,
-        handle,
-        0,
-        0,
-        inputs.len() as u32,
+        [halves(handle).0, halves(handle).1, 0, inputs.len() as u32],
     );
     for t in inputs.iter().chain(outputs) {
         w.tensor(t);
     }
+}
+
+/// A 64-bit value's low and high 32-bit halves, as the header stores it.
+const fn halves(v: u64) -> (u32, u32) {
+    (v as u32, (v >> 32) as u32)
 }
 
 /// Bytes of an error answer.
@@ -829,7 +835,7 @@ pub fn error_answer_len(message: &str) -> usize {
 /// Writes an error answer into `buffer` (exactly [`error_answer_len`] bytes).
 pub fn write_error_answer(buffer: &mut [u8], request_id: u64, code: ErrorCode, message: &str) {
     let mut w = Writer { buffer, at: 0 };
-    w.header(ANSWER_MAGIC, 3, code as u8, 0, request_id, 0, 0, 0, 0);
+    w.header(ANSWER_MAGIC, 3, code as u8, 0, request_id, [0; 4]);
     w.put(&(message.len() as u32).to_le_bytes());
     w.put(&[0; 4]);
     w.padded(message.as_bytes());
@@ -851,14 +857,14 @@ mod tests {
             data: &data,
         }];
         let mut buffer = vec![0xffu8; infer_request_len(&[], &inputs)];
-        write_infer_request(&mut buffer, 42, 7, 500, &[], &inputs);
+        write_infer_request(&mut buffer, 42, 7 << 40 | 7, 500, &[], &inputs);
         assert_eq!(buffer.len() % 8, 0);
         let parsed = parse_request(&buffer).unwrap();
         assert_eq!(
             parsed,
             Request::Infer {
                 request_id: 42,
-                handle: 7,
+                handle: 7 << 40 | 7,
                 timeout_us: 500,
                 parameters: vec![],
                 inputs: vec![TensorRef {
@@ -876,6 +882,18 @@ mod tests {
         assert_eq!(
             (inputs[0].data.as_ptr() as usize - buffer.as_ptr() as usize) % 8,
             0
+        );
+    }
+
+    #[test]
+    fn a_version_1_request_is_told_to_update() {
+        let mut buffer = vec![0u8; lookup_request_len("m", "")];
+        write_lookup_request(&mut buffer, 1, "m", "");
+        buffer[..4].copy_from_slice(b"TSQ1");
+        let e = parse_request(&buffer).unwrap_err().to_string();
+        assert!(
+            e.contains("version 1") && e.contains("update the client"),
+            "{e}"
         );
     }
 
@@ -904,7 +922,7 @@ mod tests {
             data: &[],
         };
         let mut buffer = vec![0u8; lookup_answer_len(&[input], &[output])];
-        write_lookup_answer(&mut buffer, 1, 3, &[input], &[output]);
+        write_lookup_answer(&mut buffer, 1, 0x0123_4567_89ab_cdef, &[input], &[output]);
         let Answer::Lookup {
             handle,
             inputs,
@@ -916,7 +934,7 @@ mod tests {
         };
         assert_eq!(
             (handle, inputs[0].name, outputs[0].dims.clone()),
-            (3, "x", vec![-1, 3])
+            (0x0123_4567_89ab_cdef, "x", vec![-1, 3])
         );
         let message = "model 'm': no such input";
         let mut buffer = vec![0u8; error_answer_len(message)];

@@ -62,6 +62,8 @@ pub struct Edge {
     max_inflight_bytes: usize,
     /// `security.model_control_mode`: whether clients may load and unload.
     pub model_control_mode: ModelControlMode,
+    /// Front-end threads down now (after a panic, until they restart).
+    threads_down: AtomicUsize,
 }
 
 impl Edge {
@@ -77,7 +79,21 @@ impl Edge {
             inflight_bytes: AtomicUsize::new(0),
             max_inflight_bytes: config.server.max_inflight_bytes,
             model_control_mode: config.security.model_control_mode,
+            threads_down: AtomicUsize::new(0),
         }
+    }
+
+    /// A front-end thread went down (it panicked): the server reports not
+    /// ready until [`Edge::thread_up`].
+    pub fn thread_down(&self) {
+        self.threads_down.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A front-end thread that went down serves again.
+    pub fn thread_up(&self) {
+        let _ = self
+            .threads_down
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
     /// Accepting requests (between load and shutdown).
@@ -91,9 +107,12 @@ impl Edge {
         self.accepting.store(false, Ordering::Relaxed);
     }
 
-    /// What the server readiness endpoints answer: accepting requests and,
-    /// with `server.strict_readiness`, every model serving.
+    /// What the server readiness endpoints answer: accepting requests, every
+    /// front-end thread up and, with `server.strict_readiness`, every model
+    /// serving.
     pub fn server_ready(&self) -> bool {
-        self.ready() && (!self.strict_readiness || self.runtime.all_ready())
+        self.ready()
+            && self.threads_down.load(Ordering::Acquire) == 0
+            && (!self.strict_readiness || self.runtime.all_ready())
     }
 }
