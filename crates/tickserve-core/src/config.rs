@@ -108,10 +108,25 @@ pub struct ListenConfig {
     /// slow and idle clients are closed after it.
     #[serde(deserialize_with = "duration")]
     pub header_read_timeout: Duration,
-    /// The longest wait for the next piece of a request body (both front
-    /// ends); a body that stalls longer fails its request.
+    /// The longest a request body may take to arrive, whole, from its
+    /// headers on (both front ends; however it is split): a body trickled
+    /// slower fails its request. `ModelStreamInfer` streams are exempt: a
+    /// stream lives as long as its client (HTTP/2 keep-alive finds a client
+    /// that is gone).
     #[serde(deserialize_with = "duration")]
     pub body_read_timeout: Duration,
+    /// The longest a connection may leave an answer unsent because its peer
+    /// does not read (a full socket, an HTTP/2 window kept shut): the
+    /// connection is then closed, and counted.
+    #[serde(deserialize_with = "duration")]
+    pub send_timeout: Duration,
+    /// Bytes of request bodies one connection may hold at once (all its
+    /// HTTP/2 streams together); a body that would go over is refused 429 /
+    /// RESOURCE_EXHAUSTED. At least `max_request_bytes`.
+    pub max_connection_bytes: usize,
+    /// `grpc.health.v1.Health/Watch` streams open at once, server-wide; one
+    /// more is refused RESOURCE_EXHAUSTED.
+    pub max_health_watches: usize,
     /// Concurrent streams (requests) per HTTP/2 connection (gRPC and h2c).
     pub max_concurrent_streams: u32,
     /// HTTP/2 keep-alive: a ping after this long without traffic; a peer
@@ -139,6 +154,9 @@ impl Default for ListenConfig {
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(5),
             body_read_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(10),
+            max_connection_bytes: 64 * 1024 * 1024,
+            max_health_watches: 64,
             max_concurrent_streams: 256,
             http2_keep_alive: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
@@ -467,6 +485,12 @@ impl ServerConfig {
                 listen.max_connections
             ));
         }
+        if listen.max_connection_bytes < listen.max_request_bytes {
+            return Err(format!(
+                "server.max_connection_bytes ({}) must be at least server.max_request_bytes ({})",
+                listen.max_connection_bytes, listen.max_request_bytes
+            ));
+        }
         if listen.max_connections == 0 || listen.max_concurrent_streams == 0 {
             return Err(
                 "server.max_connections and server.max_concurrent_streams must be positive".into(),
@@ -475,6 +499,7 @@ impl ServerConfig {
         for (key, value) in [
             ("server.header_read_timeout", listen.header_read_timeout),
             ("server.body_read_timeout", listen.body_read_timeout),
+            ("server.send_timeout", listen.send_timeout),
             ("server.http2_keep_alive", listen.http2_keep_alive),
             ("server.idle_timeout", listen.idle_timeout),
         ] {

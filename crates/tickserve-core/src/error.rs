@@ -156,6 +156,24 @@ pub enum Error {
         /// The server's `max_inflight_bytes`.
         limit: usize,
     },
+    /// The connection holds `limit` bytes of request bodies; this one was cut off.
+    #[error(
+        "this connection holds its limit of {limit} bytes of request bodies \
+         (server.max_connection_bytes); retry when its other requests are answered"
+    )]
+    ConnectionBytes {
+        /// The server's `max_connection_bytes`.
+        limit: usize,
+    },
+    /// A request body did not arrive within the time a body may take.
+    #[error(
+        "the request body did not arrive within {limit} (server.body_read_timeout: the whole \
+         body, however it is split)"
+    )]
+    BodyTimeout {
+        /// The server's `body_read_timeout`, for people.
+        limit: String,
+    },
     /// The server has `limit` inference requests in flight; this one was not admitted.
     #[error("server is at its limit of {limit} requests in flight; retry later")]
     Overloaded {
@@ -270,6 +288,7 @@ impl Error {
             Error::ModelNotReady { .. } | Error::ShuttingDown => ErrorKind::Unavailable,
             Error::InvalidInput { .. }
             | Error::InvalidRequest { .. }
+            | Error::BodyTimeout { .. }
             | Error::TooManyRows { .. }
             | Error::SequenceNotActive { .. }
             | Error::LoadFailed { .. } => ErrorKind::InvalidArgument,
@@ -279,7 +298,8 @@ impl Error {
             | Error::PriorityQueueFull { .. }
             | Error::SequencesFull { .. }
             | Error::Overloaded { .. }
-            | Error::OverloadedBytes { .. } => ErrorKind::ResourceExhausted,
+            | Error::OverloadedBytes { .. }
+            | Error::ConnectionBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
             Error::ModelControlOff { .. } => ErrorKind::FailedPrecondition,

@@ -80,6 +80,10 @@ pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_sec
 /// labelled `device` (`gpu:N`).
 pub const DEVICE_MEMORY: &str = "tickserve_device_memory_bytes";
 
+/// Connections closed because their peer left an answer untaken for
+/// `server.send_timeout`, labelled `protocol`.
+pub const SEND_TIMEOUTS: &str = "tickserve_send_timeouts_total";
+
 /// Panics on a shared-memory front-end thread (each is restarted), labelled
 /// `thread`.
 pub const SHM_THREAD_PANICS: &str = "tickserve_shm_thread_panics_total";
@@ -206,6 +210,12 @@ pub fn describe() {
         TLS_RELOADS,
         Unit::Count,
         "Times the TLS certificate and key were loaded anew from their files."
+    );
+    describe_counter!(
+        SEND_TIMEOUTS,
+        Unit::Count,
+        "Connections closed because their peer left an answer untaken for server.send_timeout, \
+         by protocol."
     );
     describe_counter!(
         SHM_THREAD_PANICS,

@@ -189,6 +189,7 @@ impl Server {
             grpc_access,
             grpc_tls,
             limits,
+            config.server.max_health_watches,
             stopped,
         ));
         Ok(Server {

@@ -45,7 +45,7 @@ use tickserve_runtime::ModelHandle;
 use tickserve_shm_protocol as wire;
 
 use crate::edge::params::{Param, Parameters};
-use crate::edge::{Call, Decoded, Edge, Payload, status};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, status};
 use crate::observe::{self, Protocol};
 
 /// How often a sleeping front-end thread wakes to clean up after dead clients.
@@ -496,7 +496,7 @@ fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
             protocol: Protocol::Shm,
             model: &name,
             version: (!version.is_empty()).then_some(version.as_str()),
-            bytes: size,
+            bytes: RequestBytes::Count(size),
             timeout: Ok((timeout_us > 0).then(|| Duration::from_micros(u64::from(timeout_us)))),
             started,
         };

@@ -63,6 +63,7 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         "counter",
         &["code", "model", "protocol"],
     ),
+    ("tickserve_send_timeouts_total", "counter", &["protocol"]),
     ("tickserve_sequence_ends_total", "counter", &["model"]),
     ("tickserve_sequence_expiries_total", "counter", &["model"]),
     ("tickserve_sequence_starts_total", "counter", &["model"]),

@@ -13,6 +13,28 @@ use super::Edge;
 /// times the limit are drained so the client reads the answer.
 const DRAIN_FACTOR: usize = 4;
 
+/// How a body the listener cut off (over the byte budgets, past its
+/// deadline) ends, on the HTTP port: the refusal, for [`read`] to answer.
+#[derive(Debug)]
+pub struct BodyRefused(pub Error);
+
+impl std::fmt::Display for BodyRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BodyRefused {}
+
+/// The refusal in a body's error, if the listener cut the body off.
+fn refusal(error: axum::Error) -> Result<Error, axum::Error> {
+    let inner = error.into_inner();
+    match inner.downcast::<BodyRefused>() {
+        Ok(refused) => Ok(refused.0),
+        Err(other) => Err(axum::Error::new(other)),
+    }
+}
+
 /// The body's declared length (`Content-Length`), when it has a readable one.
 pub fn declared_length(headers: &HeaderMap) -> Option<usize> {
     headers
@@ -39,8 +61,11 @@ pub async fn read(
     let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|e| Error::request(model, format!("cannot read the request body: {e}")))?;
+        let frame = frame.map_err(|e| {
+            refusal(e).unwrap_or_else(|e| {
+                Error::request(model, format!("cannot read the request body: {e}"))
+            })
+        })?;
         let Ok(data) = frame.into_data() else {
             continue;
         };

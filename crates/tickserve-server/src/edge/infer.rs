@@ -19,7 +19,7 @@ use tickserve_runtime::ModelHandle;
 use tickserve_runtime::Prepared;
 
 use super::Edge;
-use super::admission::{HeldBytes, Slot};
+use super::admission::{BodyBytes, HeldBytes, Slot};
 use super::params::Parameters;
 use crate::observe::{self, Protocol};
 
@@ -37,12 +37,32 @@ pub struct Call<'a> {
     pub version: Option<&'a str>,
     /// The request's bytes as they came, held in `server.max_inflight_bytes`
     /// until it is answered.
-    pub bytes: usize,
+    pub bytes: RequestBytes,
     /// The deadline the transport carried (`grpc-timeout`,
     /// `tickserve-timeout`), or the words for a malformed one.
     pub timeout: Result<Option<Duration>, String>,
     /// When the request came.
     pub started: Instant,
+}
+
+/// A request's bytes in `server.max_inflight_bytes`.
+pub enum RequestBytes {
+    /// Held already, as they arrived (an HTTP body, a gRPC message).
+    Held(HeldBytes),
+    /// Not held yet (shared memory): admitted with the request.
+    Count(usize),
+}
+
+impl RequestBytes {
+    /// What the body of the request with `extensions` holds, taken from it
+    /// (the listener counts every body as it arrives); for a request that
+    /// came another way, its `len` bytes to admit.
+    pub fn of(extensions: &http::Extensions, len: usize) -> RequestBytes {
+        match extensions.get::<Arc<BodyBytes>>() {
+            Some(body) => RequestBytes::Held(body.take()),
+            None => RequestBytes::Count(len),
+        }
+    }
 }
 
 /// A front end's undecoded request: decoded by the edge against the model it
@@ -207,7 +227,10 @@ impl Edge {
             return Err(Error::ShuttingDown);
         }
         let slot = self.admit()?;
-        let bytes = self.admit_bytes(call.bytes)?;
+        let bytes = match call.bytes {
+            RequestBytes::Held(held) => held,
+            RequestBytes::Count(len) => self.admit_bytes(len)?,
+        };
         let handle = handle?;
         let transport_timeout = call
             .timeout
@@ -240,10 +263,30 @@ impl Edge {
     }
 }
 
+/// An answered request's slot and bytes, kept until its answer is sent (a
+/// stream's answers wait for the client to read them).
+pub struct Kept {
+    _slot: Slot,
+    bytes: HeldBytes,
+}
+
+impl Kept {
+    /// Holds the answer's `bytes` too, until it is sent.
+    pub fn hold_answer(&mut self, bytes: usize) {
+        self.bytes.add_anyway(bytes);
+    }
+}
+
 impl<E> Admitted<E> {
     /// Waits for the answer (the sequence's turn, the queue, the run); the
     /// outcome is recorded here.
     pub async fn run(self) -> Result<Answer<E>, Error> {
+        self.run_kept().await.0
+    }
+
+    /// [`Admitted::run`], and the request's slot and bytes, for the caller
+    /// to keep until the answer is sent.
+    pub async fn run_kept(self) -> (Result<Answer<E>, Error>, Kept) {
         let Admitted {
             handle,
             prepared,
@@ -254,10 +297,17 @@ impl<E> Admitted<E> {
         } = self;
         let result = handle.run(prepared).await;
         record.outcome(result.as_ref().err());
-        result.map(|response| Answer {
+        let answer = result.map(|response| Answer {
             response,
             encoding,
             handle,
-        })
+        });
+        (
+            answer,
+            Kept {
+                _slot,
+                bytes: _bytes,
+            },
+        )
     }
 }

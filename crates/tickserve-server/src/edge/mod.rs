@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tickserve_core::config::{ModelControlMode, ServerConfig};
 use tickserve_runtime::Runtime;
 
-pub use infer::{Call, Decoded, Payload};
+pub use infer::{Call, Decoded, Kept, Payload, RequestBytes};
 
 /// The most inputs, and the most outputs, one request may name (every JSON
 /// front end).

@@ -17,7 +17,7 @@ use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Edge, deadline};
+use crate::edge::{Call, Edge, RequestBytes, deadline};
 use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
@@ -390,8 +390,12 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let started = Instant::now();
         let timeout = deadline::grpc_timeout(request.metadata());
+        let held = RequestBytes::of(request.extensions(), 0);
         let mut message = request.into_inner();
-        let bytes = prost::Message::encoded_len(&message);
+        let bytes = match held {
+            RequestBytes::Count(_) => RequestBytes::Count(prost::Message::encoded_len(&message)),
+            held => held,
+        };
         // The name and version go to the edge; the rest is decoded there.
         let model = std::mem::take(&mut message.model_name);
         let version = std::mem::take(&mut message.model_version);

@@ -22,7 +22,7 @@ use tickserve_runtime::ModelHandle;
 
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
-use crate::edge::{Call, Decoded, Edge, Payload, body, deadline};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::Protocol;
 use crate::{
@@ -143,6 +143,7 @@ pub async fn infer(
     edge: &Arc<Edge>,
     model: &ModelRef,
     headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
     body: Body,
 ) -> Response {
     let started = Instant::now();
@@ -154,7 +155,7 @@ pub async fn infer(
         protocol: Protocol::Http,
         model: &model.model,
         version: model.version.as_deref(),
-        bytes: body.len(),
+        bytes: RequestBytes::of(extensions, body.len()),
         timeout: deadline::http_timeout(headers),
         started,
     };

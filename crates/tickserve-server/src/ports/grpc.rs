@@ -2,19 +2,21 @@
 //! `PredictionService` and `ModelService`, the sequence-state service and
 //! `grpc.health.v1`, behind one check: the port's method table names each
 //! method's key group, a method not in it is answered UNIMPLEMENTED, and the
-//! key of the group is checked before any service sees the call.
+//! key of the group is checked before any service sees the call. Health
+//! `Watch` streams are bounded server-wide (`server.max_health_watches`).
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::edge::Edge;
 use crate::edge::access::Access;
 use crate::edge::routes::grpc_group;
 use crate::edge::status::{self, Refusal};
+use crate::listen::budget::BodyRules;
 use crate::listen::{self, ConnectionLimits};
 use crate::tls::Tls;
 use crate::{grpc, tfserving};
@@ -27,6 +29,7 @@ pub async fn serve(
     access: Access,
     tls: Option<Arc<Tls>>,
     limits: Arc<ConnectionLimits>,
+    max_health_watches: usize,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let limit = edge.max_request_bytes;
@@ -48,7 +51,10 @@ pub async fn serve(
             status::grpc_oversized_is_invalid_argument::<axum::body::Body>,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(access),
+            Arc::new(Guard {
+                access,
+                watches: Arc::new(Semaphore::new(max_health_watches)),
+            }),
             guard,
         ));
     let mut stopping = stop.clone();
@@ -56,19 +62,77 @@ pub async fn serve(
         let _ = stopping.wait_for(|stopped| *stopped).await;
         health.set_not_serving::<grpc::Server>().await;
     });
-    listen::serve(listener, router, tls, limits, "grpc", stop).await
+    let rules = BodyRules {
+        refuse: |error| Box::new(status::grpc(&error)),
+        stream: |path| path == STREAM_METHOD,
+    };
+    listen::serve(listener, router, (edge, rules), tls, limits, "grpc", stop).await
+}
+
+/// The one method whose request body is a stream (no body deadline).
+const STREAM_METHOD: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+
+/// The health service's server-streaming method.
+const WATCH_METHOD: &str = "/grpc.health.v1.Health/Watch";
+
+/// What the port checks before a service sees a call.
+struct Guard {
+    access: Access,
+    /// A permit per open health `Watch` stream.
+    watches: Arc<Semaphore>,
 }
 
 /// Refuses a call of a method the port does not serve, or of a restricted
-/// group without its key, before any service sees it.
-async fn guard(State(access): State<Arc<Access>>, request: Request, next: Next) -> Response {
+/// group without its key, or a health `Watch` beyond the bound, before any
+/// service sees it.
+async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     let refused = match grpc_group(path) {
         None => Err(Refusal::NoRoute(format!("for the gRPC method {path}"))),
-        Some(group) => access.admit(group, request.headers()),
+        Some(group) => guard.access.admit(group, request.headers()),
     };
-    match refused {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => refusal.grpc().into_http::<axum::body::Body>(),
+    if let Err(refusal) = refused {
+        return refusal.grpc().into_http::<axum::body::Body>();
+    }
+    if path != WATCH_METHOD {
+        return next.run(request).await;
+    }
+    let Ok(permit) = Arc::clone(&guard.watches).try_acquire_owned() else {
+        let message = "the server has server.max_health_watches health Watch streams open; \
+                       use Check, or retry later";
+        return tonic::Status::resource_exhausted(message).into_http::<axum::body::Body>();
+    };
+    // The permit goes with the stream's answer, until it ends.
+    next.run(request).await.map(|body| {
+        axum::body::Body::new(Permitted {
+            body,
+            _permit: permit,
+        })
+    })
+}
+
+/// A response body holding a permit until it is dropped.
+struct Permitted {
+    body: axum::body::Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Permitted {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }

@@ -16,8 +16,10 @@ use tokio::sync::watch;
 use crate::control::Operation;
 use crate::edge::Edge;
 use crate::edge::access::Access;
+use crate::edge::body::BodyRefused;
 use crate::edge::routes::{self, HttpRoute, ModelEndpoint};
 use crate::edge::status::Refusal;
+use crate::listen::budget::BodyRules;
 use crate::listen::{self, ConnectionLimits};
 use crate::tls::Tls;
 use crate::{http, observe, tfserving};
@@ -38,7 +40,12 @@ pub async fn serve(
     limits: Arc<ConnectionLimits>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    listen::serve(listener, router(edge, access), tls, limits, "http", stop).await
+    let rules = BodyRules {
+        refuse: |error| Box::new(BodyRefused(error)),
+        stream: |_| false,
+    };
+    let router = router(Arc::clone(&edge), access);
+    listen::serve(listener, router, (edge, rules), tls, limits, "http", stop).await
 }
 
 /// The port's router: every request goes to [`dispatch`].
@@ -97,7 +104,9 @@ async fn dispatch(State(port): State<Arc<Port>>, request: Request) -> Response {
             ModelEndpoint::Ready => into(http::model_ready(edge, &model)),
             ModelEndpoint::Config => into(http::model_config(edge, &model)),
             ModelEndpoint::Stats => into(http::model_stats(edge, &model)),
-            ModelEndpoint::Infer => http::infer(edge, &model, headers, body).await,
+            ModelEndpoint::Infer => {
+                http::infer(edge, &model, headers, &parts.extensions, body).await
+            }
             ModelEndpoint::Sequences => into(http::sequences::list(edge, &model)),
             ModelEndpoint::SequenceRead => into(http::sequences::read(edge, &model, body).await),
             ModelEndpoint::SequenceWrite => {
@@ -108,7 +117,8 @@ async fn dispatch(State(port): State<Arc<Port>>, request: Request) -> Response {
             }
         },
         HttpRoute::TfServing(route) => {
-            tfserving::rest::serve(edge, &parts.method, &route, headers, body).await
+            let request = (&parts.method, headers, &parts.extensions);
+            tfserving::rest::serve(edge, request, &route, body).await
         }
         HttpRoute::TfMalformed(message) => {
             drain(body).await;

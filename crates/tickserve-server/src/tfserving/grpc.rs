@@ -14,7 +14,7 @@ use super::tensor;
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, no_labels, output, tf_dtype};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Decoded, Edge, Payload, deadline};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, deadline};
 use crate::observe::{self, Protocol};
 
 use tickserve_proto::tensorflow as pb;
@@ -218,6 +218,7 @@ impl PredictionService for TfServing {
     ) -> Result<Response<PredictResponse>, Status> {
         let started = Instant::now();
         let timeout = deadline::grpc_timeout(request.metadata());
+        let held = RequestBytes::of(request.extensions(), 0);
         let request = request.into_inner();
         let (model, version) = match spec_target(request.model_spec.as_ref()) {
             Ok(target) => target,
@@ -232,7 +233,10 @@ impl PredictionService for TfServing {
             protocol: Protocol::TfServingGrpc,
             model: &model,
             version: version.as_deref(),
-            bytes: request.encoded_len(),
+            bytes: match held {
+                RequestBytes::Count(_) => RequestBytes::Count(request.encoded_len()),
+                held => held,
+            },
             timeout,
             started,
         };

@@ -24,7 +24,7 @@ use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, no_labels, tf_dtype, tf_dtype
 use crate::edge::params::Parameters;
 use crate::edge::routes::TfRoute;
 use crate::edge::status::HttpError;
-use crate::edge::{Call, Decoded, Edge, Payload, body, deadline};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline};
 use crate::observe::Protocol;
 
 /// A path under `/v1/models/` TF Serving would not read: 400 with its words.
@@ -127,7 +127,13 @@ impl Payload for PredictBody {
 }
 
 /// `POST /v1/models/...:predict` (or a path TF Serving answers with an error).
-pub async fn post(edge: &Arc<Edge>, t: &TfRoute, headers: &HeaderMap, body: Body) -> Response {
+pub async fn post(
+    edge: &Arc<Edge>,
+    t: &TfRoute,
+    headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
+    body: Body,
+) -> Response {
     let started = Instant::now();
     let body = match body::read_request(edge, &t.model, headers, body).await {
         Ok(body) => body,
@@ -140,7 +146,7 @@ pub async fn post(edge: &Arc<Edge>, t: &TfRoute, headers: &HeaderMap, body: Body
         protocol: Protocol::TfServingRest,
         model: &t.model,
         version: t.version.as_deref(),
-        bytes: body.len(),
+        bytes: RequestBytes::of(extensions, body.len()),
         timeout: deadline::http_timeout(headers),
         started,
     };
@@ -183,13 +189,12 @@ fn check_verb(t: &TfRoute) -> Result<(), Error> {
 /// A TF Serving route: `GET` for status and metadata, `POST` for `:predict`.
 pub async fn serve(
     edge: &Arc<Edge>,
-    method: &Method,
+    (method, headers, extensions): (&Method, &HeaderMap, &axum::http::Extensions),
     t: &TfRoute,
-    headers: &HeaderMap,
     body: Body,
 ) -> Response {
     if method == Method::POST {
-        post(edge, t, headers, body).await
+        post(edge, t, headers, extensions, body).await
     } else if method == Method::GET || method == Method::HEAD {
         get(edge, t)
     } else {

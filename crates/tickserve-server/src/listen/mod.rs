@@ -1,26 +1,28 @@
 //! Serving a front end's routes on its listener, with the connection limits
 //! a server reachable by other teams needs: a cap on open connections (both
 //! front ends together), a time limit on reading each request's headers (which
-//! also closes a kept-alive HTTP/1 connection left idle that long), a time
-//! limit between the pieces of a request body, a cap on concurrent HTTP/2
-//! streams per connection, and an idle timeout: a connection with no request
-//! open that long is closed gracefully (HTTP/2: GOAWAY). Dead HTTP/2 peers
-//! are found by keep-alive pings. With TLS, the handshake is held to the
-//! header-read time too, and a failed one is counted.
+//! also closes a kept-alive HTTP/1 connection left idle that long), one
+//! deadline for each request body however it is split ([`budget`]), every
+//! body's bytes counted as they arrive against the server's budget and its
+//! connection's ([`budget`]), a cap on concurrent HTTP/2 streams per
+//! connection, an idle timeout (a connection with no request open that long
+//! is closed gracefully; HTTP/2: GOAWAY), and a send timeout: a connection
+//! whose peer leaves an answer untaken that long (a full socket: [`stall`];
+//! an HTTP/2 window kept shut: [`activity`]) is closed, and counted. Dead
+//! HTTP/2 peers are found by keep-alive pings. With TLS, the handshake is
+//! held to the header-read time too, and a failed one is counted.
 //!
 //! `http::serve` and `grpc::serve` call [`serve`]; it accepts until the stop
 //! signal, then stops accepting and lets the open connections finish what
 //! they are answering (`Server::shutdown` bounds that wait).
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
+mod activity;
+pub mod budget;
+mod stall;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -30,9 +32,12 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::edge::Edge;
+use crate::edge::admission::ConnectionBudget;
 use crate::tls::Tls;
-use tower::ServiceBuilder;
-use tower_http::timeout::RequestBodyTimeoutLayer;
+use activity::Activity;
+use budget::BodyRules;
+use stall::{Watched, WriteStall};
 
 /// The limits every connection of both front ends is held to.
 #[derive(Debug)]
@@ -42,6 +47,8 @@ pub struct ConnectionLimits {
     max_connections: usize,
     header_read_timeout: Duration,
     body_read_timeout: Duration,
+    send_timeout: Duration,
+    max_connection_bytes: usize,
     max_concurrent_streams: u32,
     http2_keep_alive: Duration,
     idle_timeout: Duration,
@@ -59,6 +66,8 @@ impl ConnectionLimits {
             max_connections: config.max_connections,
             header_read_timeout: config.header_read_timeout,
             body_read_timeout: config.body_read_timeout,
+            send_timeout: config.send_timeout,
+            max_connection_bytes: config.max_connection_bytes,
             max_concurrent_streams: config.max_concurrent_streams,
             http2_keep_alive: config.http2_keep_alive,
             idle_timeout: config.idle_timeout,
@@ -71,20 +80,29 @@ trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 
 impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for S {}
 
-/// Serves `router` on `listener` (over `tls` when given) within `limits`
-/// until `stop` turns true. `protocol` labels the log lines and the
-/// connection metrics.
+/// Why a connection is closing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// Open.
+    No,
+    /// The server stops: what it answers finishes (the shutdown bounds it).
+    Stop,
+    /// Idle: nothing is open; the close may take at most `send_timeout`.
+    Idle(Instant),
+}
+
+/// Serves `router` on `listener` (over `tls` when given) within `limits`,
+/// every body counted into `edge`'s budget by `rules`, until `stop` turns
+/// true. `protocol` labels the log lines and the connection metrics.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    (edge, rules): (Arc<Edge>, BodyRules),
     tls: Option<Arc<Tls>>,
     limits: Arc<ConnectionLimits>,
     protocol: &'static str,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let service = ServiceBuilder::new()
-        .layer(RequestBodyTimeoutLayer::new(limits.body_read_timeout))
-        .service(router);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -98,6 +116,7 @@ pub async fn serve(
         .keep_alive_timeout(limits.http2_keep_alive);
     let refused = metrics::counter!(names::CONNECTIONS_REFUSED, "protocol" => protocol);
     let handshake_failed = metrics::counter!(names::TLS_HANDSHAKE_FAILURES, "protocol" => protocol);
+    let send_timeouts = metrics::counter!(names::SEND_TIMEOUTS, "protocol" => protocol);
     let mut connections = JoinSet::new();
     loop {
         // Finished connections leave the set as new ones come.
@@ -130,15 +149,25 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let builder = builder.clone();
         let activity = Arc::new(Activity::new());
-        let service = tower::util::MapFuture::new(service.clone(), {
-            let activity = Arc::clone(&activity);
-            move |answer| counted(answer, Open::new(Arc::clone(&activity)))
-        });
+        let budget = Arc::new(ConnectionBudget::new(limits.max_connection_bytes));
+        let body_timeout = limits.body_read_timeout;
+        let counting = {
+            let edge = Arc::clone(&edge);
+            let budget = Arc::clone(&budget);
+            move |request| budget::count(request, &edge, &budget, body_timeout, rules)
+        };
+        let service =
+            tower::util::MapFuture::new(tower::util::MapRequest::new(router.clone(), counting), {
+                let activity = Arc::clone(&activity);
+                move |answer| activity::counted(answer, Arc::clone(&activity))
+            });
         let first_bytes_within = limits.header_read_timeout;
         let idle_timeout = limits.idle_timeout;
+        let send_timeout = limits.send_timeout;
         let mut stop = stop.clone();
         let tls = tls.clone();
         let handshake_failed = handshake_failed.clone();
+        let send_timeouts = send_timeouts.clone();
         connections.spawn(async move {
             // A connection that sends nothing at all (not even which HTTP
             // version it speaks, which hyper's own timers do not cover) is
@@ -148,6 +177,8 @@ pub async fn serve(
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return,
             }
+            let stall = Arc::new(WriteStall::new());
+            let tcp = Watched::new(tcp, Arc::clone(&stall));
             let stream: Box<dyn Stream> = match tls {
                 None => Box::new(tcp),
                 // The handshake is held to the same time as the first bytes.
@@ -174,22 +205,39 @@ pub async fn serve(
                 TowerToHyperService::new(service),
             );
             tokio::pin!(connection);
-            let mut closing = false;
+            let mut closing = Closing::No;
+            let check_every = (send_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
             loop {
                 let idle_until = activity.idle_until(idle_timeout);
                 tokio::select! {
                     // A client that misbehaves (or a timeout) ends only its
                     // connection.
                     _ = connection.as_mut() => break,
-                    _ = stop.wait_for(|stopped| *stopped), if !closing => {
+                    _ = stop.wait_for(|stopped| *stopped), if closing == Closing::No => {
                         connection.as_mut().graceful_shutdown();
-                        closing = true;
+                        closing = Closing::Stop;
                     }
-                    _ = tokio::time::sleep_until(idle_until), if !closing => {
+                    _ = tokio::time::sleep_until(idle_until), if closing == Closing::No => {
                         if activity.idle_for(idle_timeout) {
                             tracing::debug!(protocol, "closing a connection idle for server.idle_timeout");
                             connection.as_mut().graceful_shutdown();
-                            closing = true;
+                            closing = Closing::Idle(Instant::now());
+                        }
+                    }
+                    _ = tokio::time::sleep(check_every) => {
+                        // The peer takes nothing: its socket refuses every
+                        // write, or an answer waits for room it never gives.
+                        let unsent = [stall.stalled_for(), activity.longest_unsent()]
+                            .into_iter()
+                            .flatten()
+                            .max();
+                        let idle_close_overdue = matches!(closing,
+                            Closing::Idle(at) if at.elapsed() > send_timeout);
+                        if unsent.is_some_and(|d| d > send_timeout) || idle_close_overdue {
+                            send_timeouts.increment(1);
+                            tracing::debug!(protocol, ?unsent,
+                                "closing a connection whose peer does not take its answers (server.send_timeout)");
+                            break;
                         }
                     }
                 }
@@ -200,118 +248,4 @@ pub async fn serve(
     drop(listener);
     while connections.join_next().await.is_some() {}
     Ok(())
-}
-
-/// The answer of `answer`, with `open` held until its body has been sent (a
-/// stream: until it ends).
-async fn counted<F>(answer: F, open: Open) -> Result<http::Response<OpenBody>, Infallible>
-where
-    F: Future<Output = Result<http::Response<axum::body::Body>, Infallible>>,
-{
-    let response = answer.await?;
-    Ok(response.map(|body| OpenBody { body, _open: open }))
-}
-
-/// The requests open on one connection, and when the last one ended.
-#[derive(Debug)]
-struct Activity {
-    /// When the connection was accepted: the origin of `last_end_ns`.
-    since: Instant,
-    open: AtomicUsize,
-    last_end_ns: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Activity {
-        Activity {
-            since: Instant::now(),
-            open: AtomicUsize::new(0),
-            last_end_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// The earliest the connection can have been idle for `timeout`: that
-    /// long after its last request ended (or from now, while one is open).
-    fn idle_until(&self, timeout: Duration) -> Instant {
-        let from = if self.open.load(Ordering::Acquire) > 0 {
-            Instant::now()
-        } else {
-            self.since + Duration::from_nanos(self.last_end_ns.load(Ordering::Acquire))
-        };
-        from.checked_add(timeout).unwrap_or(from)
-    }
-
-    /// No request open, and none ended within `timeout`.
-    fn idle_for(&self, timeout: Duration) -> bool {
-        self.open.load(Ordering::Acquire) == 0 && self.idle_until(timeout) <= Instant::now()
-    }
-}
-
-/// One open request of a connection: counted from the call until its
-/// answer's body has been sent or dropped.
-#[derive(Debug)]
-struct Open(Arc<Activity>);
-
-impl Open {
-    fn new(activity: Arc<Activity>) -> Open {
-        activity.open.fetch_add(1, Ordering::AcqRel);
-        Open(activity)
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        let ended = u64::try_from(self.0.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.0.last_end_ns.store(ended, Ordering::Release);
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// An answer's body that keeps its request counted as open.
-struct OpenBody {
-    body: axum::body::Body,
-    _open: Open,
-}
-
-impl Body for OpenBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_is_idle_only_with_nothing_open_for_the_timeout() {
-        let timeout = Duration::from_millis(300);
-        let activity = Arc::new(Activity::new());
-        assert!(!activity.idle_for(timeout), "just accepted");
-        tokio::time::advance(Duration::from_millis(301)).await;
-        assert!(activity.idle_for(timeout), "nothing asked since accepted");
-        let open = Open::new(Arc::clone(&activity));
-        tokio::time::advance(Duration::from_secs(10)).await;
-        assert!(!activity.idle_for(timeout), "a request (or stream) open");
-        drop(open);
-        assert!(!activity.idle_for(timeout), "it just ended");
-        tokio::time::advance(Duration::from_millis(299)).await;
-        assert!(!activity.idle_for(timeout));
-        tokio::time::advance(Duration::from_millis(2)).await;
-        assert!(activity.idle_for(timeout));
-    }
 }
