@@ -240,3 +240,105 @@ async fn an_idle_http2_connection_is_sent_goaway_and_closed() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// An HTTP/2 connection to `address` that never opens its receive window,
+/// with one gRPC `ServerMetadata` call sent on it (its answer can never be
+/// sent), driven in the background.
+async fn shut_window_peer(address: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
+    let tcp = TcpStream::connect(address).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{address}/inference.GRPCInferenceService/ServerMetadata"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (_answer, mut send) = client.send_request(request, false).unwrap();
+    // An empty message: the compression flag and a zero length.
+    send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    tokio::spawn(async move {
+        let _keep = (client, send, _answer);
+        let _ = driver.await;
+    })
+}
+
+/// An HTTP/1 connection that pipelines requests and never reads an answer:
+/// the answers fill the socket's buffers.
+async fn pipelining_peer(address: std::net::SocketAddr) -> tokio::task::JoinHandle<()> {
+    let tcp = TcpStream::connect(address).await.unwrap();
+    tokio::spawn(async move {
+        let (_read, mut write) = tcp.into_split();
+        let request = b"GET /v2/models/alpha_mlp/config HTTP/1.1\r\nHost: x\r\n\r\n".repeat(64);
+        for _ in 0..2000 {
+            if write.write_all(&request).await.is_err() {
+                return;
+            }
+        }
+        // Holds the read half open, unread, until the server closes.
+        std::future::pending::<()>().await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_that_never_read_are_closed_and_a_normal_client_is_served_within_a_second() {
+    let mut config = common::config(&repository());
+    config.server.max_connections = 2;
+    config.server.send_timeout = Duration::from_millis(200);
+    let server = common::start(&config).await;
+    let (http, grpc) = (server.http_addr, server.grpc_addr);
+    // Every connection the server allows, taken by a peer that never reads.
+    let peers = [shut_window_peer(grpc).await, pipelining_peer(http).await];
+    let started = Instant::now();
+    let served = loop {
+        let answer = reqwest::Client::new()
+            .get(format!("http://{http}/v2/health/ready"))
+            .timeout(Duration::from_millis(200))
+            .send()
+            .await;
+        if answer.is_ok_and(|a| a.status() == 200) {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no normal request served for 5 s beside peers that never read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(served < Duration::from_secs(1), "served after {served:?}");
+    // Both peers were closed for it, and counted (bounded wait: the second
+    // may go a little later than the first).
+    let lines = ["grpc", "http"]
+        .map(|protocol| format!("tickserve_send_timeouts_total{{protocol=\"{protocol}\"}} 1"));
+    let started = Instant::now();
+    loop {
+        let metrics = reqwest::get(format!("http://{http}/metrics")).await;
+        let text = match metrics {
+            Ok(answer) => answer.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if lines.iter().all(|line| text.lines().any(|l| l == line)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not both send timeouts counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for peer in peers {
+        peer.abort();
+    }
+    server.shutdown().await.unwrap();
+}

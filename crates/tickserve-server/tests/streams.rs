@@ -1,0 +1,168 @@
+//! Long-lived gRPC streams against a real server beside a normal client: a
+//! quiet `ModelStreamInfer` stream outlives every timeout and still answers;
+//! its answers hold their bytes until sent; health `Watch` streams are
+//! bounded.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use tickserve_proto::inference as pb;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tokio::net::TcpStream;
+use tokio_stream::StreamExt;
+
+/// Every timeout of the server short: 300 ms.
+fn short_timeouts() -> tickserve_core::config::ServerConfig {
+    let mut config = common::config(&common::root().join("config/models"));
+    let short = Duration::from_millis(300);
+    config.server.header_read_timeout = short;
+    config.server.body_read_timeout = short;
+    config.server.send_timeout = short;
+    config.server.idle_timeout = short;
+    config.server.http2_keep_alive = short;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_stream_outlives_every_timeout_and_still_answers() {
+    let server = common::start(&short_timeouts()).await;
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let (requests, outbox) = tokio::sync::mpsc::channel(4);
+    let mut answers = client
+        .model_stream_infer(tokio_stream::wrappers::ReceiverStream::new(outbox))
+        .await
+        .unwrap()
+        .into_inner();
+    for tick in 0..3 {
+        requests.send(common::grpc_alpha_row()).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.next())
+            .await
+            .unwrap_or_else(|_| panic!("tick {tick}: no answer within 10 s"))
+            .unwrap_or_else(|| panic!("tick {tick}: the stream ended"))
+            .unwrap();
+        assert_eq!(answer.error_message, "", "tick {tick}");
+        assert!(answer.infer_response.is_some(), "tick {tick}");
+        // Quiet for five times every timeout: a quiet instrument.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// One gRPC message of a `ModelStreamInfer` stream, framed.
+fn framed(message: &pb::ModelInferRequest) -> bytes::Bytes {
+    let body = prost::Message::encode_to_vec(message);
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&body);
+    framed.into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_answers_hold_their_bytes_until_sent() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let base = format!("http://{}", server.http_addr);
+    // A client that sends ten requests on a stream and keeps its window
+    // shut: the answers are computed and cannot be sent.
+    let tcp = TcpStream::connect(server.grpc_addr).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/inference.GRPCInferenceService/ModelStreamInfer",
+            server.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (answer, mut send) = client.send_request(request, false).unwrap();
+    // A model of its own: no other test of this binary counts its requests.
+    let mut row = common::grpc_alpha_row();
+    row.model_name = "tick_006".into();
+    row.inputs[0].shape = vec![1, 16];
+    row.inputs[0].contents = Some(pb::InferTensorContents {
+        fp32_contents: vec![0.5; 16],
+        ..Default::default()
+    });
+    let message = framed(&row);
+    for _ in 0..10 {
+        send.send_data(message.clone(), false).unwrap();
+    }
+    // All ten computed (bounded wait on the request counter)...
+    let counted =
+        r#"tickserve_requests_total{model="tick_006",protocol="grpc_stream",code="ok"} 10"#;
+    let started = Instant::now();
+    while !common::metrics_text(&base).await.contains(counted) {
+        assert!(started.elapsed() < Duration::from_secs(10), "not computed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and their messages and answers still held: nothing was sent. (The
+    // other tests of this binary run on other servers, with edges of their
+    // own.)
+    let held = server.edge().inflight_bytes();
+    assert!(held >= 10 * message.len(), "{held} bytes held");
+    // The client goes: what its answers held is let go.
+    drop((answer, send, client));
+    driver.abort();
+    let started = Instant::now();
+    while server.edge().inflight_bytes() != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} bytes still held after the client left",
+            server.edge().inflight_bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watch_streams_are_bounded() {
+    let mut config = common::config(&common::root().join("config/models"));
+    config.server.max_health_watches = 2;
+    let server = common::start(&config).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let watch = || tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    let first = health.watch(watch()).await.unwrap();
+    let second = health.watch(watch()).await.unwrap();
+    let refused = health.watch(watch()).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    // Check is never refused; a Watch that ends frees its place.
+    health.check(watch()).await.unwrap();
+    drop(first);
+    let started = Instant::now();
+    loop {
+        match health.watch(watch()).await {
+            Ok(_third) => break,
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no place after a watch ended: {e:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(second);
+    server.shutdown().await.unwrap();
+}
