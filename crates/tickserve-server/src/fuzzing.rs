@@ -1,6 +1,7 @@
 //! Entry points for fuzzing what hostile bytes reach first: the HTTP/JSON
 //! decoder (with and without the binary-tensor split), the gRPC request
-//! conversion, and the configuration parsers. Each takes arbitrary bytes and
+//! conversion, the shared-memory protocol, TF Serving's JSON and TensorProto
+//! decoding, the sequence snapshot reader, and the configuration parsers. Each takes arbitrary bytes and
 //! must return, never panic; what it returns does not matter.
 //!
 //! The cargo-fuzz targets in `fuzz/` call these (nightly, libFuzzer); the
@@ -106,4 +107,74 @@ pub fn config(data: &[u8]) {
     if let Ok(server) = toml::from_str::<ServerConfig>(text) {
         let _ = server.validate();
     }
+}
+
+/// A shared-memory request as a client's sample holds it: parsed, its
+/// parameters read and its inputs copied as the front end does, validated;
+/// and the same bytes read as an answer, as the client does.
+pub fn shm_request(data: &[u8]) {
+    let _ = tickserve_shm_protocol::parse_answer(data);
+    let owned = bytes::Bytes::copy_from_slice(data);
+    let Ok(tickserve_shm_protocol::Request::Infer {
+        parameters, inputs, ..
+    }) = tickserve_shm_protocol::parse_request(&owned)
+    else {
+        return;
+    };
+    let copied = crate::shm::copy_inputs("m", &parameters, &inputs, &owned);
+    if let (Ok(inputs), Ok(_)) = (copied.tensors, copied.parameters) {
+        let request = tickserve_core::InferRequest {
+            model: "m".into(),
+            version: None,
+            id: String::new(),
+            inputs,
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        };
+        let _ = validate(&request, &signature(), &limits());
+    }
+}
+
+/// A TF Serving `:predict` body (row or column format), decoded and validated.
+pub fn tf_json(data: &[u8]) {
+    if let Ok(predict) = crate::tfserving::json::decode("m", &signature(), data) {
+        let request = tickserve_core::InferRequest {
+            model: "m".into(),
+            version: None,
+            id: String::new(),
+            inputs: predict.inputs,
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        };
+        let _ = validate(&request, &signature(), &limits());
+    }
+}
+
+/// A TF Serving gRPC `PredictRequest` message: each input's fill checked
+/// and its `TensorProto` decoded, as the Predict handler does (within 1 MiB).
+pub fn tf_tensor(data: &[u8]) {
+    use tickserve_proto::tensorflow::serving::PredictRequest;
+    let Ok(request) = PredictRequest::decode(data) else {
+        return;
+    };
+    let signature = signature();
+    for (name, tensor) in request.inputs {
+        let Ok(spec) = crate::tfserving::input("m", &signature, &name) else {
+            continue;
+        };
+        if crate::tfserving::tensor::expansion("m", spec, &tensor, &limits(), 1 << 20).is_ok() {
+            let _ = crate::tfserving::tensor::decode("m", spec, tensor, 1 << 20);
+        }
+    }
+}
+
+/// A sequence snapshot file, read (with no model to restore into).
+pub fn sequence_snapshot(data: &[u8]) {
+    let _ = tickserve_runtime::testing::read_snapshot(data);
 }

@@ -401,9 +401,11 @@ fn handle(context: &Context_, active: ActiveRequest) {
 /// A request's inputs, copied out of the client's sample (which goes back
 /// to the client with the answer), and its parameters, read: each, or why
 /// it cannot be.
-struct Inputs {
-    tensors: Result<Vec<InputTensor>, Error>,
-    parameters: Result<Parameters, Error>,
+pub(crate) struct Inputs {
+    /// The tensors, or why they cannot be read.
+    pub(crate) tensors: Result<Vec<InputTensor>, Error>,
+    /// The parameters, or why they cannot be read.
+    pub(crate) parameters: Result<Parameters, Error>,
 }
 
 impl Payload for Inputs {
@@ -438,7 +440,7 @@ fn param<'a>(value: &wire::ParamValue<'a>) -> Param<'a> {
 /// The inputs of a request for `name` (the wire's tensors, slices of
 /// `owned`, the request's copy), and its parameters, read by the edge's one
 /// reader.
-fn copy_inputs(
+pub(crate) fn copy_inputs(
     name: &str,
     parameters: &[wire::Parameter<'_>],
     inputs: &[wire::TensorRef<'_>],

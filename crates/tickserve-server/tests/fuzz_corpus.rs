@@ -31,6 +31,10 @@ fn the_fuzzing_corpus_runs_without_a_panic() {
         ("http_binary", fuzzing::http_binary),
         ("grpc_request", fuzzing::grpc_request),
         ("config", fuzzing::config),
+        ("shm_request", fuzzing::shm_request),
+        ("tf_json", fuzzing::tf_json),
+        ("tf_tensor", fuzzing::tf_tensor),
+        ("sequence_snapshot", fuzzing::sequence_snapshot),
     ] {
         let count = replay(target, entry);
         assert!(count > 0, "{target}: no corpus");

@@ -142,6 +142,12 @@ pub fn restore(path: &Path, handles: &[std::sync::Arc<ModelHandle>]) -> Result<u
     Ok(restored)
 }
 
+/// Reads a snapshot's bytes with no model to restore into: every check the
+/// reader makes, for fuzzing (a corrupt file is an error, never a panic).
+pub fn read_for_fuzzing(bytes: &[u8]) -> Result<usize, String> {
+    read(bytes, &[])
+}
+
 fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
     let mut input = Reader { bytes, at: 0 };
     if input.take(MAGIC.len())? != MAGIC {

@@ -1,0 +1,6 @@
+//! Fuzzes `tickserve_server::fuzzing::tf_tensor`: arbitrary bytes must never panic it.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    tickserve_server::fuzzing::tf_tensor(data);
+});
