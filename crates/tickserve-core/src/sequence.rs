@@ -77,6 +77,10 @@ pub struct SequenceConfig {
     pub max_sequences: Option<usize>,
     /// The state pairs; none: the model keeps no state.
     pub state: Vec<StateConfig>,
+    /// Serve a sequence only to the key that started it (where keys guard
+    /// inference; docs/security.md): any other key is told the sequence is
+    /// not active. Off by default.
+    pub bind_to_key: bool,
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -128,6 +132,8 @@ pub struct SequenceSpec {
     pub idle_action: IdleAction,
     /// The most sequences kept at once.
     pub max_sequences: usize,
+    /// `bind_to_key`.
+    pub bind_to_key: bool,
 }
 
 impl SequenceSpec {
@@ -264,6 +270,7 @@ impl SequenceSpec {
             max_idle: (!config.max_sequence_idle.is_zero()).then_some(config.max_sequence_idle),
             idle_action: config.idle_action,
             max_sequences,
+            bind_to_key: config.bind_to_key,
         }))
     }
 }
@@ -406,7 +413,15 @@ pub struct SequenceControl {
     pub start: bool,
     /// `sequence_end`: the sequence ends after this request; its state is dropped.
     pub end: bool,
+    /// The key the request carried, where keys guard inference: a model
+    /// with `bind_to_key` serves a sequence only to the key that started it.
+    pub owner: Option<KeyId>,
 }
+
+/// Which key a request carried: the first 8 bytes of the key's SHA-256
+/// digest (the key itself is never kept beside a sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId(pub [u8; 8]);
 
 #[cfg(test)]
 mod tests {

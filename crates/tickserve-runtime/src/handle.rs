@@ -207,7 +207,7 @@ impl ModelHandle {
                 let purpose = Purpose::Tick {
                     start: control.start,
                 };
-                let entry = sequences.enter(&control.id, purpose)?;
+                let entry = sequences.enter(&sequences.key(&control.id, control.owner), purpose)?;
                 Some((control, entry))
             }
         };

@@ -61,10 +61,10 @@ pub use crate::stats::Stat;
 #[doc(hidden)]
 pub mod testing {
     pub use crate::admission::{FamilyRows, Ticket};
-    pub use crate::sequences::snapshot::read_for_fuzzing as read_snapshot;
     pub use crate::executor::{Executor, FamilyLinks};
     pub use crate::job::Job;
     pub use crate::member::{Member, RetiredLog, Version};
+    pub use crate::sequences::snapshot::read_for_fuzzing as read_snapshot;
 }
 
 use std::collections::{BTreeMap, HashMap};

@@ -176,6 +176,27 @@ impl KeySource {
         Ok(Secret(value.into_bytes()))
     }
 
+    /// Reads every key: a key file may hold several, one per line (each a
+    /// client of its own: what binds to a key tells them apart); blank lines
+    /// are skipped. An environment variable or a command line holds one.
+    pub fn read_all(&self) -> Result<Vec<Secret>, String> {
+        let KeySource::KeyFile(path) = self else {
+            return self.read().map(|key| vec![key]);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("the key file {}: {e}", path.display()))?;
+        let keys: Vec<Secret> = text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .map(|line| Secret(line.as_bytes().to_vec()))
+            .collect();
+        if keys.is_empty() {
+            return Err(format!("{} holds an empty key", self.describe()));
+        }
+        Ok(keys)
+    }
+
     /// Where the key comes from, without its value.
     pub fn describe(&self) -> String {
         match self {

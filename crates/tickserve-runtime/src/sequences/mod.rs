@@ -43,7 +43,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tickserve_core::sequence::{IdleAction, MAX_PENDING_PER_SEQUENCE, SequenceId, SequenceSpec};
+use tickserve_core::sequence::{
+    IdleAction, KeyId, MAX_PENDING_PER_SEQUENCE, SequenceId, SequenceSpec,
+};
 use tickserve_core::{Error, metrics as names};
 use tokio::sync::oneshot;
 
@@ -67,10 +69,31 @@ enum Gone {
     Expired,
 }
 
+/// A sequence's place in its table: its id, and with `bind_to_key` the key
+/// that started it (each key has ids of its own: another key's sequence 7
+/// is another sequence, and no key can see, drive or probe another's).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SequenceKey {
+    /// The key that started it, when the model binds sequences to keys.
+    pub owner: Option<KeyIdOrd>,
+    /// The id its requests name.
+    pub id: SequenceId,
+}
+
+/// A [`KeyId`] that sorts (for listings and snapshots in a fixed order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyIdOrd(pub [u8; 8]);
+
+impl From<KeyId> for KeyIdOrd {
+    fn from(key: KeyId) -> KeyIdOrd {
+        KeyIdOrd(key.0)
+    }
+}
+
 /// One sequence.
 #[derive(Debug)]
 struct Slot {
-    id: SequenceId,
+    id: SequenceKey,
     inner: Mutex<SlotState>,
 }
 
@@ -98,7 +121,7 @@ impl Slot {
 
 #[derive(Debug)]
 struct Table {
-    active: HashMap<SequenceId, Arc<Slot>>,
+    active: HashMap<SequenceKey, Arc<Slot>>,
     /// Ids of sequences that expired and restart on their next tick.
     expired: Expired,
     last_sweep: Instant,
@@ -109,24 +132,24 @@ struct Table {
 #[derive(Debug, Default)]
 struct Expired {
     /// Each remembered id, with the number it was remembered under.
-    ids: HashMap<SequenceId, u64>,
+    ids: HashMap<SequenceKey, u64>,
     /// Ids in the order remembered; an entry whose number no longer matches
     /// `ids` was removed or remembered again, and is skipped.
-    order: VecDeque<(SequenceId, u64)>,
+    order: VecDeque<(SequenceKey, u64)>,
     next: u64,
 }
 
 impl Expired {
-    fn contains(&self, id: &SequenceId) -> bool {
+    fn contains(&self, id: &SequenceKey) -> bool {
         self.ids.contains_key(id)
     }
 
-    fn remove(&mut self, id: &SequenceId) -> bool {
+    fn remove(&mut self, id: &SequenceKey) -> bool {
         self.ids.remove(id).is_some()
     }
 
     /// Remembers `id`, forgetting the oldest beyond `capacity`.
-    fn insert(&mut self, id: SequenceId, capacity: usize) {
+    fn insert(&mut self, id: SequenceKey, capacity: usize) {
         while self.ids.len() >= capacity.max(1) {
             let Some((old, number)) = self.order.pop_front() else {
                 break;
@@ -246,10 +269,20 @@ impl Sequences {
         self.metrics.active.set(now as f64);
     }
 
-    /// Queues the caller for sequence `id`'s turn, in arrival order; refuses
+    /// Where sequence `id` of a request carrying `owner`'s key is kept:
+    /// under the key too when the model binds sequences to keys.
+    pub fn key(&self, id: &SequenceId, owner: Option<KeyId>) -> SequenceKey {
+        SequenceKey {
+            owner: owner.filter(|_| self.spec.bind_to_key).map(KeyIdOrd::from),
+            id: id.clone(),
+        }
+    }
+
+    /// Queues the caller for sequence `key`'s turn, in arrival order; refuses
     /// at once what cannot be served (an unknown or expired sequence, a
     /// full table, too many waiting).
-    pub fn enter(self: &Arc<Self>, id: &SequenceId, purpose: Purpose) -> Result<Entry, Error> {
+    pub fn enter(self: &Arc<Self>, key: &SequenceKey, purpose: Purpose) -> Result<Entry, Error> {
+        let id = key;
         let now = Instant::now();
         let mut table = self.table();
         if let Some(slot) = table.active.get(id) {
@@ -264,8 +297,9 @@ impl Sequences {
                 return Err(Error::SequencesFull {
                     model: self.model.clone(),
                     message: format!(
-                        "sequence {id} already has {MAX_PENDING_PER_SEQUENCE} requests waiting \
-                         for their turn (a sequence runs one request at a time)"
+                        "sequence {} already has {MAX_PENDING_PER_SEQUENCE} requests waiting \
+                         for their turn (a sequence runs one request at a time)",
+                        id.id
                     ),
                 });
             }
@@ -281,7 +315,7 @@ impl Sequences {
             Purpose::Read | Purpose::Drop => false,
         };
         if !creates {
-            return Err(self.not_active(id));
+            return Err(self.not_active(&id.id));
         }
         // Idle sequences are swept as new ones start, every quarter of
         // max_sequence_idle (not at every start when the table is full: a
@@ -378,25 +412,29 @@ impl Sequences {
     }
 
     /// Remembers that `id` expired, if its model restarts expired sequences.
-    fn remember_expired(&self, table: &mut Table, id: SequenceId) {
+    fn remember_expired(&self, table: &mut Table, id: SequenceKey) {
         if self.spec.idle_action == IdleAction::Restart {
             table.expired.insert(id, self.spec.max_sequences);
         }
     }
 
-    /// Every sequence kept now, with its tick count and idle time, by id.
-    pub fn list(&self) -> Vec<SequenceSummary> {
+    /// Every sequence kept now that a request carrying `owner`'s key sees
+    /// (all, unless the model binds sequences to keys), with its tick count
+    /// and idle time, by id.
+    pub fn list(&self, owner: Option<KeyId>) -> Vec<SequenceSummary> {
         let now = Instant::now();
         let table = self.table();
+        let seen = self.key(&SequenceId::Number(0), owner).owner;
         let mut all: Vec<SequenceSummary> = table
             .active
             .values()
+            .filter(|slot| !self.spec.bind_to_key || slot.id.owner == seen)
             .filter_map(|slot| {
                 let state = slot.lock();
                 let idle = now.saturating_duration_since(state.last_used);
                 let live = state.state.is_ok() && self.spec.max_idle.is_none_or(|max| idle <= max);
                 live.then(|| SequenceSummary {
-                    id: slot.id.clone(),
+                    id: slot.id.id.clone(),
                     ticks: state.ticks,
                     idle: now.saturating_duration_since(state.last_used),
                 })
@@ -410,10 +448,11 @@ impl Sequences {
     pub async fn read(
         self: &Arc<Self>,
         id: &SequenceId,
+        owner: Option<KeyId>,
         deadline: Option<Instant>,
     ) -> Result<SequenceState, Error> {
         let turn = self
-            .enter(id, Purpose::Read)?
+            .enter(&self.key(id, owner), Purpose::Read)?
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
@@ -435,10 +474,11 @@ impl Sequences {
         self: &Arc<Self>,
         id: &SequenceId,
         rows: Vec<Bytes>,
+        owner: Option<KeyId>,
         deadline: Option<Instant>,
     ) -> Result<(), Error> {
         let turn = self
-            .enter(id, Purpose::Write)?
+            .enter(&self.key(id, owner), Purpose::Write)?
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
@@ -461,10 +501,11 @@ impl Sequences {
     pub async fn remove(
         self: &Arc<Self>,
         id: &SequenceId,
+        owner: Option<KeyId>,
         deadline: Option<Instant>,
     ) -> Result<(), Error> {
         let turn = self
-            .enter(id, Purpose::Drop)?
+            .enter(&self.key(id, owner), Purpose::Drop)?
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
@@ -482,10 +523,10 @@ impl Sequences {
     /// Every kept sequence and its state, for a snapshot (taken when no
     /// request is running: at shutdown, after the drain); sequences idle past
     /// `max_sequence_idle` are ended first, not kept.
-    pub fn snapshot(&self) -> Vec<(SequenceId, u64, Vec<Bytes>)> {
+    pub fn snapshot(&self) -> Vec<(SequenceKey, u64, Vec<Bytes>)> {
         let mut table = self.table();
         self.sweep_locked(&mut table, Instant::now());
-        let mut all: Vec<(SequenceId, u64, Vec<Bytes>)> = table
+        let mut all: Vec<(SequenceKey, u64, Vec<Bytes>)> = table
             .active
             .values()
             .filter_map(|slot| {
@@ -501,7 +542,7 @@ impl Sequences {
     /// Puts sequences back from a snapshot (at load, before serving); each
     /// row was checked against the model's state pairs by the caller.
     /// Sequences beyond `max_sequences` are left out; returns how many came back.
-    pub fn restore(&self, sequences: Vec<(SequenceId, u64, Vec<Bytes>)>) -> usize {
+    pub fn restore(&self, sequences: Vec<(SequenceKey, u64, Vec<Bytes>)>) -> usize {
         let now = Instant::now();
         let mut table = self.table();
         let mut restored = 0;
@@ -556,6 +597,7 @@ mod tests {
                 output: "s_out".into(),
                 initial_file: None,
             }],
+            bind_to_key: false,
         };
         Arc::new(
             SequenceSpec::resolve(&config, &signature, Path::new("."))
@@ -576,6 +618,7 @@ mod tests {
             id: SequenceId::Number(id),
             start,
             end,
+            owner: None,
         }
     }
 
@@ -591,7 +634,7 @@ mod tests {
     /// ran with, and writes `next`.
     fn tick(table: &Arc<Sequences>, c: &SequenceControl, next: f32) -> Result<f32, Error> {
         let purpose = Purpose::Tick { start: c.start };
-        let Entry::Now(turn) = table.enter(&c.id, purpose)? else {
+        let Entry::Now(turn) = table.enter(&table.key(&c.id, None), purpose)? else {
             panic!("no one else holds the turn");
         };
         let started = turn.begin(c)?;
@@ -609,7 +652,7 @@ mod tests {
         assert_eq!(t.active(), 0);
         let error = tick(&t, &control(1, false, false), 0.0).unwrap_err();
         assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
-        assert!(t.list().is_empty());
+        assert!(t.list(None).is_empty());
     }
 
     #[test]
@@ -649,17 +692,27 @@ mod tests {
     fn turns_go_in_arrival_order_and_a_caller_that_left_is_skipped() {
         let t = table(8);
         let id = SequenceId::Number(9);
-        let Entry::Now(first) = t.enter(&id, Purpose::Tick { start: true }).unwrap() else {
-            panic!()
-        };
-        let Entry::Waiting(mut second) = t.enter(&id, Purpose::Tick { start: false }).unwrap()
+        let Entry::Now(first) = t
+            .enter(&t.key(&id, None), Purpose::Tick { start: true })
+            .unwrap()
         else {
             panic!()
         };
-        let Entry::Waiting(third) = t.enter(&id, Purpose::Tick { start: false }).unwrap() else {
+        let Entry::Waiting(mut second) = t
+            .enter(&t.key(&id, None), Purpose::Tick { start: false })
+            .unwrap()
+        else {
             panic!()
         };
-        let Entry::Waiting(mut fourth) = t.enter(&id, Purpose::Tick { start: false }).unwrap()
+        let Entry::Waiting(third) = t
+            .enter(&t.key(&id, None), Purpose::Tick { start: false })
+            .unwrap()
+        else {
+            panic!()
+        };
+        let Entry::Waiting(mut fourth) = t
+            .enter(&t.key(&id, None), Purpose::Tick { start: false })
+            .unwrap()
         else {
             panic!()
         };
@@ -679,12 +732,19 @@ mod tests {
     fn waiting_requests_per_sequence_are_bounded() {
         let t = table(8);
         let id = SequenceId::Number(1);
-        let _holder = t.enter(&id, Purpose::Tick { start: true }).unwrap();
+        let _holder = t
+            .enter(&t.key(&id, None), Purpose::Tick { start: true })
+            .unwrap();
         let mut waiting = Vec::new();
         for _ in 0..MAX_PENDING_PER_SEQUENCE {
-            waiting.push(t.enter(&id, Purpose::Tick { start: false }).unwrap());
+            waiting.push(
+                t.enter(&t.key(&id, None), Purpose::Tick { start: false })
+                    .unwrap(),
+            );
         }
-        let error = t.enter(&id, Purpose::Tick { start: false }).unwrap_err();
+        let error = t
+            .enter(&t.key(&id, None), Purpose::Tick { start: false })
+            .unwrap_err();
         assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
     }
 
@@ -706,7 +766,7 @@ mod tests {
         // Sequence 2 is swept, and refused the same way.
         t.sweep();
         assert_eq!(t.active(), 0);
-        assert!(t.list().is_empty());
+        assert!(t.list(None).is_empty());
         let error = tick(&t, &control(2, false, false), 0.0).unwrap_err();
         assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
         // A start brings it back.
@@ -720,7 +780,10 @@ mod tests {
         t.sweep();
         for id in [1, 2] {
             let c = control(id, false, false);
-            let Entry::Now(turn) = t.enter(&c.id, Purpose::Tick { start: false }).unwrap() else {
+            let Entry::Now(turn) = t
+                .enter(&t.key(&c.id, None), Purpose::Tick { start: false })
+                .unwrap()
+            else {
                 panic!()
             };
             let started = turn.begin(&c).unwrap();
@@ -742,7 +805,7 @@ mod tests {
         tick(&t, &control(1, true, false), 1.0).unwrap();
         std::thread::sleep(idle * 2);
         t.sweep();
-        t.write(&SequenceId::Number(1), row(42.0), None)
+        t.write(&SequenceId::Number(1), row(42.0), None, None)
             .await
             .unwrap();
         assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 42.0);
@@ -752,7 +815,10 @@ mod tests {
     /// answer (the tick failed).
     fn failed_tick(t: &Arc<Sequences>, id: u64, start: bool) {
         let c = control(id, start, false);
-        let Entry::Now(turn) = t.enter(&c.id, Purpose::Tick { start }).unwrap() else {
+        let Entry::Now(turn) = t
+            .enter(&t.key(&c.id, None), Purpose::Tick { start })
+            .unwrap()
+        else {
             panic!("no one else holds the turn");
         };
         turn.begin(&c).unwrap();
@@ -774,7 +840,9 @@ mod tests {
                 failed_tick(&t, 1, false);
                 // Still remembered: its next tick restarts it.
                 let c = control(1, false, false);
-                let Entry::Now(turn) = t.enter(&c.id, Purpose::Tick { start: false }).unwrap()
+                let Entry::Now(turn) = t
+                    .enter(&t.key(&c.id, None), Purpose::Tick { start: false })
+                    .unwrap()
                 else {
                     panic!()
                 };
@@ -791,22 +859,25 @@ mod tests {
     async fn an_expired_sequence_is_neither_read_listed_nor_snapshotted_before_a_sweep() {
         let (t, idle) = expired_table(8, IdleAction::Error);
         let id = SequenceId::Number(1);
-        t.write(&id, row(1.0), None).await.unwrap();
-        t.write(&SequenceId::Number(2), row(2.0), None)
+        t.write(&id, row(1.0), None, None).await.unwrap();
+        t.write(&SequenceId::Number(2), row(2.0), None, None)
             .await
             .unwrap();
         std::thread::sleep(idle * 2);
-        assert!(t.list().is_empty());
+        assert!(t.list(None).is_empty());
         assert!(t.snapshot().is_empty());
         assert_eq!(t.active(), 0);
-        t.write(&SequenceId::Number(3), row(3.0), None)
+        t.write(&SequenceId::Number(3), row(3.0), None, None)
             .await
             .unwrap();
         std::thread::sleep(idle * 2);
-        let error = t.read(&SequenceId::Number(3), None).await.unwrap_err();
+        let error = t
+            .read(&SequenceId::Number(3), None, None)
+            .await
+            .unwrap_err();
         assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
         assert!(matches!(
-            t.remove(&id, None).await,
+            t.remove(&id, None, None).await,
             Err(Error::SequenceNotActive { .. })
         ));
     }
@@ -814,7 +885,10 @@ mod tests {
     #[test]
     fn the_expired_ids_are_bounded_and_forget_the_oldest() {
         let mut expired = Expired::default();
-        let id = SequenceId::Number;
+        let id = |n| SequenceKey {
+            owner: None,
+            id: SequenceId::Number(n),
+        };
         for n in 0..10 {
             expired.insert(id(n), 4);
         }
@@ -834,23 +908,24 @@ mod tests {
     async fn state_reads_writes_and_drops_take_their_turn() {
         let t = table(8);
         let id = SequenceId::Text("AAPL".into());
-        t.write(&id, row(4.0), None).await.unwrap();
-        let read = t.read(&id, None).await.unwrap();
+        t.write(&id, row(4.0), None, None).await.unwrap();
+        let read = t.read(&id, None, None).await.unwrap();
         assert_eq!((read.ticks, value(&read.state)), (0, 4.0));
         let c = SequenceControl {
             id: id.clone(),
             start: false,
             end: false,
+            owner: None,
         };
         assert_eq!(tick(&t, &c, 6.0).unwrap(), 4.0);
-        assert_eq!(t.snapshot(), vec![(id.clone(), 1, row(6.0))]);
-        t.remove(&id, None).await.unwrap();
+        assert_eq!(t.snapshot(), vec![(t.key(&id, None), 1, row(6.0))]);
+        t.remove(&id, None, None).await.unwrap();
         assert!(matches!(
-            t.read(&id, None).await,
+            t.read(&id, None, None).await,
             Err(Error::SequenceNotActive { .. })
         ));
         let back = table(8);
-        assert_eq!(back.restore(vec![(id.clone(), 1, row(6.0))]), 1);
-        assert_eq!(value(&back.read(&id, None).await.unwrap().state), 6.0);
+        assert_eq!(back.restore(vec![(back.key(&id, None), 1, row(6.0))]), 1);
+        assert_eq!(value(&back.read(&id, None, None).await.unwrap().state), 6.0);
     }
 }

@@ -6,14 +6,17 @@
 //! The file, little-endian throughout:
 //!
 //! ```text
-//! "tickserve-sequences 1\n"
+//! "tickserve-sequences 2\n"
 //! u32 models; per model:
 //!   str name, str version, u32 states; per state: str input, str datatype, u64 row bytes
 //!   u64 sequences; per sequence:
 //!     u8 kind (0 number, 1 text), then u64 number or str text
+//!     u8 owner (0 none, 1: then the 8 bytes of the key's id; `bind_to_key`)
 //!     u64 ticks, then each state's row bytes
 //! str = u32 length, then UTF-8 bytes
 //! ```
+//!
+//! A version-1 file (no owner byte) is read as sequences without owners.
 //!
 //! A model is restored only when it is loaded, keeps state, and its state
 //! pairs have the names, datatypes and sizes the file says; otherwise it is
@@ -27,9 +30,13 @@ use std::path::Path;
 use bytes::Bytes;
 use tickserve_core::sequence::{SequenceId, SequenceSpec};
 
+use super::{KeyIdOrd, SequenceKey};
 use crate::handle::ModelHandle;
 
-const MAGIC: &[u8] = b"tickserve-sequences 1\n";
+const MAGIC: &[u8] = b"tickserve-sequences 2\n";
+
+/// The first line of a version-1 file, read too.
+const MAGIC_V1: &[u8] = b"tickserve-sequences 1\n";
 
 /// Writes every stateful model's sequences in `handles` to `path`; returns
 /// how many. The file is written as a temporary beside it (`*.partial`,
@@ -106,7 +113,7 @@ fn write_to(
         let all = sequences.snapshot();
         put_u64(out, all.len() as u64)?;
         for (id, ticks, rows) in &all {
-            match id {
+            match &id.id {
                 SequenceId::Number(n) => {
                     out.write_all(&[0])?;
                     put_u64(out, *n)?;
@@ -114,6 +121,13 @@ fn write_to(
                 SequenceId::Text(s) => {
                     out.write_all(&[1])?;
                     put_str(out, s)?;
+                }
+            }
+            match id.owner {
+                None => out.write_all(&[0])?,
+                Some(owner) => {
+                    out.write_all(&[1])?;
+                    out.write_all(&owner.0)?;
                 }
             }
             put_u64(out, *ticks)?;
@@ -150,9 +164,11 @@ pub fn read_for_fuzzing(bytes: &[u8]) -> Result<usize, String> {
 
 fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
     let mut input = Reader { bytes, at: 0 };
-    if input.take(MAGIC.len())? != MAGIC {
-        return Err("not a tickserve sequence snapshot".to_string());
-    }
+    let format = match input.take(MAGIC.len())? {
+        magic if magic == MAGIC => 2,
+        magic if magic == MAGIC_V1 => 1,
+        _ => return Err("not a tickserve sequence snapshot".to_string()),
+    };
     let mut restored = 0;
     for _ in 0..input.u32()? {
         let name = input.str()?;
@@ -180,6 +196,19 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
                 1 => SequenceId::Text(input.str()?),
                 kind => return Err(format!("unknown sequence id kind {kind}")),
             };
+            let owner = match format {
+                1 => None,
+                _ => match input.take(1)?[0] {
+                    0 => None,
+                    1 => {
+                        let mut key = [0u8; 8];
+                        key.copy_from_slice(input.take(8)?);
+                        Some(KeyIdOrd(key))
+                    }
+                    flag => return Err(format!("unknown owner flag {flag}")),
+                },
+            };
+            let id = SequenceKey { owner, id };
             let ticks = input.u64()?;
             let mut rows = Vec::with_capacity(states.len());
             for (_, _, row_bytes) in &states {

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tickserve_core::config::{EndpointGroup, FrontEnd, KeySource, SecurityConfig};
 use tickserve_core::metrics as names;
+use tickserve_core::sequence::KeyId;
 
 use super::status;
 
@@ -30,12 +31,14 @@ pub struct Access {
     guards: Vec<Guard>,
 }
 
-/// One restricted group: the header its key comes in, and the key's digest.
+/// One restricted group: the header its key comes in, and the digests of the
+/// keys it takes (a key file may hold several, one per line: one per client,
+/// each its own identity for what binds to a key).
 #[derive(Debug)]
 struct Guard {
     group: EndpointGroup,
     header: HeaderName,
-    digest: [u8; 32],
+    digests: Vec<[u8; 32]>,
 }
 
 /// The SHA-256 digest of `key`: what keys are compared as.
@@ -91,8 +94,11 @@ impl Access {
                      (ps, /proc); write VALUE as env:NAME or file:PATH"
                 );
             }
-            let key = source.read()?;
-            let digest = digest_of(key.expose());
+            let digests: Vec<[u8; 32]> = source
+                .read_all()?
+                .iter()
+                .map(|key| digest_of(key.expose()))
+                .collect();
             let name = match front_end {
                 FrontEnd::Http => restriction.header.to_ascii_lowercase(),
                 FrontEnd::Grpc => {
@@ -108,17 +114,22 @@ impl Access {
                 guards.push(Guard {
                     group,
                     header: header.clone(),
-                    digest,
+                    digests: digests.clone(),
                 });
             }
         }
         Ok(Access { front_end, guards })
     }
 
-    /// Whether a request of `group` with `headers` may go on.
-    pub fn check(&self, group: EndpointGroup, headers: &HeaderMap) -> Result<(), KeyRefusal> {
+    /// Whether a request of `group` with `headers` may go on, and with which
+    /// key (`None`: the group needs none).
+    pub fn check(
+        &self,
+        group: EndpointGroup,
+        headers: &HeaderMap,
+    ) -> Result<Option<KeyId>, KeyRefusal> {
         let Some(guard) = self.guards.iter().find(|g| g.group == group) else {
-            return Ok(());
+            return Ok(None);
         };
         let own = headers.get(&guard.header).map(HeaderValue::as_bytes);
         let bearer = headers
@@ -127,21 +138,36 @@ impl Access {
         if own.is_none() && bearer.is_none() {
             return Err(KeyRefusal::MissingKey);
         }
-        let matches = |sent: Option<&[u8]>| {
-            sent.is_some_and(|s| bool::from(digest_of(s).ct_eq(&guard.digest)))
-        };
-        if matches(own) || matches(bearer) {
-            Ok(())
-        } else {
-            Err(KeyRefusal::WrongKey)
+        // Every key compared, whichever matches: the time tells nothing.
+        let mut found = None;
+        for sent in [own, bearer].into_iter().flatten() {
+            let sent = digest_of(sent);
+            for digest in &guard.digests {
+                if bool::from(sent.ct_eq(digest)) {
+                    found = Some(*digest);
+                }
+            }
+        }
+        match found {
+            Some(digest) => {
+                let mut id = [0u8; 8];
+                id.copy_from_slice(&digest[..8]);
+                Ok(Some(KeyId(id)))
+            }
+            None => Err(KeyRefusal::WrongKey),
         }
     }
 
     /// Checks a request of `group` with `headers`; a refusal is counted and
     /// comes back as the edge's [`status::Refusal`], for the port to word.
-    pub fn admit(&self, group: EndpointGroup, headers: &HeaderMap) -> Result<(), status::Refusal> {
-        let Err(refusal) = self.check(group, headers) else {
-            return Ok(());
+    pub fn admit(
+        &self,
+        group: EndpointGroup,
+        headers: &HeaderMap,
+    ) -> Result<Option<KeyId>, status::Refusal> {
+        let refusal = match self.check(group, headers) {
+            Ok(key) => return Ok(key),
+            Err(refusal) => refusal,
         };
         let protocol = match self.front_end {
             FrontEnd::Http => "http",
@@ -210,7 +236,7 @@ mod tests {
                 group,
                 &headers(&[("triton-grpc-protocol-admin-key", "s3cret")])
             ),
-            Ok(())
+            Ok(Some(KeyId(digest_of(b"s3cret")[..8].try_into().unwrap())))
         );
         for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
             assert_eq!(
@@ -218,7 +244,7 @@ mod tests {
                     group,
                     &headers(&[("authorization", &format!("{scheme}  s3cret"))])
                 ),
-                Ok(()),
+                Ok(Some(KeyId(digest_of(b"s3cret")[..8].try_into().unwrap()))),
                 "{scheme}"
             );
         }
@@ -254,7 +280,7 @@ mod tests {
             Err(KeyRefusal::MissingKey),
             "over gRPC the header carries Triton's prefix"
         );
-        assert_eq!(access.check(EndpointGroup::Health, &headers(&[])), Ok(()));
+        assert_eq!(access.check(EndpointGroup::Health, &headers(&[])), Ok(None));
     }
 
     #[test]

@@ -61,11 +61,24 @@ pub async fn read(
     let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            refusal(e).unwrap_or_else(|e| {
-                Error::request(model, format!("cannot read the request body: {e}"))
-            })
-        })?;
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => match refusal(e) {
+                // Over a byte budget: answered at once, while what is left of
+                // the body is read and dropped (bounded) so that the client
+                // reads the answer rather than a reset.
+                Ok(refused) => {
+                    tokio::spawn(drain(body, cap.saturating_sub(seen)));
+                    return Err(refused);
+                }
+                Err(e) => {
+                    return Err(Error::request(
+                        model,
+                        format!("cannot read the request body: {e}"),
+                    ));
+                }
+            },
+        };
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -80,6 +93,20 @@ pub async fn read(
         return Err(Error::PayloadTooLarge { got: seen, limit });
     }
     Ok(buffer.freeze())
+}
+
+/// Reads and drops at most `left` more bytes of `body`.
+async fn drain(mut body: Body, mut left: usize) {
+    use http_body_util::BodyExt;
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        left = left.saturating_sub(data.len());
+        if left == 0 {
+            break;
+        }
+    }
 }
 
 /// Reads an inference request's body for `model` within the server's

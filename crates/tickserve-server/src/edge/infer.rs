@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
 use tickserve_runtime::ModelHandle;
 use tickserve_runtime::Prepared;
@@ -43,6 +44,9 @@ pub struct Call<'a> {
     pub timeout: Result<Option<Duration>, String>,
     /// When the request came.
     pub started: Instant,
+    /// The key it carried, where keys guard inference (a model with
+    /// `bind_to_key` keeps its sequences apart by key).
+    pub key: Option<KeyId>,
 }
 
 /// A request's bytes in `server.max_inflight_bytes`.
@@ -249,6 +253,10 @@ impl Edge {
                     message: format!("decoding the request failed: {e}"),
                 })??
         };
+        let mut decoded = decoded;
+        if let Some(sequence) = decoded.parameters.sequence.as_mut() {
+            sequence.owner = call.key;
+        }
         let deadline = [transport_timeout, decoded.parameters.timeout]
             .into_iter()
             .flatten()

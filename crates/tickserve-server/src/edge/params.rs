@@ -215,7 +215,12 @@ pub fn sequence<'a>(
             }
         },
     };
-    Ok(Some(SequenceControl { id, start, end }))
+    Ok(Some(SequenceControl {
+        id,
+        start,
+        end,
+        owner: None,
+    }))
 }
 
 /// The Monte Carlo parameters; `None` when `mc_samples` is absent (and no
@@ -431,7 +436,8 @@ mod tests {
             Some(SequenceControl {
                 id: SequenceId::Number(7),
                 start: true,
-                end: false
+                end: false,
+                owner: None,
             })
         );
         let got = read(&[

@@ -391,6 +391,7 @@ impl GrpcInferenceService for InferenceService {
         let started = Instant::now();
         let timeout = deadline::grpc_timeout(request.metadata());
         let held = RequestBytes::of(request.extensions(), 0);
+        let key = request.extensions().get().copied();
         let mut message = request.into_inner();
         let bytes = match held {
             RequestBytes::Count(_) => RequestBytes::Count(prost::Message::encoded_len(&message)),
@@ -406,6 +407,7 @@ impl GrpcInferenceService for InferenceService {
             bytes,
             timeout,
             started,
+            key,
         };
         let answer = self
             .shared

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tickserve_core::sequence::SequenceId;
+use tickserve_core::sequence::{KeyId, SequenceId};
 use tickserve_core::{DataType, Error, InputTensor};
 use tickserve_runtime::Sequences;
 use tonic::{Request, Response, Status};
@@ -89,11 +89,12 @@ impl SequenceService for Sequence {
         &self,
         request: Request<pb::SequenceListRequest>,
     ) -> Result<Response<pb::SequenceListResponse>, Status> {
+        let owner = request.extensions().get::<KeyId>().copied();
         let r = request.into_inner();
         let (_, sequences) = self.stateful(&r.model_name, &r.model_version)?;
         Ok(Response::new(pb::SequenceListResponse {
             sequences: sequences
-                .list()
+                .list(owner)
                 .iter()
                 .map(|s| pb::sequence_list_response::Entry {
                     sequence_id: Some(id_message(&s.id)),
@@ -108,11 +109,12 @@ impl SequenceService for Sequence {
         &self,
         request: Request<pb::SequenceRequest>,
     ) -> Result<Response<pb::SequenceState>, Status> {
+        let owner = request.extensions().get::<KeyId>().copied();
         let r = request.into_inner();
         let (model, sequences) = self.stateful(&r.model_name, &r.model_version)?;
         let id = id_of(&model, r.sequence_id)?;
         let state = sequences
-            .read(&id, deadline())
+            .read(&id, owner, deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceState {
@@ -137,6 +139,7 @@ impl SequenceService for Sequence {
         &self,
         request: Request<pb::SequenceStateWriteRequest>,
     ) -> Result<Response<pb::SequenceStateWriteResponse>, Status> {
+        let owner = request.extensions().get::<KeyId>().copied();
         let r = request.into_inner();
         let (model, sequences) = self.stateful(&r.model_name, &r.model_version)?;
         let id = id_of(&model, r.sequence_id)?;
@@ -166,7 +169,7 @@ impl SequenceService for Sequence {
             .state_rows(&model, tensors)
             .map_err(|e| status(&e))?;
         sequences
-            .write(&id, rows, deadline())
+            .write(&id, rows, owner, deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceStateWriteResponse {}))
@@ -176,11 +179,12 @@ impl SequenceService for Sequence {
         &self,
         request: Request<pb::SequenceRequest>,
     ) -> Result<Response<pb::SequenceDropResponse>, Status> {
+        let owner = request.extensions().get::<KeyId>().copied();
         let r = request.into_inner();
         let (model, sequences) = self.stateful(&r.model_name, &r.model_version)?;
         let id = id_of(&model, r.sequence_id)?;
         sequences
-            .remove(&id, deadline())
+            .remove(&id, owner, deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceDropResponse {}))

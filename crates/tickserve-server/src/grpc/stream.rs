@@ -32,6 +32,8 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, optional, pb};
+use tickserve_core::sequence::KeyId;
+
 use crate::edge::admission::BodyBytes;
 use crate::edge::{Call, Edge, Kept, RequestBytes};
 use crate::observe::Protocol;
@@ -52,6 +54,7 @@ pub fn serve(
     request: Request<Streaming<pb::ModelInferRequest>>,
 ) -> Response<AnswerStream> {
     let body = request.extensions().get::<Arc<BodyBytes>>().cloned();
+    let key = request.extensions().get::<KeyId>().copied();
     let mut incoming = request.into_inner();
     let (order, answers) = mpsc::channel::<JoinHandle<Answered>>(STREAM_IN_FLIGHT);
     tokio::spawn(async move {
@@ -63,7 +66,7 @@ pub fn serve(
                 Some(body) => RequestBytes::Held(body.take()),
                 None => RequestBytes::Count(prost::Message::encoded_len(&message)),
             };
-            let task = start(&edge, message, bytes).await;
+            let task = start(&edge, message, bytes, key).await;
             if order.send(task).await.is_err() {
                 break; // the client stopped listening
             }
@@ -125,6 +128,7 @@ async fn start(
     edge: &Arc<Edge>,
     mut message: pb::ModelInferRequest,
     bytes: RequestBytes,
+    key: Option<KeyId>,
 ) -> JoinHandle<Answered> {
     let started = Instant::now();
     let model = std::mem::take(&mut message.model_name);
@@ -136,6 +140,7 @@ async fn start(
         bytes,
         timeout: Ok(None),
         started,
+        key,
     };
     let admitted = edge.admit_request(call, convert::Message(message)).await;
     tokio::spawn(async move {

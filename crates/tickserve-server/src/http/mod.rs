@@ -158,6 +158,7 @@ pub async fn infer(
         bytes: RequestBytes::of(extensions, body.len()),
         timeout: deadline::http_timeout(headers),
         started,
+        key: extensions.get().copied(),
     };
     let payload = JsonBody {
         body,

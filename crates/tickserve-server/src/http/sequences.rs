@@ -18,7 +18,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 use tickserve_core::Error;
-use tickserve_core::sequence::SequenceId;
+use tickserve_core::sequence::{KeyId, SequenceId};
 use tickserve_runtime::ModelHandle;
 use tickserve_runtime::Sequences;
 
@@ -110,10 +110,10 @@ async fn named_sequence(
 }
 
 /// `GET .../sequences`: every sequence the model keeps, by id.
-pub fn list(shared: &Edge, path: &ModelRef) -> Result<Response, HttpError> {
+pub fn list(shared: &Edge, path: &ModelRef, owner: Option<KeyId>) -> Result<Response, HttpError> {
     let (handle, sequences) = stateful(shared, path)?;
     let list: Vec<Value> = sequences
-        .list()
+        .list(owner)
         .iter()
         .map(
             |s| json!({"sequence_id": id_json(&s.id), "ticks": s.ticks, "idle_us": micros(s.idle)}),
@@ -129,9 +129,14 @@ pub fn list(shared: &Edge, path: &ModelRef) -> Result<Response, HttpError> {
 }
 
 /// `POST .../sequences/read`: a sequence's state.
-pub async fn read(shared: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
+pub async fn read(
+    shared: &Edge,
+    path: &ModelRef,
+    owner: Option<KeyId>,
+    body: Body,
+) -> Result<Response, HttpError> {
     let (handle, sequences, id) = named_sequence(shared, path, body).await?;
-    let state = sequences.read(&id, deadline()).await?;
+    let state = sequences.read(&id, owner, deadline()).await?;
     let outputs: Vec<Value> = sequences
         .spec()
         .state_tensors(&state.state)
@@ -153,6 +158,7 @@ pub async fn write(
     shared: &Edge,
     path: &ModelRef,
     headers: &HeaderMap,
+    owner: Option<KeyId>,
     body: Body,
 ) -> Result<Response, HttpError> {
     let (handle, sequences) = stateful(shared, path)?;
@@ -176,7 +182,7 @@ pub async fn write(
             )
         })?;
     let rows = spec.state_rows(&handle.name, decoded.inputs)?;
-    sequences.write(&id, rows, deadline()).await?;
+    sequences.write(&id, rows, owner, deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "written": true})).into_response())
 }
 
@@ -184,9 +190,10 @@ pub async fn write(
 pub async fn drop_sequence(
     shared: &Edge,
     path: &ModelRef,
+    owner: Option<KeyId>,
     body: Body,
 ) -> Result<Response, HttpError> {
     let (_, sequences, id) = named_sequence(shared, path, body).await?;
-    sequences.remove(&id, deadline()).await?;
+    sequences.remove(&id, owner, deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "dropped": true})).into_response())
 }

@@ -40,6 +40,9 @@ pub struct Counted<B> {
     timeout: Duration,
     refuse: fn(Error) -> BoxError,
     ended: bool,
+    /// Refused for the budgets: what still comes passes uncounted, to be
+    /// dropped by a reader that drains it.
+    refused: bool,
 }
 
 /// `request`'s body counted into `edge`'s budget and `connection`'s, held to
@@ -62,6 +65,7 @@ pub fn count<B>(
         timeout,
         refuse: rules.refuse,
         ended: false,
+        refused: false,
     };
     http::Request::from_parts(parts, body)
 }
@@ -91,10 +95,11 @@ where
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref()
+                if !self.refused
+                    && let Some(data) = frame.data_ref()
                     && let Err(refused) = self.bytes.add(data.len())
                 {
-                    self.ended = true;
+                    self.refused = true;
                     return Poll::Ready(Some(Err((self.refuse)(refused))));
                 }
                 if self.inner.is_end_stream() {

@@ -39,6 +39,10 @@ use activity::Activity;
 use budget::BodyRules;
 use stall::{Watched, WriteStall};
 
+/// The most an HTTP/1 connection reads ahead of its handler (hyper's read
+/// buffer; its default is about 400 KiB).
+const READ_AHEAD_BYTES: usize = 64 * 1024;
+
 /// The limits every connection of both front ends is held to.
 #[derive(Debug)]
 pub struct ConnectionLimits {
@@ -107,7 +111,11 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        // What one HTTP/1 connection reads ahead of its handler: bodies are
+        // counted as the handler takes them, so this is the most a
+        // connection holds uncounted.
+        .max_buf_size(READ_AHEAD_BYTES);
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -85,14 +85,19 @@ struct Guard {
 /// Refuses a call of a method the port does not serve, or of a restricted
 /// group without its key, or a health `Watch` beyond the bound, before any
 /// service sees it.
-async fn guard(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    let refused = match grpc_group(path) {
+async fn guard(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let admitted = match grpc_group(&path) {
         None => Err(Refusal::NoRoute(format!("for the gRPC method {path}"))),
         Some(group) => guard.access.admit(group, request.headers()),
     };
-    if let Err(refusal) = refused {
-        return refusal.grpc().into_http::<axum::body::Body>();
+    match admitted {
+        Err(refusal) => return refusal.grpc().into_http::<axum::body::Body>(),
+        // The key the call carried, for what binds to it (sequences).
+        Ok(Some(key)) => {
+            request.extensions_mut().insert(key);
+        }
+        Ok(None) => {}
     }
     if path != WATCH_METHOD {
         return next.run(request).await;

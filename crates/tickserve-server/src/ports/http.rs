@@ -66,13 +66,17 @@ fn takes(expected: routes::Method, method: &Method) -> bool {
 
 /// Routes, checks and answers one request.
 async fn dispatch(State(port): State<Arc<Port>>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let path = parts.uri.path();
     let Some(route) = HttpRoute::parse(path) else {
         return Refusal::NoRoute(format!("{} {path}", parts.method)).http();
     };
-    if let Err(refusal) = port.access.admit(route.group(), &parts.headers) {
-        return refusal.http();
+    let key = match port.access.admit(route.group(), &parts.headers) {
+        Ok(key) => key,
+        Err(refusal) => return refusal.http(),
+    };
+    if let Some(key) = key {
+        parts.extensions.insert(key);
     }
     if !takes(route.method(), &parts.method) {
         return Refusal::WrongMethod {
@@ -107,13 +111,15 @@ async fn dispatch(State(port): State<Arc<Port>>, request: Request) -> Response {
             ModelEndpoint::Infer => {
                 http::infer(edge, &model, headers, &parts.extensions, body).await
             }
-            ModelEndpoint::Sequences => into(http::sequences::list(edge, &model)),
-            ModelEndpoint::SequenceRead => into(http::sequences::read(edge, &model, body).await),
+            ModelEndpoint::Sequences => into(http::sequences::list(edge, &model, key)),
+            ModelEndpoint::SequenceRead => {
+                into(http::sequences::read(edge, &model, key, body).await)
+            }
             ModelEndpoint::SequenceWrite => {
-                into(http::sequences::write(edge, &model, headers, body).await)
+                into(http::sequences::write(edge, &model, headers, key, body).await)
             }
             ModelEndpoint::SequenceDrop => {
-                into(http::sequences::drop_sequence(edge, &model, body).await)
+                into(http::sequences::drop_sequence(edge, &model, key, body).await)
             }
         },
         HttpRoute::TfServing(route) => {

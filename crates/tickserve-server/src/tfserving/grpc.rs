@@ -219,6 +219,7 @@ impl PredictionService for TfServing {
         let started = Instant::now();
         let timeout = deadline::grpc_timeout(request.metadata());
         let held = RequestBytes::of(request.extensions(), 0);
+        let key = request.extensions().get().copied();
         let request = request.into_inner();
         let (model, version) = match spec_target(request.model_spec.as_ref()) {
             Ok(target) => target,
@@ -239,6 +240,7 @@ impl PredictionService for TfServing {
             },
             timeout,
             started,
+            key,
         };
         let payload = Predict {
             request,

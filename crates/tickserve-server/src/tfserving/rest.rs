@@ -149,6 +149,7 @@ pub async fn post(
         bytes: RequestBytes::of(extensions, body.len()),
         timeout: deadline::http_timeout(headers),
         started,
+        key: extensions.get().copied(),
     };
     match edge.infer(call, PredictBody(body)).await {
         Ok(answer) => {
