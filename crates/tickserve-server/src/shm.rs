@@ -499,8 +499,8 @@ fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
             model: &name,
             version: (!version.is_empty()).then_some(version.as_str()),
             bytes: RequestBytes::Count(size),
-            // Shared memory carries no keys: its clients are this host's,
-            // admitted by the service's file permissions.
+            // Shared memory carries no keys (docs/security.md): any process
+            // of this host that can open the service may call it.
             key: None,
             timeout: Ok((timeout_us > 0).then(|| Duration::from_micros(u64::from(timeout_us)))),
             started,

@@ -12,6 +12,7 @@
 mod common;
 
 use serde_json::{Value, json};
+use tickserve_core::config::{FrontEnd, Restriction};
 use tickserve_proto::inference as pb;
 use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tickserve_proto::tickserve as spb;
@@ -715,5 +716,116 @@ async fn tritonclient_sequences_match_onnxruntime_offline() {
         .map(std::ffi::OsStr::new)
         .collect();
     common::run_python_check(&server, "sequence_check.py", &args, "done").await;
+    server.shutdown().await.unwrap();
+}
+
+/// POSTs `body` to `url` with `key` as a Bearer token.
+async fn post_as(key: &str, url: &str, body: &Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequences_bound_to_keys_are_each_keys_own() {
+    let repository = repository(&[(
+        "seq_bound",
+        &format!("[sequence]\nbind_to_key = true\n{STATE_PAIRS}"),
+    )]);
+    // Two desks, two keys in one key file; inference and the state API
+    // (the model-repository group) behind them.
+    let keys = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys.path(), "desk-a-key\n\ndesk-b-key\n").unwrap();
+    let mut config = common::config(repository.path());
+    for front_end in [FrontEnd::Http, FrontEnd::Grpc] {
+        config.security.restricted.push(
+            Restriction::parse_triton(
+                &format!(
+                    "inference,model-repository:tickserve-key=file:{}",
+                    keys.path().display()
+                ),
+                front_end,
+            )
+            .unwrap(),
+        );
+    }
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let (a, b) = ("desk-a-key", "desk-b-key");
+    for (model, bound) in [("seq_bound", true), ("seq_lstm_step", false)] {
+        let url = format!("{base}/v2/models/{model}/infer");
+        let api = format!("{base}/v2/models/{model}/sequences");
+        let (status, first) = post_as(a, &url, &body(json!(7), true, false, &tick(1, 0))).await;
+        assert_eq!(status, 200, "{first}");
+        // Desk B ticks "7": not desk A's sequence when bound.
+        let (status, other) = post_as(b, &url, &body(json!(7), false, false, &tick(1, 1))).await;
+        let (_, unknown) = post_as(b, &url, &body(json!(99), false, false, &tick(1, 1))).await;
+        if bound {
+            assert_eq!(status, 400, "{other}");
+            // The words a sequence never started gets: nothing to probe.
+            let words = |v: &Value| v["error"].as_str().unwrap().replace("99", "7");
+            assert_eq!(words(&other), words(&unknown));
+            // Its own 7, started, read and dropped: desk A's is untouched.
+            let (status, _) = post_as(b, &url, &body(json!(7), true, false, &tick(1, 5))).await;
+            assert_eq!(status, 200);
+            let (status, _) = post_as(
+                b,
+                &format!("{api}/drop"),
+                &json!({"parameters": {"sequence_id": 7}}),
+            )
+            .await;
+            assert_eq!(status, 200);
+            let (status, read) = post_as(
+                a,
+                &format!("{api}/read"),
+                &json!({"parameters": {"sequence_id": 7}}),
+            )
+            .await;
+            assert_eq!(
+                (status, &read["parameters"]["ticks"]),
+                (200, &json!(1)),
+                "{read}"
+            );
+            let listed = reqwest::Client::new()
+                .get(&api)
+                .bearer_auth(b)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap();
+            assert_eq!(listed["sequences"], json!([]), "{listed}");
+        } else {
+            // Unbound (the default): any key drives any sequence.
+            assert_eq!(status, 200, "{other}");
+        }
+    }
+    // Over gRPC, desk B's key reads no state of desk A's sequence.
+    let mut grpc = SequenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let read = |key: &str| {
+        let mut request = tonic::Request::new(spb::SequenceRequest {
+            model_name: "seq_bound".into(),
+            sequence_id: Some(spb::SequenceId {
+                id: Some(spb::sequence_id::Id::Number(7)),
+            }),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        request
+    };
+    assert!(grpc.sequence_state_read(read(a)).await.is_ok());
+    let refused = grpc.sequence_state_read(read(b)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     server.shutdown().await.unwrap();
 }

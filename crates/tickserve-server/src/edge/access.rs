@@ -284,6 +284,31 @@ mod tests {
     }
 
     #[test]
+    fn a_key_file_of_several_keys_gives_each_its_own_identity() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), "desk-a\n\n  desk-b  \n").unwrap();
+        let text = format!("inference:k=file:{}", file.path().display());
+        let config = SecurityConfig {
+            restricted: vec![Restriction::parse_triton(&text, FrontEnd::Http).unwrap()],
+            ..Default::default()
+        };
+        let access = Access::new(&config, FrontEnd::Http).unwrap();
+        let with = |key: &str| {
+            let mut map = HeaderMap::new();
+            map.insert(
+                HeaderName::from_static("k"),
+                HeaderValue::from_str(key).unwrap(),
+            );
+            access.check(EndpointGroup::Inference, &map)
+        };
+        let (a, b) = (with("desk-a").unwrap(), with("desk-b").unwrap());
+        assert!(a.is_some() && b.is_some() && a != b, "{a:?} {b:?}");
+        assert_eq!(with("desk-a").unwrap(), a, "one key, one identity");
+        assert_eq!(with("desk-c"), Err(KeyRefusal::WrongKey));
+        assert_eq!(with(""), Err(KeyRefusal::WrongKey));
+    }
+
+    #[test]
     fn keys_are_compared_as_fixed_length_digests() {
         assert_eq!(digest_of(b"s3cret"), digest_of(b"s3cret"));
         assert_ne!(digest_of(b"s3cret"), digest_of(b"s3cre"));
