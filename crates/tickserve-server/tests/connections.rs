@@ -342,3 +342,66 @@ async fn peers_that_never_read_are_closed_and_a_normal_client_is_served_within_a
     }
     server.shutdown().await.unwrap();
 }
+
+/// An HTTP/2 HEADERS frame opening stream 1: `POST path` with gRPC's
+/// headers, HPACK-encoded by hand (literal values, no Huffman).
+fn grpc_headers_frame(path: &str) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
+    block.push(0x44); // :path, literal with indexing, name from the table
+    block.push(u8::try_from(path.len()).unwrap());
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x0f, 0x10]); // content-type (index 31), literal
+    block.push(16);
+    block.extend_from_slice(b"application/grpc");
+    block.push(0x00); // te: a literal name and value
+    block.push(2);
+    block.extend_from_slice(b"te");
+    block.push(8);
+    block.extend_from_slice(b"trailers");
+    let len = block.len();
+    let mut frame = vec![
+        (len >> 16) as u8,
+        (len >> 8) as u8,
+        len as u8,
+        0x1,
+        0x4,
+        0,
+        0,
+        0,
+        1,
+    ];
+    frame.extend_from_slice(&block);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_http2_peer_with_a_stream_open_is_found_by_keep_alive() {
+    let mut config = common::config(&repository());
+    config.server.http2_keep_alive = Duration::from_millis(200);
+    let server = common::start(&config).await;
+    // A stream opened, then silence: the peer answers nothing, pings included
+    // (a host that vanished). Its stream keeps the connection from idling.
+    let mut dead = TcpStream::connect(server.grpc_addr).await.unwrap();
+    let mut hello =
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
+    hello.extend(grpc_headers_frame(
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+    ));
+    dead.write_all(&hello).await.unwrap();
+    let mut got = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut buffer = [0u8; 4096];
+    let closed = loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, dead.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => got.extend_from_slice(&buffer[..n]),
+            Err(_) => break false,
+        }
+    };
+    let types = frame_types(&got);
+    assert!(closed, "still open after 5 s; frames {types:?}");
+    assert!(types.contains(&0x6), "no PING before closing: {types:?}");
+    assert_eq!(normal(server.http_addr).await, 200);
+    server.shutdown().await.unwrap();
+}
