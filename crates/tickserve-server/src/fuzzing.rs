@@ -109,6 +109,22 @@ pub fn config(data: &[u8]) {
     }
 }
 
+/// `inputs` as a request's, validated against the fuzzing signature.
+fn validate_inputs(inputs: Vec<tickserve_core::InputTensor>) {
+    let request = tickserve_core::InferRequest {
+        model: "m".into(),
+        version: None,
+        id: String::new(),
+        inputs,
+        outputs: None,
+        deadline: None,
+        monte_carlo: None,
+        priority: 0,
+        sequence: None,
+    };
+    let _ = validate(&request, &signature(), &limits());
+}
+
 /// A shared-memory request as a client's sample holds it: parsed, its
 /// parameters read and its inputs copied as the front end does, validated;
 /// and the same bytes read as an answer, as the client does.
@@ -123,36 +139,14 @@ pub fn shm_request(data: &[u8]) {
     };
     let copied = crate::shm::copy_inputs("m", &parameters, &inputs, &owned);
     if let (Ok(inputs), Ok(_)) = (copied.tensors, copied.parameters) {
-        let request = tickserve_core::InferRequest {
-            model: "m".into(),
-            version: None,
-            id: String::new(),
-            inputs,
-            outputs: None,
-            deadline: None,
-            monte_carlo: None,
-            priority: 0,
-            sequence: None,
-        };
-        let _ = validate(&request, &signature(), &limits());
+        validate_inputs(inputs);
     }
 }
 
 /// A TF Serving `:predict` body (row or column format), decoded and validated.
 pub fn tf_json(data: &[u8]) {
     if let Ok(predict) = crate::tfserving::json::decode("m", &signature(), data) {
-        let request = tickserve_core::InferRequest {
-            model: "m".into(),
-            version: None,
-            id: String::new(),
-            inputs: predict.inputs,
-            outputs: None,
-            deadline: None,
-            monte_carlo: None,
-            priority: 0,
-            sequence: None,
-        };
-        let _ = validate(&request, &signature(), &limits());
+        validate_inputs(predict.inputs);
     }
 }
 
