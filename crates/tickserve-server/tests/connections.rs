@@ -405,3 +405,63 @@ async fn a_dead_http2_peer_with_a_stream_open_is_found_by_keep_alive() {
     assert_eq!(normal(server.http_addr).await, 200);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_holds_at_most_max_connection_bytes_of_bodies() {
+    let mut config = common::config(&repository());
+    config.server.max_request_bytes = 1 << 20;
+    config.server.max_connection_bytes = 1 << 20;
+    config.server.body_read_timeout = Duration::from_secs(30);
+    let server = common::start(&config).await;
+    // Two bodies on one HTTP/2 connection (h2c), each sent 600 KiB in of
+    // its 1 MiB: the first fits in the connection's 1 MiB, the second does
+    // not, and is answered 429 at once.
+    let tcp = TcpStream::connect(server.http_addr).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut client = client.clone().ready().await.unwrap();
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://{}/v2/models/alpha_mlp/infer",
+                server.http_addr
+            ))
+            .header("content-length", (1 << 20).to_string())
+            .body(())
+            .unwrap();
+        let (answer, mut send) = client.send_request(request, false).unwrap();
+        let chunk = bytes::Bytes::from(vec![b' '; 600 << 10]);
+        send.reserve_capacity(chunk.len());
+        send.send_data(chunk, false).unwrap();
+        streams.push((answer, send));
+        // The first body's bytes are taken in (and held) before the second
+        // comes.
+        let started = Instant::now();
+        while streams.len() == 1 && server.edge().inflight_bytes() < 600 << 10 {
+            assert!(started.elapsed() < Duration::from_secs(5), "not taken in");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let (second, _keep) = streams.pop().unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second body was not answered at once")
+        .unwrap();
+    assert_eq!(answer.status(), 429);
+    // The first still waits for the rest of its body: unanswered.
+    let (first, _keep_first) = streams.pop().unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), first)
+            .await
+            .is_err(),
+        "the first body was answered before it was whole"
+    );
+    assert_eq!(normal(server.http_addr).await, 200);
+    driver.abort();
+    server.shutdown().await.unwrap();
+}
