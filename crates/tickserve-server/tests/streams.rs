@@ -47,6 +47,12 @@ async fn a_quiet_stream_outlives_every_timeout_and_still_answers() {
             .unwrap();
         assert_eq!(answer.error_message, "", "tick {tick}");
         assert!(answer.infer_response.is_some(), "tick {tick}");
+        // A normal client beside the stream, on its own connection.
+        let mut normal =
+            GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+                .await
+                .unwrap();
+        normal.model_infer(common::grpc_alpha_row()).await.unwrap();
         // Quiet for five times every timeout: a quiet instrument.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }

@@ -4,6 +4,12 @@
 //! one deadline (`server.body_read_timeout`), except on the routes that are
 //! streams. A body that goes over a budget or the deadline ends with the
 //! refusal, worded by the port (`refuse`).
+//!
+//! What a body says it will be is held as soon as it says so: an HTTP body's
+//! `Content-Length` before its first byte is read, a gRPC message's length as
+//! soon as its 5-byte prefix has come. A burst of large requests is then
+//! admitted or refused request by request, rather than every one of them
+//! holding a part of the budget and none of them fitting.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,6 +36,9 @@ pub struct BodyRules {
     pub refuse: fn(Error) -> BoxError,
     /// Whether the request at this path is a stream (no body deadline).
     pub stream: fn(&str) -> bool,
+    /// Whether bodies are gRPC messages (their lengths are held as their
+    /// prefixes come); else a body's `Content-Length` is held up front.
+    pub grpc: bool,
 }
 
 /// A request body counted as it arrives.
@@ -43,6 +52,60 @@ pub struct Counted<B> {
     /// Refused for the budgets: what still comes passes uncounted, to be
     /// dropped by a reader that drains it.
     refused: bool,
+    /// Bytes the body said it will send, not held yet (an HTTP body's
+    /// `Content-Length`, held at the first poll).
+    declared: usize,
+    /// Bytes held ahead of their arrival, that arriving bytes use up.
+    ahead: usize,
+    /// gRPC's message framing, when the port's bodies carry it.
+    framing: Option<Framing>,
+}
+
+/// Where a gRPC body is in its messages: each is a 5-byte prefix (a flag, a
+/// big-endian u32 length) and that many bytes.
+#[derive(Debug, Default)]
+struct Framing {
+    prefix: [u8; 5],
+    /// Prefix bytes seen of the next message.
+    have: usize,
+    /// Bytes of the current message still to come.
+    left: usize,
+}
+
+impl Framing {
+    /// Walks `data`; returns the bytes to hold now: the prefixes, and each
+    /// message's whole length as its prefix completes (its bytes then come
+    /// out of what was held ahead).
+    fn walk(&mut self, mut data: &[u8], ahead: &mut usize) -> usize {
+        let mut hold = 0usize;
+        while !data.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(data.len());
+                self.left -= n;
+                *ahead = ahead.saturating_sub(n);
+                data = &data[n..];
+                continue;
+            }
+            let n = (5 - self.have).min(data.len());
+            self.prefix[self.have..self.have + n].copy_from_slice(&data[..n]);
+            self.have += n;
+            hold = hold.saturating_add(n);
+            data = &data[n..];
+            if self.have == 5 {
+                let len = u32::from_be_bytes([
+                    self.prefix[1],
+                    self.prefix[2],
+                    self.prefix[3],
+                    self.prefix[4],
+                ]) as usize;
+                self.have = 0;
+                self.left = len;
+                hold = hold.saturating_add(len);
+                *ahead = ahead.saturating_add(len);
+            }
+        }
+        hold
+    }
 }
 
 /// `request`'s body counted into `edge`'s budget and `connection`'s, held to
@@ -58,6 +121,15 @@ pub fn count<B>(
     let stream = (rules.stream)(request.uri().path());
     let (mut parts, inner) = request.into_parts();
     parts.extensions.insert(Arc::clone(&bytes));
+    let declared = if rules.grpc {
+        0
+    } else {
+        // At most a request's limit: a larger body is refused for its size
+        // (413) by its reader, not for the budget.
+        crate::edge::body::declared_length(&parts.headers)
+            .unwrap_or(0)
+            .min(edge.max_request_bytes)
+    };
     let body = Counted {
         inner,
         bytes,
@@ -66,6 +138,9 @@ pub fn count<B>(
         refuse: rules.refuse,
         ended: false,
         refused: false,
+        declared,
+        ahead: 0,
+        framing: rules.grpc.then(Framing::default),
     };
     http::Request::from_parts(parts, body)
 }
@@ -92,15 +167,34 @@ where
             let limit = humantime::format_duration(self.timeout).to_string();
             return Poll::Ready(Some(Err((self.refuse)(Error::BodyTimeout { limit }))));
         }
+        if self.declared > 0 && !self.refused {
+            // The whole declared body, held before any of it is read.
+            let declared = std::mem::take(&mut self.declared);
+            if let Err(refused) = self.bytes.add(declared) {
+                self.refused = true;
+                return Poll::Ready(Some(Err((self.refuse)(refused))));
+            }
+            self.ahead = declared;
+        }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if !self.refused
                     && let Some(data) = frame.data_ref()
-                    && let Err(refused) = self.bytes.add(data.len())
                 {
-                    self.refused = true;
-                    return Poll::Ready(Some(Err((self.refuse)(refused))));
+                    let this = &mut *self;
+                    let hold = match this.framing.as_mut() {
+                        Some(framing) => framing.walk(data, &mut this.ahead),
+                        None => {
+                            let covered = this.ahead.min(data.len());
+                            this.ahead -= covered;
+                            data.len() - covered
+                        }
+                    };
+                    if let Err(refused) = this.bytes.add(hold) {
+                        this.refused = true;
+                        return Poll::Ready(Some(Err((this.refuse)(refused))));
+                    }
                 }
                 if self.inner.is_end_stream() {
                     self.deadline = None;
@@ -122,5 +216,28 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grpc_message_is_held_whole_as_soon_as_its_prefix_has_come() {
+        let mut framing = Framing::default();
+        let mut ahead = 0;
+        // A prefix split over two frames, then the message's 1000 bytes.
+        let prefix = [0u8, 0, 0, 0x03, 0xe8];
+        assert_eq!(framing.walk(&prefix[..2], &mut ahead), 2);
+        assert_eq!(framing.walk(&prefix[2..], &mut ahead), 3 + 1000);
+        assert_eq!(ahead, 1000);
+        assert_eq!(framing.walk(&[7u8; 600], &mut ahead), 0);
+        assert_eq!(ahead, 400);
+        // The rest of it and the next message's prefix in one frame.
+        let mut frame = vec![7u8; 400];
+        frame.extend_from_slice(&[0, 0, 0, 0, 10]);
+        assert_eq!(framing.walk(&frame, &mut ahead), 5 + 10);
+        assert_eq!(ahead, 10);
     }
 }

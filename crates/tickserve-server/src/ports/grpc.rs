@@ -65,6 +65,7 @@ pub async fn serve(
     let rules = BodyRules {
         refuse: |error| Box::new(status::grpc(&error)),
         stream: |path| path == STREAM_METHOD,
+        grpc: true,
     };
     listen::serve(listener, router, (edge, rules), tls, limits, "grpc", stop).await
 }

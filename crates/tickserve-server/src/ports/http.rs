@@ -43,6 +43,7 @@ pub async fn serve(
     let rules = BodyRules {
         refuse: |error| Box::new(BodyRefused(error)),
         stream: |_| false,
+        grpc: false,
     };
     let router = router(Arc::clone(&edge), access);
     listen::serve(listener, router, (edge, rules), tls, limits, "http", stop).await
