@@ -218,6 +218,8 @@ pub struct Sequences {
     table: Mutex<Table>,
     /// Sequences with state now (the `tickserve_sequences_active` gauge).
     live: AtomicUsize,
+    /// Sweeps of the whole table so far (each is linear in it).
+    sweeps: AtomicUsize,
     metrics: SequenceMetrics,
 }
 
@@ -236,6 +238,7 @@ impl Sequences {
                 last_sweep: Instant::now(),
             }),
             live: AtomicUsize::new(0),
+            sweeps: AtomicUsize::new(0),
             metrics: SequenceMetrics {
                 active: metrics::gauge!(names::SEQUENCES_ACTIVE, "model" => label.clone()),
                 starts: metrics::counter!(names::SEQUENCE_STARTS, "model" => label.clone()),
@@ -394,6 +397,7 @@ impl Sequences {
 
     fn sweep_locked(&self, table: &mut Table, now: Instant) {
         table.last_sweep = now;
+        self.sweeps.fetch_add(1, Ordering::Relaxed);
         if self.spec.max_idle.is_none() {
             return;
         }
@@ -880,6 +884,25 @@ mod tests {
             t.remove(&id, None, None).await,
             Err(Error::SequenceNotActive { .. })
         ));
+    }
+
+    #[test]
+    fn a_start_on_a_full_table_does_not_sweep_the_whole_table() {
+        let idle = Duration::from_secs(3600);
+        let t = Arc::new(Sequences::new("m", spec(64, idle, IdleAction::Error)));
+        for id in 0..64 {
+            tick(&t, &control(id, true, false), 1.0).unwrap();
+        }
+        let before = t.sweeps.load(Ordering::Relaxed);
+        // A thousand starts of unknown ids against the full table: each is
+        // refused in constant time, none reads the whole table.
+        for id in 1000..2000 {
+            let error = tick(&t, &control(id, true, false), 1.0).unwrap_err();
+            assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
+            let error = tick(&t, &control(id, false, false), 1.0).unwrap_err();
+            assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+        }
+        assert_eq!(t.sweeps.load(Ordering::Relaxed), before);
     }
 
     #[test]
