@@ -65,6 +65,9 @@ pub struct Counted<B> {
 /// big-endian u32 length) and that many bytes.
 #[derive(Debug, Default)]
 struct Framing {
+    /// The most held ahead for one message (`max_request_bytes`: a longer
+    /// one is refused for its size by the codec, not for the budget).
+    cap: usize,
     prefix: [u8; 5],
     /// Prefix bytes seen of the next message.
     have: usize,
@@ -100,8 +103,9 @@ impl Framing {
                 ]) as usize;
                 self.have = 0;
                 self.left = len;
-                hold = hold.saturating_add(len);
-                *ahead = ahead.saturating_add(len);
+                let held = len.min(self.cap);
+                hold = hold.saturating_add(held);
+                *ahead = ahead.saturating_add(held);
             }
         }
         hold
@@ -140,7 +144,10 @@ pub fn count<B>(
         refused: false,
         declared,
         ahead: 0,
-        framing: rules.grpc.then(Framing::default),
+        framing: rules.grpc.then(|| Framing {
+            cap: edge.max_request_bytes,
+            ..Framing::default()
+        }),
     };
     http::Request::from_parts(parts, body)
 }
@@ -225,7 +232,10 @@ mod tests {
 
     #[test]
     fn a_grpc_message_is_held_whole_as_soon_as_its_prefix_has_come() {
-        let mut framing = Framing::default();
+        let mut framing = Framing {
+            cap: 1 << 20,
+            ..Framing::default()
+        };
         let mut ahead = 0;
         // A prefix split over two frames, then the message's 1000 bytes.
         let prefix = [0u8, 0, 0, 0x03, 0xe8];
@@ -239,5 +249,15 @@ mod tests {
         frame.extend_from_slice(&[0, 0, 0, 0, 10]);
         assert_eq!(framing.walk(&frame, &mut ahead), 5 + 10);
         assert_eq!(ahead, 10);
+        // A prefix claiming 4 GiB holds at most the request limit.
+        let mut framing = Framing {
+            cap: 1 << 20,
+            ..Framing::default()
+        };
+        let mut ahead = 0;
+        assert_eq!(
+            framing.walk(&[0, 0xff, 0xff, 0xff, 0xff], &mut ahead),
+            5 + (1 << 20)
+        );
     }
 }

@@ -1,0 +1,89 @@
+//! A `ModelStreamInfer` stream's answers hold their bytes until they are
+//! handed over to be sent: a client that keeps its receive window shut holds
+//! the budget its computed answers take, until it goes. Alone in its binary:
+//! beside other servers' load, hyper now and then takes the answers into
+//! tonic's send buffer before the client's shut window applies, and answers
+//! handed over are let go by design.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use tickserve_proto::inference as pb;
+use tokio::net::TcpStream;
+
+/// One gRPC message of a `ModelStreamInfer` stream, framed.
+fn framed(message: &pb::ModelInferRequest) -> bytes::Bytes {
+    let body = prost::Message::encode_to_vec(message);
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&body);
+    framed.into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_answers_hold_their_bytes_until_sent() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let base = format!("http://{}", server.http_addr);
+    // A client that sends ten requests on a stream and keeps its window
+    // shut: the answers are computed and cannot be sent.
+    let tcp = TcpStream::connect(server.grpc_addr).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/inference.GRPCInferenceService/ModelStreamInfer",
+            server.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (answer, mut send) = client.send_request(request, false).unwrap();
+    // A model of its own: no other test of this binary counts its requests.
+    let mut row = common::grpc_alpha_row();
+    row.model_name = "tick_006".into();
+    row.inputs[0].shape = vec![1, 16];
+    row.inputs[0].contents = Some(pb::InferTensorContents {
+        fp32_contents: vec![0.5; 16],
+        ..Default::default()
+    });
+    let message = framed(&row);
+    for _ in 0..10 {
+        send.send_data(message.clone(), false).unwrap();
+    }
+    // All ten computed (bounded wait on the request counter)...
+    let counted =
+        r#"tickserve_requests_total{model="tick_006",protocol="grpc_stream",code="ok"} 10"#;
+    let started = Instant::now();
+    while !common::metrics_text(&base).await.contains(counted) {
+        assert!(started.elapsed() < Duration::from_secs(10), "not computed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and their messages and answers still held: nothing was sent. (The
+    // other tests of this binary run on other servers, with edges of their
+    // own.)
+    let held = server.edge().inflight_bytes();
+    assert!(held >= 10 * message.len(), "{held} bytes held");
+    // The client goes: what its answers held is let go.
+    drop((answer, send, client));
+    driver.abort();
+    let started = Instant::now();
+    while server.edge().inflight_bytes() != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} bytes still held after the client left",
+            server.edge().inflight_bytes()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await.unwrap();
+}
