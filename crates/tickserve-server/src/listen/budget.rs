@@ -45,7 +45,11 @@ pub struct BodyRules {
 pub struct Counted<B> {
     inner: B,
     bytes: Arc<BodyBytes>,
-    deadline: Option<Pin<Box<Sleep>>>,
+    /// When the whole body must have come (none for a stream).
+    deadline: Option<tokio::time::Instant>,
+    /// The timer for it, set only once the body has to be waited for (most
+    /// bodies come whole at the first poll and never need one).
+    timer: Option<Pin<Box<Sleep>>>,
     timeout: Duration,
     refuse: fn(Error) -> BoxError,
     ended: bool,
@@ -137,7 +141,8 @@ pub fn count<B>(
     let body = Counted {
         inner,
         bytes,
-        deadline: (!stream).then(|| Box::pin(tokio::time::sleep(timeout))),
+        deadline: (!stream).then(|| tokio::time::Instant::now() + timeout),
+        timer: None,
         timeout,
         refuse: rules.refuse,
         ended: false,
@@ -167,8 +172,8 @@ where
         if self.ended {
             return Poll::Ready(None);
         }
-        if let Some(deadline) = self.deadline.as_mut()
-            && deadline.as_mut().poll(cx).is_ready()
+        if let Some(timer) = self.timer.as_mut()
+            && timer.as_mut().poll(cx).is_ready()
         {
             self.ended = true;
             let limit = humantime::format_duration(self.timeout).to_string();
@@ -205,15 +210,32 @@ where
                 }
                 if self.inner.is_end_stream() {
                     self.deadline = None;
+                    self.timer = None;
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => {
                 self.deadline = None;
+                self.timer = None;
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                // The body must be waited for: from now on its deadline
+                // has a timer, which wakes this body when it passes.
+                if self.timer.is_none()
+                    && let Some(deadline) = self.deadline
+                {
+                    let mut timer = Box::pin(tokio::time::sleep_until(deadline));
+                    if timer.as_mut().poll(cx).is_ready() {
+                        self.ended = true;
+                        let limit = humantime::format_duration(self.timeout).to_string();
+                        return Poll::Ready(Some(Err((self.refuse)(Error::BodyTimeout { limit }))));
+                    }
+                    self.timer = Some(timer);
+                }
+                Poll::Pending
+            }
         }
     }
 
