@@ -14,7 +14,10 @@ use serde::{Deserialize, Deserializer};
 use crate::buckets::DEFAULT_BUCKETS;
 pub use crate::validate::NanPolicy;
 
+mod journal;
 mod security;
+
+pub use journal::{Fsync, JournalConfig, WhenFull};
 
 pub use security::{
     EndpointGroup, FrontEnd, KeySource, ModelControlMode, Restriction, Secret, SecurityConfig,
@@ -37,6 +40,8 @@ pub struct ServerConfig {
     pub security: SecurityConfig,
     /// The shared-memory front end for clients on the same host.
     pub shm: ShmConfig,
+    /// The prediction journal (off unless enabled).
+    pub journal: JournalConfig,
 }
 
 /// The shared-memory front end (`[shm]`): co-located clients send requests
@@ -281,6 +286,9 @@ pub struct ModelDefaults {
     pub share_weights: bool,
     /// Where models run, one replica per entry (see [`ModelConfig::devices`]).
     pub devices: Vec<Placement>,
+    /// Whether a model's predictions are journaled when `[journal]` is on
+    /// (a model's `journal` key says otherwise for it).
+    pub journal: bool,
 }
 
 impl Default for ModelDefaults {
@@ -294,6 +302,7 @@ impl Default for ModelDefaults {
             executors: 1,
             share_weights: true,
             devices: vec![Placement::Auto],
+            journal: true,
         }
     }
 }
@@ -404,6 +413,9 @@ pub struct ModelConfig {
     pub priority: crate::priority::PriorityConfig,
     /// Stateful sequences: state pairs, idle policy, table bound.
     pub sequence: crate::sequence::SequenceConfig,
+    /// Whether its predictions are journaled when the server's `[journal]`
+    /// is on (default: `model_defaults.journal`).
+    pub journal: Option<bool>,
 }
 
 impl ModelConfig {
@@ -437,6 +449,7 @@ impl ServerConfig {
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
         self.security.validate()?;
+        self.journal.validate()?;
         let shm = &self.shm;
         if !(1..=MAX_SHM_THREADS).contains(&shm.threads) {
             return Err(format!(

@@ -193,6 +193,18 @@ pub enum Error {
     /// The server is shutting down and admits no new work.
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The journal cannot keep this prediction's record, and the server
+    /// answers no prediction unrecorded (`journal.when_full = "refuse"`).
+    #[error(
+        "model '{model}': not answered: its prediction cannot be journaled now ({reason}); \
+         this server answers no prediction unrecorded (journal.when_full = \"refuse\")"
+    )]
+    JournalUnavailable {
+        /// The model asked for.
+        model: String,
+        /// Why the journal cannot keep the record.
+        reason: String,
+    },
     /// Model control is off: clients may not load or unload models.
     #[error(
         "model '{model}': {operation} refused: model control is off \
@@ -285,7 +297,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::ModelNotFound { .. } => ErrorKind::NotFound,
-            Error::ModelNotReady { .. } | Error::ShuttingDown => ErrorKind::Unavailable,
+            Error::ModelNotReady { .. }
+            | Error::ShuttingDown
+            | Error::JournalUnavailable { .. } => ErrorKind::Unavailable,
             Error::InvalidInput { .. }
             | Error::InvalidRequest { .. }
             | Error::BodyTimeout { .. }

@@ -88,6 +88,24 @@ pub const SEND_TIMEOUTS: &str = "tickserve_send_timeouts_total";
 /// `thread`.
 pub const SHM_THREAD_PANICS: &str = "tickserve_shm_thread_panics_total";
 
+/// Journal records written, labelled `model`.
+pub const JOURNAL_RECORDS: &str = "tickserve_journal_records_total";
+/// Bytes written to journal files.
+pub const JOURNAL_BYTES: &str = "tickserve_journal_bytes_total";
+/// Journal records dropped, labelled `reason` (`full`: the queue was at
+/// `journal.max_queued_bytes`; `io`: a write failed; `stopped`: the writer
+/// had stopped).
+pub const JOURNAL_DROPPED: &str = "tickserve_journal_dropped_total";
+/// Requests refused because their record could not be kept
+/// (`journal.when_full = "refuse"`), labelled `reason`.
+pub const JOURNAL_REFUSED: &str = "tickserve_journal_refused_total";
+/// Bytes of records waiting for the journal's writer.
+pub const JOURNAL_QUEUED_BYTES: &str = "tickserve_journal_queued_bytes";
+/// Time one `fsync` of a journal file took.
+pub const JOURNAL_FSYNC_DURATION: &str = "tickserve_journal_fsync_duration_seconds";
+/// Journal write and fsync failures (each logged at most once a minute).
+pub const JOURNAL_ERRORS: &str = "tickserve_journal_errors_total";
+
 /// Histogram buckets for durations, in seconds: 10 µs to 100 ms.
 pub const DURATION_BUCKETS: [f64; 16] = [
     10e-6, 25e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3,
@@ -124,6 +142,41 @@ pub fn describe() {
         COMPUTE_DURATION,
         Unit::Seconds,
         "Engine run time per bucket."
+    );
+    describe_counter!(
+        JOURNAL_RECORDS,
+        Unit::Count,
+        "Journal records written, by model."
+    );
+    describe_counter!(
+        JOURNAL_BYTES,
+        Unit::Bytes,
+        "Bytes written to journal files."
+    );
+    describe_counter!(
+        JOURNAL_DROPPED,
+        Unit::Count,
+        "Journal records dropped, by reason (full, io, stopped)."
+    );
+    describe_counter!(
+        JOURNAL_REFUSED,
+        Unit::Count,
+        "Requests refused because their journal record could not be kept."
+    );
+    describe_gauge!(
+        JOURNAL_QUEUED_BYTES,
+        Unit::Bytes,
+        "Bytes of records waiting for the journal's writer."
+    );
+    describe_histogram!(
+        JOURNAL_FSYNC_DURATION,
+        Unit::Seconds,
+        "Time one fsync of a journal file took."
+    );
+    describe_counter!(
+        JOURNAL_ERRORS,
+        Unit::Count,
+        "Journal write and fsync failures."
     );
     describe_gauge!(
         PROCESS_RESIDENT_MEMORY,

@@ -82,6 +82,12 @@ pub struct InferResponse {
     /// `max_sequence_idle` and started afresh (`idle_action = "restart"`):
     /// the response parameter `sequence_restarted`.
     pub sequence_restarted: bool,
+    /// The bucket it ran in, in rows (the largest, for a request split
+    /// across runs).
+    pub bucket: usize,
+    /// A stateful model's state rows the request read, in `model.toml`
+    /// order; empty unless its run was asked to keep them (the journal).
+    pub state_read: Vec<Bytes>,
 }
 
 /// Time a request spent in the server, by stage.

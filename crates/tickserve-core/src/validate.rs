@@ -40,6 +40,11 @@ pub struct ValidRequest {
     pub inputs: Vec<Bytes>,
     /// Indices of the outputs to return, in the order asked.
     pub outputs: Vec<usize>,
+    /// The smallest bucket (in rows) it may run in; 0: the smallest that
+    /// holds its rows. Set only by a journal replay, which reruns a record
+    /// in the bucket it ran in (bucket sizes change results in their last
+    /// bits).
+    pub bucket_rows: usize,
 }
 
 /// Checks `request` against `signature` and `limits`.
@@ -137,6 +142,7 @@ pub fn validate(
         rows,
         inputs,
         outputs,
+        bucket_rows: 0,
     })
 }
 

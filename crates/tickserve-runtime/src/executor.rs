@@ -309,8 +309,12 @@ impl Executor {
             let requests: Vec<&ValidRequest> = live.iter().map(|j| &j.request).collect();
             self.run_together(&member, &requests, &mut batch_cost)
         };
+        let mut bucket = 0;
         let answers: Vec<Result<Vec<OutputTensor>, Error>> = match result {
-            Ok(outputs) => outputs.into_iter().map(Ok).collect(),
+            Ok((outputs, ran_in)) => {
+                bucket = ran_in;
+                outputs.into_iter().map(Ok).collect()
+            }
             Err(Error::Internal { .. }) if self.health.failure().is_none() => {
                 // The run failed, the device did not: one request may be at
                 // fault (a row that makes the engine panic, say). Each runs
@@ -336,6 +340,8 @@ impl Executor {
                 outputs,
                 timing: cost.timing(),
                 sequence_restarted: false,
+                bucket,
+                state_read: Vec::new(),
             }));
         }
     }
@@ -362,11 +368,12 @@ impl Executor {
         member: &Member,
         requests: &[&ValidRequest],
         cost: &mut RequestCost,
-    ) -> Result<Vec<Vec<OutputTensor>>, Error> {
+    ) -> Result<(Vec<Vec<OutputTensor>>, usize), Error> {
         let total: usize = requests.iter().map(|r| r.rows).sum();
+        let pinned = requests.iter().map(|r| r.bucket_rows).max().unwrap_or(0);
         let bucket = self
             .buckets
-            .index_for(total)
+            .index_for(total.max(pinned))
             .ok_or_else(|| Error::Internal {
                 model: member.name.clone(),
                 message: format!("a batch of {total} rows does not fit the largest bucket"),
@@ -408,7 +415,7 @@ impl Executor {
             first_row += request.rows;
         }
         cost.output = copy_started.elapsed();
-        Ok(all)
+        Ok((all, self.buckets.sizes()[bucket]))
     }
 
     /// Runs every row of `request` through the buckets with `member`'s
@@ -436,7 +443,16 @@ impl Executor {
         };
         let mut first_row = 0;
         let buckets = Arc::clone(&self.buckets);
+        // A replay pins the bucket its record ran in.
+        let pinned = buckets.index_for(request.bucket_rows).unwrap_or(0);
+        let mut ran_in = 0;
         for (bucket, rows) in buckets.plan(request.rows) {
+            let bucket = if request.bucket_rows > rows {
+                bucket.max(pinned)
+            } else {
+                bucket
+            };
+            ran_in = ran_in.max(buckets.sizes()[bucket]);
             let copy_started = Instant::now();
             for (input, data) in request.inputs.iter().enumerate() {
                 let row_bytes = self.input_row_bytes[input];
@@ -464,6 +480,8 @@ impl Executor {
             outputs,
             timing: cost.timing(),
             sequence_restarted: false,
+            bucket: ran_in,
+            state_read: Vec::new(),
         })
     }
 }

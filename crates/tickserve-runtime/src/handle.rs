@@ -59,6 +59,9 @@ pub struct Loaded {
     pub stats: Arc<ModelStats>,
     /// Its rows waiting in the queues.
     pub queue: Arc<ModelQueue>,
+    /// The SHA-256 of the `model.onnx` it was loaded from, in hex: which
+    /// weights answered (the journal records it).
+    pub digest: String,
 }
 
 /// A model version that is ready to serve.
@@ -92,9 +95,37 @@ pub struct Prepared {
     monte_carlo: Option<Plan>,
     sequence: Option<SequenceTick>,
     held_bytes: usize,
+    keep_state: bool,
 }
 
 impl Prepared {
+    /// The validated inputs, in signature order, and their rows (before any
+    /// Monte Carlo expansion).
+    pub fn inputs(&self) -> (&[bytes::Bytes], usize) {
+        (
+            &self.submission.request.inputs,
+            self.submission.request.rows,
+        )
+    }
+
+    /// The Monte Carlo seed its noise is drawn from (the request's, or the
+    /// one drawn for it); `None` without Monte Carlo.
+    pub fn monte_carlo_seed(&self) -> Option<u64> {
+        self.monte_carlo.as_ref().map(Plan::seed)
+    }
+
+    /// Asks the run to report the state rows it read
+    /// ([`InferResponse::state_read`]), for the journal.
+    pub fn keep_state(&mut self) {
+        self.keep_state = true;
+    }
+
+    /// Runs it in the bucket of `rows` rows or larger (a replay reruns a
+    /// record in the bucket it ran in).
+    pub fn pin_bucket(&mut self, rows: usize) {
+        self.submission.request.bucket_rows = rows;
+    }
+
     /// The bytes its run will hold beyond the request's own: with Monte
     /// Carlo, the noisy copies of its inputs and their answer before it is
     /// summarized (the edge holds them in `server.max_inflight_bytes`).
@@ -255,6 +286,7 @@ impl ModelHandle {
             monte_carlo,
             sequence: sequence.map(|(control, entry)| SequenceTick { control, entry }),
             held_bytes,
+            keep_state: false,
         })
     }
 
@@ -302,6 +334,7 @@ impl ModelHandle {
             monte_carlo,
             sequence,
             held_bytes: _,
+            keep_state,
         } = prepared;
         // A sequence advances on its clean row only: kept for the run.
         let mut clean = None;
@@ -312,7 +345,7 @@ impl ModelHandle {
                 clean = Some(valid.inputs);
             }
         }
-        let (answer, restarted) = match (sequence, &self.sequences) {
+        let (answer, restarted, state_read) = match (sequence, &self.sequences) {
             (Some(tick), Some(sequences)) => {
                 let turn = tick.entry.turn(&self.name, submission.deadline).await?;
                 let start = turn.begin(&tick.control)?;
@@ -321,15 +354,17 @@ impl ModelHandle {
                 let mut answer = self.submit(submission).await?;
                 let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
                 turn.finish(&tick.control, next);
-                (answer, start.restarted)
+                let read = if keep_state { start.state } else { Vec::new() };
+                (answer, start.restarted, read)
             }
-            _ => (self.submit(submission).await?, false),
+            _ => (self.submit(submission).await?, false, Vec::new()),
         };
         let mut answer = match monte_carlo {
             Some(plan) => plan.reduce(answer),
             None => answer,
         };
         answer.sequence_restarted = restarted;
+        answer.state_read = state_read;
         Ok(answer)
     }
 

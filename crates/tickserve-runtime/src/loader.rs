@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
 use tickserve_core::config::{ModelConfig, ModelDefaults};
 use tickserve_core::{Device, Signature, Weight, metrics as names};
 use tickserve_onnx::{ModelGraph, OnnxModel};
@@ -88,6 +89,8 @@ pub struct Joined {
     pub signature: Signature,
     /// Time from reading its file to being ready.
     pub load_time: Duration,
+    /// The SHA-256 of its `model.onnx`, in hex.
+    pub digest: String,
 }
 
 /// A parsed version, ready to found a family or join one.
@@ -100,6 +103,7 @@ struct Parsed {
     group: String,
     graph: ModelGraph,
     weights: Option<Vec<Weight>>,
+    digest: String,
 }
 
 /// A family's first member, while the family compiles.
@@ -107,6 +111,7 @@ struct First {
     candidate: Candidate,
     started: Instant,
     settings: ModelSettings,
+    digest: String,
 }
 
 /// A family whose executors are compiling.
@@ -346,6 +351,7 @@ impl Loader<'_> {
             candidate: first.candidate,
             started: first.started,
             settings: first.settings,
+            digest: first.digest,
         };
         (founding, first)
     }
@@ -395,6 +401,7 @@ impl Loader<'_> {
                     settings: first.settings,
                     signature,
                     load_time: first.started.elapsed(),
+                    digest: first.digest,
                 })
             }
             (Some(reason), _) => Err(reason),
@@ -416,6 +423,7 @@ fn join(family: Arc<Family>, p: &Parsed) -> Result<Joined, String> {
         member,
         settings: p.settings.clone(),
         load_time: p.started.elapsed(),
+        digest: p.digest.clone(),
     })
 }
 
@@ -434,6 +442,7 @@ fn parse(
                 candidate.name, candidate.version
             )
         })?;
+        let digest = hex(&Sha256::digest(&bytes));
         let onnx = OnnxModel::parse(&bytes)?;
         let signature = onnx.signature(&candidate.config)?;
         let settings = ModelSettings::resolve(
@@ -483,10 +492,10 @@ fn parse(
             onnx: graph,
             signature,
         };
-        Ok((settings, family, group, graph, weights))
+        Ok((settings, family, group, graph, weights, digest))
     };
     match read() {
-        Ok((settings, family, group, graph, weights)) => Ok(Parsed {
+        Ok((settings, family, group, graph, weights, digest)) => Ok(Parsed {
             candidate,
             started,
             settings,
@@ -494,12 +503,18 @@ fn parse(
             group,
             graph,
             weights,
+            digest,
         }),
         Err(reason) => {
             let reason = without_server_paths(reason, &candidate);
             Err(Box::new((candidate, reason)))
         }
     }
+}
+
+/// `bytes` in lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `reason` with the server's paths of `candidate`'s directories written as
@@ -688,6 +703,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
                 load_time: joined.iter().map(|j| j.load_time).max().unwrap_or_default(),
                 stats: Arc::clone(&first.member.stats),
                 queue: Arc::clone(&first.member.queue),
+                digest: first.digest.clone(),
             };
             metrics::gauge!(names::MODEL_INFO, "model" => name.to_string(),
                 "version" => version.clone(), "family" => loaded.family_key.clone())

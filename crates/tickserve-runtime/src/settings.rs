@@ -39,6 +39,9 @@ pub struct ModelSettings {
     /// For a stateful model: its state pairs, the signature clients see, its
     /// idle policy and table bound.
     pub sequence: Option<Arc<SequenceSpec>>,
+    /// Whether its predictions are journaled when the server's journal is
+    /// on (`journal` in `model.toml`, else `model_defaults.journal`).
+    pub journal: bool,
 }
 
 impl ModelSettings {
@@ -110,6 +113,7 @@ impl ModelSettings {
             monte_carlo: MonteCarloSettings::resolve(&config.monte_carlo, inputs, max_queue_rows)?,
             priorities,
             sequence: None,
+            journal: config.journal.unwrap_or(defaults.journal),
         })
     }
 }

@@ -1,4 +1,5 @@
-//! The command line: `tickserve serve` and `tickserve check`.
+//! The command line: `tickserve serve`, `tickserve check` and `tickserve
+//! journal` ([`crate::journal_cli`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +27,9 @@ enum Command {
     /// Load, compile and warm up every model, print a table, and exit non-zero
     /// naming every model that failed.
     Check(CommonArgs),
+    /// Read a prediction journal: verify it, or replay it.
+    #[command(subcommand)]
+    Journal(crate::journal_cli::JournalCommand),
 }
 
 #[derive(Debug, Args)]
@@ -137,6 +141,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Check(args) => check(args),
+        Command::Journal(command) => crate::journal_cli::run(command),
     };
     match result {
         Ok(code) => code,

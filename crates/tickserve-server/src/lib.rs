@@ -29,6 +29,7 @@ pub mod faults;
 pub mod fuzzing;
 mod grpc;
 mod http;
+mod journal_cli;
 mod listen;
 mod model_view;
 mod observe;
@@ -130,7 +131,12 @@ impl Server {
                     )
                 })?
         };
-        let edge = Arc::new(Edge::new(runtime, config));
+        let journal = if config.journal.enabled {
+            Some(tickserve_journal::Journal::start(&config.journal).map_err(anyhow::Error::msg)?)
+        } else {
+            None
+        };
+        let edge = Arc::new(Edge::new(runtime, config).with_journal(journal));
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))
             .await
@@ -256,7 +262,13 @@ impl Server {
                 }
             }
         }
-        // 4. Nothing runs now: keep the sequences for the next start, if asked.
+        // 4. Nothing runs now: every record is handed over; the journal's
+        //    files are ended and synced.
+        if let Some(journal) = &self.edge.journal {
+            let journal = Arc::clone(journal);
+            tokio::task::spawn_blocking(move || journal.close()).await?;
+        }
+        // 5. Keep the sequences for the next start, if asked.
         match self.edge.runtime.write_sequence_snapshot() {
             Ok(0) => {}
             Ok(n) => tracing::info!(sequences = n, "sequence snapshot written"),

@@ -520,6 +520,7 @@ mod tests {
                 },
                 priorities: Default::default(),
                 sequence: None,
+                journal: true,
             },
             family_key: "f00d".into(),
             shares_graph: true,
@@ -528,6 +529,7 @@ mod tests {
             load_time: Duration::ZERO,
             stats: Arc::new(ModelStats::new(3)),
             queue: Arc::new(ModelQueue::new("m", 1024, 1 << 20, &Default::default())),
+            digest: String::new(),
         }
     }
 

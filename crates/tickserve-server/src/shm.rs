@@ -502,6 +502,7 @@ fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
             // Shared memory carries no keys (docs/security.md): any process
             // of this host that can open the service may call it.
             key: None,
+            traceparent: None,
             timeout: Ok((timeout_us > 0).then(|| Duration::from_micros(u64::from(timeout_us)))),
             started,
         };

@@ -28,6 +28,13 @@ pub struct Plan {
     summary: Summary,
 }
 
+impl Plan {
+    /// The seed its noise is drawn from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+}
+
 /// Checks `mc` for a request of `rows` rows to `model` against the model's
 /// `settings`, and fixes its seed; `clean_rows` more rows run beside the
 /// noisy copies (a sequence's clean tick) and count towards `max_samples`.
@@ -184,6 +191,7 @@ pub(crate) mod tests {
             rows,
             inputs: vec![x.into(), ids.into()],
             outputs: vec![0],
+            bucket_rows: 0,
         }
     }
 

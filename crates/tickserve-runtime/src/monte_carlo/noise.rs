@@ -101,6 +101,7 @@ impl Plan {
             rows: self.total,
             inputs,
             outputs: valid.outputs.clone(),
+            bucket_rows: valid.bucket_rows,
         }
     }
 }

@@ -185,6 +185,8 @@ mod tests {
             }],
             timing: Default::default(),
             sequence_restarted: false,
+            bucket: 1,
+            state_read: Vec::new(),
         };
         let plan =
             super::super::plan(&settings, "m", &s, &mc(5, 1, Summary::Moments), 1, 0).unwrap();

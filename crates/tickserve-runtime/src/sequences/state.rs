@@ -54,6 +54,7 @@ pub(crate) fn with_state(
         rows,
         inputs,
         outputs,
+        bucket_rows: request.bucket_rows,
     }
 }
 

@@ -21,6 +21,7 @@ use tickserve_runtime::Prepared;
 
 use super::Edge;
 use super::admission::{BodyBytes, HeldBytes, Slot};
+use super::journal::Pending;
 use super::params::Parameters;
 use crate::observe::{self, Protocol};
 
@@ -47,6 +48,8 @@ pub struct Call<'a> {
     /// The key it carried, where keys guard inference (a model with
     /// `bind_to_key` keeps its sequences apart by key).
     pub key: Option<KeyId>,
+    /// The W3C `traceparent` it carried ([`super::trace`]), for the journal.
+    pub traceparent: Option<String>,
 }
 
 /// A request's bytes in `server.max_inflight_bytes`.
@@ -158,6 +161,7 @@ pub struct Admitted<E> {
     prepared: Prepared,
     encoding: E,
     record: Record,
+    journal: Option<Pending>,
     _slot: Slot,
     _bytes: HeldBytes,
 }
@@ -203,18 +207,37 @@ impl Edge {
             },
             started: call.started,
         };
-        let admitted = self.admit_inner(call, handle, payload).await;
+        // A journaled model's request collects its record as it goes.
+        let mut journal = match (&self.journal, &handle) {
+            (Some(journal), Ok(h)) if journal.wants(h) => Some(Pending::new(
+                journal,
+                h,
+                call.protocol.label(),
+                call.started,
+                call.key,
+                call.traceparent.clone(),
+            )),
+            _ => None,
+        };
+        let admitted = self.admit_inner(call, handle, payload, &mut journal).await;
         match admitted {
             Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
                 handle,
                 prepared,
                 encoding,
                 record,
+                journal,
                 _slot: slot,
                 _bytes: bytes,
             }),
             Err(error) => {
                 record.outcome(Some(&error));
+                if let Some(pending) = journal {
+                    // A request the journal itself refused has no record.
+                    if !matches!(error, Error::JournalUnavailable { .. }) {
+                        pending.refused(&error);
+                    }
+                }
                 Err(error)
             }
         }
@@ -226,9 +249,13 @@ impl Edge {
         call: Call<'_>,
         handle: Result<Arc<ModelHandle>, Error>,
         payload: P,
+        journal: &mut Option<Pending>,
     ) -> Result<(Arc<ModelHandle>, Prepared, P::Encoding, Slot, HeldBytes), Error> {
         if !self.ready() {
             return Err(Error::ShuttingDown);
+        }
+        if let Some(pending) = journal {
+            pending.admit()?;
         }
         let slot = self.admit()?;
         let bytes = match call.bytes {
@@ -257,6 +284,9 @@ impl Edge {
         if let Some(sequence) = decoded.parameters.sequence.as_mut() {
             sequence.owner = call.key;
         }
+        if let Some(pending) = journal.as_mut() {
+            pending.asked(&decoded.id, &decoded.parameters);
+        }
         let deadline = [transport_timeout, decoded.parameters.timeout]
             .into_iter()
             .flatten()
@@ -264,7 +294,10 @@ impl Edge {
             .map(|t| durations::deadline_after(Instant::now(), t));
         let (request, encoding) =
             decoded.into_request(&handle.name, Some(handle.version.clone()), deadline);
-        let prepared = handle.prepare(request)?;
+        let mut prepared = handle.prepare(request)?;
+        if let Some(pending) = journal.as_mut() {
+            pending.prepared(&mut prepared);
+        }
         // A Monte Carlo run's noisy copies and their answer are held too.
         let bytes = bytes.join(self.admit_bytes(prepared.held_bytes())?);
         Ok((handle, prepared, encoding, slot, bytes))
@@ -300,10 +333,15 @@ impl<E> Admitted<E> {
             prepared,
             encoding,
             record,
+            journal,
             _slot,
             _bytes,
         } = self;
         let result = handle.run(prepared).await;
+        let result = match journal {
+            Some(pending) => pending.answered(result).await,
+            None => result,
+        };
         record.outcome(result.as_ref().err());
         let answer = result.map(|response| Answer {
             response,

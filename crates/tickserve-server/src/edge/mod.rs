@@ -13,6 +13,9 @@
 //! - [`infer`]: the pipeline: readiness, admission, the one model lookup,
 //!   decoding (large payloads off the async workers), parameters, the
 //!   runtime call, metrics;
+//! - [`journal`]: a journaled request's record, handed to the journal when
+//!   it is answered;
+//! - [`trace`]: the W3C `traceparent` a request carries;
 //! - [`status`]: what a failure becomes on each protocol.
 //!
 //! The edge imports no front end (`scripts/check_layers.py` checks it).
@@ -22,13 +25,18 @@ pub mod admission;
 pub mod body;
 pub mod deadline;
 pub mod infer;
+pub mod journal;
 pub mod params;
 pub mod routes;
 pub mod status;
+pub mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use std::sync::Arc;
+
 use tickserve_core::config::{ModelControlMode, ServerConfig};
+use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
 pub use infer::{Call, Decoded, Kept, Payload, RequestBytes};
@@ -64,6 +72,8 @@ pub struct Edge {
     pub model_control_mode: ModelControlMode,
     /// Front-end threads down now (after a panic, until they restart).
     threads_down: AtomicUsize,
+    /// The prediction journal, when `[journal]` is on.
+    pub journal: Option<Arc<Journal>>,
 }
 
 impl Edge {
@@ -80,7 +90,14 @@ impl Edge {
             max_inflight_bytes: config.server.max_inflight_bytes,
             model_control_mode: config.security.model_control_mode,
             threads_down: AtomicUsize::new(0),
+            journal: None,
         }
+    }
+
+    /// The edge, recording predictions in `journal`.
+    pub fn with_journal(mut self, journal: Option<Arc<Journal>>) -> Edge {
+        self.journal = journal;
+        self
     }
 
     /// A front-end thread went down (it panicked): the server reports not

@@ -17,7 +17,7 @@ use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Edge, RequestBytes, deadline};
+use crate::edge::{Call, Edge, RequestBytes, deadline, trace};
 use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
@@ -390,6 +390,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let started = Instant::now();
         let timeout = deadline::grpc_timeout(request.metadata());
+        let traceparent = trace::grpc(request.metadata());
         let held = RequestBytes::of(request.extensions(), 0);
         let key = request.extensions().get().copied();
         let mut message = request.into_inner();
@@ -408,6 +409,7 @@ impl GrpcInferenceService for InferenceService {
             timeout,
             started,
             key,
+            traceparent,
         };
         let answer = self
             .shared

@@ -35,7 +35,7 @@ use super::{convert, optional, pb};
 use tickserve_core::sequence::KeyId;
 
 use crate::edge::admission::BodyBytes;
-use crate::edge::{Call, Edge, Kept, RequestBytes};
+use crate::edge::{Call, Edge, Kept, RequestBytes, trace};
 use crate::observe::Protocol;
 
 /// Requests of one stream in the server at once.
@@ -55,6 +55,7 @@ pub fn serve(
 ) -> Response<AnswerStream> {
     let body = request.extensions().get::<Arc<BodyBytes>>().cloned();
     let key = request.extensions().get::<KeyId>().copied();
+    let traceparent = trace::grpc(request.metadata());
     let mut incoming = request.into_inner();
     let (order, answers) = mpsc::channel::<JoinHandle<Answered>>(STREAM_IN_FLIGHT);
     tokio::spawn(async move {
@@ -66,7 +67,7 @@ pub fn serve(
                 Some(body) => RequestBytes::Held(body.take()),
                 None => RequestBytes::Count(prost::Message::encoded_len(&message)),
             };
-            let task = start(&edge, message, bytes, key).await;
+            let task = start(&edge, message, bytes, key, traceparent.clone()).await;
             if order.send(task).await.is_err() {
                 break; // the client stopped listening
             }
@@ -129,6 +130,7 @@ async fn start(
     mut message: pb::ModelInferRequest,
     bytes: RequestBytes,
     key: Option<KeyId>,
+    traceparent: Option<String>,
 ) -> JoinHandle<Answered> {
     let started = Instant::now();
     let model = std::mem::take(&mut message.model_name);
@@ -141,6 +143,7 @@ async fn start(
         timeout: Ok(None),
         started,
         key,
+        traceparent,
     };
     let admitted = edge.admit_request(call, convert::Message(message)).await;
     tokio::spawn(async move {

@@ -631,6 +631,8 @@ mod tests {
             }],
             timing: Default::default(),
             sequence_restarted: false,
+            bucket: 1,
+            state_read: Vec::new(),
         };
         let e = encode(&response, &[true]);
         let n = e.header_length.unwrap();

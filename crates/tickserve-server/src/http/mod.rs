@@ -22,7 +22,7 @@ use tickserve_runtime::ModelHandle;
 
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline, trace};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::Protocol;
 use crate::{
@@ -159,6 +159,7 @@ pub async fn infer(
         timeout: deadline::http_timeout(headers),
         started,
         key: extensions.get().copied(),
+        traceparent: trace::http(headers),
     };
     let payload = JsonBody {
         body,

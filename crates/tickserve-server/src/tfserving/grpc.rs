@@ -14,7 +14,7 @@ use super::tensor;
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, no_labels, output, tf_dtype};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, deadline};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, deadline, trace};
 use crate::observe::{self, Protocol};
 
 use tickserve_proto::tensorflow as pb;
@@ -218,6 +218,7 @@ impl PredictionService for TfServing {
     ) -> Result<Response<PredictResponse>, Status> {
         let started = Instant::now();
         let timeout = deadline::grpc_timeout(request.metadata());
+        let traceparent = trace::grpc(request.metadata());
         let held = RequestBytes::of(request.extensions(), 0);
         let key = request.extensions().get().copied();
         let request = request.into_inner();
@@ -241,6 +242,7 @@ impl PredictionService for TfServing {
             timeout,
             started,
             key,
+            traceparent,
         };
         let payload = Predict {
             request,

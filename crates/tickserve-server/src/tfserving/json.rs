@@ -1003,6 +1003,8 @@ mod tests {
             }],
             timing: Default::default(),
             sequence_restarted: false,
+            bucket: 1,
+            state_read: Vec::new(),
         };
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),
@@ -1039,6 +1041,8 @@ mod tests {
             ],
             timing: Default::default(),
             sequence_restarted: false,
+            bucket: 1,
+            state_read: Vec::new(),
         };
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),

@@ -24,7 +24,7 @@ use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, no_labels, tf_dtype, tf_dtype
 use crate::edge::params::Parameters;
 use crate::edge::routes::TfRoute;
 use crate::edge::status::HttpError;
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline};
+use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline, trace};
 use crate::observe::Protocol;
 
 /// A path under `/v1/models/` TF Serving would not read: 400 with its words.
@@ -150,6 +150,7 @@ pub async fn post(
         timeout: deadline::http_timeout(headers),
         started,
         key: extensions.get().copied(),
+        traceparent: trace::http(headers),
     };
     match edge.infer(call, PredictBody(body)).await {
         Ok(answer) => {

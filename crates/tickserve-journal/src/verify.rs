@@ -1,0 +1,216 @@
+//! `tickserve journal verify DIR`: for each stream (one model version's
+//! records in one run), how many records, whether any is missing (a gap in
+//! the numbers), whether any was changed (a broken chain), and whether the
+//! stream ends in a partial record batch (a crash: every record before it is
+//! whole).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
+use serde::Serialize;
+
+use crate::digest::{genesis, link};
+use crate::read::{JournalFile, read_dir};
+use crate::schema::CHAIN;
+
+/// What `verify` found.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    /// Every stream.
+    pub streams: Vec<StreamReport>,
+    /// Files that are not journal files.
+    pub unreadable: Vec<String>,
+}
+
+/// One stream's findings.
+#[derive(Debug, Default, Serialize)]
+pub struct StreamReport {
+    /// The run (server process) that wrote it.
+    pub run: String,
+    /// The model.
+    pub model: String,
+    /// Its version.
+    pub version: String,
+    /// The SHA-256 of its `model.onnx`.
+    pub model_digest: String,
+    /// Its files.
+    pub files: usize,
+    /// Whole records read.
+    pub records: u64,
+    /// Records the server dropped (counted, not written) up to its last
+    /// record, over the whole run.
+    pub dropped_so_far: u64,
+    /// Missing record numbers, as `[first, last]` ranges.
+    pub gaps: Vec<[u64; 2]>,
+    /// Records whose chain digest does not follow from the one before:
+    /// changed, or moved.
+    pub broken_chain: Vec<u64>,
+    /// The last file ends in a partial record batch (a crash): what the
+    /// reader said. Every record before it is whole.
+    pub truncated_tail: Option<String>,
+    /// Files other than the last that end in a partial record batch (a
+    /// failed write: the records after it continue in the next file).
+    pub damaged_files: Vec<String>,
+}
+
+impl Report {
+    /// True when no record is missing and none was changed (a truncated
+    /// tail, which a crash leaves, is not a fault).
+    pub fn sound(&self) -> bool {
+        self.unreadable.is_empty()
+            && self
+                .streams
+                .iter()
+                .all(|s| s.gaps.is_empty() && s.broken_chain.is_empty())
+    }
+
+    /// Records in every stream.
+    pub fn records(&self) -> u64 {
+        self.streams.iter().map(|s| s.records).sum()
+    }
+
+    /// The report for people.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for s in &self.streams {
+            let _ = writeln!(
+                out,
+                "{}/{} (run {}, model digest {}): {} records in {} files, {} dropped by the server in the run",
+                s.model,
+                s.version,
+                s.run,
+                &s.model_digest.get(..12).unwrap_or(&s.model_digest),
+                s.records,
+                s.files,
+                s.dropped_so_far
+            );
+            for [a, b] in &s.gaps {
+                let _ = writeln!(out, "  GAP: records {a} to {b} are missing");
+            }
+            for r in &s.broken_chain {
+                let _ = writeln!(
+                    out,
+                    "  BROKEN CHAIN at record {r}: it was changed, or records before it were"
+                );
+            }
+            for f in &s.damaged_files {
+                let _ = writeln!(out, "  damaged file: {f}");
+            }
+            if let Some(t) = &s.truncated_tail {
+                let _ = writeln!(
+                    out,
+                    "  truncated tail (a crash; every record before it is whole): {t}"
+                );
+            }
+        }
+        for u in &self.unreadable {
+            let _ = writeln!(out, "UNREADABLE: {u}");
+        }
+        let _ = writeln!(
+            out,
+            "{} records in {} streams: {}",
+            self.records(),
+            self.streams.len(),
+            if self.sound() {
+                "no gap, no broken chain"
+            } else {
+                "FAULTS FOUND"
+            }
+        );
+        out
+    }
+}
+
+/// Verifies every stream under `dir`.
+pub fn verify(dir: &Path) -> Result<Report, String> {
+    let journal = read_dir(dir)?;
+    let mut report = Report {
+        unreadable: journal
+            .unreadable
+            .iter()
+            .map(|(p, e)| format!("{}: {e}", p.display()))
+            .collect(),
+        ..Report::default()
+    };
+    for (id, files) in &journal.streams {
+        let mut s = StreamReport {
+            run: id.run.clone(),
+            model: id.model.clone(),
+            version: id.version.clone(),
+            model_digest: id.digest.clone(),
+            files: files.len(),
+            ..StreamReport::default()
+        };
+        let mut expected = 0u64;
+        let mut chain = genesis(&id.run, &id.model, &id.version, &id.digest);
+        let mut scratch = Vec::new();
+        for (i, file) in files.iter().enumerate() {
+            check_file(file, &mut s, &mut expected, &mut chain, &mut scratch);
+            if let Some(damage) = &file.damage {
+                if i + 1 == files.len() {
+                    s.truncated_tail = Some(format!("{}: {damage}", file.path.display()));
+                } else {
+                    s.damaged_files
+                        .push(format!("{}: {damage}", file.path.display()));
+                }
+            }
+        }
+        report.streams.push(s);
+    }
+    Ok(report)
+}
+
+fn check_file(
+    file: &JournalFile,
+    s: &mut StreamReport,
+    expected: &mut u64,
+    chain: &mut crate::digest::ChainDigest,
+    scratch: &mut Vec<u8>,
+) {
+    for batch in &file.batches {
+        let (Some(numbers), Some(chains), Some(dropped)) = (
+            batch.column_by_name("record"),
+            batch.column_by_name(CHAIN),
+            batch.column_by_name("dropped_so_far"),
+        ) else {
+            s.damaged_files.push(format!(
+                "{}: a batch lacks its record, chain or dropped_so_far column",
+                file.path.display()
+            ));
+            return;
+        };
+        let (Some(numbers), Some(chains), Some(dropped)) = (
+            numbers.as_primitive_opt::<UInt64Type>(),
+            chains.as_fixed_size_binary_opt(),
+            dropped.as_primitive_opt::<UInt64Type>(),
+        ) else {
+            s.damaged_files.push(format!(
+                "{}: a batch's record, chain or dropped_so_far column has the wrong type",
+                file.path.display()
+            ));
+            return;
+        };
+        for row in 0..batch.num_rows() {
+            let number = numbers.value(row);
+            if number > *expected {
+                s.gaps.push([*expected, number - 1]);
+            } else if number < *expected {
+                // A record twice, or out of order: the chain shows it.
+                s.broken_chain.push(number);
+            }
+            *expected = number.saturating_add(1);
+            let computed = link(chain, batch, row, scratch);
+            let stored: [u8; 32] = chains.value(row).try_into().unwrap_or([0; 32]);
+            if computed != stored {
+                s.broken_chain.push(number);
+            }
+            // Go on from the stored digest: one changed record is reported
+            // once, not with every record after it.
+            *chain = stored;
+            s.records += 1;
+            s.dropped_so_far = dropped.value(row);
+        }
+    }
+}

@@ -1,0 +1,584 @@
+//! The journal's two halves: [`Journal`], which the edge calls on the
+//! request path (is this request journaled, may it run, here is its
+//! record), and the writer thread, which batches records into Arrow record
+//! batches and writes them, off the request path.
+//!
+//! The queue between them is bounded in bytes (`journal.max_queued_bytes`).
+//! A record that does not fit, or whose write fails, is dropped and counted;
+//! with `when_full = "refuse"` the request is refused instead, before it
+//! computes, and an answer waits until its record is written.
+//!
+//! Files: `DIRECTORY/MODEL/VERSION/RUN-FIRST.arrows`, Arrow IPC streams
+//! (a crash leaves every whole record batch readable), one stream of
+//! records per model version and file digest, numbered from 0 and chained
+//! ([`crate::digest`]) within a run (one server process).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arrow_ipc::writer::StreamWriter;
+use arrow_schema::SchemaRef;
+use tickserve_core::config::{JournalConfig, WhenFull};
+use tickserve_core::{Error, metrics as names};
+use tickserve_runtime::ModelHandle;
+use tokio::sync::oneshot;
+
+use crate::batch::{self, Position};
+use crate::digest::genesis;
+use crate::record::Record;
+use crate::schema::Layout;
+
+/// The most records the writer puts in one record batch.
+const MAX_BATCH_RECORDS: usize = 4096;
+
+/// How often a failing journal lets one request through in `refuse` mode, to
+/// find out whether it can write again.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often a failure is logged, at most.
+const LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The request path's side of the journal.
+pub struct Journal {
+    config: JournalConfig,
+    run: String,
+    shared: Arc<Shared>,
+    sender: Mutex<Option<Sender<Message>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    sampled: AtomicU64,
+}
+
+/// What both halves see.
+#[derive(Default)]
+struct Shared {
+    queued_bytes: AtomicUsize,
+    dropped: AtomicU64,
+    /// The last write failed (cleared by the next that succeeds).
+    failing: AtomicBool,
+    /// When a failing journal last let a request through (ms since start).
+    last_probe_ms: AtomicU64,
+    started: Option<Instant>,
+}
+
+enum Message {
+    Record(Box<Record>, Option<oneshot::Sender<bool>>),
+    /// Write and fsync everything before it, then answer.
+    Flush(std::sync::mpsc::SyncSender<()>),
+}
+
+impl Journal {
+    /// Starts the journal's writer over `config.directory` (made if missing);
+    /// the files of this run are named after `run`.
+    pub fn start(config: &JournalConfig) -> Result<Arc<Journal>, String> {
+        std::fs::create_dir_all(&config.directory).map_err(|e| {
+            format!(
+                "journal.directory {}: cannot create it: {e}",
+                config.directory.display()
+            )
+        })?;
+        let run = run_name();
+        let shared = Arc::new(Shared {
+            started: Some(Instant::now()),
+            ..Shared::default()
+        });
+        let (sender, receiver) = mpsc::channel();
+        let writer = Writer {
+            config: config.clone(),
+            run: run.clone(),
+            shared: Arc::clone(&shared),
+            streams: HashMap::new(),
+            last_log: None,
+            last_fsync: Instant::now(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("tickserve-journal".into())
+            .spawn(move || writer.serve(receiver))
+            .map_err(|e| format!("cannot start the journal's writer thread: {e}"))?;
+        tracing::info!(directory = %config.directory.display(), %run, "journal on");
+        Ok(Arc::new(Journal {
+            config: config.clone(),
+            run,
+            shared,
+            sender: Mutex::new(Some(sender)),
+            thread: Mutex::new(Some(thread)),
+            sampled: AtomicU64::new(0),
+        }))
+    }
+
+    /// This run's name (the first part of its files' names).
+    pub fn run(&self) -> &str {
+        &self.run
+    }
+
+    /// Whether a request to `handle` is journaled: the model is, and the
+    /// request falls in `journal.sample` (every n-th, exactly the fraction).
+    pub fn wants(&self, handle: &ModelHandle) -> bool {
+        if !handle.settings.journal {
+            return false;
+        }
+        let f = self.config.sample;
+        if f >= 1.0 {
+            return true;
+        }
+        let n = self.sampled.fetch_add(1, Ordering::Relaxed) as f64;
+        ((n + 1.0) * f).floor() > (n * f).floor()
+    }
+
+    /// Whether an answer must wait for its record (`when_full = "refuse"`).
+    pub fn refuses(&self) -> bool {
+        self.config.when_full == WhenFull::Refuse
+    }
+
+    /// In `refuse` mode, whether a journaled request to `model` may run:
+    /// refused while the queue is full or the journal cannot write (one
+    /// request a second goes through to find out whether it can again).
+    pub fn admit(&self, model: &str) -> Result<(), Error> {
+        if !self.refuses() {
+            return Ok(());
+        }
+        let refuse = |reason: &str| {
+            metrics::counter!(names::JOURNAL_REFUSED, "reason" => reason.to_string()).increment(1);
+            Err(Error::JournalUnavailable {
+                model: model.to_string(),
+                reason: match reason {
+                    "full" => format!(
+                        "its queue is at journal.max_queued_bytes ({} bytes)",
+                        self.config.max_queued_bytes
+                    ),
+                    _ => "its last write failed".to_string(),
+                },
+            })
+        };
+        if self.shared.queued_bytes.load(Ordering::Relaxed) >= self.config.max_queued_bytes {
+            return refuse("full");
+        }
+        if self.shared.failing.load(Ordering::Relaxed) {
+            let now = self.shared.now_ms();
+            let last = self.shared.last_probe_ms.load(Ordering::Relaxed);
+            let due = now.saturating_sub(last) >= PROBE_INTERVAL.as_millis() as u64;
+            if !(due
+                && self
+                    .shared
+                    .last_probe_ms
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok())
+            {
+                return refuse("io");
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands `record` to the writer. In `drop` mode, `None`: a record that
+    /// does not fit the queue is dropped and counted. In `refuse` mode, what
+    /// to await before answering: `true` once the record is written, `false`
+    /// if it could not be kept.
+    pub fn submit(&self, record: Record) -> Option<oneshot::Receiver<bool>> {
+        let bytes = record.queued_bytes();
+        let queued = self.shared.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+        let refuse = self.refuses();
+        if queued.saturating_add(bytes) > self.config.max_queued_bytes && queued > 0 {
+            self.shared.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.shared.drop_records(1, "full");
+            return refuse.then(|| {
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(false);
+                rx
+            });
+        }
+        metrics::gauge!(names::JOURNAL_QUEUED_BYTES).set(queued.saturating_add(bytes) as f64);
+        let (reply, answer) = if refuse {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let sent = self
+            .sender
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.send(Message::Record(Box::new(record), reply)).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            self.shared.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.shared.drop_records(1, "stopped");
+        }
+        answer
+    }
+
+    /// Waits until every record handed over so far is written and synced
+    /// (tests, and an operator's `kill` after a drain).
+    pub fn flush(&self) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let sent = self
+            .sender
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.send(Message::Flush(tx)).is_ok())
+            .unwrap_or(false);
+        if sent {
+            let _ = rx.recv();
+        }
+    }
+
+    /// Stops the writer after it has written what it holds; each file ends
+    /// with the stream's end marker and is synced.
+    pub fn close(&self) {
+        drop(self.sender.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Records dropped so far in this run.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.started.map_or(0, |s| {
+            s.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
+        })
+    }
+
+    fn drop_records(&self, n: u64, reason: &'static str) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(names::JOURNAL_DROPPED, "reason" => reason).increment(n);
+    }
+}
+
+/// A run's name: its start in UTC and the process id
+/// (`20261124T103137Z-4242`).
+fn run_name() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil(days as i64);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z-{}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60,
+        std::process::id()
+    )
+}
+
+/// The date of `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Which stream a record belongs to: model, version, file digest.
+type StreamKey = (String, String, String);
+
+/// The writer thread's state.
+struct Writer {
+    config: JournalConfig,
+    run: String,
+    shared: Arc<Shared>,
+    streams: HashMap<StreamKey, Stream>,
+    last_log: Option<Instant>,
+    last_fsync: Instant,
+}
+
+/// One model version's records in this run.
+struct Stream {
+    layout: Layout,
+    position: Position,
+    file: Option<OpenFile>,
+}
+
+/// The file a stream writes now.
+struct OpenFile {
+    writer: StreamWriter<Counting>,
+    schema: SchemaRef,
+    opened: Instant,
+    /// Written since the last fsync.
+    dirty: bool,
+}
+
+/// A file that counts the bytes written to it.
+struct Counting {
+    file: File,
+    written: u64,
+}
+
+impl Write for Counting {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Writer {
+    fn serve(mut self, receiver: Receiver<Message>) {
+        let mut pending: Vec<(Box<Record>, Option<oneshot::Sender<bool>>)> = Vec::new();
+        loop {
+            let wait = self.next_deadline();
+            let first = match receiver.recv_timeout(wait) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut flushes = Vec::new();
+            let mut next = first;
+            while let Some(message) = next {
+                match message {
+                    Message::Record(record, reply) => pending.push((record, reply)),
+                    Message::Flush(done) => flushes.push(done),
+                }
+                if pending.len() >= MAX_BATCH_RECORDS {
+                    self.write(&mut pending);
+                }
+                next = receiver.try_recv().ok();
+            }
+            self.write(&mut pending);
+            let sync_due = self
+                .config
+                .fsync
+                .interval()
+                .is_some_and(|i| self.last_fsync.elapsed() >= i);
+            if sync_due || !flushes.is_empty() {
+                self.sync();
+            }
+            self.rotate_old();
+            for done in flushes {
+                let _ = done.send(());
+            }
+        }
+        self.write(&mut pending);
+        for stream in self.streams.values_mut() {
+            if let Some(file) = stream.file.take() {
+                finish(file);
+            }
+        }
+    }
+
+    /// How long to wait for a record before syncing or rotating.
+    fn next_deadline(&self) -> Duration {
+        let sync = self
+            .config
+            .fsync
+            .interval()
+            .map(|i| i.saturating_sub(self.last_fsync.elapsed()));
+        sync.unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(1))
+    }
+
+    /// Writes `pending` (emptied), grouped by stream in arrival order.
+    fn write(&mut self, pending: &mut Vec<(Box<Record>, Option<oneshot::Sender<bool>>)>) {
+        if pending.is_empty() {
+            return;
+        }
+        let mut groups: Vec<(StreamKey, Vec<usize>)> = Vec::new();
+        for (i, (record, _)) in pending.iter().enumerate() {
+            let key = (
+                record.handle.name.clone(),
+                record.handle.version.clone(),
+                record.handle.digest.clone(),
+            );
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        let mut outcome = vec![false; pending.len()];
+        for (key, members) in groups {
+            let records: Vec<&Record> = members.iter().map(|&i| &*pending[i].0).collect();
+            let ok = match self.write_group(&key, &records) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.failed(&key, &e);
+                    self.shared.drop_records(records.len() as u64, "io");
+                    false
+                }
+            };
+            if ok {
+                metrics::counter!(names::JOURNAL_RECORDS, "model" => key.0.clone())
+                    .increment(records.len() as u64);
+                self.shared.failing.store(false, Ordering::Relaxed);
+            }
+            for i in members {
+                outcome[i] = ok;
+            }
+        }
+        let bytes: usize = pending.iter().map(|(r, _)| r.queued_bytes()).sum();
+        let left = self.shared.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        metrics::gauge!(names::JOURNAL_QUEUED_BYTES).set(left.saturating_sub(bytes) as f64);
+        for ((_, reply), ok) in pending.drain(..).zip(outcome) {
+            if let Some(reply) = reply {
+                let _ = reply.send(ok);
+            }
+        }
+    }
+
+    /// Writes one stream's records as one record batch, opening (or
+    /// rotating to) a file first.
+    fn write_group(&mut self, key: &StreamKey, records: &[&Record]) -> Result<(), String> {
+        let run = self.run.clone();
+        let stream = self.streams.entry(key.clone()).or_insert_with(|| Stream {
+            layout: Layout::of(&records[0].handle),
+            position: Position {
+                next: 0,
+                chain: genesis(&run, &key.0, &key.1, &key.2),
+            },
+            file: None,
+        });
+        let rotate = stream.file.as_ref().is_some_and(|f| {
+            f.writer.get_ref().written >= self.config.rotate_bytes
+                || f.opened.elapsed() >= self.config.rotate_interval
+        });
+        if rotate && let Some(file) = stream.file.take() {
+            finish(file);
+        }
+        let schema = match &stream.file {
+            Some(file) => Arc::clone(&file.schema),
+            None => {
+                let schema =
+                    stream
+                        .layout
+                        .schema(&run, &key.0, &key.1, &key.2, stream.position.next);
+                let path = file_path(&self.config.directory, key, &run, stream.position.next);
+                stream.file = Some(open(&path, &schema)?);
+                schema
+            }
+        };
+        let mut position = stream.position.clone();
+        let dropped = self.shared.dropped.load(Ordering::Relaxed);
+        let batch = batch::build(&schema, &stream.layout, records, &mut position, dropped)
+            .map_err(|e| format!("building a record batch: {e}"))?;
+        let Some(file) = stream.file.as_mut() else {
+            return Err("no file open".to_string());
+        };
+        let before = file.writer.get_ref().written;
+        if let Err(e) = file.writer.write(&batch) {
+            // The file may end in part of a batch now: the next batch
+            // begins a new file.
+            stream.file = None;
+            return Err(format!("writing: {e}"));
+        }
+        file.dirty = true;
+        metrics::counter!(names::JOURNAL_BYTES)
+            .increment(file.writer.get_ref().written.saturating_sub(before));
+        stream.position = position;
+        Ok(())
+    }
+
+    /// fsyncs every file written since the last.
+    fn sync(&mut self) {
+        self.last_fsync = Instant::now();
+        let mut errors = Vec::new();
+        for (key, stream) in &mut self.streams {
+            let Some(file) = stream.file.as_mut().filter(|f| f.dirty) else {
+                continue;
+            };
+            let started = Instant::now();
+            match file.writer.get_ref().file.sync_data() {
+                Ok(()) => {
+                    file.dirty = false;
+                    metrics::histogram!(names::JOURNAL_FSYNC_DURATION)
+                        .record(started.elapsed().as_secs_f64());
+                }
+                Err(e) => {
+                    stream.file = None;
+                    errors.push((key.clone(), format!("fsync: {e}")));
+                }
+            }
+        }
+        for (key, e) in errors {
+            self.failed(&key, &e);
+        }
+    }
+
+    /// Closes files older than `journal.rotate_interval` (the next record
+    /// begins a new one).
+    fn rotate_old(&mut self) {
+        for stream in self.streams.values_mut() {
+            let old = stream
+                .file
+                .as_ref()
+                .is_some_and(|f| f.opened.elapsed() >= self.config.rotate_interval);
+            if old && let Some(file) = stream.file.take() {
+                finish(file);
+            }
+        }
+    }
+
+    /// Counts a failure, marks the journal failing, logs at most once a minute.
+    fn failed(&mut self, key: &StreamKey, error: &str) {
+        metrics::counter!(names::JOURNAL_ERRORS).increment(1);
+        self.shared.failing.store(true, Ordering::Relaxed);
+        if self.last_log.is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
+            self.last_log = Some(Instant::now());
+            tracing::error!(model = %key.0, version = %key.1, %error,
+                "the journal cannot write; its records are dropped (and counted) until it can");
+        }
+    }
+}
+
+/// `DIRECTORY/MODEL/VERSION/RUN-FIRST.arrows`.
+fn file_path(directory: &Path, key: &StreamKey, run: &str, first: u64) -> PathBuf {
+    directory
+        .join(&key.0)
+        .join(&key.1)
+        .join(format!("{run}-{first:012}.arrows"))
+}
+
+/// A new file at `path` with `schema`'s stream header.
+fn open(path: &Path, schema: &SchemaRef) -> Result<OpenFile, String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating its directory: {e}"))?;
+    }
+    let file = File::options()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| format!("creating a file: {e}"))?;
+    let writer = StreamWriter::try_new(Counting { file, written: 0 }, schema)
+        .map_err(|e| format!("writing a file's header: {e}"))?;
+    Ok(OpenFile {
+        writer,
+        schema: Arc::clone(schema),
+        opened: Instant::now(),
+        dirty: true,
+    })
+}
+
+/// Ends `file` with the stream's end marker and syncs it.
+fn finish(mut file: OpenFile) {
+    let _ = file.writer.finish();
+    let _ = file.writer.get_ref().file.sync_data();
+}

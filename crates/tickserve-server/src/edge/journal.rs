@@ -1,0 +1,176 @@
+//! The edge's half of the prediction journal: a request of a journaled
+//! model collects its record as it goes (what came, what it asked, what it
+//! got) and hands it to the journal when answered; in `refuse` mode the
+//! answer waits until the record is written.
+//!
+//! The record's `received` is the wall clock (`CLOCK_REALTIME`) at the
+//! moment the front end took the request (its monotonic `started`, moved
+//! onto the wall clock once, when the edge admits it); `answered` is the
+//! wall clock when the runtime's answer (or the error) reached the edge,
+//! before the front end encodes it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use tickserve_core::monte_carlo::Summary;
+use tickserve_core::sequence::KeyId;
+use tickserve_core::{Error, InferResponse};
+use tickserve_journal::{Journal, MonteCarlo, Parameters, Record, Tensor};
+use tickserve_runtime::{ModelHandle, Prepared};
+
+use super::params;
+
+/// A journaled request's record, filled in as the request goes.
+pub struct Pending {
+    journal: Arc<Journal>,
+    record: Record,
+}
+
+impl Pending {
+    /// The record of a request to `handle` that came over `protocol` at
+    /// `started`, with `key` and `traceparent`.
+    pub fn new(
+        journal: &Arc<Journal>,
+        handle: &Arc<ModelHandle>,
+        protocol: &'static str,
+        started: Instant,
+        key: Option<KeyId>,
+        traceparent: Option<String>,
+    ) -> Pending {
+        let now = SystemTime::now();
+        let received = now.checked_sub(started.elapsed()).unwrap_or(now);
+        Pending {
+            journal: Arc::clone(journal),
+            record: Record {
+                handle: Arc::clone(handle),
+                received,
+                answered: received,
+                queue: Duration::ZERO,
+                compute: Duration::ZERO,
+                protocol,
+                id: String::new(),
+                traceparent,
+                key: key.map(|k| k.0.iter().map(|b| format!("{b:02x}")).collect()),
+                bucket: None,
+                status: "ok",
+                error: None,
+                parameters: Parameters::default(),
+                inputs: None,
+                outputs: Vec::new(),
+                state: Vec::new(),
+            },
+        }
+    }
+
+    /// In `refuse` mode, whether the request may run (see [`Journal::admit`]).
+    pub fn admit(&self) -> Result<(), Error> {
+        self.journal.admit(&self.record.handle.name)
+    }
+
+    /// What the request asked: its id and parameters.
+    pub fn asked(&mut self, id: &str, parameters: &params::Parameters) {
+        self.record.id = id.to_string();
+        self.record.parameters = Parameters {
+            priority: parameters.priority,
+            sequence: parameters
+                .sequence
+                .as_ref()
+                .map(|s| (s.id.to_string(), s.start, s.end)),
+            monte_carlo: parameters.monte_carlo.as_ref().map(|mc| MonteCarlo {
+                samples: u32::try_from(mc.samples).unwrap_or(u32::MAX),
+                sigma: mc.sigma,
+                seed: mc.seed.unwrap_or(0),
+                output: match &mc.summary {
+                    Summary::Moments => "moments",
+                    Summary::Quantiles(_) => "quantiles",
+                    Summary::Samples => "samples",
+                }
+                .to_string(),
+                quantiles: match &mc.summary {
+                    Summary::Quantiles(q) => Some(
+                        q.iter()
+                            .map(|q| q.to_string())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    ),
+                    _ => None,
+                },
+            }),
+        };
+    }
+
+    /// The validated request: its inputs (shared, not copied), the seed its
+    /// Monte Carlo noise is drawn from, and, for a stateful model, a run that
+    /// reports the state it read.
+    pub fn prepared(&mut self, prepared: &mut Prepared) {
+        let (inputs, rows) = prepared.inputs();
+        self.record.inputs = Some((inputs.to_vec(), rows));
+        if let (Some(mc), Some(seed)) = (
+            self.record.parameters.monte_carlo.as_mut(),
+            prepared.monte_carlo_seed(),
+        ) {
+            mc.seed = seed;
+        }
+        if self.record.handle.sequences().is_some() {
+            prepared.keep_state();
+        }
+    }
+
+    /// Hands the record of a request refused before it ran to the journal.
+    pub fn refused(mut self, error: &Error) {
+        self.failed(error);
+        let _ = self.journal.submit(self.record);
+    }
+
+    fn failed(&mut self, error: &Error) {
+        self.record.answered = SystemTime::now();
+        self.record.status = error.kind().as_str();
+        self.record.error = Some(error.client_message());
+    }
+
+    /// Hands the record of an answered request to the journal; in `refuse`
+    /// mode waits until it is written, and turns the answer into an error if
+    /// it could not be.
+    pub async fn answered(
+        mut self,
+        result: Result<InferResponse, Error>,
+    ) -> Result<InferResponse, Error> {
+        match &result {
+            Ok(response) => {
+                self.record.answered = SystemTime::now();
+                self.record.queue = response.timing.queue;
+                self.record.compute = response.timing.compute;
+                self.record.bucket = u32::try_from(response.bucket).ok();
+                self.record.outputs = response
+                    .outputs
+                    .iter()
+                    .map(|o| Tensor {
+                        name: o.name.clone(),
+                        datatype: o.datatype,
+                        shape: o.shape.clone(),
+                        data: Bytes::copy_from_slice(&o.data),
+                    })
+                    .collect();
+                self.record.state = response.state_read.clone();
+            }
+            Err(error) => self.failed(error),
+        }
+        let model = self.record.handle.name.clone();
+        match self.journal.submit(self.record) {
+            None => result,
+            Some(written) => match written.await {
+                Ok(true) => result,
+                _ => {
+                    metrics::counter!(tickserve_core::metrics::JOURNAL_REFUSED,
+                        "reason" => "unwritten")
+                    .increment(1);
+                    Err(Error::JournalUnavailable {
+                        model,
+                        reason: "its record could not be written".to_string(),
+                    })
+                }
+            },
+        }
+    }
+}
