@@ -64,6 +64,8 @@ struct Shared {
     failing: AtomicBool,
     /// When a failing journal last let a request through (ms since start).
     last_probe_ms: AtomicU64,
+    /// Every write fails as on a full disk ([`Journal::fail_writes`]).
+    fail_writes: Arc<AtomicBool>,
     started: Option<Instant>,
 }
 
@@ -239,6 +241,12 @@ impl Journal {
         }
     }
 
+    /// Makes every write fail, as on a full disk (`ENOSPC`), until called
+    /// with `false`: for tests, and for drills of what `when_full` does.
+    pub fn fail_writes(&self, on: bool) {
+        self.shared.fail_writes.store(on, Ordering::Relaxed);
+    }
+
     /// Records dropped so far in this run.
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
@@ -328,10 +336,14 @@ struct OpenFile {
 struct Counting {
     file: File,
     written: u64,
+    fail: Arc<AtomicBool>,
 }
 
 impl Write for Counting {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        }
         let n = self.file.write(buf)?;
         self.written += n as u64;
         Ok(n)
@@ -472,7 +484,7 @@ impl Writer {
                         .layout
                         .schema(&run, &key.0, &key.1, &key.2, stream.position.next);
                 let path = file_path(&self.config.directory, key, &run, stream.position.next);
-                stream.file = Some(open(&path, &schema)?);
+                stream.file = Some(open(&path, &schema, &self.shared.fail_writes)?);
                 schema
             }
         };
@@ -558,7 +570,10 @@ fn file_path(directory: &Path, key: &StreamKey, run: &str, first: u64) -> PathBu
 }
 
 /// A new file at `path` with `schema`'s stream header.
-fn open(path: &Path, schema: &SchemaRef) -> Result<OpenFile, String> {
+fn open(path: &Path, schema: &SchemaRef, fail: &Arc<AtomicBool>) -> Result<OpenFile, String> {
+    if fail.load(Ordering::Relaxed) {
+        return Err("creating a file: No space left on device (os error 28)".to_string());
+    }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating its directory: {e}"))?;
     }
@@ -567,7 +582,12 @@ fn open(path: &Path, schema: &SchemaRef) -> Result<OpenFile, String> {
         .create_new(true)
         .open(path)
         .map_err(|e| format!("creating a file: {e}"))?;
-    let writer = StreamWriter::try_new(Counting { file, written: 0 }, schema)
+    let counting = Counting {
+        file,
+        written: 0,
+        fail: Arc::clone(fail),
+    };
+    let writer = StreamWriter::try_new(counting, schema)
         .map_err(|e| format!("writing a file's header: {e}"))?;
     Ok(OpenFile {
         writer,

@@ -9,7 +9,6 @@ use clap::{Args, Subcommand};
 use tickserve_core::config::ServerConfig;
 use tickserve_runtime::Runtime;
 
-
 /// What to do with a journal.
 #[derive(Debug, Subcommand)]
 pub enum JournalCommand {

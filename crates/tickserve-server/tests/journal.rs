@@ -1,0 +1,288 @@
+//! The prediction journal against a real server: every front end's
+//! requests recorded exactly, with the outputs the clients got bit for bit
+//! (read with pyarrow and polars, `tests/python/journal_check.py`), verified
+//! and replayed bit for bit; `verify` finds a truncated tail, a gap and an
+//! edited record; a journal that cannot write drops and counts (`drop`) or
+//! refuses with 503 and answers nothing unrecorded (`refuse`).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tickserve_core::config::{ServerConfig, WhenFull};
+use tickserve_journal::read::read_file;
+use tickserve_journal::verify::verify;
+
+/// The sample repository's models and the fixtures' tree ensemble.
+fn mixed_repository() -> tempfile::TempDir {
+    let dir = common::fixture_repository();
+    let samples = common::root().join("config/models");
+    std::fs::remove_dir_all(dir.path().join("alpha_mlp")).unwrap();
+    for model in [
+        "alpha_mlp",
+        "seq_lstm",
+        "seq_lstm_step",
+        "tick_000",
+        "tick_001",
+    ] {
+        std::os::unix::fs::symlink(samples.join(model), dir.path().join(model)).unwrap();
+    }
+    dir
+}
+
+fn journaled(repository: &Path, journal: &Path) -> ServerConfig {
+    let mut config = common::config(repository);
+    config.journal.enabled = true;
+    config.journal.directory = journal.to_path_buf();
+    config
+}
+
+fn alpha_body(n: usize) -> serde_json::Value {
+    let data: Vec<f32> = (0..50).map(|i| (i * 7 + n) as f32 * 0.01).collect();
+    serde_json::json!({
+        "id": format!("r-{n}"),
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 50], "data": data}]
+    })
+}
+
+async fn post_alpha(base: &str, n: usize) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(format!("{base}/v2/models/alpha_mlp/infer"))
+        .json(&alpha_body(n))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_front_end_is_journaled_bit_for_bit_verified_and_replayed() {
+    let repository = mixed_repository();
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(repository.path(), journal.path());
+    let service = format!("tickserve-test-{}-journal", std::process::id());
+    config.shm.enabled = true;
+    config.shm.service = service.clone();
+    let server = common::start(&config).await;
+    let sent = journal.path().join("../sent.json");
+    let sent = sent.as_os_str();
+    let send: [&std::ffi::OsStr; 6] = [
+        "send".as_ref(),
+        "--sent".as_ref(),
+        sent,
+        "--service".as_ref(),
+        service.as_ref(),
+        "--count".as_ref(),
+    ];
+    let mut args = send.to_vec();
+    args.push("420".as_ref());
+    common::run_python_check(&server, "journal_check.py", &args, "sent 420").await;
+    // Every answered request's record was handed over before its answer.
+    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+    tokio::task::spawn_blocking(move || handle.flush())
+        .await
+        .unwrap();
+    let read: [&std::ffi::OsStr; 5] = [
+        "read".as_ref(),
+        "--sent".as_ref(),
+        sent,
+        "--journal".as_ref(),
+        journal.path().as_os_str(),
+    ];
+    common::run_python_check(&server, "journal_check.py", &read, "journal matches: 420").await;
+
+    let report = verify(journal.path()).unwrap();
+    print!("{}", report.text());
+    assert!(report.sound(), "{}", report.text());
+    assert_eq!(report.records(), 420);
+    assert!(report.streams.iter().all(|s| s.truncated_tail.is_none()));
+    let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
+        .await
+        .unwrap();
+    print!("{}", replay.text());
+    assert_eq!(replay.records, 420);
+    assert_eq!(replay.identical, 420, "{}", replay.text());
+    assert!(replay.mismatches.is_empty() && replay.not_replayed.is_empty());
+    server.shutdown().await.unwrap();
+}
+
+/// Rewrites `path` with one value of its first batch's `request_id` column
+/// changed, as an editor of the file would.
+fn edit_a_record(path: &Path) {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let file = read_file(path).unwrap();
+    let batch = &file.batches[0];
+    let index = batch.schema().index_of("request_id").unwrap();
+    let mut ids: Vec<String> = batch
+        .column(index)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap()
+        .iter()
+        .map(|s| s.unwrap().to_string())
+        .collect();
+    ids[0] = "edited".into();
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns[index] = Arc::new(StringArray::from(ids));
+    let edited = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    let out = std::fs::File::create(path).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &batch.schema()).unwrap();
+    writer.write(&edited).unwrap();
+    for batch in &file.batches[1..] {
+        writer.write(batch).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    // Small files: the requests below fill several.
+    config.journal.rotate_bytes = 64 * 1024;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    for n in 0..600 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+        if n % 50 == 49 {
+            // One record batch per flush: rotation happens between batches.
+            let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+            tokio::task::spawn_blocking(move || handle.flush())
+                .await
+                .unwrap();
+        }
+    }
+    server.shutdown().await.unwrap();
+    let report = verify(journal.path()).unwrap();
+    assert!(report.sound(), "{}", report.text());
+    assert_eq!(report.records(), 600);
+    let mut files: Vec<_> = walk(journal.path());
+    files.sort();
+    assert!(files.len() >= 3, "{} files", files.len());
+
+    // A crash: the last file ends in part of a record batch.
+    let last = files.last().unwrap();
+    let len = std::fs::metadata(last).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(last).unwrap();
+    file.set_len(len - 100).unwrap();
+    let report = verify(journal.path()).unwrap();
+    print!("{}", report.text());
+    assert!(report.sound(), "{}", report.text());
+    assert!(report.streams[0].truncated_tail.is_some());
+    assert!(report.records() < 600);
+
+    // An edited record breaks the chain there.
+    edit_a_record(&files[1]);
+    let report = verify(journal.path()).unwrap();
+    print!("{}", report.text());
+    assert!(!report.sound());
+    assert_eq!(report.streams[0].broken_chain.len(), 1, "{}", report.text());
+    assert!(report.streams[0].gaps.is_empty());
+
+    // A removed file is a gap.
+    std::fs::remove_file(&files[1]).unwrap();
+    let report = verify(journal.path()).unwrap();
+    print!("{}", report.text());
+    assert_eq!(report.streams[0].gaps.len(), 1, "{}", report.text());
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_cannot_write_drops_and_counts_in_drop_mode() {
+    let journal = tempfile::tempdir().unwrap();
+    let config = journaled(&common::root().join("config/models"), journal.path());
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+    handle.fail_writes(true);
+    for n in 0..20 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    let flushing = Arc::clone(&handle);
+    tokio::task::spawn_blocking(move || flushing.flush())
+        .await
+        .unwrap();
+    assert_eq!(handle.dropped(), 20);
+    let metrics = common::metrics_text(&base).await;
+    assert!(
+        common::counter_total(&metrics, "tickserve_journal_dropped_total") >= 20.0,
+        "{metrics}"
+    );
+    // The disk has room again: records are written again.
+    handle.fail_writes(false);
+    for n in 20..30 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    server.shutdown().await.unwrap();
+    let report = verify(journal.path()).unwrap();
+    assert!(report.sound(), "{}", report.text());
+    assert_eq!(report.records(), 10);
+    assert_eq!(report.streams[0].dropped_so_far, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_cannot_write_refuses_with_503_in_refuse_mode_and_answers_nothing_unrecorded()
+ {
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    config.journal.when_full = WhenFull::Refuse;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+    assert_eq!(post_alpha(&base, 0).await, reqwest::StatusCode::OK);
+    handle.fail_writes(true);
+    let mut answered = 1;
+    let mut refused = 0;
+    for n in 1..40 {
+        match post_alpha(&base, n).await {
+            reqwest::StatusCode::OK => answered += 1,
+            reqwest::StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+            other => panic!("request {n}: {other}"),
+        }
+    }
+    assert_eq!(answered, 1, "an answer left without its record");
+    assert_eq!(refused, 39);
+    // The message says why, over gRPC too.
+    let mut grpc = tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
+        format!("http://{}", server.grpc_addr),
+    )
+    .await
+    .unwrap();
+    let status = grpc
+        .model_infer(common::grpc_alpha_row())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(status.message().contains("journal"), "{}", status.message());
+    // Room again: within a second one request finds out, and serving resumes.
+    handle.fail_writes(false);
+    let mut back = false;
+    for n in 40..80 {
+        if post_alpha(&base, n).await == reqwest::StatusCode::OK {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(back, "serving did not resume once the journal could write");
+    server.shutdown().await.unwrap();
+    let report = verify(journal.path()).unwrap();
+    assert!(report.sound(), "{}", report.text());
+    // Every answer has its record: the first and the one after recovery.
+    assert_eq!(report.records(), 2, "{}", report.text());
+}
