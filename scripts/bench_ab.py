@@ -12,7 +12,11 @@ Markdown table of medians with the new/old ratios.
     python3 scripts/bench_ab.py --old /tmp/tickserve-old-tree/target/release/tickserve \\
         --new target/release/tickserve            # 3 rounds of 4 s windows: about 3 minutes
 
-Both servers run config/tickserve.toml from this checkout (the sample repository).
+Both servers run config/tickserve.toml from this checkout (the sample repository), or
+each its own configuration: one binary, a setting off against on (the journal, say):
+
+    python3 scripts/bench_ab.py --old target/release/tickserve --new target/release/tickserve \
+        --new-config /tmp/journal-on.toml --protocols grpc --rounds 5
 """
 import argparse
 import csv
@@ -23,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server import ROOT, Server  # noqa: E402
+from server import DEFAULT_CONFIG, ROOT, Server  # noqa: E402
 
 PERF_ANALYZER = ROOT.parent / "shared/tools/perf_analyzer"
 
@@ -56,6 +60,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--old", required=True, help="the old server binary")
     p.add_argument("--new", required=True, help="the new server binary")
+    p.add_argument("--old-config", default=None, help="the old server's configuration")
+    p.add_argument("--new-config", default=None, help="the new server's configuration")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--interval", type=int, default=4000, help="measurement window, ms")
     p.add_argument("--server-cpus", default="0")
@@ -73,7 +79,8 @@ def main():
         order = ("old", "new") if round_ % 2 else ("new", "old")
         for which in order:
             binary = getattr(args, which)
-            with Server(binary=binary, taskset_cpus=args.server_cpus) as server:
+            config = getattr(args, f"{which}_config") or DEFAULT_CONFIG
+            with Server(config=config, binary=binary, taskset_cpus=args.server_cpus) as server:
                 for protocol, c in levels:
                     port = server.grpc_port if protocol == "grpc" else server.http_port
                     r = measure(port, c, args.client_cpus, args.interval, protocol=protocol)

@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // gRPC frame buffer, then copied once into the bucket buffer.
     config.bytes([
         ".inference.ModelInferRequest.raw_input_contents",
+        ".inference.ModelInferResponse.raw_output_contents",
         ".tensorflow.TensorProto.tensor_content",
         ".tickserve.StateTensor.contents",
     ]);

@@ -26,7 +26,10 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 http=18180 grpc=18181 prom=19190
 
-"$bin" serve --config config/tickserve.toml --http-port $http --grpc-port $grpc > "$work/tickserve.log" 2>&1 &
+# The sample configuration with the prediction journal on (its panels need data).
+cp config/tickserve.toml "$work/tickserve.toml"
+printf '\n[journal]\nenabled = true\ndirectory = "%s/journal"\n' "$work" >> "$work/tickserve.toml"
+"$bin" serve --config "$work/tickserve.toml" --http-port $http --grpc-port $grpc > "$work/tickserve.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null && break; sleep 0.2; done
 curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null || { cat "$work/tickserve.log"; exit 1; }

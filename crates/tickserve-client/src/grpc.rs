@@ -61,7 +61,7 @@ impl GrpcClient {
                     name: o.name.clone(),
                     datatype,
                     shape: o.shape.clone(),
-                    data,
+                    data: data.to_vec(),
                 })
             })
             .collect()

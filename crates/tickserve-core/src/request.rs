@@ -61,8 +61,9 @@ pub struct OutputTensor {
     pub datatype: DataType,
     /// Its shape, batch first.
     pub shape: Vec<i64>,
-    /// Little-endian element data.
-    pub data: Vec<u8>,
+    /// Little-endian element data (shared, not copied, by the front end
+    /// that encodes it and the journal that records it).
+    pub data: Bytes,
 }
 
 /// A prediction.

@@ -343,7 +343,7 @@ impl SequenceSpec {
                 shape: std::iter::once(1)
                     .chain(state.input.dims.iter().map(|&d| d as i64))
                     .collect(),
-                data: row.to_vec(),
+                data: row.clone(),
             })
             .collect()
     }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tickserve_core::validate::ValidRequest;
 use tickserve_core::{
     Buckets, CompiledModel, EngineError, Error, InferResponse, MemberId, OutputTensor, TensorSpec,
@@ -404,11 +405,11 @@ impl Executor {
                 .map(|&o| {
                     let len = request.rows * self.output_row_bytes[o];
                     let from = first_row * self.output_row_bytes[o];
-                    let mut tensor = output_tensor(&signature.outputs[o], request.rows, len);
-                    tensor
-                        .data
-                        .extend_from_slice(&self.model.output(bucket, o)[from..from + len]);
-                    tensor
+                    output_tensor(
+                        &signature.outputs[o],
+                        request.rows,
+                        Bytes::copy_from_slice(&self.model.output(bucket, o)[from..from + len]),
+                    )
                 })
                 .collect();
             all.push(outputs);
@@ -427,20 +428,12 @@ impl Executor {
         id: String,
         cost: &mut RequestCost,
     ) -> Result<InferResponse, Error> {
-        let mut outputs: Vec<OutputTensor> = {
-            let signature = self.model.signature();
-            request
-                .outputs
-                .iter()
-                .map(|&o| {
-                    output_tensor(
-                        &signature.outputs[o],
-                        request.rows,
-                        request.rows * self.output_row_bytes[o],
-                    )
-                })
-                .collect()
-        };
+        // One buffer per output, filled bucket run by bucket run.
+        let mut data: Vec<Vec<u8>> = request
+            .outputs
+            .iter()
+            .map(|&o| Vec::with_capacity(request.rows * self.output_row_bytes[o]))
+            .collect();
         let mut first_row = 0;
         let buckets = Arc::clone(&self.buckets);
         // A replay pins the bucket its record ran in.
@@ -465,14 +458,19 @@ impl Executor {
             cost.input += copy_started.elapsed();
             cost.infer += self.run_bucket(bucket, rows, member)?;
             let copy_started = Instant::now();
-            for (out, &o) in outputs.iter_mut().zip(&request.outputs) {
+            for (out, &o) in data.iter_mut().zip(&request.outputs) {
                 let used = rows * self.output_row_bytes[o];
-                out.data
-                    .extend_from_slice(&self.model.output(bucket, o)[..used]);
+                out.extend_from_slice(&self.model.output(bucket, o)[..used]);
             }
             cost.output += copy_started.elapsed();
             first_row += rows;
         }
+        let signature = self.model.signature();
+        let outputs = data
+            .into_iter()
+            .zip(&request.outputs)
+            .map(|(data, &o)| output_tensor(&signature.outputs[o], request.rows, data.into()))
+            .collect();
         Ok(InferResponse {
             model: member.name.clone(),
             version: member.version.clone(),
@@ -495,15 +493,16 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
-/// An empty output tensor for `rows` rows of `spec`, with room for `bytes`.
-/// One allocation per output per request: the response owns its bytes.
-fn output_tensor(spec: &TensorSpec, rows: usize, bytes: usize) -> OutputTensor {
+/// The output tensor of `rows` rows of `spec` holding `data`: one
+/// allocation per output per request, shared from here on (the front end
+/// encodes it, the journal records it).
+fn output_tensor(spec: &TensorSpec, rows: usize, data: Bytes) -> OutputTensor {
     OutputTensor {
         name: spec.name.clone(),
         datatype: spec.datatype,
         shape: std::iter::once(rows as i64)
             .chain(spec.dims.iter().map(|&d| d as i64))
             .collect(),
-        data: Vec::with_capacity(bytes),
+        data,
     }
 }

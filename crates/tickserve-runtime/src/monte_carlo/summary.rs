@@ -73,7 +73,7 @@ impl Plan {
                 name: format!("{}_{suffix}", output.name),
                 datatype,
                 shape: with_rows(&[]),
-                data,
+                data: data.into(),
             }
         };
         let n = self.samples as f64;

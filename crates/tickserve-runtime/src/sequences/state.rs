@@ -70,7 +70,7 @@ pub(crate) fn take_state(
     let at = answer.outputs.len().saturating_sub(spec.states.len());
     let states = answer.outputs.split_off(at);
     let Some(row) = clean_row else {
-        return states.into_iter().map(|t| Bytes::from(t.data)).collect();
+        return states.into_iter().map(|t| t.data).collect();
     };
     let rows = row + 1;
     for output in &mut answer.outputs {

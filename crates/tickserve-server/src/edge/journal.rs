@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
 use tickserve_core::monte_carlo::Summary;
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferResponse};
@@ -149,7 +148,7 @@ impl Pending {
                         name: o.name.clone(),
                         datatype: o.datatype,
                         shape: o.shape.clone(),
-                        data: Bytes::copy_from_slice(&o.data),
+                        data: o.data.clone(),
                     })
                     .collect();
                 self.record.state = response.state_read.clone();

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use tickserve_core::sequence::{KeyId, SequenceId};
 use tickserve_core::{DataType, Error, InputTensor};
 use tickserve_runtime::Sequences;
@@ -129,7 +128,7 @@ impl SequenceService for Sequence {
                     name: t.name,
                     datatype: t.datatype.as_str().to_string(),
                     shape: t.shape,
-                    contents: Bytes::from(t.data),
+                    contents: t.data,
                 })
                 .collect(),
         }))

@@ -627,7 +627,7 @@ mod tests {
                 name: "y".into(),
                 datatype: DataType::Fp32,
                 shape: vec![1, 1],
-                data: 5f32.to_le_bytes().to_vec(),
+                data: bytes::Bytes::copy_from_slice(&5f32.to_le_bytes()),
             }],
             timing: Default::default(),
             sequence_restarted: false,

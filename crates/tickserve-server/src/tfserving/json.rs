@@ -1036,7 +1036,7 @@ mod tests {
                     name: "b".into(),
                     datatype: DataType::Bool,
                     shape: vec![2],
-                    data: vec![1, 0],
+                    data: vec![1u8, 0].into(),
                 },
             ],
             timing: Default::default(),
