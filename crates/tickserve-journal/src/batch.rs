@@ -18,7 +18,7 @@ use arrow_schema::{ArrowError, DataType as Arrow, Field, SchemaRef};
 use bytes::Bytes;
 use tickserve_core::TensorSpec;
 
-use crate::digest::{ChainDigest, link};
+use crate::digest::{ChainDigest, Columns};
 use crate::record::Record;
 use crate::schema::{self, CHAIN, Layout, mc_output_fields};
 
@@ -159,9 +159,9 @@ pub fn build(
     // Every column but the chain is built: link each record to the last.
     let unchained = RecordBatch::try_new(Arc::clone(schema), columns.clone())?;
     let mut chain = FixedSizeBinaryBuilder::with_capacity(n, 32);
-    let mut scratch = Vec::new();
+    let mut reader = Columns::of(&unchained);
     for row in 0..n {
-        position.chain = link(&position.chain, &unchained, row, &mut scratch);
+        position.chain = reader.link(&position.chain, row);
         chain.append_value(position.chain)?;
     }
     position.next += n as u64;

@@ -11,7 +11,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::UInt64Type;
 use serde::Serialize;
 
-use crate::digest::{genesis, link};
+use crate::digest::{Columns, genesis};
 use crate::read::{JournalFile, read_dir};
 use crate::schema::CHAIN;
 
@@ -145,9 +145,8 @@ pub fn verify(dir: &Path) -> Result<Report, String> {
         };
         let mut expected = 0u64;
         let mut chain = genesis(&id.run, &id.model, &id.version, &id.digest);
-        let mut scratch = Vec::new();
         for (i, file) in files.iter().enumerate() {
-            check_file(file, &mut s, &mut expected, &mut chain, &mut scratch);
+            check_file(file, &mut s, &mut expected, &mut chain);
             if let Some(damage) = &file.damage {
                 if i + 1 == files.len() {
                     s.truncated_tail = Some(format!("{}: {damage}", file.path.display()));
@@ -167,7 +166,6 @@ fn check_file(
     s: &mut StreamReport,
     expected: &mut u64,
     chain: &mut crate::digest::ChainDigest,
-    scratch: &mut Vec<u8>,
 ) {
     for batch in &file.batches {
         let (Some(numbers), Some(chains), Some(dropped)) = (
@@ -192,6 +190,7 @@ fn check_file(
             ));
             return;
         };
+        let mut reader = Columns::of(batch);
         for row in 0..batch.num_rows() {
             let number = numbers.value(row);
             if number > *expected {
@@ -201,7 +200,7 @@ fn check_file(
                 s.broken_chain.push(number);
             }
             *expected = number.saturating_add(1);
-            let computed = link(chain, batch, row, scratch);
+            let computed = reader.link(chain, row);
             let stored: [u8; 32] = chains.value(row).try_into().unwrap_or([0; 32]);
             if computed != stored {
                 s.broken_chain.push(number);

@@ -155,7 +155,7 @@ impl Pending {
             }
             Err(error) => self.failed(error),
         }
-        let model = self.record.handle.name.clone();
+        let handle = Arc::clone(&self.record.handle);
         match self.journal.submit(self.record) {
             None => result,
             Some(written) => match written.await {
@@ -165,7 +165,7 @@ impl Pending {
                         "reason" => "unwritten")
                     .increment(1);
                     Err(Error::JournalUnavailable {
-                        model,
+                        model: handle.name.clone(),
                         reason: "its record could not be written".to_string(),
                     })
                 }
