@@ -336,6 +336,10 @@ struct OpenFile {
     opened: Instant,
     /// Written since the last fsync.
     dirty: bool,
+    /// Where it is.
+    path: PathBuf,
+    /// Record batches written whole.
+    batches: u64,
 }
 
 /// A file that counts the bytes written to it.
@@ -508,11 +512,18 @@ impl Writer {
         let before = file.writer.get_ref().get_ref().written;
         if let Err(e) = file.writer.write(&batch).and_then(|()| file.writer.flush()) {
             // The file may end in part of a batch now: the next batch
-            // begins a new file.
-            stream.file = None;
+            // begins a new file. A file that holds no whole batch (its
+            // first write failed: a full disk) is removed, not left behind
+            // empty.
+            if let Some(file) = stream.file.take()
+                && file.batches == 0
+            {
+                let _ = std::fs::remove_file(&file.path);
+            }
             return Err(format!("writing: {e}"));
         }
         file.dirty = true;
+        file.batches += 1;
         metrics::counter!(names::JOURNAL_BYTES).increment(
             file.writer
                 .get_ref()
@@ -610,6 +621,8 @@ fn open(path: &Path, schema: &SchemaRef, fail: &Arc<AtomicBool>) -> Result<OpenF
         schema: Arc::clone(schema),
         opened: Instant::now(),
         dirty: true,
+        path: path.to_path_buf(),
+        batches: 0,
     })
 }
 
