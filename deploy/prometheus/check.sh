@@ -27,8 +27,9 @@ trap cleanup EXIT
 http=18180 grpc=18181 prom=19190
 
 # The sample configuration with the prediction journal on (its panels need data).
-cp config/tickserve.toml "$work/tickserve.toml"
-printf '\n[journal]\nenabled = true\ndirectory = "%s/journal"\n' "$work" >> "$work/tickserve.toml"
+sed -e '/^\[journal\]/,/^\[/{s/^enabled = false/enabled = true/;s#^directory = "journal"#directory = "'"$work"'/journal"#;}' \
+  config/tickserve.toml > "$work/tickserve.toml"
+grep -q '^enabled = true' <(sed -n '/^\[journal\]/,$p' "$work/tickserve.toml")
 "$bin" serve --config "$work/tickserve.toml" --http-port $http --grpc-port $grpc > "$work/tickserve.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null && break; sleep 0.2; done
