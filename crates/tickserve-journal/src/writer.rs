@@ -52,7 +52,7 @@ const GATHER_INTERVAL: Duration = Duration::from_millis(20);
 /// The writer thread's nice value: it yields to the threads that answer
 /// requests when they share a core, and still gets about a tenth of a busy
 /// core (Linux's weights: 110 against 1024), far more than it needs (about
-/// 2.3 µs per record: docs/journal.md).
+/// 1.8 µs per record: docs/journal.md).
 const WRITER_NICE: i32 = 10;
 
 /// How often a failure is logged, at most.
