@@ -86,18 +86,21 @@ impl Report {
                 s.files,
                 s.dropped_so_far
             );
-            for [a, b] in &s.gaps {
+            for [a, b] in s.gaps.iter().take(LISTED) {
                 let _ = writeln!(out, "  GAP: records {a} to {b} are missing");
             }
-            for r in &s.broken_chain {
+            more(&mut out, s.gaps.len(), "gaps");
+            for r in s.broken_chain.iter().take(LISTED) {
                 let _ = writeln!(
                     out,
                     "  BROKEN CHAIN at record {r}: it was changed, or records before it were"
                 );
             }
-            for f in &s.damaged_files {
+            more(&mut out, s.broken_chain.len(), "broken links");
+            for f in s.damaged_files.iter().take(LISTED) {
                 let _ = writeln!(out, "  damaged file: {f}");
             }
+            more(&mut out, s.damaged_files.len(), "damaged files");
             if let Some(t) = &s.truncated_tail {
                 let _ = writeln!(
                     out,
@@ -120,6 +123,21 @@ impl Report {
             }
         );
         out
+    }
+}
+
+/// How many gaps, broken links or damaged files the text report lists per
+/// stream (the JSON report has them all).
+const LISTED: usize = 20;
+
+/// The line after a list cut at [`LISTED`].
+fn more(out: &mut String, total: usize, what: &str) {
+    if total > LISTED {
+        let _ = writeln!(
+            out,
+            "  ... and {} more {what} (--json lists them all)",
+            total - LISTED
+        );
     }
 }
 

@@ -60,11 +60,7 @@ pub fn run(command: JournalCommand) -> anyhow::Result<ExitCode> {
 
 fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let report = tickserve_journal::verify::verify(&args.dir).map_err(anyhow::Error::msg)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.text());
-    }
+    print_report(args.json, &report, report.text())?;
     Ok(if report.sound() {
         ExitCode::SUCCESS
     } else {
@@ -90,11 +86,7 @@ fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         .block_on(tickserve_journal::replay::replay(&args.dir, &runtime))
         .map_err(anyhow::Error::msg)?;
     runtime.shutdown();
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.text());
-    }
+    print_report(args.json, &report, report.text())?;
     Ok(
         if report.mismatches.is_empty() && report.not_replayed.is_empty() {
             ExitCode::SUCCESS
@@ -102,4 +94,19 @@ fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         },
     )
+}
+
+/// Writes `report` to standard output (as JSON, or as `text`); a closed
+/// pipe (`| head`) ends the output quietly.
+fn print_report(json: bool, report: &impl serde::Serialize, text: String) -> anyhow::Result<()> {
+    use std::io::Write;
+    let out = if json {
+        serde_json::to_string_pretty(report)? + "\n"
+    } else {
+        text
+    };
+    match std::io::stdout().write_all(out.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
