@@ -145,8 +145,7 @@ impl Journal {
         if f >= 1.0 {
             return true;
         }
-        let n = self.sampled.fetch_add(1, Ordering::Relaxed) as f64;
-        ((n + 1.0) * f).floor() > (n * f).floor()
+        sampled(self.sampled.fetch_add(1, Ordering::Relaxed), f)
     }
 
     /// Whether an answer must wait for its record (`when_full = "refuse"`).
@@ -286,6 +285,13 @@ impl Shared {
         self.dropped.fetch_add(n, Ordering::Relaxed);
         metrics::counter!(names::JOURNAL_DROPPED, "reason" => reason).increment(n);
     }
+}
+
+/// Whether the `n`-th journaled request (from 0) is recorded at sampling
+/// fraction `f`: exactly `floor(n * f)` of the first `n` are, evenly spread.
+fn sampled(n: u64, f: f64) -> bool {
+    let n = n as f64;
+    ((n + 1.0) * f).floor() > (n * f).floor()
 }
 
 /// Gives the calling thread [`WRITER_NICE`] (Linux: nice is per thread).
@@ -655,4 +661,29 @@ fn finish(mut file: OpenFile) {
     let _ = file.writer.finish();
     let _ = file.writer.flush();
     let _ = file.writer.get_ref().get_ref().file.sync_data();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_records_exactly_the_fraction_evenly() {
+        for (f, every) in [(0.25, 4), (0.5, 2), (0.1, 10)] {
+            let kept: Vec<u64> = (0..1000).filter(|&n| sampled(n, f)).collect();
+            assert_eq!(kept.len() as f64, 1000.0 * f, "fraction {f}");
+            assert!(
+                kept.windows(2).all(|w| w[1] - w[0] == every),
+                "fraction {f}: {kept:?}"
+            );
+        }
+        assert!((0..1000).all(|n| !sampled(n, 0.0)));
+    }
+
+    #[test]
+    fn run_names_are_utc_dates() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(20_416), (2025, 11, 24));
+        assert_eq!(civil(11_016), (2000, 2, 29));
+    }
 }

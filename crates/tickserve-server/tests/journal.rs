@@ -286,3 +286,33 @@ async fn a_journal_that_cannot_write_refuses_with_503_in_refuse_mode_and_answers
     // Every answer has its record: the first and the one after recovery.
     assert_eq!(report.records(), 2, "{}", report.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_opt_out_and_the_sample_fraction_is_exact() {
+    // Every model out by default: nothing is recorded.
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    config.model_defaults.journal = false;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    for n in 0..10 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    server.shutdown().await.unwrap();
+    assert_eq!(verify(journal.path()).unwrap().records(), 0);
+    assert!(walk(journal.path()).is_empty());
+
+    // Every model in, a quarter of the requests recorded: exactly 10 of 40.
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    config.journal.sample = 0.25;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    for n in 0..40 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    server.shutdown().await.unwrap();
+    let report = verify(journal.path()).unwrap();
+    assert!(report.sound(), "{}", report.text());
+    assert_eq!(report.records(), 10);
+}
