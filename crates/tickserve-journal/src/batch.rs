@@ -19,7 +19,7 @@ use bytes::Bytes;
 use tickserve_core::TensorSpec;
 
 use crate::digest::{ChainDigest, Columns};
-use crate::record::Record;
+use crate::record::{Outputs, Record};
 use crate::schema::{self, CHAIN, Layout, mc_output_fields};
 
 /// Where a stream's numbering and chain stand.
@@ -136,18 +136,18 @@ pub fn build(
         });
         columns.push(rows_column(spec, cells)?);
     }
-    for spec in &layout.outputs {
-        // The model's own outputs, where the answer has them under their
-        // names (a Monte Carlo answer has its summaries instead).
+    for (i, spec) in layout.outputs.iter().enumerate() {
+        // The model's own outputs (a Monte Carlo answer has its summaries
+        // instead, in `mc_outputs`).
         let cells = records.iter().map(|r| {
             let rows = r.inputs.as_ref().map_or(0, |(_, rows)| *rows);
-            if r.parameters.monte_carlo.is_some() {
-                return None;
+            match &r.outputs {
+                Outputs::Model(outputs) => outputs
+                    .iter()
+                    .find(|(o, _)| *o == i)
+                    .map(|(_, data)| (data, rows)),
+                Outputs::MonteCarlo(_) => None,
             }
-            r.outputs
-                .iter()
-                .find(|t| t.name == spec.name)
-                .map(|t| (&t.data, rows))
         });
         columns.push(rows_column(spec, cells)?);
     }
@@ -319,12 +319,12 @@ fn mc_outputs(records: &[&Record]) -> ArrayRef {
     let mut list =
         ListBuilder::new(entry).with_field(Arc::new(Field::new_struct("item", fields, false)));
     for r in records {
-        if r.parameters.monte_carlo.is_none() {
+        let Outputs::MonteCarlo(outputs) = &r.outputs else {
             list.append_null();
             continue;
-        }
+        };
         let entry = list.values();
-        for t in &r.outputs {
+        for t in outputs {
             if let Some(b) = entry.field_builder::<StringBuilder>(0) {
                 b.append_value(&t.name);
             }

@@ -20,5 +20,5 @@ pub mod schema;
 pub mod verify;
 pub mod writer;
 
-pub use record::{MonteCarlo, Parameters, Record, Tensor};
+pub use record::{MonteCarlo, Outputs, Parameters, Record, Tensor};
 pub use writer::Journal;

@@ -44,7 +44,7 @@ pub struct Record {
     /// request refused before it was validated.
     pub inputs: Option<(Vec<Bytes>, usize)>,
     /// The outputs the client got.
-    pub outputs: Vec<Tensor>,
+    pub outputs: Outputs,
     /// A stateful model's state rows the request read (one per state pair,
     /// `model.toml` order); empty otherwise.
     pub state: Vec<Bytes>,
@@ -77,6 +77,27 @@ pub struct MonteCarlo {
     pub quantiles: Option<String>,
 }
 
+/// The outputs of an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outputs {
+    /// The model's own outputs: each its index among the signature's
+    /// outputs and its data (names and shapes follow from the signature).
+    Model(Vec<(usize, Bytes)>),
+    /// A Monte Carlo answer's summaries (names and shapes depend on the
+    /// request's `mc_output`).
+    MonteCarlo(Vec<Tensor>),
+}
+
+impl Outputs {
+    /// Bytes of tensor data.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Outputs::Model(outputs) => outputs.iter().map(|(_, d)| d.len()).sum(),
+            Outputs::MonteCarlo(outputs) => outputs.iter().map(|t| t.data.len()).sum(),
+        }
+    }
+}
+
 /// One output tensor of an answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
@@ -98,7 +119,7 @@ impl Record {
             .inputs
             .as_ref()
             .map_or(0, |(inputs, _)| inputs.iter().map(Bytes::len).sum());
-        let outputs: usize = self.outputs.iter().map(|t| t.data.len()).sum();
+        let outputs = self.outputs.bytes();
         let state: usize = self.state.iter().map(Bytes::len).sum();
         inputs + outputs + state + self.id.len() + self.error.as_ref().map_or(0, String::len) + 512
     }

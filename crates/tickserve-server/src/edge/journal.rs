@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tickserve_core::monte_carlo::Summary;
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferResponse};
-use tickserve_journal::{Journal, MonteCarlo, Parameters, Record, Tensor};
+use tickserve_journal::{Journal, MonteCarlo, Outputs, Parameters, Record, Tensor};
 use tickserve_runtime::{ModelHandle, Prepared};
 
 use super::params;
@@ -56,7 +56,7 @@ impl Pending {
                 error: None,
                 parameters: Parameters::default(),
                 inputs: None,
-                outputs: Vec::new(),
+                outputs: Outputs::Model(Vec::new()),
                 state: Vec::new(),
             },
         }
@@ -141,16 +141,34 @@ impl Pending {
                 self.record.queue = response.timing.queue;
                 self.record.compute = response.timing.compute;
                 self.record.bucket = u32::try_from(response.bucket).ok();
-                self.record.outputs = response
-                    .outputs
-                    .iter()
-                    .map(|o| Tensor {
-                        name: o.name.clone(),
-                        datatype: o.datatype,
-                        shape: o.shape.clone(),
-                        data: o.data.clone(),
-                    })
-                    .collect();
+                self.record.outputs = if self.record.parameters.monte_carlo.is_some() {
+                    Outputs::MonteCarlo(
+                        response
+                            .outputs
+                            .iter()
+                            .map(|o| Tensor {
+                                name: o.name.clone(),
+                                datatype: o.datatype,
+                                shape: o.shape.clone(),
+                                data: o.data.clone(),
+                            })
+                            .collect(),
+                    )
+                } else {
+                    // The model's own outputs, by their place in its
+                    // signature: the data is shared, nothing else is copied.
+                    let signature = &self.record.handle.signature.outputs;
+                    Outputs::Model(
+                        response
+                            .outputs
+                            .iter()
+                            .filter_map(|o| {
+                                let index = signature.iter().position(|s| s.name == o.name)?;
+                                Some((index, o.data.clone()))
+                            })
+                            .collect(),
+                    )
+                };
                 self.record.state = response.state_read.clone();
             }
             Err(error) => self.failed(error),
