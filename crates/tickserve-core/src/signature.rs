@@ -36,6 +36,13 @@ impl TensorSpec {
             .collect()
     }
 
+    /// The shape of `rows` rows of it: `[rows, dims...]`.
+    pub fn shape_of(&self, rows: usize) -> Vec<i64> {
+        std::iter::once(i64::try_from(rows).unwrap_or(i64::MAX))
+            .chain(self.dims.iter().map(|&d| d as i64))
+            .collect()
+    }
+
     /// The shape written for people: `[batch, 30, 8]`.
     pub fn display_shape(&self) -> String {
         let dims: Vec<String> = self.dims.iter().map(ToString::to_string).collect();

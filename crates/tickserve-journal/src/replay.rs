@@ -149,9 +149,7 @@ async fn rerun(
         inputs.push(InputTensor {
             name: spec.name.clone(),
             datatype: spec.datatype,
-            shape: std::iter::once(rows as i64)
-                .chain(spec.dims.iter().map(|&d| d as i64))
-                .collect(),
+            shape: spec.shape_of(rows),
             data,
         });
     }

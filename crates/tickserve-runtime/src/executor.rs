@@ -500,9 +500,7 @@ fn output_tensor(spec: &TensorSpec, rows: usize, data: Bytes) -> OutputTensor {
     OutputTensor {
         name: spec.name.clone(),
         datatype: spec.datatype,
-        shape: std::iter::once(rows as i64)
-            .chain(spec.dims.iter().map(|&d| d as i64))
-            .collect(),
+        shape: spec.shape_of(rows),
         data,
     }
 }

@@ -316,3 +316,47 @@ async fn models_opt_out_and_the_sample_fraction_is_exact() {
     assert!(report.sound(), "{}", report.text());
     assert_eq!(report.records(), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_names_the_key_and_the_traceparent_it_came_with() {
+    use arrow_array::cast::AsArray;
+    use sha2::Digest;
+    const KEY: &str = "journal-test-key";
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    common::restrict_every_group(
+        &mut config,
+        "admin-key",
+        KEY,
+        &[tickserve_core::config::FrontEnd::Http],
+    );
+    let server = common::start(&config).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let status = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v2/models/alpha_mlp/infer",
+            server.http_addr
+        ))
+        .header("admin-key", KEY)
+        .header("traceparent", traceparent)
+        .json(&alpha_body(0))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, reqwest::StatusCode::OK);
+    server.shutdown().await.unwrap();
+    let files = walk(journal.path());
+    assert_eq!(files.len(), 1);
+    let file = read_file(&files[0]).unwrap();
+    let batch = &file.batches[0];
+    let key = batch.column_by_name("key").unwrap().as_string::<i32>();
+    let digest = sha2::Sha256::digest(KEY.as_bytes());
+    let expected: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(key.value(0), expected);
+    let trace = batch
+        .column_by_name("traceparent")
+        .unwrap()
+        .as_string::<i32>();
+    assert_eq!(trace.value(0), traceparent);
+}

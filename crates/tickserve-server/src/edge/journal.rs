@@ -20,6 +20,16 @@ use tickserve_runtime::{ModelHandle, Prepared};
 
 use super::params;
 
+/// `bytes` in lower-case hex, in one allocation.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
 /// A journaled request's record, filled in as the request goes.
 pub struct Pending {
     journal: Arc<Journal>,
@@ -50,7 +60,7 @@ impl Pending {
                 protocol,
                 id: String::new(),
                 traceparent,
-                key: key.map(|k| k.0.iter().map(|b| format!("{b:02x}")).collect()),
+                key: key.map(|k| hex(&k.0)),
                 bucket: None,
                 status: "ok",
                 error: None,
