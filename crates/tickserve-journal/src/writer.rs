@@ -92,7 +92,7 @@ impl Journal {
     /// Starts the journal's writer over `config.directory` (made if missing);
     /// the files of this run are named after `run`.
     pub fn start(config: &JournalConfig) -> Result<Arc<Journal>, String> {
-        std::fs::create_dir_all(&config.directory).map_err(|e| {
+        private_dir(&config.directory).map_err(|e| {
             format!(
                 "journal.directory {}: cannot create it: {e}",
                 config.directory.display()
@@ -628,12 +628,25 @@ fn file_path(directory: &Path, key: &StreamKey, run: &str, first: u64) -> PathBu
         .join(format!("{run}-{first:012}.arrows"))
 }
 
-/// A new file at `path` with `schema`'s stream header.
+/// `dir` and its missing parents, readable by the server's user only (the
+/// records hold every input and output).
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// A new file at `path` with `schema`'s stream header (owner-only).
 fn open(path: &Path, schema: &SchemaRef, fail: &Arc<AtomicBool>) -> Result<OpenFile, String> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating its directory: {e}"))?;
+        private_dir(dir).map_err(|e| format!("creating its directory: {e}"))?;
     }
-    let file = File::options()
+    let mut options = File::options();
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options
         .write(true)
         .create_new(true)
         .open(path)

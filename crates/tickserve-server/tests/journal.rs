@@ -318,7 +318,7 @@ async fn models_opt_out_and_the_sample_fraction_is_exact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_names_the_key_and_the_traceparent_it_came_with() {
+async fn a_record_names_the_key_and_the_traceparent_it_came_with_in_an_owner_only_file() {
     use arrow_array::cast::AsArray;
     use sha2::Digest;
     const KEY: &str = "journal-test-key";
@@ -348,6 +348,15 @@ async fn a_record_names_the_key_and_the_traceparent_it_came_with() {
     server.shutdown().await.unwrap();
     let files = walk(journal.path());
     assert_eq!(files.len(), 1);
+    // The records hold every input and output: the server's user alone reads them.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&files[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    let dir = std::fs::metadata(files[0].parent().unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(dir & 0o777, 0o700, "{dir:o}");
     let file = read_file(&files[0]).unwrap();
     let batch = &file.batches[0];
     let key = batch.column_by_name("key").unwrap().as_string::<i32>();
