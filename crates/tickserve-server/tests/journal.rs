@@ -369,3 +369,33 @@ async fn a_record_names_the_key_and_the_traceparent_it_came_with_in_an_owner_onl
         .as_string::<i32>();
     assert_eq!(trace.value(0), traceparent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_end_by_age_as_well_as_by_size() {
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    config.journal.rotate_interval = std::time::Duration::from_millis(200);
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    // Three bursts, each past the last file's age.
+    for burst in 0..3 {
+        for n in 0..5 {
+            assert_eq!(
+                post_alpha(&base, burst * 5 + n).await,
+                reqwest::StatusCode::OK
+            );
+        }
+        let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+        tokio::task::spawn_blocking(move || handle.flush())
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    server.shutdown().await.unwrap();
+    let files = walk(journal.path());
+    assert_eq!(files.len(), 3, "{files:?}");
+    let report = verify(journal.path()).unwrap();
+    assert!(report.sound(), "{}", report.text());
+    assert_eq!(report.records(), 15);
+    assert_eq!(report.streams[0].files, 3);
+}
