@@ -109,22 +109,8 @@ impl<'a> Column<'a> {
         let nulls = array.nulls();
         match array.data_type() {
             Arrow::Boolean => Column::Boolean(array.as_boolean()),
-            Arrow::Utf8 => {
-                let a = array.as_string::<i32>();
-                Column::Bytes {
-                    offsets: a.value_offsets(),
-                    values: a.values().as_slice(),
-                    nulls,
-                }
-            }
-            Arrow::Binary => {
-                let a = array.as_binary::<i32>();
-                Column::Bytes {
-                    offsets: a.value_offsets(),
-                    values: a.values().as_slice(),
-                    nulls,
-                }
-            }
+            Arrow::Utf8 => Column::bytes(array.as_string::<i32>(), nulls),
+            Arrow::Binary => Column::bytes(array.as_binary::<i32>(), nulls),
             Arrow::FixedSizeBinary(width) => {
                 let a = array.as_fixed_size_binary();
                 let width = usize::try_from(*width).unwrap_or(0);
@@ -168,6 +154,18 @@ impl<'a> Column<'a> {
                 },
                 None => Column::Other(other.to_string()),
             },
+        }
+    }
+
+    /// A string or binary column.
+    fn bytes<T: arrow_array::types::ByteArrayType<Offset = i32>>(
+        a: &'a arrow_array::GenericByteArray<T>,
+        nulls: Option<&'a NullBuffer>,
+    ) -> Column<'a> {
+        Column::Bytes {
+            offsets: a.value_offsets(),
+            values: a.values().as_slice(),
+            nulls,
         }
     }
 

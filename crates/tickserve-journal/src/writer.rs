@@ -63,7 +63,8 @@ pub struct Journal {
     config: JournalConfig,
     run: String,
     shared: Arc<Shared>,
-    sender: Mutex<Option<Sender<Message>>>,
+    /// Unlocked on the request path: a `Sender` is `Sync`.
+    sender: Sender<Message>,
     thread: Mutex<Option<JoinHandle<()>>>,
     sampled: AtomicU64,
 }
@@ -86,6 +87,8 @@ enum Message {
     Record(Box<Record>, Option<oneshot::Sender<bool>>),
     /// Write and fsync everything before it, then answer.
     Flush(std::sync::mpsc::SyncSender<()>),
+    /// Write everything before it, end every file, stop.
+    Stop,
 }
 
 impl Journal {
@@ -124,7 +127,7 @@ impl Journal {
             config: config.clone(),
             run,
             shared,
-            sender: Mutex::new(Some(sender)),
+            sender,
             thread: Mutex::new(Some(thread)),
             sampled: AtomicU64::new(0),
         }))
@@ -218,11 +221,8 @@ impl Journal {
         };
         let sent = self
             .sender
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|s| s.send(Message::Record(Box::new(record), reply)).is_ok())
-            .unwrap_or(false);
+            .send(Message::Record(Box::new(record), reply))
+            .is_ok();
         if !sent {
             self.shared.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
             self.shared.drop_records(1, "stopped");
@@ -234,14 +234,7 @@ impl Journal {
     /// (tests, and an operator's `kill` after a drain).
     pub fn flush(&self) {
         let (tx, rx) = mpsc::sync_channel(1);
-        let sent = self
-            .sender
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|s| s.send(Message::Flush(tx)).is_ok())
-            .unwrap_or(false);
-        if sent {
+        if self.sender.send(Message::Flush(tx)).is_ok() {
             let _ = rx.recv();
         }
     }
@@ -249,7 +242,7 @@ impl Journal {
     /// Stops the writer after it has written what it holds; each file ends
     /// with the stream's end marker and is synced.
     pub fn close(&self) {
-        drop(self.sender.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let _ = self.sender.send(Message::Stop);
         if let Some(thread) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = thread.join();
         }
@@ -400,7 +393,8 @@ impl Write for Counting {
 impl Writer {
     fn serve(mut self, receiver: Receiver<Message>) {
         let mut pending: Vec<(Box<Record>, Option<oneshot::Sender<bool>>)> = Vec::new();
-        loop {
+        let mut stopping = false;
+        while !stopping {
             let wait = self.next_deadline();
             let first = match receiver.recv_timeout(wait) {
                 Ok(m) => Some(m),
@@ -413,6 +407,7 @@ impl Writer {
                 match message {
                     Message::Record(record, reply) => pending.push((record, reply)),
                     Message::Flush(done) => flushes.push(done),
+                    Message::Stop => stopping = true,
                 }
                 if pending.len() >= MAX_BATCH_RECORDS {
                     self.write(&mut pending);
@@ -433,7 +428,7 @@ impl Writer {
             for done in flushes {
                 let _ = done.send(());
             }
-            if self.config.when_full == WhenFull::Drop && !flushed {
+            if self.config.when_full == WhenFull::Drop && !flushed && !stopping {
                 std::thread::sleep(GATHER_INTERVAL);
             }
         }
@@ -442,6 +437,15 @@ impl Writer {
             if let Some(file) = stream.file.take() {
                 finish(file);
             }
+        }
+        // Records handed over after the stop are dropped and counted (and a
+        // waiting answer is refused as its reply sender goes).
+        let late = receiver
+            .try_iter()
+            .filter(|m| matches!(m, Message::Record(..)))
+            .count();
+        if late > 0 {
+            self.shared.drop_records(late as u64, "stopped");
         }
     }
 

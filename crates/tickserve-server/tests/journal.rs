@@ -40,6 +40,14 @@ fn journaled(repository: &Path, journal: &Path) -> ServerConfig {
     config
 }
 
+/// Waits until every record handed over so far is written and synced.
+async fn flush(server: &tickserve_server::Server) {
+    let journal = Arc::clone(server.edge().journal.as_ref().unwrap());
+    tokio::task::spawn_blocking(move || journal.flush())
+        .await
+        .unwrap();
+}
+
 fn alpha_body(n: usize) -> serde_json::Value {
     let data: Vec<f32> = (0..50).map(|i| (i * 7 + n) as f32 * 0.01).collect();
     serde_json::json!({
@@ -81,10 +89,7 @@ async fn every_front_end_is_journaled_bit_for_bit_verified_and_replayed() {
     args.push("420".as_ref());
     common::run_python_check(&server, "journal_check.py", &args, "sent 420").await;
     // Every answered request's record was handed over before its answer.
-    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
-    tokio::task::spawn_blocking(move || handle.flush())
-        .await
-        .unwrap();
+    flush(&server).await;
     let read: [&std::ffi::OsStr; 5] = [
         "read".as_ref(),
         "--sent".as_ref(),
@@ -149,10 +154,7 @@ async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
         assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
         if n % 50 == 49 {
             // One record batch per flush: rotation happens between batches.
-            let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
-            tokio::task::spawn_blocking(move || handle.flush())
-                .await
-                .unwrap();
+            flush(&server).await;
         }
     }
     server.shutdown().await.unwrap();
@@ -213,10 +215,7 @@ async fn a_journal_that_cannot_write_drops_and_counts_in_drop_mode() {
     for n in 0..20 {
         assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
     }
-    let flushing = Arc::clone(&handle);
-    tokio::task::spawn_blocking(move || flushing.flush())
-        .await
-        .unwrap();
+    flush(&server).await;
     assert_eq!(handle.dropped(), 20);
     let metrics = common::metrics_text(&base).await;
     assert!(
@@ -385,10 +384,7 @@ async fn files_end_by_age_as_well_as_by_size() {
                 reqwest::StatusCode::OK
             );
         }
-        let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
-        tokio::task::spawn_blocking(move || handle.flush())
-            .await
-            .unwrap();
+        flush(&server).await;
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
     server.shutdown().await.unwrap();
