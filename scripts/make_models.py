@@ -10,6 +10,9 @@ Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
   seq_lstm_step   one tick of seq_lstm, with its weights: tick [batch, 8], h_in, c_in [batch, 16]
                   -> prediction [batch, 1], h_out, c_out [batch, 16]; a stateful sequence
                   model (model.toml pairs h_in/h_out and c_in/c_out): the server keeps h, c
+  seq_lstm_window seq_lstm's graph and weights as a windowed sequence model (model.toml
+                  declares `window` a window): clients send one tick [1, 8], the server
+                  keeps each sequence's last 30
   tick_000..007   float32 [batch, 16] -> Gemm 16x32 -> Relu -> Gemm 32x1 -> [batch, 1],
                   one architecture, eight sets of weights (one per instrument)
 
@@ -200,12 +203,28 @@ def every_cuda_op(rng):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+SEQ_LSTM_WINDOW_TOML = """\
+# seq_lstm as a windowed sequence model: clients send one tick [1, 8] under `window`;
+# the server keeps each sequence's last 30 ticks and runs the LSTM on them
+# (docs/sequences.md, "Windows").
+[sequence]
+max_sequence_idle = "0s"   # never expire: a sequence lives for the trading day
+max_sequences = 4096
+window_warmup = "pad"      # before 30 ticks, the missing places hold zeros
+
+[[sequence.window]]
+input = "window"
+"""
+
+
 def sample_repository(root):
     save(mlp(np.random.default_rng(1), "alpha_mlp", 50, 64, 3, softmax=True,
              out_name="probabilities"), root, "alpha_mlp")
     save(lstm(np.random.default_rng(2), "seq_lstm", 30, 8, 16), root, "seq_lstm")
     save(lstm_step(np.random.default_rng(2), "seq_lstm_step", 8, 16), root, "seq_lstm_step",
          config=SEQ_LSTM_STEP_TOML)
+    save(lstm(np.random.default_rng(2), "seq_lstm", 30, 8, 16), root, "seq_lstm_window",
+         config=SEQ_LSTM_WINDOW_TOML)
     for i in range(8):
         save(mlp(np.random.default_rng(100 + i), "tick_mlp", 16, 32, 1), root, f"tick_{i:03d}")
 

@@ -87,8 +87,14 @@ pub struct InferResponse {
     /// across runs).
     pub bucket: usize,
     /// A stateful model's state rows the request read, in `model.toml`
-    /// order; empty unless its run was asked to keep them (the journal).
+    /// order (state pairs, then windows); empty unless its run was asked to
+    /// keep them (the journal).
     pub state_read: Vec<Bytes>,
+    /// A windowed sequence model's tick: how many ticks its window held,
+    /// this one included (the longest window's, at most its length): the
+    /// response parameter `sequence_window_ticks`. With `window_warmup =
+    /// "wait"`, an answer whose windows are not yet full has no outputs.
+    pub window_ticks: Option<u64>,
 }
 
 /// Time a request spent in the server, by stage.

@@ -9,6 +9,14 @@
 //! (`tickserve_runtime::sequences`). A request names its sequence with the
 //! parameters `sequence_id` (an unsigned integer, or a string),
 //! `sequence_start` and `sequence_end`, as Triton's clients send them.
+//!
+//! A window (`[[sequence.window]]`, `window.rs`) is state of another kind:
+//! a graph input `[batch, N, F...]` holding the sequence's last N ticks;
+//! clients send one tick under its name.
+
+mod window;
+
+pub use window::{MAX_WINDOW_TICKS, Warmup, WindowConfig, WindowSpec};
 
 use std::path::Path;
 use std::time::Duration;
@@ -75,8 +83,13 @@ pub struct SequenceConfig {
     /// The most sequences kept at once (default [`DEFAULT_MAX_SEQUENCES`]);
     /// a start beyond it is refused (RESOURCE_EXHAUSTED).
     pub max_sequences: Option<usize>,
-    /// The state pairs; none: the model keeps no state.
+    /// The state pairs.
     pub state: Vec<StateConfig>,
+    /// The windows; a sequence model has state pairs, windows, or both.
+    pub window: Vec<WindowConfig>,
+    /// What a windowed sequence answers before its windows are full:
+    /// `pad` (the default) or `wait`.
+    pub window_warmup: Warmup,
     /// Serve a sequence only to the key that started it (where keys guard
     /// inference; docs/security.md): any other key is told the sequence is
     /// not active. Off by default.
@@ -96,6 +109,14 @@ pub enum InputSource {
     Client(usize),
     /// The sequence's state pair at this index.
     State(usize),
+    /// The sequence's window at index `window`, with the client's tick,
+    /// the input at index `client` of the public signature, last.
+    Window {
+        /// The window's index among [`SequenceSpec::windows`].
+        window: usize,
+        /// The tick's index among the public inputs.
+        client: usize,
+    },
 }
 
 /// One state pair, resolved against the graph's signature.
@@ -120,7 +141,13 @@ pub struct StateSpec {
 pub struct SequenceSpec {
     /// The state pairs, in `model.toml` order.
     pub states: Vec<StateSpec>,
-    /// The signature clients see: the graph's without the state inputs and outputs.
+    /// The windows, in `model.toml` order. A sequence's kept state is one
+    /// row per state pair, then one window (N rows) per window.
+    pub windows: Vec<WindowSpec>,
+    /// What a windowed sequence answers before its windows are full.
+    pub warmup: Warmup,
+    /// The signature clients see: the graph's without the state inputs and
+    /// outputs, and with one tick in place of each window.
     pub public: Signature,
     /// For each graph input, in graph order, where its data comes from.
     pub input_sources: Vec<InputSource>,
@@ -144,11 +171,12 @@ impl SequenceSpec {
         signature: &Signature,
         model_dir: &Path,
     ) -> Result<Option<SequenceSpec>, String> {
-        if config.state.is_empty() {
+        if config.state.is_empty() && config.window.is_empty() {
             if *config != SequenceConfig::default() {
                 return Err(
-                    "sequence: declares no [[sequence.state]] pair; a sequence model keeps \
-                     its state in a graph input and output pair"
+                    "sequence: declares no [[sequence.state]] pair and no [[sequence.window]]; \
+                     a sequence model keeps its state in a graph input and output pair, or \
+                     in a window input"
                         .to_string(),
                 );
             }
@@ -205,26 +233,13 @@ impl SequenceSpec {
                     output.display_shape()
                 ));
             }
-            let row_bytes = input.row_bytes();
-            let initial = match &pair.initial_file {
-                None => Bytes::from(vec![0u8; row_bytes]),
-                Some(file) => {
-                    // Named as model.toml writes it, never by the server's own
-                    // path: load failures are shown to clients.
-                    let bytes = std::fs::read(model_dir.join(file))
-                        .map_err(|e| format!("{key}.initial_file '{file}': cannot read it: {e}"))?;
-                    if bytes.len() != row_bytes {
-                        return Err(format!(
-                            "{key}.initial_file '{file}' holds {} bytes; one row of '{}' ({} {}) is {row_bytes}",
-                            bytes.len(),
-                            input.name,
-                            input.datatype,
-                            input.display_shape()
-                        ));
-                    }
-                    Bytes::from(bytes)
-                }
-            };
+            let initial = initial_row(
+                &key,
+                pair.initial_file.as_deref(),
+                model_dir,
+                &input,
+                "one row",
+            )?;
             states.push(StateSpec {
                 input,
                 input_index,
@@ -234,18 +249,36 @@ impl SequenceSpec {
                 initial_file: pair.initial_file.clone(),
             });
         }
+        let mut windows: Vec<WindowSpec> = Vec::with_capacity(config.window.len());
+        for (n, window) in config.window.iter().enumerate() {
+            let window = WindowSpec::resolve(n, window, signature, model_dir)?;
+            let taken = states.iter().any(|s| s.input_index == window.input_index)
+                || windows.iter().any(|w| w.input_index == window.input_index);
+            if taken {
+                return Err(format!(
+                    "sequence.window[{n}]: input '{}' is already a state or another window",
+                    window.input.name
+                ));
+            }
+            windows.push(window);
+        }
         let mut public = Signature {
             inputs: Vec::new(),
             outputs: Vec::new(),
         };
         let mut input_sources = Vec::with_capacity(signature.inputs.len());
         for (index, spec) in signature.inputs.iter().enumerate() {
-            match states.iter().position(|s| s.input_index == index) {
-                Some(state) => input_sources.push(InputSource::State(state)),
-                None => {
-                    input_sources.push(InputSource::Client(public.inputs.len()));
-                    public.inputs.push(spec.clone());
-                }
+            if let Some(state) = states.iter().position(|s| s.input_index == index) {
+                input_sources.push(InputSource::State(state));
+            } else if let Some(window) = windows.iter().position(|w| w.input_index == index) {
+                input_sources.push(InputSource::Window {
+                    window,
+                    client: public.inputs.len(),
+                });
+                public.inputs.push(windows[window].tick.clone());
+            } else {
+                input_sources.push(InputSource::Client(public.inputs.len()));
+                public.inputs.push(spec.clone());
             }
         }
         let mut output_indices = Vec::new();
@@ -264,6 +297,8 @@ impl SequenceSpec {
         }
         Ok(Some(SequenceSpec {
             states,
+            windows,
+            warmup: config.window_warmup,
             public,
             input_sources,
             output_indices,
@@ -276,29 +311,75 @@ impl SequenceSpec {
 }
 
 impl SequenceSpec {
-    /// A signature whose inputs are the state inputs: what a state write
-    /// sends, decoded as an inference request's inputs are.
+    /// A signature whose inputs are the state and window inputs: what a
+    /// state write sends, decoded as an inference request's inputs are.
     pub fn state_signature(&self) -> Signature {
         Signature {
-            inputs: self.states.iter().map(|s| s.input.clone()).collect(),
+            inputs: self
+                .states
+                .iter()
+                .map(|s| s.input.clone())
+                .chain(self.windows.iter().map(|w| w.input.clone()))
+                .collect(),
             outputs: Vec::new(),
         }
     }
 
-    /// The state rows a client wrote, in the model's order: every state
-    /// input once, by name, with its datatype, shape `[1, dims...]` and bytes.
-    pub fn state_rows(&self, model: &str, tensors: Vec<InputTensor>) -> Result<Vec<Bytes>, Error> {
-        let mut rows: Vec<Option<Bytes>> = vec![None; self.states.len()];
+    /// What a sequence that has seen no tick keeps: each state pair's
+    /// initial row, then each window's initial window.
+    pub fn initial_state(&self) -> Vec<Bytes> {
+        self.states
+            .iter()
+            .map(|s| s.initial.clone())
+            .chain(self.windows.iter().map(|w| w.initial.clone()))
+            .collect()
+    }
+
+    /// The ticks that fill every window (the longest window's length); 0
+    /// for a model without windows.
+    pub fn full_after(&self) -> u64 {
+        self.windows
+            .iter()
+            .map(|w| w.length as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The state a client wrote, in the model's order, and the ticks its
+    /// windows hold: every state input once, by name, with its datatype,
+    /// shape `[1, dims...]` and bytes; every window once, shape
+    /// `[1, k, F...]` with k from 1 to N, oldest tick first (fewer than N:
+    /// the places before them hold the initial tick). With several windows,
+    /// each holds as many ticks as it would after the same ticks.
+    pub fn state_rows(
+        &self,
+        model: &str,
+        tensors: Vec<InputTensor>,
+    ) -> Result<(Vec<Bytes>, u64), Error> {
+        let pairs = self.states.len();
+        let mut rows: Vec<Option<Bytes>> = vec![None; pairs + self.windows.len()];
+        let mut held = vec![0usize; self.windows.len()];
         for tensor in tensors {
-            let Some(index) = self.states.iter().position(|s| s.input.name == tensor.name) else {
-                return Err(Error::input(
-                    model,
-                    &tensor.name,
-                    format!("one of the model's state inputs ({})", self.state_names()),
-                    "a tensor that is not a state",
-                ));
+            let state = self.states.iter().position(|s| s.input.name == tensor.name);
+            let window = self
+                .windows
+                .iter()
+                .position(|w| w.input.name == tensor.name);
+            let (index, spec) = match (state, window) {
+                (Some(i), _) => (i, &self.states[i].input),
+                (None, Some(w)) => (pairs + w, &self.windows[w].input),
+                (None, None) => {
+                    return Err(Error::input(
+                        model,
+                        &tensor.name,
+                        format!(
+                            "one of the model's state or window inputs ({})",
+                            self.state_names()
+                        ),
+                        "a tensor that is neither",
+                    ));
+                }
             };
-            let spec = &self.states[index].input;
             if tensor.datatype != spec.datatype {
                 return Err(Error::input(
                     model,
@@ -307,54 +388,159 @@ impl SequenceSpec {
                     tensor.datatype.to_string(),
                 ));
             }
-            let expected: Vec<i64> = std::iter::once(1)
-                .chain(spec.dims.iter().map(|&d| d as i64))
-                .collect();
-            if tensor.shape != expected || tensor.data.len() != spec.row_bytes() {
-                return Err(Error::input(
-                    model,
-                    &tensor.name,
-                    format!("shape {expected:?} ({} bytes)", spec.row_bytes()),
-                    format!("shape {:?} ({} bytes)", tensor.shape, tensor.data.len()),
-                ));
-            }
-            if rows[index].replace(tensor.data).is_some() {
+            let data = match window {
+                None => {
+                    let expected = spec.shape_of(1);
+                    if tensor.shape != expected || tensor.data.len() != spec.row_bytes() {
+                        return Err(Error::input(
+                            model,
+                            &tensor.name,
+                            format!("shape {expected:?} ({} bytes)", spec.row_bytes()),
+                            format!("shape {:?} ({} bytes)", tensor.shape, tensor.data.len()),
+                        ));
+                    }
+                    tensor.data
+                }
+                Some(w) => {
+                    let window = &self.windows[w];
+                    let ticks = window_ticks(&tensor.shape, &window.tick)
+                        .filter(|k| (1..=window.length).contains(k))
+                        .filter(|k| tensor.data.len() == k * window.tick.row_bytes());
+                    let Some(ticks) = ticks else {
+                        let dims: String =
+                            window.tick.dims.iter().map(|d| format!(", {d}")).collect();
+                        return Err(Error::input(
+                            model,
+                            &tensor.name,
+                            format!(
+                                "shape [1, k{dims}] with k from 1 to {} (k ticks, oldest \
+                                 first; {} bytes each)",
+                                window.length,
+                                window.tick.row_bytes()
+                            ),
+                            format!("shape {:?} ({} bytes)", tensor.shape, tensor.data.len()),
+                        ));
+                    };
+                    held[w] = ticks;
+                    window.fill(&tensor.data)
+                }
+            };
+            if rows[index].replace(data).is_some() {
                 return Err(Error::input(model, &tensor.name, "once", "twice"));
             }
         }
-        rows.into_iter()
-            .zip(&self.states)
-            .map(|(row, state)| {
+        let seen = held.iter().copied().max().unwrap_or(0) as u64;
+        for (window, &k) in self.windows.iter().zip(&held) {
+            if k != 0 && k != window.held(seen) {
+                return Err(Error::input(
+                    model,
+                    &window.input.name,
+                    format!(
+                        "{} ticks: the windows hold the same ticks, as many as fit (another \
+                         window holds {seen})",
+                        window.held(seen)
+                    ),
+                    format!("{k} ticks"),
+                ));
+            }
+        }
+        let names = self
+            .states
+            .iter()
+            .map(|s| &s.input.name)
+            .chain(self.windows.iter().map(|w| &w.input.name));
+        let rows = rows
+            .into_iter()
+            .zip(names)
+            .map(|(row, name)| {
                 row.ok_or_else(|| {
-                    Error::input(model, &state.input.name, "a tensor for every state", "none")
+                    Error::input(model, name, "a tensor for every state and window", "none")
                 })
             })
-            .collect()
+            .collect::<Result<Vec<Bytes>, Error>>()?;
+        Ok((rows, seen))
     }
 
-    /// A sequence's state rows as tensors named by their state inputs, shape `[1, dims...]`.
-    pub fn state_tensors(&self, rows: &[Bytes]) -> Vec<OutputTensor> {
-        self.states
+    /// A sequence's state as tensors named by their inputs: each state
+    /// pair's row, shape `[1, dims...]`; each window's ticks held after
+    /// `seen` ticks, oldest first, shape `[1, k, F...]`.
+    pub fn state_tensors(&self, rows: &[Bytes], seen: u64) -> Vec<OutputTensor> {
+        let pairs = self
+            .states
             .iter()
             .zip(rows)
             .map(|(state, row)| OutputTensor {
                 name: state.input.name.clone(),
                 datatype: state.input.datatype,
-                shape: std::iter::once(1)
-                    .chain(state.input.dims.iter().map(|&d| d as i64))
-                    .collect(),
+                shape: state.input.shape_of(1),
                 data: row.clone(),
-            })
-            .collect()
+            });
+        let windows = self
+            .windows
+            .iter()
+            .zip(rows.get(self.states.len()..).unwrap_or_default())
+            .map(|(window, rows)| {
+                let held = window.held(seen);
+                let mut shape = window.tick.shape_of(held);
+                shape.insert(0, 1);
+                OutputTensor {
+                    name: window.input.name.clone(),
+                    datatype: window.input.datatype,
+                    shape,
+                    data: window.newest(rows, held),
+                }
+            });
+        pairs.chain(windows).collect()
     }
 
     fn state_names(&self) -> String {
         self.states
             .iter()
             .map(|s| s.input.name.as_str())
+            .chain(self.windows.iter().map(|w| w.input.name.as_str()))
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// k, for a window tensor of shape `[1, k, dims...]` where `tick` has `dims`.
+fn window_ticks(shape: &[i64], tick: &TensorSpec) -> Option<usize> {
+    let (&one, rest) = shape.split_first()?;
+    let (&k, dims) = rest.split_first()?;
+    let same = dims.len() == tick.dims.len()
+        && dims
+            .iter()
+            .zip(&tick.dims)
+            .all(|(&d, &t)| u64::try_from(d).ok() == Some(t as u64));
+    (one == 1 && same).then(|| usize::try_from(k).ok())?
+}
+
+/// One row of `spec` read from `file` (relative to `model_dir`); zeros
+/// when there is no file. Errors name the file as `model.toml` writes it,
+/// never by the server's own path: load failures are shown to clients.
+fn initial_row(
+    key: &str,
+    file: Option<&str>,
+    model_dir: &Path,
+    spec: &TensorSpec,
+    what: &str,
+) -> Result<Bytes, String> {
+    let row_bytes = spec.row_bytes();
+    let Some(file) = file else {
+        return Ok(Bytes::from(vec![0u8; row_bytes]));
+    };
+    let bytes = std::fs::read(model_dir.join(file))
+        .map_err(|e| format!("{key}.initial_file '{file}': cannot read it: {e}"))?;
+    if bytes.len() != row_bytes {
+        return Err(format!(
+            "{key}.initial_file '{file}' holds {} bytes; {what} of '{}' ({} {}) is {row_bytes}",
+            bytes.len(),
+            spec.name,
+            spec.datatype,
+            spec.display_shape()
+        ));
+    }
+    Ok(Bytes::from(bytes))
 }
 
 /// A sequence's id: Triton's `sequence_id`, an unsigned integer or a string

@@ -127,6 +127,7 @@ pub fn build(
                 .iter()
                 .map(|r| r.inputs.as_ref().map(|(_, rows)| *rows as u32)),
         ),
+        u32s(records.iter().map(|r| r.window_ticks)),
     ];
     for (i, spec) in layout.inputs.iter().enumerate() {
         let cells = records.iter().map(|r| {

@@ -46,8 +46,10 @@ pub struct Record {
     /// The outputs the client got.
     pub outputs: Outputs,
     /// A stateful model's state rows the request read (one per state pair,
-    /// `model.toml` order); empty otherwise.
+    /// then one window per window, `model.toml` order); empty otherwise.
     pub state: Vec<Bytes>,
+    /// A windowed model's tick: the ticks its window held, this one included.
+    pub window_ticks: Option<u32>,
 }
 
 /// A request's parameters, as a replay needs them.

@@ -173,17 +173,22 @@ async fn rerun(
     // sequence of the replay's own.
     let sequence = match (handle.sequences(), string(batch, "sequence_id", row)) {
         (Some(sequences), Some(_)) => {
+            let spec = sequences.spec();
             let mut state = Vec::new();
-            for spec in &sequences.spec().states {
-                let name = format!("{STATE}{}", spec.input.name);
+            let inputs = spec.states.iter().map(|s| &s.input);
+            for input in inputs.chain(spec.windows.iter().map(|w| &w.input)) {
+                let name = format!("{STATE}{}", input.name);
                 state.push(
                     state_row(batch, &name, row)
-                        .ok_or_else(|| format!("state {} is missing", spec.input.name))?,
+                        .ok_or_else(|| format!("state {} is missing", input.name))?,
                 );
             }
+            // The windows held one tick fewer before the tick (as many, once full).
+            let held = column::<UInt32Type>(batch, "window_ticks", row).unwrap_or(0);
+            let before = u64::from(held.saturating_sub(1));
             let id = SequenceId::Text(format!("tickserve-replay-{replay_id}"));
             sequences
-                .write(&id, state, None, None)
+                .write(&id, state, before, None, None)
                 .await
                 .map_err(|e| e.client_message())?;
             Some(SequenceControl {

@@ -5,7 +5,8 @@
 //! (`input.x`: `List<FixedSizeList<Float32, 8>>` for 8 features); its field
 //! metadata names the datatype (`tickserve.datatype`: `FP32`) and the row
 //! shape (`tickserve.shape`: `[30, 8]`). A state column holds the one row a
-//! tick read. Monte Carlo answers, whose outputs depend on the request's
+//! tick read, or for a window the N ticks it held before the tick
+//! (`window_ticks` of them real, counting the tick: the rest initial). Monte Carlo answers, whose outputs depend on the request's
 //! `mc_output`, go in `mc_outputs` (name, datatype, shape, little-endian
 //! bytes per output).
 
@@ -51,7 +52,8 @@ pub struct Layout {
     pub inputs: Vec<TensorSpec>,
     /// The outputs, in signature order.
     pub outputs: Vec<TensorSpec>,
-    /// A stateful model's state inputs, in `model.toml` order.
+    /// A stateful model's state inputs, then its window inputs, in
+    /// `model.toml` order.
     pub states: Vec<TensorSpec>,
 }
 
@@ -65,7 +67,12 @@ impl Layout {
                 .settings
                 .sequence
                 .as_ref()
-                .map(|s| s.states.iter().map(|s| s.input.clone()).collect())
+                .map(|s| {
+                    let states = s.states.iter().map(|s| s.input.clone());
+                    states
+                        .chain(s.windows.iter().map(|w| w.input.clone()))
+                        .collect()
+                })
                 .unwrap_or_default(),
         }
     }
@@ -116,6 +123,7 @@ impl Layout {
             Field::new("mc_output", Arrow::Utf8, true),
             Field::new("mc_quantiles", Arrow::Utf8, true),
             Field::new("rows", Arrow::UInt32, true),
+            Field::new("window_ticks", Arrow::UInt32, true),
         ];
         for spec in &self.inputs {
             fields.push(rows_field(INPUT, spec));

@@ -343,6 +343,7 @@ impl Executor {
                 sequence_restarted: false,
                 bucket,
                 state_read: Vec::new(),
+                window_ticks: None,
             }));
         }
     }
@@ -480,6 +481,7 @@ impl Executor {
             sequence_restarted: false,
             bucket: ran_in,
             state_read: Vec::new(),
+            window_ticks: None,
         })
     }
 }

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::durations;
 use tickserve_core::priority::TimeoutAction;
-use tickserve_core::sequence::SequenceControl;
+use tickserve_core::sequence::{SequenceControl, Warmup};
 use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate};
-use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature};
+use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, Timing};
 
 use crate::admission::ModelQueue;
 use crate::family::{Family, Submission};
@@ -350,22 +350,55 @@ impl ModelHandle {
                 let turn = tick.entry.turn(&self.name, submission.deadline).await?;
                 let start = turn.begin(&tick.control)?;
                 let spec = sequences.spec();
-                submission.request = with_state(spec, submission.request, clean, &start.state);
-                let mut answer = self.submit(submission).await?;
-                let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
-                turn.finish(&tick.control, next);
+                let (request, windows) = with_state(spec, submission.request, clean, &start.state);
+                submission.request = request;
+                // The ticks its windows hold with this one.
+                let seen = (!spec.windows.is_empty())
+                    .then(|| start.window_ticks.saturating_add(1).min(spec.full_after()));
+                let waits =
+                    spec.warmup == Warmup::Wait && seen.is_some_and(|s| s < spec.full_after());
+                let (mut answer, mut next) = if waits {
+                    // Warming up: the tick is kept, the model does not run,
+                    // and the state pairs stay as they were.
+                    let pairs = start.state.get(..spec.states.len()).unwrap_or_default();
+                    (self.unanswered(submission.id), pairs.to_vec())
+                } else {
+                    let mut answer = self.submit(submission).await?;
+                    let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
+                    (answer, next)
+                };
+                next.extend(windows);
+                turn.finish(&tick.control, next, seen.unwrap_or(0));
+                answer.window_ticks = seen;
                 let read = if keep_state { start.state } else { Vec::new() };
                 (answer, start.restarted, read)
             }
             _ => (self.submit(submission).await?, false, Vec::new()),
         };
         let mut answer = match monte_carlo {
-            Some(plan) => plan.reduce(answer),
-            None => answer,
+            // A warming-up tick has no outputs to summarize.
+            Some(plan) if !answer.outputs.is_empty() => plan.reduce(answer),
+            _ => answer,
         };
         answer.sequence_restarted = restarted;
         answer.state_read = state_read;
         Ok(answer)
+    }
+
+    /// The answer of a tick that did not run (a window warming up with
+    /// `window_warmup = "wait"`): no outputs.
+    fn unanswered(&self, id: String) -> InferResponse {
+        InferResponse {
+            model: self.name.clone(),
+            version: self.version.clone(),
+            id,
+            outputs: Vec::new(),
+            timing: Timing::default(),
+            sequence_restarted: false,
+            bucket: 0,
+            state_read: Vec::new(),
+            window_ticks: None,
+        }
     }
 
     /// Submits to the replica with the shortest queue.

@@ -99,7 +99,7 @@ pub struct Runtime {
 }
 
 /// Moves a reloaded model's sequences from its old versions into the new
-/// ones whose state pairs are unchanged, so that a reload does not end them.
+/// ones whose state pairs and windows are unchanged, so that a reload does not end them.
 /// (A tick that was running on the old version as it was replaced finishes
 /// there: its state change is not carried.)
 fn carry_sequences(old: &ModelVersions, new: &ModelVersions) {
@@ -111,6 +111,7 @@ fn carry_sequences(old: &ModelVersions, new: &ModelVersions) {
         };
         if let (Some(from), Some(to)) = (before.sequences(), after.sequences())
             && from.spec().states == to.spec().states
+            && from.spec().windows == to.spec().windows
         {
             let carried = to.restore(from.snapshot());
             if carried > 0 {

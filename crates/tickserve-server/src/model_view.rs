@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use tickserve_core::priority::{Priorities, QueuePolicy, TimeoutAction};
+use tickserve_core::sequence::Warmup;
 use tickserve_core::{DataType, Device, TensorSpec};
 use tickserve_runtime::Stat;
 use tickserve_runtime::{Loaded, ModelHandle};
@@ -256,6 +257,7 @@ impl ModelConfigView {
                 .into_iter()
                 .chain([("family", loaded.family_key.clone())])
                 .chain(reserved_executors_parameter(&loaded.settings.priorities))
+                .chain(window_parameters(loaded))
                 .map(|(key, string_value)| (key, ParameterView { string_value }))
                 .collect(),
         }
@@ -337,6 +339,32 @@ fn reserved_executors_parameter(p: &Priorities) -> Option<(&'static str, String)
 /// What a Monte Carlo request to this model may ask and gets back, for the
 /// model configuration (`parameters`): its sample limit, the inputs it
 /// perturbs, and how answers are named.
+/// A windowed sequence model's windows: `sequence_windows` lists each
+/// window input with its length (`window:30`: clients send one tick under
+/// `window`, the server keeps 30), `sequence_window_warmup` says what a tick
+/// gets before the windows are full (`pad` or `wait`).
+fn window_parameters(loaded: &Loaded) -> Vec<(&'static str, String)> {
+    let Some(spec) = loaded.settings.sequence.as_ref() else {
+        return Vec::new();
+    };
+    if spec.windows.is_empty() {
+        return Vec::new();
+    }
+    let windows: Vec<String> = spec
+        .windows
+        .iter()
+        .map(|w| format!("{}:{}", w.input.name, w.length))
+        .collect();
+    let warmup = match spec.warmup {
+        Warmup::Pad => "pad",
+        Warmup::Wait => "wait",
+    };
+    vec![
+        ("sequence_windows", windows.join(",")),
+        ("sequence_window_warmup", warmup.to_string()),
+    ]
+}
+
 fn monte_carlo_parameters(loaded: &Loaded) -> Vec<(&'static str, String)> {
     let settings = &loaded.settings.monte_carlo;
     let perturbed: Vec<&str> = loaded

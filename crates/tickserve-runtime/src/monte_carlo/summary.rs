@@ -187,6 +187,7 @@ mod tests {
             sequence_restarted: false,
             bucket: 1,
             state_read: Vec::new(),
+            window_ticks: None,
         };
         let plan =
             super::super::plan(&settings, "m", &s, &mc(5, 1, Summary::Moments), 1, 0).unwrap();

@@ -103,6 +103,8 @@ struct SlotState {
     state: Result<Vec<Bytes>, Gone>,
     /// Requests answered since it started.
     ticks: u64,
+    /// The ticks its windows hold (at most the longest window's length).
+    window_ticks: u64,
     /// When its last request finished (or it started).
     last_used: Instant,
     /// Someone holds its turn.
@@ -195,7 +197,23 @@ pub struct SequenceState {
     pub ticks: u64,
     /// How long since its last request.
     pub idle: Duration,
-    /// One row per state pair, in the model's order.
+    /// One row per state pair, then one window (N rows) per window, in the
+    /// model's order.
+    pub state: Vec<Bytes>,
+    /// The ticks its windows hold.
+    pub window_ticks: u64,
+}
+
+/// A sequence as a snapshot keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    /// Where it is kept.
+    pub id: SequenceKey,
+    /// Requests answered since it started.
+    pub ticks: u64,
+    /// The ticks its windows hold.
+    pub window_ticks: u64,
+    /// One row per state pair, then one window per window.
     pub state: Vec<Bytes>,
 }
 
@@ -347,6 +365,7 @@ impl Sequences {
             inner: Mutex::new(SlotState {
                 state: Err(Gone::New),
                 ticks: 0,
+                window_ticks: 0,
                 last_used: now,
                 busy: true,
                 waiters: VecDeque::new(),
@@ -466,18 +485,22 @@ impl Sequences {
                 ticks: state.ticks,
                 idle: state.last_used.elapsed(),
                 state: rows.clone(),
+                window_ticks: state.window_ticks,
             }),
             Err(_) => Err(self.not_active(id)),
         }
     }
 
-    /// Writes sequence `id`'s state (one row per state pair, checked by the
-    /// caller against [`SequenceSpec::states`]), after the requests before
-    /// it; starts the sequence if it is not kept.
+    /// Writes sequence `id`'s state (one row per state pair, then one
+    /// window per window, checked by the caller against the spec, as
+    /// [`SequenceSpec::state_rows`] does) with its windows holding
+    /// `window_ticks`, after the requests before it; starts the sequence if
+    /// it is not kept.
     pub async fn write(
         self: &Arc<Self>,
         id: &SequenceId,
         rows: Vec<Bytes>,
+        window_ticks: u64,
         owner: Option<KeyId>,
         deadline: Option<Instant>,
     ) -> Result<(), Error> {
@@ -494,6 +517,7 @@ impl Sequences {
         }
         state.state = Ok(rows);
         state.ticks = 0;
+        state.window_ticks = window_ticks.min(self.spec.full_after());
         state.last_used = now;
         // The written state is what the next tick runs with, not a restart.
         state.restart_pending = false;
@@ -527,30 +551,41 @@ impl Sequences {
     /// Every kept sequence and its state, for a snapshot (taken when no
     /// request is running: at shutdown, after the drain); sequences idle past
     /// `max_sequence_idle` are ended first, not kept.
-    pub fn snapshot(&self) -> Vec<(SequenceKey, u64, Vec<Bytes>)> {
+    pub fn snapshot(&self) -> Vec<Kept> {
         let mut table = self.table();
         self.sweep_locked(&mut table, Instant::now());
-        let mut all: Vec<(SequenceKey, u64, Vec<Bytes>)> = table
+        let mut all: Vec<Kept> = table
             .active
             .values()
             .filter_map(|slot| {
                 let state = slot.lock();
                 let rows = state.state.as_ref().ok()?;
-                Some((slot.id.clone(), state.ticks, rows.clone()))
+                Some(Kept {
+                    id: slot.id.clone(),
+                    ticks: state.ticks,
+                    window_ticks: state.window_ticks,
+                    state: rows.clone(),
+                })
             })
             .collect();
-        all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        all.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         all
     }
 
     /// Puts sequences back from a snapshot (at load, before serving); each
     /// row was checked against the model's state pairs by the caller.
     /// Sequences beyond `max_sequences` are left out; returns how many came back.
-    pub fn restore(&self, sequences: Vec<(SequenceKey, u64, Vec<Bytes>)>) -> usize {
+    pub fn restore(&self, sequences: Vec<Kept>) -> usize {
         let now = Instant::now();
         let mut table = self.table();
         let mut restored = 0;
-        for (id, ticks, rows) in sequences {
+        for kept in sequences {
+            let Kept {
+                id,
+                ticks,
+                window_ticks,
+                state: rows,
+            } = kept;
             if table.active.len() >= self.spec.max_sequences || table.active.contains_key(&id) {
                 continue;
             }
@@ -559,6 +594,7 @@ impl Sequences {
                 inner: Mutex::new(SlotState {
                     state: Ok(rows),
                     ticks,
+                    window_ticks: window_ticks.min(self.spec.full_after()),
                     last_used: now,
                     busy: false,
                     waiters: VecDeque::new(),
@@ -602,6 +638,7 @@ mod tests {
                 initial_file: None,
             }],
             bind_to_key: false,
+            ..SequenceConfig::default()
         };
         Arc::new(
             SequenceSpec::resolve(&config, &signature, Path::new("."))
@@ -642,7 +679,7 @@ mod tests {
             panic!("no one else holds the turn");
         };
         let started = turn.begin(c)?;
-        turn.finish(c, row(next));
+        turn.finish(c, row(next), 0);
         Ok(value(&started.state))
     }
 
@@ -793,7 +830,7 @@ mod tests {
             let started = turn.begin(&c).unwrap();
             assert!(started.restarted, "sequence {id}");
             assert_eq!(value(&started.state), 0.0);
-            turn.finish(&c, row(3.0));
+            turn.finish(&c, row(3.0), 0);
         }
         assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 3.0);
     }
@@ -931,7 +968,7 @@ mod tests {
     async fn state_reads_writes_and_drops_take_their_turn() {
         let t = table(8);
         let id = SequenceId::Text("AAPL".into());
-        t.write(&id, row(4.0), None, None).await.unwrap();
+        t.write(&id, row(4.0), 0, None, None).await.unwrap();
         let read = t.read(&id, None, None).await.unwrap();
         assert_eq!((read.ticks, value(&read.state)), (0, 4.0));
         let c = SequenceControl {
@@ -941,14 +978,20 @@ mod tests {
             owner: None,
         };
         assert_eq!(tick(&t, &c, 6.0).unwrap(), 4.0);
-        assert_eq!(t.snapshot(), vec![(t.key(&id, None), 1, row(6.0))]);
+        let kept = Kept {
+            id: t.key(&id, None),
+            ticks: 1,
+            window_ticks: 0,
+            state: row(6.0),
+        };
+        assert_eq!(t.snapshot(), vec![kept.clone()]);
         t.remove(&id, None, None).await.unwrap();
         assert!(matches!(
             t.read(&id, None, None).await,
             Err(Error::SequenceNotActive { .. })
         ));
         let back = table(8);
-        assert_eq!(back.restore(vec![(back.key(&id, None), 1, row(6.0))]), 1);
+        assert_eq!(back.restore(vec![kept]), 1);
         assert_eq!(value(&back.read(&id, None, None).await.unwrap().state), 6.0);
     }
 }

@@ -6,20 +6,23 @@
 //! The file, little-endian throughout:
 //!
 //! ```text
-//! "tickserve-sequences 2\n"
+//! "tickserve-sequences 3\n"
 //! u32 models; per model:
 //!   str name, str version, u32 states; per state: str input, str datatype, u64 row bytes
+//!   u32 windows; per window: str input, str datatype, u64 window bytes (N ticks)
 //!   u64 sequences; per sequence:
 //!     u8 kind (0 number, 1 text), then u64 number or str text
 //!     u8 owner (0 none, 1: then the 8 bytes of the key's id; `bind_to_key`)
-//!     u64 ticks, then each state's row bytes
+//!     u64 ticks, u64 ticks its windows hold, then each state's row bytes,
+//!     then each window's bytes (oldest tick first)
 //! str = u32 length, then UTF-8 bytes
 //! ```
 //!
-//! A version-1 file (no owner byte) is read as sequences without owners.
+//! A version-2 file has no windows (neither the window list nor the window
+//! ticks); a version-1 file also no owner byte: its sequences have no owners.
 //!
 //! A model is restored only when it is loaded, keeps state, and its state
-//! pairs have the names, datatypes and sizes the file says; otherwise it is
+//! pairs and windows have the names, datatypes and sizes the file says; otherwise it is
 //! skipped with a warning (a changed model must not run on another model's
 //! state). The file is renamed `*.restored` once read, so that a later
 //! crash-and-restart does not bring back state older than what served since.
@@ -28,12 +31,16 @@ use std::io::Write;
 use std::path::Path;
 
 use bytes::Bytes;
+use tickserve_core::TensorSpec;
 use tickserve_core::sequence::{SequenceId, SequenceSpec};
 
-use super::{KeyIdOrd, SequenceKey};
+use super::{Kept, KeyIdOrd, SequenceKey};
 use crate::handle::ModelHandle;
 
-const MAGIC: &[u8] = b"tickserve-sequences 2\n";
+const MAGIC: &[u8] = b"tickserve-sequences 3\n";
+
+/// The version before windows.
+const MAGIC_V2: &[u8] = b"tickserve-sequences 2\n";
 
 /// The first line of a version-1 file, read too.
 const MAGIC_V1: &[u8] = b"tickserve-sequences 1\n";
@@ -110,9 +117,16 @@ fn write_to(
             put_str(out, state.input.datatype.as_str())?;
             put_u64(out, state.input.row_bytes() as u64)?;
         }
+        put_u32(out, spec.windows.len())?;
+        for window in &spec.windows {
+            put_str(out, &window.input.name)?;
+            put_str(out, window.input.datatype.as_str())?;
+            put_u64(out, window.input.row_bytes() as u64)?;
+        }
         let all = sequences.snapshot();
         put_u64(out, all.len() as u64)?;
-        for (id, ticks, rows) in &all {
+        for kept in &all {
+            let id = &kept.id;
             match &id.id {
                 SequenceId::Number(n) => {
                     out.write_all(&[0])?;
@@ -130,8 +144,9 @@ fn write_to(
                     out.write_all(&owner.0)?;
                 }
             }
-            put_u64(out, *ticks)?;
-            for row in rows {
+            put_u64(out, kept.ticks)?;
+            put_u64(out, kept.window_ticks)?;
+            for row in &kept.state {
                 out.write_all(row)?;
             }
         }
@@ -165,7 +180,8 @@ pub fn read_for_fuzzing(bytes: &[u8]) -> Result<usize, String> {
 fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
     let mut input = Reader { bytes, at: 0 };
     let format = match input.take(MAGIC.len())? {
-        magic if magic == MAGIC => 2,
+        magic if magic == MAGIC => 3,
+        magic if magic == MAGIC_V2 => 2,
         magic if magic == MAGIC_V1 => 1,
         _ => return Err("not a tickserve sequence snapshot".to_string()),
     };
@@ -177,16 +193,22 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
         for _ in 0..input.u32()? {
             states.push((input.str()?, input.str()?, input.u64()?));
         }
+        let mut windows = Vec::new();
+        if format >= 3 {
+            for _ in 0..input.u32()? {
+                windows.push((input.str()?, input.str()?, input.u64()?));
+            }
+        }
         let target = handles
             .iter()
             .find(|h| h.name == name && h.version == version)
             .and_then(|h| h.sequences());
-        let matches = target.is_some_and(|s| same_states(s.spec(), &states));
+        let matches = target.is_some_and(|s| same_states(s.spec(), &states, &windows));
         if target.is_some() && !matches {
             tracing::warn!(
                 model = name,
                 version,
-                "the model's state pairs changed since the snapshot: its sequences are not restored"
+                "the model's state pairs or windows changed since the snapshot: its sequences are not restored"
             );
         }
         let mut entries = Vec::new();
@@ -210,12 +232,18 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
             };
             let id = SequenceKey { owner, id };
             let ticks = input.u64()?;
-            let mut rows = Vec::with_capacity(states.len());
-            for (_, _, row_bytes) in &states {
+            let window_ticks = if format >= 3 { input.u64()? } else { 0 };
+            let mut rows = Vec::with_capacity(states.len() + windows.len());
+            for (_, _, row_bytes) in states.iter().chain(&windows) {
                 let len = usize::try_from(*row_bytes).map_err(|e| e.to_string())?;
                 rows.push(Bytes::copy_from_slice(input.take(len)?));
             }
-            entries.push((id, ticks, rows));
+            entries.push(Kept {
+                id,
+                ticks,
+                window_ticks,
+                state: rows,
+            });
         }
         if let (Some(sequences), true) = (target, matches) {
             restored += sequences.restore(entries);
@@ -224,17 +252,25 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
     Ok(restored)
 }
 
-fn same_states(spec: &SequenceSpec, states: &[(String, String, u64)]) -> bool {
-    spec.states.len() == states.len()
-        && spec
-            .states
-            .iter()
-            .zip(states)
-            .all(|(s, (name, datatype, bytes))| {
-                s.input.name == *name
-                    && s.input.datatype.as_str() == datatype
-                    && s.input.row_bytes() as u64 == *bytes
-            })
+/// Whether the model's state pairs and windows are those of the file.
+fn same_states(
+    spec: &SequenceSpec,
+    states: &[(String, String, u64)],
+    windows: &[(String, String, u64)],
+) -> bool {
+    let same = |inputs: Vec<&TensorSpec>, file: &[(String, String, u64)]| {
+        inputs.len() == file.len()
+            && inputs
+                .iter()
+                .zip(file)
+                .all(|(input, (name, datatype, bytes))| {
+                    input.name == *name
+                        && input.datatype.as_str() == datatype
+                        && input.row_bytes() as u64 == *bytes
+                })
+    };
+    same(spec.states.iter().map(|s| &s.input).collect(), states)
+        && same(spec.windows.iter().map(|w| &w.input).collect(), windows)
 }
 
 fn put_u32(out: &mut impl Write, n: usize) -> std::io::Result<()> {

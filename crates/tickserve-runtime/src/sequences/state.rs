@@ -1,6 +1,7 @@
 //! A tick's state gathered into its request and scattered back out of the
 //! answer: the sequence's state rows go in their places among the graph's
-//! inputs, and the state outputs come out of the answer as the next state.
+//! inputs, and the state outputs come out of the answer as the next state;
+//! each window, with the tick pushed in, takes the tick's place.
 
 use bytes::Bytes;
 use tickserve_core::InferResponse;
@@ -12,13 +13,16 @@ use crate::monte_carlo::Plan;
 /// `request` (the client's inputs, Monte Carlo's noisy copies included) with
 /// the sequence's `state` rows in their places, in the graph's input order,
 /// and the state outputs asked for after the client's. With Monte Carlo the
-/// `clean` row runs last, and every row gets the same state.
+/// `clean` row runs last, and every row gets the same state. A window input
+/// gets, for each row, the sequence's window with that row's tick pushed
+/// in. Also returns each window as the tick leaves it (with the clean tick):
+/// the sequence's windows once the tick is answered.
 pub(crate) fn with_state(
     spec: &SequenceSpec,
     mut request: ValidRequest,
     clean: Option<Vec<Bytes>>,
     state: &[Bytes],
-) -> ValidRequest {
+) -> (ValidRequest, Vec<Bytes>) {
     let rows = request.rows + usize::from(clean.is_some());
     let mut client = std::mem::take(&mut request.inputs);
     if let Some(clean) = clean {
@@ -29,10 +33,35 @@ pub(crate) fn with_state(
             *noisy = Bytes::from(joined);
         }
     }
+    let kept_windows = state.get(spec.states.len()..).unwrap_or_default();
+    let mut next_windows = vec![Bytes::new(); spec.windows.len()];
     let inputs = spec
         .input_sources
         .iter()
         .map(|source| match *source {
+            InputSource::Window { window, client: at } => {
+                let (Some(w), Some(kept)) = (spec.windows.get(window), kept_windows.get(window))
+                else {
+                    return Bytes::new();
+                };
+                let ticks = client.get(at).cloned().unwrap_or_default();
+                let tick_bytes = w.tick.row_bytes().max(1);
+                // The last row is the tick the sequence keeps (the clean
+                // one, with Monte Carlo).
+                let last = ticks.len().saturating_sub(tick_bytes);
+                let next = w.push(kept, ticks.get(last..).unwrap_or_default());
+                if let Some(slot) = next_windows.get_mut(window) {
+                    *slot = next.clone();
+                }
+                if rows == 1 {
+                    return next;
+                }
+                let mut all = Vec::with_capacity(rows * kept.len());
+                for tick in ticks.chunks_exact(tick_bytes) {
+                    all.extend_from_slice(&w.push(kept, tick));
+                }
+                Bytes::from(all)
+            }
             InputSource::Client(i) => client.get_mut(i).map(std::mem::take).unwrap_or_default(),
             InputSource::State(s) => {
                 let row = state.get(s).cloned().unwrap_or_default();
@@ -50,12 +79,13 @@ pub(crate) fn with_state(
         .filter_map(|&o| spec.output_indices.get(o).copied())
         .chain(spec.states.iter().map(|s| s.output_index))
         .collect();
-    ValidRequest {
+    let request = ValidRequest {
         rows,
         inputs,
         outputs,
         bucket_rows: request.bucket_rows,
-    }
+    };
+    (request, next_windows)
 }
 
 /// Takes the state outputs (the last ones, see [`with_state`]) out of

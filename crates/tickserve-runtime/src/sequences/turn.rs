@@ -61,8 +61,10 @@ impl Entry {
 /// afresh after expiring.
 #[derive(Debug)]
 pub struct TickStart {
-    /// One row per state pair.
+    /// One row per state pair, then one window per window.
     pub state: Vec<Bytes>,
+    /// The ticks its windows held before this one (0 for a start).
+    pub window_ticks: u64,
     /// The sequence expired and restarted (`idle_action = "restart"`).
     pub restarted: bool,
 }
@@ -73,19 +75,17 @@ impl Turn {
     pub fn begin(&self, control: &SequenceControl) -> Result<TickStart, Error> {
         let sequences = &self.sequences;
         let spec = &sequences.spec;
-        let initial = || spec.states.iter().map(|s| s.initial.clone()).collect();
+        let initial = |restarted| TickStart {
+            state: spec.initial_state(),
+            window_ticks: 0,
+            restarted,
+        };
         let mut state = self.slot.lock();
         if control.start {
-            return Ok(TickStart {
-                state: initial(),
-                restarted: false,
-            });
+            return Ok(initial(false));
         }
         if state.restart_pending {
-            return Ok(TickStart {
-                state: initial(),
-                restarted: true,
-            });
+            return Ok(initial(true));
         }
         // Found idle past its limit before the sweep ended it: a restart,
         // or refused (the turn's drop takes it out of the table).
@@ -93,23 +93,22 @@ impl Turn {
             && spec.idle_action == IdleAction::Restart
         {
             state.restart_pending = true;
-            return Ok(TickStart {
-                state: initial(),
-                restarted: true,
-            });
+            return Ok(initial(true));
         }
         match &state.state {
             Ok(rows) => Ok(TickStart {
                 state: rows.clone(),
+                window_ticks: state.window_ticks,
                 restarted: false,
             }),
             Err(_) => Err(sequences.not_active(&control.id)),
         }
     }
 
-    /// Records a tick's answer: `next` is the new state (the tick ran), and
-    /// `end` ends the sequence after it.
-    pub fn finish(&self, control: &SequenceControl, next: Vec<Bytes>) {
+    /// Records a tick's answer: `next` is the new state (the tick was
+    /// answered) with its windows holding `window_ticks`, and `end` ends the
+    /// sequence after it.
+    pub fn finish(&self, control: &SequenceControl, next: Vec<Bytes>, window_ticks: u64) {
         let sequences = &self.sequences;
         let mut state = self.slot.lock();
         let started = control.start || state.restart_pending;
@@ -129,6 +128,7 @@ impl Turn {
             }
         } else {
             state.state = Ok(next);
+            state.window_ticks = window_ticks;
             if !had_state {
                 sequences.gained();
             }

@@ -68,6 +68,7 @@ impl Pending {
                 inputs: None,
                 outputs: Outputs::Model(Vec::new()),
                 state: Vec::new(),
+                window_ticks: None,
             },
         }
     }
@@ -180,6 +181,9 @@ impl Pending {
                     )
                 };
                 self.record.state = response.state_read.clone();
+                self.record.window_ticks = response
+                    .window_ticks
+                    .map(|t| u32::try_from(t).unwrap_or(u32::MAX));
             }
             Err(error) => self.failed(error),
         }

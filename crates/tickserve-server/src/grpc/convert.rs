@@ -283,20 +283,37 @@ pub fn encode(response: InferResponse, raw: bool) -> pb::ModelInferResponse {
         model_name: response.model,
         model_version: response.version,
         id: response.id,
-        parameters: if response.sequence_restarted {
-            [(
-                "sequence_restarted".to_string(),
-                pb::InferParameter {
-                    parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(true)),
-                },
-            )]
-            .into()
-        } else {
-            Default::default()
-        },
+        parameters: response_parameters(response.sequence_restarted, response.window_ticks),
         outputs,
         raw_output_contents,
     }
+}
+
+/// A response's parameters: `sequence_restarted` when the sequence started
+/// afresh, `sequence_window_ticks` for a windowed model's tick.
+fn response_parameters(
+    restarted: bool,
+    window_ticks: Option<u64>,
+) -> std::collections::HashMap<String, pb::InferParameter> {
+    use pb::infer_parameter::ParameterChoice;
+    let mut parameters = std::collections::HashMap::new();
+    if restarted {
+        parameters.insert(
+            "sequence_restarted".to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(ParameterChoice::BoolParam(true)),
+            },
+        );
+    }
+    if let Some(ticks) = window_ticks {
+        parameters.insert(
+            "sequence_window_ticks".to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(ParameterChoice::Uint64Param(ticks)),
+            },
+        );
+    }
+    parameters
 }
 
 fn bytes_to_typed(datatype: DataType, data: &[u8]) -> pb::InferTensorContents {

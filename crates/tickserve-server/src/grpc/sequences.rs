@@ -122,7 +122,7 @@ impl SequenceService for Sequence {
             idle_microseconds: micros(state.idle),
             state: sequences
                 .spec()
-                .state_tensors(&state.state)
+                .state_tensors(&state.state, state.window_ticks)
                 .into_iter()
                 .map(|t| pb::StateTensor {
                     name: t.name,
@@ -163,12 +163,12 @@ impl SequenceService for Sequence {
             })
             .collect::<Result<Vec<InputTensor>, Error>>()
             .map_err(|e| status(&e))?;
-        let rows = sequences
+        let (rows, window_ticks) = sequences
             .spec()
             .state_rows(&model, tensors)
             .map_err(|e| status(&e))?;
         sequences
-            .write(&id, rows, owner, deadline())
+            .write(&id, rows, window_ticks, owner, deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceStateWriteResponse {}))

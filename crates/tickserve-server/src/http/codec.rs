@@ -491,7 +491,10 @@ struct ResponseJson<'a> {
 /// The response parameters: set only when there is something to say.
 #[derive(Serialize)]
 struct ResponseParameters {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     sequence_restarted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence_window_ticks: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -551,9 +554,12 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
         model_name: &response.model,
         model_version: &response.version,
         id: &response.id,
-        parameters: response.sequence_restarted.then_some(ResponseParameters {
-            sequence_restarted: true,
-        }),
+        parameters: (response.sequence_restarted || response.window_ticks.is_some()).then_some(
+            ResponseParameters {
+                sequence_restarted: response.sequence_restarted,
+                sequence_window_ticks: response.window_ticks,
+            },
+        ),
         outputs,
     };
     // Serializing plain structs of strings and numbers cannot fail.
@@ -633,6 +639,7 @@ mod tests {
             sequence_restarted: false,
             bucket: 1,
             state_read: Vec::new(),
+            window_ticks: None,
         };
         let e = encode(&response, &[true]);
         let n = e.header_length.unwrap();

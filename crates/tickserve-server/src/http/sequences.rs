@@ -139,14 +139,22 @@ pub async fn read(
     let state = sequences.read(&id, owner, deadline()).await?;
     let outputs: Vec<Value> = sequences
         .spec()
-        .state_tensors(&state.state)
+        .state_tensors(&state.state, state.window_ticks)
         .iter()
         .map(codec::tensor_json)
         .collect();
+    let mut parameters = json!({
+        "sequence_id": id_json(&id),
+        "ticks": state.ticks,
+        "idle_us": micros(state.idle),
+    });
+    if !sequences.spec().windows.is_empty() {
+        parameters["sequence_window_ticks"] = json!(state.window_ticks);
+    }
     Ok(axum::Json(json!({
         "model_name": handle.name,
         "model_version": handle.version,
-        "parameters": {"sequence_id": id_json(&id), "ticks": state.ticks, "idle_us": micros(state.idle)},
+        "parameters": parameters,
         "outputs": outputs,
     }))
     .into_response())
@@ -181,8 +189,10 @@ pub async fn write(
                 "the body names no sequence: {\"parameters\": {\"sequence_id\": ...}}",
             )
         })?;
-    let rows = spec.state_rows(&handle.name, decoded.inputs)?;
-    sequences.write(&id, rows, owner, deadline()).await?;
+    let (rows, window_ticks) = spec.state_rows(&handle.name, decoded.inputs)?;
+    sequences
+        .write(&id, rows, window_ticks, owner, deadline())
+        .await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "written": true})).into_response())
 }
 

@@ -1005,6 +1005,7 @@ mod tests {
             sequence_restarted: false,
             bucket: 1,
             state_read: Vec::new(),
+            window_ticks: None,
         };
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),
@@ -1043,6 +1044,7 @@ mod tests {
             sequence_restarted: false,
             bucket: 1,
             state_read: Vec::new(),
+            window_ticks: None,
         };
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),

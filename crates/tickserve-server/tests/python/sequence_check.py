@@ -2,9 +2,17 @@
 """Stateful sequences through Triton's own Python clients, against onnxruntime.
 
     python crates/tickserve-server/tests/python/sequence_check.py --http 127.0.0.1:8000 \
-        --grpc 127.0.0.1:8001 [--sequences 200] [--ticks 500] [--clients 8]
+        --grpc 127.0.0.1:8001 [--sequences 200] [--ticks 500] [--clients 8] \
+        [--model seq_lstm_step|seq_lstm_window]
 
-`seq_lstm_step` keeps h and c per sequence. SEQUENCES sequences of TICKS ticks each are
+`seq_lstm_step` keeps h and c per sequence; `seq_lstm_window` keeps each sequence's last
+30 ticks (a window, docs/sequences.md) and runs `seq_lstm` on them: its reference is
+onnxruntime running `seq_lstm` on the window the client would have kept (zeros before
+the first tick), and each answer must say how many ticks its window held
+(`sequence_window_ticks`, gRPC and HTTP; min(t + 1, 30)). For the window model the
+script also preloads windows: sequences whose first request writes a history of 29
+ticks (`/sequences/write`), whose next tick must equal `seq_lstm` on those 29 ticks and
+it. SEQUENCES sequences of TICKS ticks each are
 sent interleaved from CLIENTS threads: half of the clients over unary gRPC
 (tritonclient.grpc), the others but one over HTTP (tritonclient.http), and the last one
 over one ModelStreamInfer stream (start_stream / async_stream_infer), all its sequences
@@ -36,10 +44,14 @@ import tritonclient.http as httpclient
 from reference import check  # noqa: E402 (beside this script)
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
-MODEL = "seq_lstm_step"
 FEATURES = 8
 HIDDEN = 16
+WINDOW = 30
 TOLERANCE = 1e-5
+# The model's tick input, and how onnxruntime predicts offline (set by --model).
+MODELS = {"seq_lstm_step": "tick", "seq_lstm_window": "window"}
+MODEL = "seq_lstm_step"
+TICK = "tick"
 
 
 def sequence_id(i):
@@ -48,8 +60,10 @@ def sequence_id(i):
 
 
 def offline(ticks):
-    """Predictions of every tick of every input stream (ticks: [streams, T, 8]), with h
-    and c carried in numpy: what the server must answer."""
+    """Predictions of every tick of every input stream (ticks: [streams, T, 8]): what the
+    server must answer."""
+    if MODEL == "seq_lstm_window":
+        return offline_windows(ticks)
     session = ort.InferenceSession(str(ROOT / f"config/models/{MODEL}/1/model.onnx"))
     streams, length = ticks.shape[:2]
     h = np.zeros((streams, HIDDEN), np.float32)
@@ -61,6 +75,33 @@ def offline(ticks):
     return out
 
 
+def offline_windows(ticks, history=None):
+    """`seq_lstm` on each tick's window as a client would keep it: the last 30 ticks,
+    zeros before the first (or `history` [streams, H, 8] before the first)."""
+    session = ort.InferenceSession(str(ROOT / "config/models/seq_lstm/1/model.onnx"))
+    streams, length = ticks.shape[:2]
+    before = np.zeros((streams, WINDOW, FEATURES), np.float32)
+    if history is not None:
+        before[:, WINDOW - history.shape[1]:] = history
+    window = before
+    out = np.zeros((streams, length), np.float32)
+    for t in range(length):
+        window = np.concatenate([window[:, 1:], ticks[:, t:t + 1]], axis=1)
+        out[:, t] = session.run(None, {"window": window})[0][:, 0]
+    return out
+
+
+def held(result, t):
+    """Checks a window model's answer says how many ticks its window held."""
+    if MODEL != "seq_lstm_window":
+        return
+    response = result.get_response()
+    parameters = response["parameters"] if isinstance(response, dict) else response.parameters
+    value = parameters["sequence_window_ticks"]
+    value = value if isinstance(value, int) else value.uint64_param
+    check(value == min(t + 1, WINDOW), f"tick {t}: sequence_window_ticks {value}")
+
+
 def unary_worker(client_module, address, encoding=lambda t: {}):
     """A worker sending its sequences' ticks one request at a time through `client_module`
     (tritonclient.grpc or tritonclient.http) at `address`; `encoding(t)` are tick t's
@@ -70,11 +111,12 @@ def unary_worker(client_module, address, encoding=lambda t: {}):
         try:
             for t in range(args.ticks):
                 for i in mine:
-                    x = client_module.InferInput("tick", [1, FEATURES], "FP32")
+                    x = client_module.InferInput(TICK, [1, FEATURES], "FP32")
                     x.set_data_from_numpy(ticks[i // 2, t:t + 1], **encoding(t))
                     result = client.infer(MODEL, [x], sequence_id=sequence_id(i),
                                           sequence_start=t == 0, sequence_end=t == args.ticks - 1)
                     got[i, t] = result.as_numpy("prediction")[0, 0]
+                    held(result, t)
         except Exception as e:  # noqa: BLE001 (reported, then the check fails)
             errors.append(f"{client_module.__name__}: {e}")
     return work
@@ -92,7 +134,7 @@ def stream_worker(args, mine, ticks, got, errors):
     try:
         for t in range(args.ticks):
             for i in mine:
-                x = grpcclient.InferInput("tick", [1, FEATURES], "FP32")
+                x = grpcclient.InferInput(TICK, [1, FEATURES], "FP32")
                 x.set_data_from_numpy(ticks[i // 2, t:t + 1])
                 client.async_stream_infer(MODEL, [x], request_id=f"{i}:{t}",
                                           sequence_id=sequence_id(i), sequence_start=t == 0,
@@ -105,20 +147,59 @@ def stream_worker(args, mine, ticks, got, errors):
                 sent = result.get_response().id
                 check(sent == f"{i}:{t}", f"stream answer {sent} where {i}:{t} was next")
                 got[i, t] = result.as_numpy("prediction")[0, 0]
+                held(result, t)
     except Exception as e:  # noqa: BLE001
         errors.append(f"stream: {e}")
     finally:
         client.stop_stream()
 
 
+def post(args, path, body):
+    request = urllib.request.Request(f"http://{args.http}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def preloaded(args, rng):
+    """Windows preloaded with 29 ticks of history (HTTP `/sequences/write`, JSON): each
+    next tick equals `seq_lstm` offline on the history and the tick; a read shows the
+    written ticks back. Returns how many were checked."""
+    streams = 8
+    history = rng.standard_normal((streams, WINDOW - 1, FEATURES)).astype(np.float32)
+    tick = rng.standard_normal((streams, 1, FEATURES)).astype(np.float32)
+    want = offline_windows(tick, history)[:, 0]
+    client = httpclient.InferenceServerClient(args.http)
+    for s in range(streams):
+        seq = f"preloaded-{s}"
+        post(args, f"/v2/models/{MODEL}/sequences/write", {
+            "parameters": {"sequence_id": seq},
+            "inputs": [{"name": "window", "datatype": "FP32", "shape": [1, WINDOW - 1, FEATURES],
+                        "data": history[s].ravel().tolist()}]})
+        read = post(args, f"/v2/models/{MODEL}/sequences/read", {"parameters": {"sequence_id": seq}})
+        written = np.array(read["outputs"][0]["data"], np.float32).reshape(WINDOW - 1, FEATURES)
+        check(np.array_equal(written, history[s]), f"{seq}: the read window is not the written one")
+        x = httpclient.InferInput(TICK, [1, FEATURES], "FP32")
+        x.set_data_from_numpy(tick[s])
+        result = client.infer(MODEL, [x], sequence_id=seq, sequence_end=True)
+        got = float(result.as_numpy("prediction")[0, 0])
+        check(abs(got - want[s]) <= TOLERANCE * max(1.0, abs(want[s])),
+              f"{seq}: first tick after a preloaded history {got}, offline {want[s]}")
+        held(result, WINDOW - 1)
+    return streams
+
+
 def main():
+    global MODEL, TICK
     p = argparse.ArgumentParser()
     p.add_argument("--http", required=True)
     p.add_argument("--grpc", required=True)
     p.add_argument("--sequences", type=int, default=200)
     p.add_argument("--ticks", type=int, default=500)
     p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--model", choices=sorted(MODELS), default=MODEL)
     args = p.parse_args()
+    MODEL, TICK = args.model, MODELS[args.model]
     check(args.sequences % 2 == 0 and args.clients >= 3, "an even count of sequences, 3+ clients")
     rng = np.random.default_rng(14)
     # One input stream per pair of sequences.
@@ -155,7 +236,10 @@ def main():
                                 timeout=30) as response:
         left = json.loads(response.read())["sequences"]
     check(left == [], f"sequences left after their end: {left[:5]}")
-    print(f"{args.sequences} sequences x {args.ticks} ticks from {args.clients} clients "
+    if MODEL == "seq_lstm_window":
+        print(f"{preloaded(args, rng)} preloaded windows: each first tick equals onnxruntime "
+              "on the written history and the tick")
+    print(f"{MODEL}: {args.sequences} sequences x {args.ticks} ticks from {args.clients} clients "
           f"({args.clients // 2} gRPC, {args.clients - args.clients // 2 - 1} HTTP, 1 stream): "
           f"every tick equals onnxruntime offline within 1e-5 (worst absolute error "
           f"{error.max():.2e}, between a pair {pair_error.max():.2e})")
