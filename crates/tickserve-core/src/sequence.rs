@@ -713,6 +713,131 @@ mod tests {
         }
     }
 
+    /// A model with two windows of different lengths and a state pair.
+    fn windowed() -> SequenceSpec {
+        let signature = Signature {
+            inputs: vec![
+                spec("long", &[4, 2]),
+                spec("h_in", &[3]),
+                spec("short", &[2, 1]),
+            ],
+            outputs: vec![spec("y", &[1]), spec("h_out", &[3])],
+        };
+        let config = SequenceConfig {
+            window: ["long", "short"]
+                .iter()
+                .map(|name| WindowConfig {
+                    input: name.to_string(),
+                    initial_file: None,
+                })
+                .collect(),
+            ..pairs(&[("h_in", "h_out")])
+        };
+        SequenceSpec::resolve(&config, &signature, Path::new("."))
+            .unwrap()
+            .unwrap()
+    }
+
+    fn window_tensor(name: &str, ticks: usize, features: usize) -> InputTensor {
+        InputTensor {
+            name: name.to_string(),
+            datatype: crate::DataType::Fp32,
+            shape: vec![1, ticks as i64, features as i64],
+            data: Bytes::from(vec![1u8; ticks * features * 4]),
+        }
+    }
+
+    #[test]
+    fn windows_take_one_tick_in_the_clients_signature() {
+        let w = windowed();
+        assert_eq!(
+            w.public.inputs,
+            vec![spec("long", &[2]), spec("short", &[1])]
+        );
+        assert_eq!(
+            w.input_sources,
+            vec![
+                InputSource::Window {
+                    window: 0,
+                    client: 0
+                },
+                InputSource::State(0),
+                InputSource::Window {
+                    window: 1,
+                    client: 1
+                },
+            ]
+        );
+        assert_eq!(w.full_after(), 4);
+        let initial = w.initial_state();
+        assert_eq!(
+            initial.iter().map(Bytes::len).collect::<Vec<_>>(),
+            vec![12, 32, 8]
+        );
+    }
+
+    #[test]
+    fn a_written_history_holds_as_many_ticks_in_every_window_as_fit() {
+        let w = windowed();
+        let h = InputTensor {
+            name: "h_in".into(),
+            datatype: crate::DataType::Fp32,
+            shape: vec![1, 3],
+            data: Bytes::from(vec![0u8; 12]),
+        };
+        // Three ticks: the long window holds 3, the short one its 2.
+        let tensors = vec![
+            h.clone(),
+            window_tensor("long", 3, 2),
+            window_tensor("short", 2, 1),
+        ];
+        let (rows, seen) = w.state_rows("m", tensors).unwrap();
+        assert_eq!(seen, 3);
+        assert_eq!(rows[1].len(), 32);
+        assert_eq!(
+            &rows[1][..8],
+            &[0u8; 8],
+            "the missing place holds the initial tick"
+        );
+        let read = w.state_tensors(&rows, seen);
+        assert_eq!(read[1].shape, vec![1, 3, 2]);
+        assert_eq!(read[2].shape, vec![1, 2, 1]);
+        let cases = [
+            (
+                vec![
+                    h.clone(),
+                    window_tensor("long", 3, 2),
+                    window_tensor("short", 1, 1),
+                ],
+                "'short': expected 2 ticks",
+            ),
+            (
+                vec![
+                    h.clone(),
+                    window_tensor("long", 5, 2),
+                    window_tensor("short", 2, 1),
+                ],
+                "k from 1 to 4",
+            ),
+            (
+                vec![
+                    h.clone(),
+                    window_tensor("long", 0, 2),
+                    window_tensor("short", 2, 1),
+                ],
+                "k from 1 to 4",
+            ),
+            (
+                vec![h, window_tensor("long", 3, 2)],
+                "'short': expected a tensor for every",
+            ),
+        ];
+        for (tensors, expected) in cases {
+            let error = w.state_rows("m", tensors).unwrap_err().to_string();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
     #[test]
     fn an_initial_file_must_hold_one_row() {
         let dir = std::env::temp_dir().join(format!("seq-initial-{}", std::process::id()));

@@ -25,6 +25,7 @@ fn mixed_repository() -> tempfile::TempDir {
         "alpha_mlp",
         "seq_lstm",
         "seq_lstm_step",
+        "seq_lstm_window",
         "tick_000",
         "tick_001",
     ] {

@@ -846,7 +846,7 @@ mod tests {
         tick(&t, &control(1, true, false), 1.0).unwrap();
         std::thread::sleep(idle * 2);
         t.sweep();
-        t.write(&SequenceId::Number(1), row(42.0), None, None)
+        t.write(&SequenceId::Number(1), row(42.0), 0, None, None)
             .await
             .unwrap();
         assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 42.0);
@@ -900,15 +900,15 @@ mod tests {
     async fn an_expired_sequence_is_neither_read_listed_nor_snapshotted_before_a_sweep() {
         let (t, idle) = expired_table(8, IdleAction::Error);
         let id = SequenceId::Number(1);
-        t.write(&id, row(1.0), None, None).await.unwrap();
-        t.write(&SequenceId::Number(2), row(2.0), None, None)
+        t.write(&id, row(1.0), 0, None, None).await.unwrap();
+        t.write(&SequenceId::Number(2), row(2.0), 0, None, None)
             .await
             .unwrap();
         std::thread::sleep(idle * 2);
         assert!(t.list(None).is_empty());
         assert!(t.snapshot().is_empty());
         assert_eq!(t.active(), 0);
-        t.write(&SequenceId::Number(3), row(3.0), None, None)
+        t.write(&SequenceId::Number(3), row(3.0), 0, None, None)
             .await
             .unwrap();
         std::thread::sleep(idle * 2);

@@ -124,3 +124,75 @@ pub(crate) fn take_state(
 pub(crate) fn tick_row_of(monte_carlo: &Option<Plan>) -> Option<usize> {
     monte_carlo.as_ref().map(Plan::total_rows)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+
+    use super::*;
+    use tickserve_core::sequence::{SequenceConfig, WindowConfig};
+    use tickserve_core::{DataType, Signature, TensorSpec};
+
+    fn floats(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn bytes(values: &[f32]) -> Bytes {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// A window of 3 one-feature ticks beside an ordinary input `x`.
+    fn spec() -> SequenceSpec {
+        let t = |name: &str, dims: &[usize]| TensorSpec {
+            name: name.to_string(),
+            datatype: DataType::Fp32,
+            dims: dims.to_vec(),
+        };
+        let signature = Signature {
+            inputs: vec![t("x", &[1]), t("w", &[3, 1])],
+            outputs: vec![t("y", &[1])],
+        };
+        let config = SequenceConfig {
+            window: vec![WindowConfig {
+                input: "w".into(),
+                initial_file: None,
+            }],
+            ..SequenceConfig::default()
+        };
+        SequenceSpec::resolve(&config, &signature, Path::new("."))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn each_row_runs_on_the_window_with_its_tick_and_the_clean_tick_is_kept() {
+        let spec = spec();
+        let kept = vec![bytes(&[1.0, 2.0, 3.0])];
+        // Two noisy copies of the tick (4.1, 4.2), the clean tick (4.0) after.
+        let request = ValidRequest {
+            rows: 2,
+            inputs: vec![bytes(&[9.1, 9.2]), bytes(&[4.1, 4.2])],
+            outputs: vec![0],
+            bucket_rows: 0,
+        };
+        let clean = Some(vec![bytes(&[9.0]), bytes(&[4.0])]);
+        let (request, next) = with_state(&spec, request, clean, &kept);
+        assert_eq!(request.rows, 3);
+        assert_eq!(floats(&request.inputs[0]), vec![9.1, 9.2, 9.0]);
+        assert_eq!(
+            floats(&request.inputs[1]),
+            vec![2.0, 3.0, 4.1, 2.0, 3.0, 4.2, 2.0, 3.0, 4.0]
+        );
+        assert_eq!(floats(&next[0]), vec![2.0, 3.0, 4.0]);
+        assert_eq!(
+            floats(&kept[0]),
+            vec![1.0, 2.0, 3.0],
+            "the kept window is untouched"
+        );
+    }
+}

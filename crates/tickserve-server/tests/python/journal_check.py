@@ -42,6 +42,7 @@ from tfserving_check import from_proto, stubs  # noqa: E402
 V2 = ["http_json", "http_binary", "grpc", "grpc_stream", "shm"]
 TFS = ["tfs_rest", "tfs_grpc"]
 MODELS = ["alpha_mlp", "seq_lstm", "tick_001", "tree_gbt"]
+SEQUENCE_MODELS = ["seq_lstm_step", "seq_lstm_window"]
 
 
 def metadata(http, name):
@@ -141,7 +142,7 @@ class Senders:
 
 def send(args):
     rng = np.random.default_rng(5)
-    shapes = {m: metadata(args.http, m) for m in MODELS + ["seq_lstm_step"]}
+    shapes = {m: metadata(args.http, m) for m in MODELS + SEQUENCE_MODELS}
     fronts = V2 + TFS if args.service else [f for f in V2 + TFS if f != "shm"]
     sent = {}
     started_sequences = set()
@@ -152,9 +153,11 @@ def send(args):
             kind = (n // len(fronts)) % 6
             parameters = None
             if kind == 5 and front in V2:
-                # A stateful tick: one sequence per front end.
-                model = "seq_lstm_step"
-                sequence = 1000 + V2.index(front)
+                # A stateful tick: one sequence per model and front end; the
+                # models take turns (state pairs, a window).
+                which = (n // (6 * len(fronts))) % len(SEQUENCE_MODELS)
+                model = SEQUENCE_MODELS[which]
+                sequence = 1000 * (which + 1) + V2.index(front)
                 parameters = {"sequence_id": sequence,
                               "sequence_start": sequence not in started_sequences}
                 started_sequences.add(sequence)
