@@ -40,3 +40,13 @@ def children_cpu():
     """CPU seconds this process's finished children have used (their rusage)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def bytes_read(pid):
+    """Bytes process `pid` has read through system calls so far (`rchar` in
+    /proc/PID/io): for a server in steady state, the requests as they came off its
+    sockets, framing included."""
+    for line in pathlib.Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stateful ticks against resending the window, in one run.
+"""Stateful ticks and server-kept windows against resending the window, in one run.
 
     cargo build --release -p tickserve-server && .venv/bin/python scripts/bench_sequences.py
 
@@ -11,12 +11,17 @@ over gRPC at concurrency 1 and 16:
     does without server-side state: 30 LSTM steps per prediction);
   - stateful: `seq_lstm_step`, each request one tick [1, 8] of a sequence, the server
     keeping h and c (`--sequence-length 100 --sequence-id-range 1:100000`: perf_analyzer
-    starts and ends sequences itself, as it does against Triton).
+    starts and ends sequences itself, as it does against Triton);
+  - windowed: `seq_lstm_window`, each request one tick [1, 8] of a sequence, the server
+    keeping its last 30 ticks and running `seq_lstm` on them (the same sequence flags).
 
-Both give the prediction after the latest tick (tests/sequences.rs checks they are
-equal). For each: throughput, p50 / p99 (perf_analyzer's client-side latency), the
-server's compute per request (perf_analyzer's server-side "compute infer"), and the CPU
-time per request of the server (from /proc) and of the client (its rusage). Then the two
+All three give the prediction after the latest tick (tests/sequences.rs and
+tests/windows.rs check they are equal). For each: the size of the request message (the
+protobuf ModelInferRequest perf_analyzer sends, raw tensor contents, sequence
+parameters included; gRPC adds 5 bytes and HTTP/2 framing), throughput,
+p50 / p99 (perf_analyzer's client-side latency), the server's compute per request
+(perf_analyzer's server-side "compute infer"), and the CPU time per request of the
+server (from /proc) and of the client (its rusage). Then the two
 models alone in onnxruntime (one thread) at 1, 16 and 64 rows per run: what the state
 saves where no network is in the way. Prints Markdown tables; raw outputs go to
 target/bench/sequences_*.
@@ -36,6 +41,25 @@ from bench_common import children_cpu, cpu_seconds, metric_sum  # noqa: E402
 from server import Server  # noqa: E402
 
 
+
+
+def request_bytes(model, extra):
+    """The ModelInferRequest message of one request: the model's input as raw contents,
+    and the sequence parameters when `extra` asks for sequences."""
+    from tritonclient.grpc import service_pb2
+    shapes = {"seq_lstm": [1, 30, 8], "seq_lstm_step": [1, 8], "seq_lstm_window": [1, 8]}
+    names = {"seq_lstm": "window", "seq_lstm_step": "tick", "seq_lstm_window": "window"}
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name=names[model], datatype="FP32", shape=shapes[model])
+    count = 1
+    for d in tensor.shape:
+        count *= d
+    request.raw_input_contents.append(b"\0" * 4 * count)
+    if extra:
+        request.parameters["sequence_id"].uint64_param = 12345
+        request.parameters["sequence_start"].bool_param = False
+        request.parameters["sequence_end"].bool_param = False
+    return request.ByteSize()
 
 
 def run(server, name, model, concurrency, interval_ms, extra):
@@ -58,6 +82,7 @@ def run(server, name, model, concurrency, interval_ms, extra):
         "p99": float(row["p99 latency"]),
         "compute": float(row["Server Compute Infer"]),
         "server_us": 1e6 * server_cpu / max(served, 1),
+        "bytes": request_bytes(model, extra),
         "client_us": 1e6 * client_cpu / max(served, 1),
     }
 
@@ -78,24 +103,32 @@ def main():
             for concurrency in (1, 16):
                 results[("window", concurrency)] = run(
                     server, "window", "seq_lstm", concurrency, args.interval, [])
+                sequences = ["--sequence-length", "100", "--sequence-id-range", "1:100000"]
                 results[("stateful", concurrency)] = run(
-                    server, "stateful", "seq_lstm_step", concurrency, args.interval,
-                    ["--sequence-length", "100", "--sequence-id-range", "1:100000"])
-    print("| request | concurrency | inferences/s | p50 (µs) | p99 (µs) | server compute / request (µs) "
-          "| server CPU / request (µs) | client CPU / request (µs) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                    server, "stateful", "seq_lstm_step", concurrency, args.interval, sequences)
+                results[("windowed", concurrency)] = run(
+                    server, "windowed", "seq_lstm_window", concurrency, args.interval, sequences)
+    print("| request | concurrency | request message (bytes) | inferences/s | p50 (µs) | p99 (µs) "
+          "| server compute / request (µs) | server CPU / request (µs) "
+          "| client CPU / request (µs) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for concurrency in (1, 16):
         for name, label in (("window", "`seq_lstm`, the 30-tick window"),
-                            ("stateful", "`seq_lstm_step`, one tick (state in the server)")):
+                            ("stateful", "`seq_lstm_step`, one tick (state in the server)"),
+                            ("windowed", "`seq_lstm_window`, one tick (window in the server)")):
             r = results[(name, concurrency)]
-            print(f"| {label} | {concurrency} | {r['rps']:.0f} | {r['p50']:.0f} | {r['p99']:.0f} "
-                  f"| {r['compute']:.0f} | {r['server_us']:.0f} | {r['client_us']:.0f} |")
+            print(f"| {label} | {concurrency} | {r['bytes']:.0f} | {r['rps']:.0f} | {r['p50']:.0f} "
+                  f"| {r['p99']:.0f} | {r['compute']:.0f} | {r['server_us']:.0f} "
+                  f"| {r['client_us']:.0f} |")
     for concurrency in (1, 16):
-        w, s = results[("window", concurrency)], results[("stateful", concurrency)]
-        print(f"\nconcurrency {concurrency}: the stateful tick costs {s['p50'] / w['p50']:.2f}x the "
-              f"window's p50, {s['p99'] / w['p99']:.2f}x its p99, "
-              f"{s['compute'] / w['compute']:.2f}x its server compute, "
-              f"{s['server_us'] / w['server_us']:.2f}x its server CPU per request")
+        w = results[("window", concurrency)]
+        for name in ("stateful", "windowed"):
+            s = results[(name, concurrency)]
+            print(f"\nconcurrency {concurrency}: the {name} tick costs {s['bytes'] / w['bytes']:.2f}x "
+                  f"the window's bytes, {s['p50'] / w['p50']:.2f}x its p50, "
+                  f"{s['p99'] / w['p99']:.2f}x its p99, "
+                  f"{s['compute'] / w['compute']:.2f}x its server compute, "
+                  f"{s['server_us'] / w['server_us']:.2f}x its server CPU per request")
     engine_alone()
 
 
