@@ -214,6 +214,36 @@ mod tests {
     }
 
     #[test]
+    fn an_initial_file_holds_one_tick_that_fills_the_missing_places() {
+        let dir = std::env::temp_dir().join(format!("window-initial-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let signature = Signature {
+            inputs: vec![spec("w", &[3, 2])],
+            outputs: vec![spec("y", &[1])],
+        };
+        let config = WindowConfig {
+            input: "w".into(),
+            initial_file: Some("w0.bin".into()),
+        };
+        std::fs::write(dir.join("w0.bin"), tick(0.5, -0.5)).unwrap();
+        let w = WindowSpec::resolve(0, &config, &signature, &dir).unwrap();
+        assert_eq!(floats(&w.initial), vec![0.5, -0.5, 0.5, -0.5, 0.5, -0.5]);
+        assert_eq!(
+            floats(&w.fill(&tick(1.0, 2.0))),
+            vec![0.5, -0.5, 0.5, -0.5, 1.0, 2.0]
+        );
+        // A whole window in the file is not one tick: refused, named as
+        // model.toml writes it.
+        std::fs::write(dir.join("w0.bin"), w.initial.as_ref()).unwrap();
+        let error = WindowSpec::resolve(0, &config, &signature, &dir).unwrap_err();
+        assert!(
+            error.contains("sequence.window[0].initial_file 'w0.bin' holds 24 bytes; one tick"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_window_needs_a_length_dimension() {
         let signature = Signature {
             inputs: vec![spec("w", &[])],
