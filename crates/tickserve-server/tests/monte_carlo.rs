@@ -21,14 +21,7 @@ fn body(model_input: &str, width: usize, parameters: Value) -> Value {
 }
 
 async fn infer(base: &str, model: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/v2/models/{model}/infer"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
+    common::post_json(&format!("{base}/v2/models/{model}/infer"), body).await
 }
 
 fn output<'a>(answer: &'a Value, name: &str) -> &'a Value {

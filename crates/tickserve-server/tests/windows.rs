@@ -64,16 +64,7 @@ fn body(model_tick: &str, seq: Value, start: bool, values: &[f32]) -> Value {
     })
 }
 
-async fn post(url: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
+use common::post_json as post;
 
 fn prediction(answer: &Value) -> f32 {
     answer["outputs"][0]["data"][0].as_f64().unwrap() as f32

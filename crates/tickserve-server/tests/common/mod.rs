@@ -154,6 +154,18 @@ pub async fn get_json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
+/// POSTs `body` as JSON to `url`: the status and the JSON answer.
+pub async fn post_json(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
 /// The Prometheus text of the server at `base` (`http://host:port`).
 pub async fn metrics_text(base: &str) -> String {
     reqwest::get(format!("{base}/metrics"))
