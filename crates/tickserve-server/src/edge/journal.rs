@@ -110,12 +110,25 @@ impl Pending {
         };
     }
 
-    /// The validated request: its inputs (shared, not copied), the seed its
-    /// Monte Carlo noise is drawn from, and, for a stateful model, a run that
-    /// reports the state it read.
+    /// The validated request: its inputs, the seed its Monte Carlo noise is
+    /// drawn from, and, for a stateful model, a run that reports the state it
+    /// read.
+    ///
+    /// The inputs are copied into one buffer of their own: shared, they would
+    /// be slices of the front end's receive buffer (an HTTP body, an HTTP/2
+    /// frame), which would then live until the writer thread wrote the record
+    /// and be freed there, so that every request's connection took a fresh
+    /// buffer. A copy of the rows is cheaper than that churn.
     pub fn prepared(&mut self, prepared: &mut Prepared) {
         let (inputs, rows) = prepared.inputs();
-        self.record.inputs = Some((inputs.to_vec(), rows));
+        let total = inputs.iter().map(|i| i.len()).sum();
+        let mut owned = bytes::BytesMut::with_capacity(total);
+        for input in inputs {
+            owned.extend_from_slice(input);
+        }
+        let mut owned = owned.freeze();
+        let inputs = inputs.iter().map(|i| owned.split_to(i.len())).collect();
+        self.record.inputs = Some((inputs, rows));
         if let (Some(mc), Some(seed)) = (
             self.record.parameters.monte_carlo.as_mut(),
             prepared.monte_carlo_seed(),
