@@ -32,6 +32,20 @@ async fn a_model_whose_rows_mix_never_runs_two_requests_together() {
         made.success(),
         "make_models.py --fixtures (run scripts/setup.sh first)"
     );
+    // The same model whose largest bucket is 2: the smallest batch in which
+    // rows can mix is still probed.
+    let pair = dir.path().join("batch_mean_pair");
+    std::fs::create_dir_all(pair.join("1")).unwrap();
+    std::fs::copy(
+        dir.path().join("batch_mean/1/model.onnx"),
+        pair.join("1/model.onnx"),
+    )
+    .unwrap();
+    std::fs::write(
+        pair.join("model.toml"),
+        "mixed_rows = \"refuse\"\nbuckets = [1, 2]\n",
+    )
+    .unwrap();
     let mut config = ServerConfig::default();
     config.repository.path = dir.path().to_path_buf();
     config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
@@ -50,6 +64,11 @@ async fn a_model_whose_rows_mix_never_runs_two_requests_together() {
         reason.contains("depend on each other") && reason.contains("refuse"),
         "{reason}"
     );
+    let Some((_, VersionState::Failed(reason))) = models["batch_mean_pair"].default_version()
+    else {
+        panic!("batch_mean_pair (buckets [1, 2]) loaded: its rows were not probed")
+    };
+    assert!(reason.contains("depend on each other"), "{reason}");
 
     // Alone, each row minus its own mean is zero; batched with others it
     // would not be. Many clients at once, each must get exactly zeros.
