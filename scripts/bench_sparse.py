@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Sparse traffic: one-row alpha_mlp requests in a closed loop, then one every 1 ms, 10 ms,
+100 ms and 1 s, over HTTP and gRPC, in one run.
+
+    cargo build --release -p tickserve-server
+    .venv/bin/python scripts/bench_sparse.py [--config FILE] [--label NAME] [--spin]
+
+A trading client's ticks come sparse: an instrument that ticks every 50 ms sends a
+request after the server has sat idle for 50 ms. For each spacing the script reports
+the server's compute time (its `tickserve-compute-us` answer header / gRPC metadata:
+copying rows in, the engine's run, copying out) and the end-to-end time the client
+measured (`time.perf_counter_ns` around the call), p50 and p99, and the server's CPU
+per second while idle (its /proc time over 10 s with no request). Between requests the
+client sleeps (`time.sleep`), as a client waiting for its next tick does; `--spin`
+makes it busy-wait instead, so that only the server's side goes cold.
+
+The client is one persistent HTTP/1.1 connection (http.client) and one gRPC channel
+(grpcio with tritonclient's stubs), one request at a time. `--warmer-ms N` adds a second
+client (its own HTTP connection, in a thread) sending the same request every N ms for
+the whole run: what real traffic beside the sparse client does to it, the most any
+keep-warm inside the server could do. Prints a Markdown table.
+"""
+import argparse
+import http.client
+import json
+import pathlib
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import cpu_seconds  # noqa: E402
+from server import DEFAULT_CONFIG, Server  # noqa: E402
+
+# (label, seconds between requests, requests)
+SPACINGS = [("closed loop", 0.0, 2000), ("every 1 ms", 0.001, 1000), ("every 10 ms", 0.01, 300),
+            ("every 100 ms", 0.1, 60), ("every 1 s", 1.0, 12)]
+FEATURES = 50
+
+
+def wait(seconds, spin):
+    if seconds <= 0:
+        return
+    if not spin:
+        time.sleep(seconds)
+        return
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+class Http:
+    def __init__(self, port):
+        self.connection = http.client.HTTPConnection("127.0.0.1", port)
+        x = np.random.default_rng(0).standard_normal(FEATURES).astype(np.float32)
+        self.body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                            "shape": [1, FEATURES],
+                                            "data": [float(v) for v in x]}]}).encode()
+
+    def call(self):
+        """(end-to-end ns, compute µs)."""
+        started = time.perf_counter_ns()
+        self.connection.request("POST", "/v2/models/alpha_mlp/infer", body=self.body,
+                                headers={"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        response.read()
+        elapsed = time.perf_counter_ns() - started
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+        return elapsed, int(response.getheader("tickserve-compute-us"))
+
+
+class Grpc:
+    def __init__(self, port):
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        x = np.random.default_rng(0).standard_normal((1, FEATURES)).astype(np.float32)
+        self.request = service_pb2.ModelInferRequest(model_name="alpha_mlp")
+        self.request.inputs.add(name="features", datatype="FP32", shape=[1, FEATURES])
+        self.request.raw_input_contents.append(x.tobytes())
+
+    def call(self):
+        started = time.perf_counter_ns()
+        _, call = self.stub.ModelInfer.with_call(self.request, timeout=30)
+        elapsed = time.perf_counter_ns() - started
+        metadata = dict(call.initial_metadata())
+        return elapsed, int(metadata["tickserve-compute-us"])
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * len(values)))]
+
+
+def measure(client, spin, scale):
+    rows = []
+    for _ in range(200):
+        client.call()
+    for label, seconds, count in SPACINGS:
+        count = max(5, int(count * scale))
+        e2e, compute = [], []
+        for _ in range(count):
+            wait(seconds, spin)
+            elapsed, us = client.call()
+            e2e.append(elapsed / 1000)
+            compute.append(us)
+        rows.append((label, statistics.median(compute), percentile(compute, 0.99),
+                     statistics.median(e2e), percentile(e2e, 0.99), count))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--label", default="")
+    p.add_argument("--spin", action="store_true", help="busy-wait between requests")
+    p.add_argument("--scale", type=float, default=1.0, help="requests per spacing, scaled")
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured")
+    p.add_argument("--warmer-ms", type=float, default=0.0,
+                   help="a second client sending a request every this many ms")
+    args = p.parse_args()
+    with Server(config=args.config) as server:
+        stop = threading.Event()
+        if args.warmer_ms > 0:
+            warmer = Http(server.http_port)
+
+            def warm():
+                while not stop.is_set():
+                    warmer.call()
+                    time.sleep(args.warmer_ms / 1000)
+            threading.Thread(target=warm, daemon=True).start()
+        http_rows = measure(Http(server.http_port), args.spin, args.scale)
+        grpc_rows = measure(Grpc(server.grpc_port), args.spin, args.scale)
+        stop.set()
+        before = cpu_seconds(server.pid)
+        time.sleep(args.idle)
+        idle = (cpu_seconds(server.pid) - before) / args.idle
+    label = f" ({args.label})" if args.label else ""
+    print(f"| protocol{label} | spacing | requests | compute p50 (µs) | compute p99 (µs) "
+          "| end-to-end p50 (µs) | end-to-end p99 (µs) | e2e p50 / closed loop |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for protocol, rows in (("HTTP", http_rows), ("gRPC", grpc_rows)):
+        closed = rows[0][3]
+        for label, c50, c99, e50, e99, count in rows:
+            print(f"| {protocol} | {label} | {count} | {c50:.0f} | {c99:.0f} | {e50:.0f} "
+                  f"| {e99:.0f} | {e50 / closed:.2f} |")
+    print(f"\nserver CPU while idle: {idle * 1000:.1f} ms per second ({idle * 100:.2f} % of a core)")
+
+
+if __name__ == "__main__":
+    main()
