@@ -278,6 +278,11 @@ pub struct ModelDefaults {
     /// (`"0us"`: not at all; an idle executor never waits).
     #[serde(deserialize_with = "duration")]
     pub max_queue_delay: Duration,
+    /// While a model's executor is idle, it runs the model's smallest bucket
+    /// this often, so that the engine and the thread stay warm for a sparse
+    /// request (`"0s"`, the default: never; docs/performance.md).
+    #[serde(deserialize_with = "duration")]
+    pub keep_warm: Duration,
     /// Executors (threads, each with its own compiled sessions) per model.
     pub executors: usize,
     /// Models of one family (same graph, different weights) share one compiled
@@ -299,6 +304,7 @@ impl Default for ModelDefaults {
             max_queue_rows: 4096,
             max_queue_bytes: 64 * 1024 * 1024,
             max_queue_delay: Duration::ZERO,
+            keep_warm: Duration::ZERO,
             executors: 1,
             share_weights: true,
             devices: vec![Placement::Auto],
@@ -381,6 +387,11 @@ pub struct ModelConfig {
     /// How long a queued request may wait for others to join its batch.
     #[serde(default, deserialize_with = "optional_duration")]
     pub max_queue_delay: Option<Duration>,
+    /// How often an idle executor runs the smallest bucket to stay warm
+    /// (default: `model_defaults.keep_warm`; `"0s"`: never). Models of one
+    /// family share executors: the family keeps its founding model's.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub keep_warm: Option<Duration>,
     /// Executors for this model.
     pub executors: Option<usize>,
     /// Whether this model shares its family's compiled graph (default: the
@@ -483,7 +494,9 @@ impl ServerConfig {
         if self.server.max_request_bytes < 1024 {
             return Err("server.max_request_bytes must be at least 1024".into());
         }
-        use crate::durations::{MAX_INLINE_BUDGET, MAX_QUEUE_DELAY, MAX_TIMEOUT, check};
+        use crate::durations::{
+            MAX_INLINE_BUDGET, MAX_KEEP_WARM, MAX_QUEUE_DELAY, MAX_TIMEOUT, check,
+        };
         let listen = &self.server;
         if d.max_queue_bytes == 0 || listen.max_inflight_bytes < listen.max_request_bytes {
             return Err(
@@ -526,6 +539,7 @@ impl ServerConfig {
             d.max_queue_delay,
             MAX_QUEUE_DELAY,
         )?;
+        check("model_defaults.keep_warm", d.keep_warm, MAX_KEEP_WARM)?;
         check(
             "runtime.inline_budget",
             self.runtime.inline_budget,

@@ -18,6 +18,10 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// company. A second is already far beyond any trading use.
 pub const MAX_QUEUE_DELAY: Duration = Duration::from_secs(1);
 
+/// The longest `keep_warm` interval: a warm run less often than this keeps
+/// nothing warm.
+pub const MAX_KEEP_WARM: Duration = Duration::from_secs(60);
+
 /// The longest `runtime.inline_budget`.
 pub const MAX_INLINE_BUDGET: Duration = Duration::from_secs(1);
 

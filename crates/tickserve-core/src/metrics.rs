@@ -73,6 +73,9 @@ pub const MODEL_READY: &str = "tickserve_model_ready";
 /// Runs that bound another member's weights than the executor's previous
 /// run, labelled `family`, `device`.
 pub const WEIGHT_SWAPS: &str = "tickserve_weight_swaps_total";
+/// Runs of the smallest bucket an idle executor made to stay warm
+/// (`keep_warm`), labelled `family`, `device`; never counted as requests.
+pub const KEEP_WARM_RUNS: &str = "tickserve_keep_warm_runs_total";
 /// GPU time of each bucket run, measured with CUDA events around the graph
 /// launch, labelled `family`, `bucket`, `device` (`gpu:N`).
 pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_seconds";
@@ -238,6 +241,11 @@ pub fn describe() {
         WEIGHT_SWAPS,
         Unit::Count,
         "Runs that bound another family member's weights than the run before."
+    );
+    describe_counter!(
+        KEEP_WARM_RUNS,
+        Unit::Count,
+        "Runs of the smallest bucket an idle executor made to stay warm (keep_warm)."
     );
     describe_counter!(
         REJECTIONS,

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tickserve_core::validate::ValidRequest;
 use tickserve_core::{
-    Buckets, CompiledModel, EngineError, Error, InferResponse, MemberId, OutputTensor, TensorSpec,
-    Weight, metrics as names,
+    Buckets, CompiledModel, EngineError, Error, InferResponse, MemberId, OutputTensor, SOLE_MEMBER,
+    TensorSpec, Weight, metrics as names,
 };
 
 use crate::job::Job;
@@ -75,7 +75,12 @@ pub struct Executor {
     retired_seen: usize,
     /// The member whose weights the last run bound.
     last_member: Option<MemberId>,
+    /// A member whose weights are resident, for a warm run before any
+    /// request ran (families that bind weights per member).
+    resident_member: Option<MemberId>,
     weight_swaps: metrics::Counter,
+    /// Runs made to stay warm (`keep_warm`).
+    warm_runs: metrics::Counter,
     runs: Arc<AtomicU64>,
     /// The family key, for messages.
     family_key: String,
@@ -102,6 +107,8 @@ impl Executor {
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
         let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
             "family" => links.family_key.clone(), "device" => model.device().to_string());
+        let warm_runs = metrics::counter!(names::KEEP_WARM_RUNS,
+            "family" => links.family_key.clone(), "device" => model.device().to_string());
         let device_compute = if model.runs_on_any_thread() {
             Vec::new()
         } else {
@@ -125,7 +132,9 @@ impl Executor {
             health: links.health,
             retired_seen: 0,
             last_member: None,
+            resident_member: None,
             weight_swaps,
+            warm_runs,
             runs: links.runs,
             family_key: links.family_key.clone(),
             device_compute,
@@ -141,14 +150,44 @@ impl Executor {
         self.inline_rows
     }
 
+    /// Runs the smallest bucket once, on whatever rows its buffers hold, with
+    /// the weights the last run bound (the sole member's before any): keeps
+    /// the engine's code and data, and this thread, warm for the next
+    /// request (`keep_warm`). Not a request: no statistics, no bucket-run
+    /// count, no answer; only `tickserve_keep_warm_runs_total`. A failure is
+    /// logged and changes nothing.
+    pub fn keep_warm(&mut self) {
+        let member = self
+            .last_member
+            .or(self.resident_member)
+            .unwrap_or(SOLE_MEMBER);
+        match self.model.run(0, member) {
+            Ok(()) => self.warm_runs.increment(1),
+            Err(e) => {
+                tracing::debug!(family = %self.family_key, error = %e, "keep-warm run failed")
+            }
+        }
+    }
+
     /// Makes `weights` resident as member `id`'s (see [`CompiledModel::add_member`]).
     pub fn add_member(&mut self, id: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
-        self.model.add_member(id, weights)
+        self.model.add_member(id, weights)?;
+        self.resident_member.get_or_insert(id);
+        Ok(())
     }
 
     /// Frees member `id`'s weights.
     pub fn remove_member(&mut self, id: MemberId) {
         self.model.remove_member(id);
+        self.forgotten(id);
+    }
+
+    /// No warm run binds member `id` any more (a warm run that names a
+    /// member gone since fails, harmlessly).
+    fn forgotten(&mut self, id: MemberId) {
+        if self.resident_member == Some(id) {
+            self.resident_member = None;
+        }
     }
 
     /// Frees the weights of members that left since the last call.
@@ -157,6 +196,7 @@ impl Executor {
             self.retired_seen += ids.len();
             for id in ids {
                 self.model.remove_member(id);
+                self.forgotten(id);
             }
         }
     }

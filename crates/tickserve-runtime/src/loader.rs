@@ -267,7 +267,8 @@ impl Loader<'_> {
                     settings.buckets.largest(),
                     settings.max_queue_delay,
                 )
-                .with_spin(self.spin),
+                .with_spin(self.spin)
+                .with_keep_warm(settings.keep_warm),
             ))
         };
         let (queue, channel) = std::sync::mpsc::channel();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
-use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
+use tickserve_core::durations::{self, MAX_KEEP_WARM, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::monte_carlo::MonteCarloSettings;
 use tickserve_core::priority::Priorities;
 use tickserve_core::sequence::SequenceSpec;
@@ -26,6 +26,9 @@ pub struct ModelSettings {
     pub max_queue_bytes: usize,
     /// How long a queued request may wait for company.
     pub max_queue_delay: Duration,
+    /// How often an idle executor runs the smallest bucket (`keep_warm`);
+    /// `None`: never.
+    pub keep_warm: Option<Duration>,
     /// Executor threads, each with its own compiled sessions.
     pub executors: usize,
     /// Deadline for requests that bring none.
@@ -81,6 +84,8 @@ impl ModelSettings {
         }
         let max_queue_delay = config.max_queue_delay.unwrap_or(defaults.max_queue_delay);
         durations::check("max_queue_delay", max_queue_delay, MAX_QUEUE_DELAY)?;
+        let keep_warm = config.keep_warm.unwrap_or(defaults.keep_warm);
+        durations::check("keep_warm", keep_warm, MAX_KEEP_WARM)?;
         if let Some(timeout) = config.timeout {
             durations::check("timeout", timeout, MAX_TIMEOUT)?;
         }
@@ -107,6 +112,7 @@ impl ModelSettings {
             max_queue_rows,
             max_queue_bytes: config.max_queue_bytes.unwrap_or(defaults.max_queue_bytes),
             max_queue_delay,
+            keep_warm: (!keep_warm.is_zero()).then_some(keep_warm),
             executors,
             default_timeout: config.timeout,
             mixed_rows: config.mixed_rows.unwrap_or_default(),

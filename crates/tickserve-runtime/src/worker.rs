@@ -81,6 +81,19 @@ pub struct Intake<J = Job> {
     woken_idle: bool,
     /// How long to poll an empty queue before parking (`runtime.spin`).
     spin: Duration,
+    /// How long an idle executor waits before a warm run (`keep_warm`).
+    keep_warm: Option<Duration>,
+}
+
+/// What an executor does next (see [`Intake::next`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Answer the batch (and refuse the expired jobs) just taken.
+    Answer,
+    /// Nothing came for `keep_warm`: run the smallest bucket to stay warm.
+    Warm,
+    /// The channel is closed and nothing is left: stop.
+    Stop,
 }
 
 impl<J: Queued> Intake<J> {
@@ -92,7 +105,14 @@ impl<J: Queued> Intake<J> {
             closing: false,
             woken_idle: false,
             spin: Duration::ZERO,
+            keep_warm: None,
         }
+    }
+
+    /// Asks for a warm run whenever the queue stays empty this long (`keep_warm`).
+    pub fn with_keep_warm(mut self, keep_warm: Option<Duration>) -> Intake<J> {
+        self.keep_warm = keep_warm.filter(|k| !k.is_zero());
+        self
     }
 
     /// Polls an empty queue for `spin` before parking (`runtime.spin`).
@@ -125,9 +145,10 @@ impl<J: Queued> Intake<J> {
     }
 
     /// Waits until a batch is due and moves it into `batch`, and any expired
-    /// jobs into `expired`. Returns false once the channel is closed and
-    /// nothing is left.
-    fn next(&mut self, batch: &mut Vec<J>, expired: &mut Vec<J>) -> bool {
+    /// jobs into `expired` ([`Step::Answer`]); with `keep_warm`, says when the
+    /// queue stayed empty that long ([`Step::Warm`]); [`Step::Stop`] once the
+    /// channel is closed and nothing is left.
+    fn next(&mut self, batch: &mut Vec<J>, expired: &mut Vec<J>) -> Step {
         loop {
             while let Ok(job) = self.channel.try_recv() {
                 self.batcher.push(job);
@@ -136,13 +157,13 @@ impl<J: Queued> Intake<J> {
             self.batcher.take_expired(now, expired);
             self.batcher.delay_overdue(now);
             if !expired.is_empty() {
-                return true; // answer them now, then come back
+                return Step::Answer; // answer them now, then come back
             }
             match self.batcher.decide(now, self.closing || self.woken_idle) {
                 Decision::Run(count) => {
                     self.batcher.take(count, batch);
                     self.woken_idle = false;
-                    return true;
+                    return Step::Answer;
                 }
                 Decision::WaitUntil(due) => {
                     match self
@@ -154,9 +175,18 @@ impl<J: Queued> Intake<J> {
                         Err(RecvTimeoutError::Disconnected) => self.closing = true,
                     }
                 }
-                Decision::Empty if self.closing => return false,
+                Decision::Empty if self.closing => return Step::Stop,
                 Decision::Empty => {
-                    match self.poll_for_job().map_or_else(|| self.channel.recv(), Ok) {
+                    let job = match (self.poll_for_job(), self.keep_warm) {
+                        (Some(job), _) => Ok(job),
+                        (None, None) => self.channel.recv().map_err(drop),
+                        (None, Some(interval)) => match self.channel.recv_timeout(interval) {
+                            Ok(job) => Ok(job),
+                            Err(RecvTimeoutError::Timeout) => return Step::Warm,
+                            Err(RecvTimeoutError::Disconnected) => Err(()),
+                        },
+                    };
+                    match job {
                         Ok(job) => {
                             self.batcher.push(job);
                             self.woken_idle = true;
@@ -175,13 +205,19 @@ fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
     let mut batch: Vec<Job> = Vec::new();
     let mut expired: Vec<Job> = Vec::new();
     loop {
-        let more = intake
+        let step = intake
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .next(&mut batch, &mut expired);
         let mut executor = executor
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if step == Step::Warm {
+            // The intake is free meanwhile: a request that comes now waits
+            // for this one run of the smallest bucket at most.
+            executor.keep_warm();
+            continue;
+        }
         for job in batch.iter_mut().chain(expired.iter_mut()) {
             job.ticket.release();
         }
@@ -192,7 +228,7 @@ fn serve(executor: &Mutex<Executor>, intake: &Mutex<Intake>) {
         // A caller that left has nothing to compute for.
         batch.retain(|job| !job.reply.is_closed());
         executor.answer_batch(&mut batch);
-        if !more {
+        if step == Step::Stop {
             return;
         }
     }
@@ -537,9 +573,34 @@ mod tests {
         sender.send(Row(admitted)).unwrap();
         sender.send(Row(admitted)).unwrap();
         let (mut batch, mut expired) = (Vec::new(), Vec::new());
-        assert!(intake.next(&mut batch, &mut expired));
+        assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
         assert_eq!(batch.len(), 2);
         assert!(admitted.elapsed() >= delay, "went before max_queue_delay");
+    }
+
+    #[test]
+    fn an_idle_executor_with_keep_warm_asks_for_a_warm_run_and_a_request_still_goes_first() {
+        let (sender, channel) = std::sync::mpsc::channel();
+        let mut intake =
+            Intake::new(channel, 64, Duration::ZERO).with_keep_warm(Some(Duration::from_millis(5)));
+        let (mut batch, mut expired) = (Vec::new(), Vec::new());
+        // Nothing comes for 5 ms: a warm run, and nothing taken.
+        let started = Instant::now();
+        assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
+        assert!(started.elapsed() >= Duration::from_millis(5));
+        assert!(batch.is_empty() && expired.is_empty());
+        // A request that is there goes first: no warm run before it.
+        sender.send(Row(Instant::now())).unwrap();
+        assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
+        assert_eq!(batch.len(), 1);
+        // Once every sender is gone it stops, warm runs or not.
+        drop(sender);
+        batch.clear();
+        assert_eq!(intake.next(&mut batch, &mut expired), Step::Stop);
+        // A zero interval is no keep-warm.
+        let (_sender, channel) = std::sync::mpsc::channel::<Row>();
+        let cold = Intake::new(channel, 64, Duration::ZERO).with_keep_warm(Some(Duration::ZERO));
+        assert_eq!(cold.keep_warm, None);
     }
 
     #[test]
@@ -598,11 +659,11 @@ mod tests {
             .send(Due(now, Some(now + Duration::from_secs(60))))
             .unwrap();
         let (mut batch, mut expired) = (Vec::new(), Vec::new());
-        assert!(intake.next(&mut batch, &mut expired));
+        assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
         assert_eq!(expired.len(), 2, "both expired requests, swept");
         assert!(batch.is_empty(), "answered before any batch runs");
         expired.clear();
-        assert!(intake.next(&mut batch, &mut expired));
+        assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
         assert!(expired.is_empty());
         assert_eq!(batch.len(), 2, "the live requests run together");
         assert!(batch.iter().all(|d| d.1.is_none_or(|d| d > now)));

@@ -538,6 +538,7 @@ mod tests {
                 max_queue_rows: 1024,
                 max_queue_bytes: 1 << 20,
                 max_queue_delay: Duration::from_micros(40),
+                keep_warm: None,
                 executors: 3,
                 default_timeout: None,
                 mixed_rows: Default::default(),
