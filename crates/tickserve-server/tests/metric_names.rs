@@ -28,6 +28,11 @@ const PINNED: &[(&str, &str, &[&str])] = &[
     ("tickserve_heap_allocated_bytes", "gauge", &[]),
     ("tickserve_heap_resident_bytes", "gauge", &[]),
     (
+        "tickserve_keep_warm_runs_total",
+        "counter",
+        &["device", "family"],
+    ),
+    (
         "tickserve_model_info",
         "gauge",
         &["family", "model", "version"],
