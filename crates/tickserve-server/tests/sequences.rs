@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::post_json_as as post_as;
+
 use serde_json::{Value, json};
 use tickserve_core::config::{FrontEnd, Restriction};
 use tickserve_proto::inference as pb;
@@ -717,19 +719,6 @@ async fn tritonclient_sequences_match_onnxruntime_offline() {
         .collect();
     common::run_python_check(&server, "sequence_check.py", &args, "done").await;
     server.shutdown().await.unwrap();
-}
-
-/// POSTs `body` to `url` with `key` as a Bearer token.
-async fn post_as(key: &str, url: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

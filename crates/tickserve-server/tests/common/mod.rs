@@ -156,12 +156,20 @@ pub async fn get_json(url: &str) -> serde_json::Value {
 
 /// POSTs `body` as JSON to `url`: the status and the JSON answer.
 pub async fn post_json(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let response = reqwest::Client::new()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    send_json(reqwest::Client::new().post(url).json(body)).await
+}
+
+/// POSTs `body` as JSON to `url` with `key` as a Bearer token.
+pub async fn post_json_as(
+    key: &str,
+    url: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    send_json(reqwest::Client::new().post(url).bearer_auth(key).json(body)).await
+}
+
+async fn send_json(request: reqwest::RequestBuilder) -> (u16, serde_json::Value) {
+    let response = request.send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
