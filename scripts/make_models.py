@@ -231,9 +231,11 @@ def sample_repository(root):
 
 def fixtures(root):
     """Models that exercise the loader's and the front ends' edge cases."""
-    # Two versions of one model: the highest is the default.
+    # Two versions of one model, both served (the default policy serves the
+    # highest only), each with a label: the highest is the default.
     save(mlp(np.random.default_rng(10), "versioned", 4, 8, 2), root, "versioned", 1)
-    save(mlp(np.random.default_rng(11), "versioned", 4, 8, 2), root, "versioned", 2)
+    save(mlp(np.random.default_rng(11), "versioned", 4, 8, 2), root, "versioned", 2,
+         config='version_policy = "all"\n\n[labels]\nstable = 1\ncanary = 2\n')
     # A dynamic sequence dimension, unfixed: refused at load, naming the dimension.
     save(lstm(np.random.default_rng(12), "dyn_seq", 10, 4, 8, seq_dim="seq"), root, "dyn_seq")
     # The same, fixed in model.toml, with small buckets and a small row limit.

@@ -16,8 +16,10 @@ pub use crate::validate::NanPolicy;
 
 mod journal;
 mod security;
+mod versions;
 
 pub use journal::{Fsync, JournalConfig, WhenFull};
+pub use versions::{Labels, VersionPolicy, check_labels, load_labels};
 
 pub use security::{
     EndpointGroup, FrontEnd, KeySource, ModelControlMode, Restriction, Secret, SecurityConfig,
@@ -249,6 +251,12 @@ pub struct RepositoryConfig {
     /// The name the single model of a single-model repository is served under
     /// (KServe: the InferenceService's name, `--model-name {{.Name}}`).
     pub model_name: String,
+    /// How often the repository is read for changes when
+    /// `security.model_control_mode = "poll"` (Triton's
+    /// `--repository-poll-secs`); a change applies once two reads in a row
+    /// see it the same (docs/lifecycle.md).
+    #[serde(deserialize_with = "duration")]
+    pub poll_interval: Duration,
 }
 
 impl Default for RepositoryConfig {
@@ -256,6 +264,7 @@ impl Default for RepositoryConfig {
         RepositoryConfig {
             path: PathBuf::from("config/models"),
             model_name: "model".to_string(),
+            poll_interval: Duration::from_secs(5),
         }
     }
 }
@@ -427,13 +436,23 @@ pub struct ModelConfig {
     /// Whether its predictions are journaled when the server's `[journal]`
     /// is on (default: `model_defaults.journal`).
     pub journal: Option<bool>,
+    /// Which version directories serve (default: the highest one).
+    pub version_policy: VersionPolicy,
+    /// Names for versions (`stable = 3`), reachable wherever a version is;
+    /// a `labels.toml` beside `model.toml` adds to and overrides them.
+    pub labels: Labels,
 }
 
 impl ModelConfig {
     /// Reads `path`, or the defaults when it does not exist.
     pub fn load(path: &Path) -> Result<ModelConfig, String> {
         match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Ok(text) => toml::from_str::<ModelConfig>(&text)
+                .and_then(|c| {
+                    check_labels(&c.labels).map_err(serde::de::Error::custom)?;
+                    Ok(c)
+                })
+                .map_err(|e| format!("{}: {e}", path.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
             Err(e) => Err(format!("{}: {e}", path.display())),
         }
@@ -473,6 +492,12 @@ impl ServerConfig {
         }
         crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
         crate::durations::check("runtime.spin", self.runtime.spin, MAX_SPIN)?;
+        let poll = self.repository.poll_interval;
+        if poll < Duration::from_millis(10) || poll > Duration::from_secs(3600) {
+            return Err(format!(
+                "repository.poll_interval is {poll:?}; it must be 10ms to 1h"
+            ));
+        }
         let d = &self.model_defaults;
         crate::Buckets::new(&d.buckets, None)
             .map_err(|e| format!("model_defaults.buckets: {e}"))?;

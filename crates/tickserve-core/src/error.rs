@@ -217,6 +217,19 @@ pub enum Error {
         /// `load` or `unload`.
         operation: &'static str,
     },
+    /// The repository is polled: its files decide what serves, and clients
+    /// may not load or unload.
+    #[error(
+        "model '{model}': {operation} refused: the model repository is polled \
+         (security.model_control_mode = \"poll\", Triton's --model-control-mode=poll): \
+         change its files instead; the repository index stays readable"
+    )]
+    ModelControlPolled {
+        /// The model asked for.
+        model: String,
+        /// `load` or `unload`.
+        operation: &'static str,
+    },
     /// The engine failed on a request that passed validation. A bug or a
     /// resource failure, never the client's fault.
     #[error("model '{model}': internal error: {message}")]
@@ -316,7 +329,9 @@ impl Error {
             | Error::ConnectionBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
-            Error::ModelControlOff { .. } => ErrorKind::FailedPrecondition,
+            Error::ModelControlOff { .. } | Error::ModelControlPolled { .. } => {
+                ErrorKind::FailedPrecondition
+            }
         }
     }
 

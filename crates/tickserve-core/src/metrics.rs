@@ -76,6 +76,18 @@ pub const WEIGHT_SWAPS: &str = "tickserve_weight_swaps_total";
 /// Runs of the smallest bucket an idle executor made to stay warm
 /// (`keep_warm`), labelled `family`, `device`; never counted as requests.
 pub const KEEP_WARM_RUNS: &str = "tickserve_keep_warm_runs_total";
+/// Model versions loaded while serving or at start, labelled `model`,
+/// `outcome` (`loaded`, `failed`).
+pub const MODEL_LOADS: &str = "tickserve_model_loads_total";
+/// Model versions that stopped serving (unloaded, replaced by a reload, or
+/// dropped by the version policy), labelled `model`.
+pub const MODEL_UNLOADS: &str = "tickserve_model_unloads_total";
+/// How long the last change of a model took, from reading its directory to
+/// the switch (loading and warming its new versions), labelled `model`.
+pub const MODEL_SWITCH_SECONDS: &str = "tickserve_model_switch_seconds";
+/// The version each label names, labelled `model`, `label`; removed labels
+/// read 0.
+pub const MODEL_LABEL_VERSION: &str = "tickserve_model_label_version";
 /// GPU time of each bucket run, measured with CUDA events around the graph
 /// launch, labelled `family`, `bucket`, `device` (`gpu:N`).
 pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_seconds";
@@ -246,6 +258,26 @@ pub fn describe() {
         KEEP_WARM_RUNS,
         Unit::Count,
         "Runs of the smallest bucket an idle executor made to stay warm (keep_warm)."
+    );
+    describe_counter!(
+        MODEL_LOADS,
+        Unit::Count,
+        "Model versions loaded, by model and outcome (loaded, failed)."
+    );
+    describe_counter!(
+        MODEL_UNLOADS,
+        Unit::Count,
+        "Model versions that stopped serving, by model."
+    );
+    describe_gauge!(
+        MODEL_SWITCH_SECONDS,
+        Unit::Seconds,
+        "How long the last change of a model took: reading, loading and warming its new versions, then the switch."
+    );
+    describe_gauge!(
+        MODEL_LABEL_VERSION,
+        Unit::Count,
+        "The version each label of a model names (0: the label was removed)."
     );
     describe_counter!(
         REJECTIONS,

@@ -169,6 +169,26 @@ impl Executor {
         }
     }
 
+    /// Runs bucket `bucket` once with member `id`'s weights, on whatever rows
+    /// its buffers hold, before the member takes a request: its first
+    /// request then finds its weights bound and the run's pages touched. Not
+    /// a request and not a keep-warm run: nothing is counted. A failure is
+    /// the caller's (the member is not added).
+    pub fn warm_member(&mut self, bucket: usize, id: MemberId) -> Result<(), EngineError> {
+        self.model.run(bucket, id)
+    }
+
+    /// The buckets another thread may warm with [`Executor::warm_member`]:
+    /// all of them, or none for a model whose work stays on its own thread
+    /// (a GPU's), which its first request warms.
+    pub fn warm_buckets(&self) -> usize {
+        if self.model.runs_on_any_thread() {
+            self.model.buckets().sizes().len()
+        } else {
+            0
+        }
+    }
+
     /// Makes `weights` resident as member `id`'s (see [`CompiledModel::add_member`]).
     pub fn add_member(&mut self, id: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
         self.model.add_member(id, weights)?;

@@ -210,7 +210,29 @@ impl Family {
                 return Err(e);
             }
         }
-        Ok(self.member(id, version))
+        let member = self.member(id, version);
+        self.warm_member(id)?;
+        Ok(member)
+    }
+
+    /// Runs every bucket of every executor once with member `id`'s weights
+    /// (see [`Executor::warm_member`]), one run per lock, so requests of the
+    /// family's other members go between them: a new member is never slow
+    /// on its first requests.
+    fn warm_member(&self, id: tickserve_core::MemberId) -> Result<(), EngineError> {
+        for executor in &self.executors {
+            let buckets = executor
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .warm_buckets();
+            for bucket in 0..buckets {
+                executor
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .warm_member(bucket, id)?;
+            }
+        }
+        Ok(())
     }
 
     /// Answers `submission` for `member`: at once on the caller's thread when

@@ -23,6 +23,8 @@
 //! | `handle` | the handle a request is served through: `prepare` and `run` |
 //! | `registry` | every model's versions and their states, the index |
 //! | `loader` | loading many versions into families in parallel |
+//! | `poll` | the repository poll: what changed on disk, once two reads agree |
+//! | `update` | changing a model while it serves: load and warm, switch, retire; its labels |
 //! | this file | the [`Runtime`] facade |
 //!
 //! A request's way: the edge looks its model up once ([`Runtime::model`]),
@@ -43,16 +45,19 @@ mod job;
 mod loader;
 mod member;
 mod monte_carlo;
+mod poll;
 mod registry;
 mod repository;
 mod sequences;
 mod settings;
 mod stats;
+mod update;
 mod worker;
 
 pub use crate::admission::ModelQueue;
 pub use crate::affinity::pin_current_thread;
 pub use crate::engines::Engines;
+pub use crate::poll::{Poller, Prints};
 pub use crate::sequences::{SequenceState, SequenceSummary, Sequences};
 pub use crate::stats::Stat;
 
@@ -68,10 +73,11 @@ pub mod testing {
 }
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 
-use tickserve_core::config::ServerConfig;
+use tickserve_core::config::{Labels, ModelConfig, ServerConfig};
 use tickserve_core::{Error, InferRequest, InferResponse};
 
 use crate::family::Family;
@@ -80,6 +86,7 @@ use crate::loader::{Candidate, Loader, versions_of};
 pub use crate::registry::{IndexEntry, ModelVersions, Models, VersionState};
 pub use crate::settings::ModelSettings;
 pub use crate::stats::ModelStats;
+use crate::update::Reload;
 pub use tickserve_core::Device;
 
 /// The loaded repository, its families and their executors.
@@ -96,6 +103,8 @@ pub struct Runtime {
     control: Mutex<()>,
     /// Executor threads started, for `runtime.executor_cpus`.
     executors_started: std::sync::atomic::AtomicUsize,
+    /// The repository as it was read for the first load (for the poll).
+    loaded_from: Prints,
 }
 
 /// Moves a reloaded model's sequences from its old versions into the new
@@ -146,6 +155,7 @@ impl Runtime {
             threads: Mutex::new(Vec::new()),
             control: Mutex::new(()),
             executors_started: std::sync::atomic::AtomicUsize::new(0),
+            loaded_from: poll::prints(&config.repository),
         };
         let found = repository::scan(&config.repository)?;
         // A model placed on a GPU that is not there stops the start: the
@@ -167,9 +177,13 @@ impl Runtime {
         }
         let mut models: HashMap<String, ModelVersions> = HashMap::new();
         let mut candidates = Vec::new();
-        for entry in found {
+        for entry in &found {
             let slot = models.entry(entry.name.clone()).or_default();
-            match runtime.candidates_of(entry) {
+            let chosen = entry.config.as_ref().map_err(String::clone).and_then(|c| {
+                let versions = update::wanted(entry, c)?;
+                runtime.candidates_of(&entry.name, c, versions)
+            });
+            match chosen {
                 Ok(mut versions) => candidates.append(&mut versions),
                 Err(reason) => slot.error = Some(reason),
             }
@@ -180,6 +194,17 @@ impl Runtime {
                 .or_default()
                 .versions
                 .insert(version, state);
+        }
+        for entry in &found {
+            if let (Ok(config), Some(model)) = (&entry.config, models.get_mut(&entry.name)) {
+                model.labels = update::settle_labels(
+                    &entry.name,
+                    config,
+                    &entry.labels,
+                    &Labels::new(),
+                    model,
+                );
+            }
         }
         runtime.models.set_all(models);
         if let Some(path) = &runtime.config.runtime.sequence_snapshot {
@@ -202,6 +227,12 @@ impl Runtime {
             None => Ok(0),
             Some(path) => sequences::snapshot::write(path, &self.models.ready_handles()),
         }
+    }
+
+    /// A repository poll that starts from what the first load read
+    /// (`security.model_control_mode = "poll"`; see [`Runtime::poll_repository`]).
+    pub fn poller(&self) -> Poller {
+        Poller::new(self.loaded_from.clone())
     }
 
     fn loader(&self) -> Loader<'_> {
@@ -275,50 +306,14 @@ impl Runtime {
     /// Blocking: call it off the async threads.
     pub fn load_model(&self, name: &str) -> Result<(), Error> {
         let _control = self.control.lock().unwrap_or_else(|p| p.into_inner());
-        let failed = |reason: String| Error::LoadFailed {
-            model: name.to_string(),
-            reason,
-        };
-        let entry = repository::scan_one(&self.config.repository, name).ok_or_else(|| {
+        let dir = repository::scan_one(&self.config.repository, name).ok_or_else(|| {
             Error::ModelNotFound {
                 model: name.to_string(),
                 version: None,
                 known: format!("no directory {name} in the model repository"),
             }
         })?;
-        let candidates = self.candidates_of(entry).map_err(failed)?;
-        let outcomes = versions_of(self.loader().load(candidates));
-        let failures: Vec<String> = outcomes
-            .iter()
-            .filter_map(|((_, version), state)| match state {
-                VersionState::Failed(e) => Some(format!("version {version}: {e}")),
-                VersionState::Ready(_) => None,
-            })
-            .collect();
-        let failed_load = !failures.is_empty();
-        let mut versions = ModelVersions::default();
-        for ((_, version), state) in outcomes {
-            versions.versions.insert(version, state);
-        }
-        // A failed reload keeps what served before; what loaded of the new
-        // versions drops here.
-        match self.models.replace(name, versions, failed_load) {
-            Err(_new) => {
-                tracing::warn!(model = name, failures = ?failures, "load failed; the loaded versions keep serving");
-                return Err(failed(failures.join("; ")));
-            }
-            Ok(Some(old)) => {
-                carry_sequences(&old, &self.models.get_versions(name));
-                self.models.mark_gone(name, &old);
-            }
-            Ok(None) => {}
-        }
-        if failed_load {
-            tracing::warn!(model = name, failures = ?failures, "load failed");
-            return Err(failed(failures.join("; ")));
-        }
-        tracing::info!(model = name, "loaded");
-        Ok(())
+        self.update_model(dir, &Reload::All)
     }
 
     /// Unloads model `name`: it stops taking requests at once; requests
@@ -326,9 +321,16 @@ impl Runtime {
     /// family's last member, the compiled graph) are freed.
     pub fn unload_model(&self, name: &str) -> Result<(), Error> {
         let _control = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        self.unload_locked(name)
+    }
+
+    /// [`Runtime::unload_model`], the control lock held.
+    fn unload_locked(&self, name: &str) -> Result<(), Error> {
         match self.models.remove(name) {
             Some(old) => {
-                self.models.mark_gone(name, &old);
+                let gone = self.models.mark_gone(name, &old);
+                metrics::counter!(tickserve_core::metrics::MODEL_UNLOADS, "model" => name.to_string())
+                    .increment(gone);
                 tracing::info!(model = name, "unloaded");
                 Ok(())
             }
@@ -355,27 +357,25 @@ impl Runtime {
         }
     }
 
-    /// The candidates for every version of one model directory: one per
-    /// version and replica.
-    fn candidates_of(&self, entry: repository::ModelDir) -> Result<Vec<Candidate>, String> {
-        let config = entry.config?;
-        if entry.versions.is_empty() {
-            return Err(format!(
-                "no version directories: expected {}/<version>/model.onnx",
-                entry.name
-            ));
-        }
+    /// The candidates for `versions` of model `name`: one per version and
+    /// replica.
+    fn candidates_of(
+        &self,
+        name: &str,
+        config: &ModelConfig,
+        versions: Vec<(u64, PathBuf)>,
+    ) -> Result<Vec<Candidate>, String> {
         let placements = config
             .devices
             .as_ref()
             .unwrap_or(&self.config.model_defaults.devices);
         let devices = self.engines.replicas(placements)?;
-        let mut candidates = Vec::with_capacity(entry.versions.len() * devices.len());
-        for (version, onnx_path) in entry.versions {
+        let mut candidates = Vec::with_capacity(versions.len() * devices.len());
+        for (version, onnx_path) in versions {
             let shared_by_replicas = Arc::new(OnceLock::new());
             for (replica, &device) in devices.iter().enumerate() {
                 candidates.push(Candidate {
-                    name: entry.name.clone(),
+                    name: name.to_string(),
                     version,
                     onnx_path: onnx_path.clone(),
                     config: config.clone(),

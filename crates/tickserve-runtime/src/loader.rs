@@ -724,5 +724,8 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
     let ready = matches!(state, VersionState::Ready(_));
     metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => version)
         .set(if ready { 1.0 } else { 0.0 });
+    metrics::counter!(names::MODEL_LOADS, "model" => name.to_string(),
+        "outcome" => if ready { "loaded" } else { "failed" })
+    .increment(1);
     state
 }

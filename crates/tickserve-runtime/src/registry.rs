@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use tickserve_core::config::Labels;
 use tickserve_core::{Error, metrics as names};
 
 use crate::handle::ModelHandle;
@@ -27,12 +28,49 @@ pub struct ModelVersions {
     pub versions: BTreeMap<u64, VersionState>,
     /// A failure that concerns the model as a whole (no versions, unreadable model.toml).
     pub error: Option<String>,
+    /// Labels and the ready version each names.
+    pub labels: Labels,
 }
 
 impl ModelVersions {
-    /// The default version: the highest.
+    /// The default version: the highest that is ready, else the highest.
     pub fn default_version(&self) -> Option<(u64, &VersionState)> {
-        self.versions.iter().next_back().map(|(v, s)| (*v, s))
+        self.versions
+            .iter()
+            .rev()
+            .find(|(_, s)| matches!(s, VersionState::Ready(_)))
+            .or_else(|| self.versions.iter().next_back())
+            .map(|(v, s)| (*v, s))
+    }
+
+    /// The version number `asked` names: a number, or a label.
+    pub fn resolve(&self, asked: &str) -> Option<u64> {
+        match asked.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => self.labels.get(asked).copied(),
+        }
+    }
+
+    /// The version `asked` names (see [`ModelVersions::resolve`]).
+    fn named(&self, asked: &str) -> Option<(u64, &VersionState)> {
+        let number = self.resolve(asked)?;
+        self.versions.get_key_value(&number).map(|(k, s)| (*k, s))
+    }
+
+    /// What a request may name, for a "not found" message:
+    /// `versions: 1, 2; labels: stable (2)`.
+    pub fn known(&self) -> String {
+        let versions: Vec<String> = self.ready_versions();
+        let mut known = format!("versions: {}", versions.join(", "));
+        if !self.labels.is_empty() {
+            let labels: Vec<String> = self
+                .labels
+                .iter()
+                .map(|(l, v)| format!("{l} ({v})"))
+                .collect();
+            known.push_str(&format!("; labels: {}", labels.join(", ")));
+        }
+        known
     }
 
     /// The versions that are ready, as the protocol spells them, ascending.
@@ -120,10 +158,7 @@ impl Models {
         let entry = models.get(name).ok_or_else(|| not_found(String::new()))?;
         let found = match version {
             None | Some("") => entry.default_version(),
-            Some(v) => v
-                .parse::<u64>()
-                .ok()
-                .and_then(|n| entry.versions.get_key_value(&n).map(|(k, s)| (*k, s))),
+            Some(v) => entry.named(v),
         };
         match found {
             Some((_, VersionState::Ready(handle))) => Ok(Arc::clone(handle)),
@@ -138,10 +173,7 @@ impl Models {
                     version: version.unwrap_or("default").to_string(),
                     reason: format!("its load failed: {reason}"),
                 }),
-                None => {
-                    let versions: Vec<String> = entry.versions.keys().map(u64::to_string).collect();
-                    Err(not_found(format!("versions: {}", versions.join(", "))))
-                }
+                None => Err(not_found(entry.known())),
             },
         }
     }
@@ -202,15 +234,33 @@ impl Models {
         }
     }
 
+    /// Puts `labels` in place of model `name`'s (if it is known).
+    pub fn set_labels(&self, name: &str, labels: Labels) {
+        if let Some(model) = self.write().get_mut(name) {
+            model.labels = labels;
+        }
+    }
+
     /// Sets the readiness metrics of `old` versions of model `name` to 0,
-    /// unless the same version serves again.
-    pub fn mark_gone(&self, name: &str, old: &ModelVersions) {
+    /// unless the same version serves again (the same handle, or a reload
+    /// of it); returns how many ready versions of `old` no longer serve as
+    /// they did (unloaded or replaced).
+    pub fn mark_gone(&self, name: &str, old: &ModelVersions) -> u64 {
         let now = self.read();
-        for version in old.versions.keys() {
-            let serving = now
-                .get(name)
-                .is_some_and(|m| matches!(m.versions.get(version), Some(VersionState::Ready(_))));
+        let mut gone = 0;
+        for (version, state) in &old.versions {
+            let now_state = now.get(name).and_then(|m| m.versions.get(version));
+            if let (VersionState::Ready(before), Some(VersionState::Ready(after))) =
+                (state, now_state)
+                && !Arc::ptr_eq(before, after)
+            {
+                gone += 1;
+            }
+            let serving = matches!(now_state, Some(VersionState::Ready(_)));
             if !serving {
+                if matches!(state, VersionState::Ready(_)) {
+                    gone += 1;
+                }
                 let v = version.to_string();
                 metrics::gauge!(names::MODEL_READY, "model" => name.to_string(), "version" => v.clone())
                     .set(0.0);
@@ -221,6 +271,7 @@ impl Models {
                 }
             }
         }
+        gone
     }
 
     /// The repository index: every model directory on disk and every model

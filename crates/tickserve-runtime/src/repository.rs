@@ -4,13 +4,16 @@
 //! `ROOT/model.onnx` (version 1) or `ROOT/VERSION/model.onnx`, with an
 //! optional `ROOT/model.toml`, served as `repository.model_name`.
 //!
+//! A model directory may hold `labels.toml` (`stable = 3`) beside
+//! `model.toml`: labels that move without reloading the model.
+//!
 //! Messages name files relative to the repository (`alpha/model.toml`): they
 //! reach clients (load errors, the index), who have no business knowing
 //! where the server keeps its files.
 
 use std::path::{Path, PathBuf};
 
-use tickserve_core::config::{ModelConfig, RepositoryConfig};
+use tickserve_core::config::{Labels, ModelConfig, RepositoryConfig, load_labels};
 
 /// One model directory of the repository.
 #[derive(Debug)]
@@ -21,6 +24,8 @@ pub struct ModelDir {
     pub dir: PathBuf,
     /// Its `model.toml`, or why it could not be read.
     pub config: Result<ModelConfig, String>,
+    /// Its `labels.toml` (empty when there is none), or why it could not be read.
+    pub labels: Result<Labels, String>,
     /// Version numbers with their `model.onnx`, ascending.
     pub versions: Vec<(u64, PathBuf)>,
 }
@@ -28,14 +33,20 @@ pub struct ModelDir {
 /// Lists the models of `repository`, sorted by name. Errors only when its
 /// root itself cannot be read.
 pub fn scan(repository: &RepositoryConfig) -> Result<Vec<ModelDir>, String> {
+    Ok(model_paths(repository)?
+        .into_iter()
+        .map(|(name, dir)| read_model_dir(dir, name))
+        .collect())
+}
+
+/// The name and directory of every model of `repository`, sorted by name
+/// (directories whose names start with `.` are not models).
+pub fn model_paths(repository: &RepositoryConfig) -> Result<Vec<(String, PathBuf)>, String> {
     let root = repository.path.as_path();
     let entries =
         std::fs::read_dir(root).map_err(|e| format!("cannot read the model repository: {e}"))?;
     if is_single_model(root) {
-        return Ok(vec![read_model_dir(
-            root.to_path_buf(),
-            repository.model_name.clone(),
-        )]);
+        return Ok(vec![(repository.model_name.clone(), root.to_path_buf())]);
     }
     let mut models = Vec::new();
     for entry in entries.flatten() {
@@ -49,9 +60,9 @@ pub fn scan(repository: &RepositoryConfig) -> Result<Vec<ModelDir>, String> {
         if name.starts_with('.') {
             continue;
         }
-        models.push(read_model_dir(dir, name));
+        models.push((name, dir));
     }
-    models.sort_by(|a, b| a.name.cmp(&b.name));
+    models.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(models)
 }
 
@@ -91,6 +102,13 @@ fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
     let toml = dir.join("model.toml");
     let config = ModelConfig::load(&toml)
         .map_err(|e| e.replace(&toml.display().to_string(), &format!("{name}/model.toml")));
+    let labels_file = dir.join("labels.toml");
+    let labels = load_labels(&labels_file).map_err(|e| {
+        e.replace(
+            &labels_file.display().to_string(),
+            &format!("{name}/labels.toml"),
+        )
+    });
     let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.flatten()
@@ -112,6 +130,7 @@ fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
         name,
         dir,
         config,
+        labels,
         versions,
     }
 }

@@ -58,10 +58,15 @@ struct ServeArgs {
     #[arg(long)]
     grpc_port: Option<u16>,
     /// `none` (the default: every model loads at start, clients cannot load
-    /// or unload) or `explicit` (they can); overrides
+    /// or unload), `explicit` (they can) or `poll` (the repository is read
+    /// every --repository-poll-secs and what changed loads); overrides
     /// security.model_control_mode.
-    #[arg(long, value_parser = ["none", "explicit"])]
+    #[arg(long, value_parser = ["none", "explicit", "poll"])]
     model_control_mode: Option<String>,
+    /// Seconds between two reads of the repository in `poll` mode
+    /// (Triton's flag); overrides repository.poll_interval.
+    #[arg(long, value_name = "SECONDS")]
+    repository_poll_secs: Option<u32>,
     /// Triton's `GROUPS:KEY=VALUE`: the groups answer HTTP requests only with
     /// the header `KEY: VALUE` (or `Authorization: Bearer VALUE`). Write VALUE
     /// as `env:NAME` or `file:PATH`: a literal key is visible in `ps`.
@@ -161,8 +166,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.server.grpc_port = p;
     }
     if let Some(mode) = &args.model_control_mode {
-        config.security.model_control_mode = ModelControlMode::parse(mode)
-            .with_context(|| format!("--model-control-mode {mode}: expected none or explicit"))?;
+        config.security.model_control_mode = ModelControlMode::parse(mode).with_context(|| {
+            format!("--model-control-mode {mode}: expected none, explicit or poll")
+        })?;
+    }
+    if let Some(secs) = args.repository_poll_secs {
+        config.repository.poll_interval = std::time::Duration::from_secs(u64::from(secs));
     }
     for (texts, front_end, flag) in [
         (

@@ -3,9 +3,10 @@
 //! Loading reads files and may compile, so every operation runs on a blocking
 //! thread, never on the async workers that answer inference requests.
 //!
-//! With `security.model_control_mode = "none"` (the default) load and unload
-//! are refused with FAILED_PRECONDITION / HTTP 403, counted by protocol; the
-//! index stays readable.
+//! With `security.model_control_mode = "none"` (the default) or `"poll"`
+//! (the repository's files decide) load and unload are refused with
+//! FAILED_PRECONDITION / HTTP 403, counted by protocol; the index stays
+//! readable.
 
 use std::sync::Arc;
 
@@ -34,16 +35,25 @@ pub async fn change(
     operation: Operation,
     model: String,
 ) -> Result<(), Error> {
-    if shared.model_control_mode == ModelControlMode::None {
+    let named = match operation {
+        Operation::Load => "load",
+        Operation::Unload => "unload",
+    };
+    let refused = match shared.model_control_mode {
+        ModelControlMode::Explicit => None,
+        ModelControlMode::None => Some(Error::ModelControlOff {
+            model: model.clone(),
+            operation: named,
+        }),
+        ModelControlMode::Poll => Some(Error::ModelControlPolled {
+            model: model.clone(),
+            operation: named,
+        }),
+    };
+    if let Some(error) = refused {
         metrics::counter!(names::MODEL_CONTROL_REFUSED, "protocol" => protocol.label())
             .increment(1);
-        return Err(Error::ModelControlOff {
-            model,
-            operation: match operation {
-                Operation::Load => "load",
-                Operation::Unload => "unload",
-            },
-        });
+        return Err(error);
     }
     if !shared.ready() {
         return Err(Error::ShuttingDown);
@@ -78,4 +88,38 @@ pub async fn index(shared: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntr
         .into_iter()
         .filter(|e| !ready_only || e.state == "READY")
         .collect())
+}
+
+/// The repository poll (`security.model_control_mode = "poll"`): reads the
+/// repository every `interval` and applies what changed (see
+/// [`tickserve_runtime::Runtime::poll_repository`]), on a blocking thread,
+/// until `stopped` turns true.
+pub async fn poll_repository(
+    edge: Arc<Edge>,
+    interval: std::time::Duration,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut poller = edge.runtime.poller();
+    loop {
+        tokio::select! {
+            _ = stopped.wait_for(|stop| *stop) => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        if !edge.ready() {
+            return;
+        }
+        let polling = Arc::clone(&edge);
+        let polled = tokio::task::spawn_blocking(move || {
+            polling.runtime.poll_repository(&mut poller);
+            poller
+        })
+        .await;
+        match polled {
+            Ok(p) => poller = p,
+            Err(e) => {
+                tracing::error!(error = %e, "the repository poll failed; polling stopped");
+                return;
+            }
+        }
+    }
 }

@@ -46,7 +46,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use tickserve_core::config::{FrontEnd, ServerConfig};
+use tickserve_core::config::{FrontEnd, ModelControlMode, ServerConfig};
 use tickserve_runtime::Runtime;
 
 use crate::edge::access::Access;
@@ -94,6 +94,8 @@ pub struct Server {
     grpc_task: JoinHandle<anyhow::Result<()>>,
     /// The shared-memory front end, when `shm.enabled`.
     shm: Option<shm::ShmFrontEnd>,
+    /// The repository poll, in `poll` model control mode.
+    poll_task: Option<JoinHandle<()>>,
 }
 
 /// `runtime.mlockall`: locks every page of the process, now and later, in
@@ -181,6 +183,13 @@ impl Server {
         } else {
             None
         };
+        let poll_task = (config.security.model_control_mode == ModelControlMode::Poll).then(|| {
+            tokio::spawn(control::poll_repository(
+                Arc::clone(&edge),
+                config.repository.poll_interval,
+                stopped.clone(),
+            ))
+        });
         let http_task = tokio::spawn(ports::http::serve(
             http_listener,
             Arc::clone(&edge),
@@ -206,6 +215,7 @@ impl Server {
             http_task,
             grpc_task,
             shm,
+            poll_task,
         })
     }
 
@@ -261,6 +271,10 @@ impl Server {
                     task.abort();
                 }
             }
+        }
+        // A load the poll started finishes; no other starts.
+        if let Some(poll) = self.poll_task {
+            let _ = poll.await;
         }
         // 4. Nothing runs now: every record is handed over; the journal's
         //    files are ended and synced.

@@ -153,9 +153,10 @@ fn version_directories_alone_are_one_model_and_text_logs_have_no_colour_codes() 
         server.lines
     );
     let base = format!("http://{}", server.http);
+    // The default version policy serves the highest version only.
     assert_eq!(
         get(&format!("{base}/v2/models/desk_signal/versions/1/ready")).0,
-        200
+        404
     );
     assert_eq!(
         get(&format!("{base}/v2/models/desk_signal/versions/2/ready")).0,

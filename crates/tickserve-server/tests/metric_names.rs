@@ -37,7 +37,14 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         "gauge",
         &["family", "model", "version"],
     ),
+    (
+        "tickserve_model_loads_total",
+        "counter",
+        &["model", "outcome"],
+    ),
     ("tickserve_model_ready", "gauge", &["model", "version"]),
+    ("tickserve_model_switch_seconds", "gauge", &["model"]),
+    ("tickserve_model_unloads_total", "counter", &["model"]),
     ("tickserve_padded_rows", "histogram", &["model"]),
     (
         "tickserve_priority_queue_requests",
@@ -88,7 +95,9 @@ const PINNED: &[(&str, &str, &[&str])] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metric_names_and_labels_are_pinned() {
     let repository = common::root().join("config/models");
-    let server = common::start(&common::config(&repository)).await;
+    let mut config = common::config(&repository);
+    config.security.model_control_mode = tickserve_core::config::ModelControlMode::Explicit;
+    let server = common::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     let client = reqwest::Client::new();
     let body = serde_json::json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
@@ -116,6 +125,13 @@ async fn metric_names_and_labels_are_pinned() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // A reload: a load, an unload (the version it replaced) and a switch.
+    let (status, answer) = common::post_json(
+        &format!("{base}/v2/repository/models/tick_001/load"),
+        &serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
     let text = common::metrics_text(&base).await;
 
     let mut types: BTreeMap<String, String> = BTreeMap::new();

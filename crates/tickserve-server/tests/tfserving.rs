@@ -174,8 +174,8 @@ async fn rest_errors_are_named() {
         (
             "/v1/models/half_plus_two/labels/stable:predict",
             r#"{"instances": [1]}"#,
-            400,
-            "label",
+            404,
+            "version stable",
         ),
         ("/v1/models/foo/version/50:predict", "", 400, "malformed"),
         (
@@ -410,7 +410,7 @@ async fn grpc_predict_metadata_and_status() {
     let mut filtered = request(float_tensor(&[1], &[1.0]));
     filtered.output_filter = vec!["z".into()];
     for (bad, code, words) in [
-        (labelled, Code::InvalidArgument, "label"),
+        (labelled, Code::NotFound, "version stable"),
         (unknown, Code::NotFound, "nope"),
         (request(wrong_dtype), Code::InvalidArgument, "DT_STRING"),
         (request(wrong_field), Code::InvalidArgument, "int_val"),

@@ -33,14 +33,19 @@ pub enum ModelControlMode {
     None,
     /// Every model loads at start, and clients may load and unload models.
     Explicit,
+    /// Every model loads at start, then the repository is read every
+    /// `repository.poll_interval` and what changed on disk loads, reloads or
+    /// unloads; clients' load and unload are refused (the files decide).
+    Poll,
 }
 
 impl ModelControlMode {
-    /// Parses Triton's spelling (`none`, `explicit`).
+    /// Parses Triton's spelling (`none`, `explicit`, `poll`).
     pub fn parse(text: &str) -> Option<ModelControlMode> {
         match text {
             "none" => Some(ModelControlMode::None),
             "explicit" => Some(ModelControlMode::Explicit),
+            "poll" => Some(ModelControlMode::Poll),
             _ => None,
         }
     }
@@ -50,6 +55,7 @@ impl ModelControlMode {
         match self {
             ModelControlMode::None => "none",
             ModelControlMode::Explicit => "explicit",
+            ModelControlMode::Poll => "poll",
         }
     }
 }

@@ -63,6 +63,14 @@ pub struct TfRoute {
     pub metadata: bool,
 }
 
+impl TfRoute {
+    /// The version asked for: `/versions/N` or `/labels/L` (the registry
+    /// reads either), `None` for the default.
+    pub fn asked(&self) -> Option<&str> {
+        self.version.as_deref().or(self.label.as_deref())
+    }
+}
+
 /// Which method an endpoint takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {

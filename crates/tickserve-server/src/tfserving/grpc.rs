@@ -11,7 +11,7 @@ use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
 use super::tensor;
-use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, no_labels, output, tf_dtype};
+use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, output, tf_dtype};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
 use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, deadline, trace};
@@ -63,8 +63,8 @@ impl TfServing {
     }
 }
 
-/// The model name and version a `ModelSpec` asks for; a missing spec or name,
-/// a version label or another signature are request errors.
+/// The model name and version (a number, or a label) a `ModelSpec` asks
+/// for; a missing spec or name or another signature are request errors.
 fn spec_target(spec: Option<&ModelSpec>) -> Result<(String, Option<String>), Error> {
     let Some(spec) = spec.filter(|s| !s.name.is_empty()) else {
         return Err(Error::request(
@@ -84,7 +84,7 @@ fn spec_target(spec: Option<&ModelSpec>) -> Result<(String, Option<String>), Err
             }
             Some(v.to_string())
         }
-        Some(VersionChoice::VersionLabel(label)) => return Err(no_labels(&spec.name, label)),
+        Some(VersionChoice::VersionLabel(label)) => Some(label.clone()),
     };
     Ok((spec.name.clone(), version))
 }

@@ -106,17 +106,6 @@ pub fn check_signature(model: &str, name: &str) -> Result<(), Error> {
     }
 }
 
-/// The error for a version label: tickserve models have version numbers only.
-pub fn no_labels(model: &str, label: &str) -> Error {
-    Error::request(
-        model,
-        format!(
-            "version label \"{label}\" is not defined: tickserve has no version labels; \
-             ask for a version by number"
-        ),
-    )
-}
-
 /// One version's state, as TF Serving's model status reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionStatus {
@@ -144,7 +133,14 @@ pub fn version_statuses(
         known,
     };
     let entry = models.get(model).ok_or_else(|| not_found(String::new()))?;
-    let wanted = version.and_then(|v| v.parse::<u64>().ok());
+    let wanted = match version.filter(|v| !v.is_empty()) {
+        None => None,
+        Some(asked) => Some(
+            entry
+                .resolve(asked)
+                .ok_or_else(|| not_found(entry.known()))?,
+        ),
+    };
     let statuses: Vec<VersionStatus> = entry
         .versions
         .iter()

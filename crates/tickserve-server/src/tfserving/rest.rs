@@ -20,7 +20,7 @@ use tickserve_core::{Error, TensorSpec};
 use tickserve_runtime::ModelHandle;
 
 use super::json::{self as tfjson, Format};
-use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, no_labels, tf_dtype, tf_dtype_name};
+use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, tf_dtype, tf_dtype_name};
 use crate::edge::params::Parameters;
 use crate::edge::routes::TfRoute;
 use crate::edge::status::HttpError;
@@ -41,14 +41,11 @@ pub fn get(edge: &Edge, t: &TfRoute) -> Response {
                 format!("malformed request: GET with :{verb}; use POST"),
             )));
         }
-        if let Some(label) = &t.label {
-            return Err(HttpError(no_labels(&t.model, label)));
-        }
         if t.metadata {
-            let handle = edge.runtime.model(&t.model, t.version.as_deref())?;
+            let handle = edge.runtime.model(&t.model, t.asked())?;
             Ok(axum::Json(metadata(&handle)).into_response())
         } else {
-            Ok(axum::Json(status(edge, &t.model, t.version.as_deref())?).into_response())
+            Ok(axum::Json(status(edge, &t.model, t.asked())?).into_response())
         }
     })();
     result.unwrap_or_else(IntoResponse::into_response)
@@ -145,7 +142,7 @@ pub async fn post(
     let call = Call {
         protocol: Protocol::TfServingRest,
         model: &t.model,
-        version: t.version.as_deref(),
+        version: t.asked(),
         bytes: RequestBytes::of(extensions, body.len()),
         timeout: deadline::http_timeout(headers),
         started,
@@ -166,12 +163,9 @@ pub async fn post(
     }
 }
 
-/// Refuses what TF Serving refuses before it looks for the model: a label,
-/// a verb other than `:predict`, a `POST` without a verb.
+/// Refuses what TF Serving refuses before it looks for the model: a verb
+/// other than `:predict`, a `POST` without a verb.
 fn check_verb(t: &TfRoute) -> Result<(), Error> {
-    if let Some(label) = &t.label {
-        return Err(no_labels(&t.model, label));
-    }
     match t.verb.as_deref() {
         Some("predict") => Ok(()),
         Some(verb @ ("classify" | "regress")) => Err(Error::request(
@@ -183,7 +177,7 @@ fn check_verb(t: &TfRoute) -> Result<(), Error> {
         )),
         _ => Err(Error::request(
             &t.model,
-            "malformed request: POST /v1/models/NAME[/versions/N]:predict",
+            "malformed request: POST /v1/models/NAME[/versions/N | /labels/L]:predict",
         )),
     }
 }

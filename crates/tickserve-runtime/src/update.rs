@@ -1,0 +1,214 @@
+//! Changing a model while it serves, whichever way the change comes (the
+//! repository poll, the load API, a reload): the versions its policy serves
+//! are loaded and warmed off the request path, then the model switches to
+//! them in one step under the registry's lock. Requests already admitted
+//! finish on the versions they hold; a version that left is freed once its
+//! last request is answered. Nothing that served stops serving until every
+//! version meant to replace it is ready: a version that fails to load leaves
+//! the serving ones serving, and says why (the index, the log,
+//! `tickserve_model_loads_total{outcome="failed"}`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use tickserve_core::config::{Labels, ModelConfig};
+use tickserve_core::{Error, metrics as names};
+
+use crate::loader::versions_of;
+use crate::registry::{ModelVersions, VersionState};
+use crate::repository::ModelDir;
+use crate::{Runtime, carry_sequences};
+
+/// Which of a model's serving versions load again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// Every version (the load API; a changed `model.toml`).
+    All,
+    /// These versions (their files changed); the others keep serving as they are.
+    Versions(BTreeSet<u64>),
+}
+
+/// The versions of `dir` that its policy serves, with their files, or why none.
+pub fn wanted(dir: &ModelDir, config: &ModelConfig) -> Result<Vec<(u64, PathBuf)>, String> {
+    if dir.versions.is_empty() {
+        return Err(format!(
+            "no version directories: expected {}/<version>/model.onnx",
+            dir.name
+        ));
+    }
+    let on_disk: Vec<u64> = dir.versions.iter().map(|(v, _)| *v).collect();
+    let chosen = config.version_policy.select(&on_disk);
+    if chosen.is_empty() {
+        let listed: Vec<String> = on_disk.iter().map(u64::to_string).collect();
+        return Err(format!(
+            "version_policy {} selects none of the versions on disk ({})",
+            config.version_policy,
+            listed.join(", ")
+        ));
+    }
+    Ok(dir
+        .versions
+        .iter()
+        .filter(|(v, _)| chosen.contains(v))
+        .cloned()
+        .collect())
+}
+
+/// The labels `model.toml` and `labels.toml` give (the file's win), each
+/// kept only where it names a ready version of `next`; a label whose new
+/// target is not ready keeps its old one while that still serves. Every
+/// label left out is logged.
+pub fn settle_labels(
+    name: &str,
+    config: &ModelConfig,
+    file: &Result<Labels, String>,
+    before: &Labels,
+    next: &ModelVersions,
+) -> Labels {
+    let mut asked = config.labels.clone();
+    match file {
+        Ok(labels) => asked.extend(labels.iter().map(|(l, v)| (l.clone(), *v))),
+        Err(e) => {
+            tracing::warn!(model = name, error = %e, "labels.toml not read; its labels keep their versions");
+            asked.extend(before.iter().map(|(l, v)| (l.clone(), *v)));
+        }
+    }
+    let ready = |v: &u64| matches!(next.versions.get(v), Some(VersionState::Ready(_)));
+    let mut settled = Labels::new();
+    for (label, version) in asked {
+        if ready(&version) {
+            settled.insert(label, version);
+        } else if let Some(old) = before.get(&label).filter(|v| ready(v)) {
+            tracing::warn!(
+                model = name,
+                label,
+                version,
+                kept = old,
+                "a label may only name a ready version; it keeps naming the one it named"
+            );
+            settled.insert(label, *old);
+        } else {
+            tracing::warn!(
+                model = name,
+                label,
+                version,
+                "a label may only name a ready version; label not set"
+            );
+        }
+    }
+    for (label, version) in &settled {
+        metrics::gauge!(names::MODEL_LABEL_VERSION, "model" => name.to_string(), "label" => label.clone())
+            .set(*version as f64);
+    }
+    for label in before.keys().filter(|l| !settled.contains_key(*l)) {
+        metrics::gauge!(names::MODEL_LABEL_VERSION, "model" => name.to_string(), "label" => label.clone())
+            .set(0.0);
+    }
+    settled
+}
+
+impl Runtime {
+    /// Brings model `dir.name` in line with its directory (see the module's
+    /// doc): loads the versions its policy serves that do not serve yet, and
+    /// those `reload` names; switches to them once all are ready; settles
+    /// its labels. Errors name every version that failed; the versions that
+    /// served before then keep serving beside those that loaded.
+    pub(crate) fn update_model(&self, dir: ModelDir, reload: &Reload) -> Result<(), Error> {
+        let started = Instant::now();
+        let name = dir.name.clone();
+        let failed = |reason: String| {
+            metrics::counter!(names::MODEL_LOADS, "model" => name.clone(), "outcome" => "failed")
+                .increment(1);
+            Error::LoadFailed {
+                model: name.clone(),
+                reason,
+            }
+        };
+        let config = dir.config.clone().map_err(failed)?;
+        let wanted = wanted(&dir, &config).map_err(failed)?;
+        let current = self.models.get_versions(&name);
+        let to_load: Vec<(u64, PathBuf)> = wanted
+            .iter()
+            .filter(|(v, _)| {
+                let serving = matches!(current.versions.get(v), Some(VersionState::Ready(_)));
+                !serving
+                    || match reload {
+                        Reload::All => true,
+                        Reload::Versions(changed) => changed.contains(v),
+                    }
+            })
+            .cloned()
+            .collect();
+        let candidates = self
+            .candidates_of(&name, &config, to_load)
+            .map_err(failed)?;
+        let loaded = versions_of(self.loader().load(candidates));
+
+        let mut next = ModelVersions::default();
+        let mut failures = Vec::new();
+        for (version, _) in &wanted {
+            let state = match loaded.get(&(name.clone(), *version)) {
+                Some(VersionState::Failed(reason)) => {
+                    failures.push(format!("version {version}: {reason}"));
+                    match current.versions.get(version) {
+                        // A reload that failed: the version that served serves on.
+                        Some(serving @ VersionState::Ready(_)) => serving.clone(),
+                        _ => VersionState::Failed(reason.clone()),
+                    }
+                }
+                Some(ready) => ready.clone(),
+                None => match current.versions.get(version) {
+                    Some(state) => state.clone(),
+                    None => continue,
+                },
+            };
+            next.versions.insert(*version, state);
+        }
+        if !failures.is_empty() {
+            // Nothing stops serving until what replaces it is ready.
+            for (version, state) in &current.versions {
+                if matches!(state, VersionState::Ready(_)) {
+                    next.versions
+                        .entry(*version)
+                        .or_insert_with(|| state.clone());
+                }
+            }
+        }
+        next.labels = settle_labels(&name, &config, &dir.labels, &current.labels, &next);
+
+        let old = self.models.replace(&name, next, false).ok().flatten();
+        if let Some(old) = old {
+            carry_sequences(&old, &self.models.get_versions(&name));
+            let gone = self.models.mark_gone(&name, &old);
+            if gone > 0 {
+                metrics::counter!(names::MODEL_UNLOADS, "model" => name.clone()).increment(gone);
+            }
+        }
+        metrics::gauge!(names::MODEL_SWITCH_SECONDS, "model" => name.clone())
+            .set(started.elapsed().as_secs_f64());
+        if failures.is_empty() {
+            tracing::info!(model = %name, versions = ?wanted.iter().map(|(v, _)| v).collect::<Vec<_>>(),
+                took = ?started.elapsed(), "model switched");
+            Ok(())
+        } else {
+            tracing::warn!(model = %name, failures = ?failures, "load failed; the versions that served keep serving");
+            Err(Error::LoadFailed {
+                model: name.clone(),
+                reason: failures.join("; "),
+            })
+        }
+    }
+
+    /// Moves model `dir.name`'s labels to what its files say now, loading
+    /// nothing (a changed `labels.toml`).
+    pub(crate) fn relabel(&self, dir: &ModelDir) {
+        let Ok(config) = &dir.config else {
+            return;
+        };
+        let mut current = self.models.get_versions(&dir.name);
+        current.labels = settle_labels(&dir.name, config, &dir.labels, &current.labels, &current);
+        let labels = current.labels;
+        self.models.set_labels(&dir.name, labels);
+    }
+}

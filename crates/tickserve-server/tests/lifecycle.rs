@@ -1,0 +1,412 @@
+//! Live model updates in `poll` mode against a real server on loopback, over
+//! a scratch repository: a version dropped in (written as `.N/`, renamed to
+//! `N/`) switches under load with no failed request and nothing compiled; a
+//! broken version leaves the serving one serving and says why; a version
+//! written slowly is never loaded half-written; labels move without a reload
+//! and reach every front end; a removed model unloads.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tickserve_core::config::ModelControlMode;
+use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tickserve_proto::tensorflow as pb;
+use tickserve_proto::tensorflow::serving::model_spec::VersionChoice;
+use tickserve_proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
+use tickserve_proto::tensorflow::serving::{ModelSpec, PredictRequest};
+
+/// The longest any condition below may take to come true.
+const BOUND: Duration = Duration::from_secs(30);
+
+fn source(model: &str) -> std::path::PathBuf {
+    common::root().join("config/models").join(model)
+}
+
+/// Copies `from`'s version 1 file into `model/version` of `repository` the
+/// safe way: written under `.version`, then renamed.
+fn deploy(repository: &Path, model: &str, version: u64, from: &str) {
+    let hidden = repository.join(model).join(format!(".{version}"));
+    std::fs::create_dir_all(&hidden).unwrap();
+    std::fs::copy(source(from).join("1/model.onnx"), hidden.join("model.onnx")).unwrap();
+    std::fs::rename(&hidden, repository.join(model).join(version.to_string())).unwrap();
+}
+
+fn poll_config(repository: &Path, interval: Duration) -> tickserve_core::config::ServerConfig {
+    let mut config = common::config(repository);
+    config.security.model_control_mode = ModelControlMode::Poll;
+    config.repository.poll_interval = interval;
+    config
+}
+
+fn tick_row() -> Value {
+    json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": vec![0.25; 16]}]})
+}
+
+/// Waits until `check` gives `Some`, at most [`BOUND`]; fails naming `what`.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < BOUND, "{what}: not within {BOUND:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The version that answers a one-row request to `path`, or the refusal.
+async fn version_at(base: &str, path: &str) -> Result<String, (u16, Value)> {
+    let (status, answer) = common::post_json(&format!("{base}{path}"), &tick_row()).await;
+    match status {
+        200 => Ok(answer["model_version"].as_str().unwrap().to_string()),
+        _ => Err((status, answer)),
+    }
+}
+
+/// The repository index: (name, version) → (state, reason).
+async fn index(base: &str) -> Vec<(String, String, String, String)> {
+    let (_, answer) = common::post_json(&format!("{base}/v2/repository/index"), &json!({})).await;
+    answer
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let text = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            (text("name"), text("version"), text("state"), text("reason"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_switches_under_load_and_a_broken_one_leaves_the_old_serving() {
+    let scratch = tempfile::tempdir().unwrap();
+    for model in ["tick_000", "tick_001"] {
+        deploy(scratch.path(), model, 1, model);
+    }
+    let server = common::start(&poll_config(scratch.path(), Duration::from_millis(100))).await;
+    let base = format!("http://{}", server.http_addr);
+    let compiled = common::counter_total(
+        &common::metrics_text(&base).await,
+        "tickserve_graph_compilations_total",
+    );
+
+    // Clients send to tick_000 (no version named) all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let (stop, base) = (Arc::clone(&stop), base.clone());
+        clients.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                seen.push(version_at(&base, "/v2/models/tick_000/infer").await);
+            }
+            seen
+        }));
+    }
+
+    // A new member of the live family: it serves, version 1 leaves, and
+    // nothing compiles.
+    deploy(scratch.path(), "tick_000", 2, "tick_002");
+    until("version 2 answers", || async {
+        (version_at(&base, "/v2/models/tick_000/infer").await.ok()? == "2").then_some(())
+    })
+    .await;
+    let (status, answer) = version_at(&base, "/v2/models/tick_000/versions/1/infer")
+        .await
+        .unwrap_err();
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("versions: 2"),
+        "{answer}"
+    );
+    let metrics = common::metrics_text(&base).await;
+    assert_eq!(
+        common::counter_total(&metrics, "tickserve_graph_compilations_total"),
+        compiled,
+        "a new member of a live family compiled"
+    );
+    assert!(
+        metrics.contains("tickserve_model_unloads_total{model=\"tick_000\"} 1"),
+        "{metrics}"
+    );
+
+    // A broken version: it fails, says why, and version 2 serves on.
+    let broken = scratch.path().join("tick_000/3");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("model.onnx"), b"not an onnx file").unwrap();
+    let reason = until("version 3 listed as failed", || async {
+        index(&base)
+            .await
+            .into_iter()
+            .find(|(n, v, s, _)| n == "tick_000" && v == "3" && s == "UNAVAILABLE")
+            .map(|(_, _, _, reason)| reason)
+    })
+    .await;
+    assert!(reason.contains("not a valid ONNX model"), "{reason}");
+    assert_eq!(
+        version_at(&base, "/v2/models/tick_000/infer")
+            .await
+            .unwrap(),
+        "2"
+    );
+    let metrics = common::metrics_text(&base).await;
+    assert!(
+        metrics.contains("tickserve_model_loads_total{model=\"tick_000\",outcome=\"failed\"} 1"),
+        "{metrics}"
+    );
+    // Removed again, it leaves the index; version 2 is untouched.
+    std::fs::remove_dir_all(&broken).unwrap();
+    until("version 3 gone from the index", || async {
+        let listed = index(&base).await;
+        (!listed
+            .iter()
+            .any(|(n, v, _, _)| n == "tick_000" && v == "3"))
+        .then_some(())
+    })
+    .await;
+
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 0;
+    for client in clients {
+        for outcome in client.await.unwrap() {
+            let version = outcome.unwrap_or_else(|(status, answer)| {
+                panic!("a request failed during the switch: {status} {answer}")
+            });
+            assert!(version == "1" || version == "2", "answered by {version}");
+            answered += 1;
+        }
+    }
+    assert!(answered > 20, "only {answered} requests during the switch");
+
+    // A removed model unloads; the other serves on.
+    std::fs::remove_dir_all(scratch.path().join("tick_000")).unwrap();
+    until("tick_000 unloaded", || async {
+        let refused = version_at(&base, "/v2/models/tick_000/infer").await.err()?;
+        (refused.0 == 404).then_some(())
+    })
+    .await;
+    assert_eq!(
+        version_at(&base, "/v2/models/tick_001/infer")
+            .await
+            .unwrap(),
+        "1"
+    );
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_written_slowly_is_never_loaded_half_written() {
+    let scratch = tempfile::tempdir().unwrap();
+    deploy(scratch.path(), "slow", 1, "tick_001");
+    let server = common::start(&poll_config(scratch.path(), Duration::from_millis(250))).await;
+    let base = format!("http://{}", server.http_addr);
+
+    // Written in place, not renamed: 200 pieces, 25 ms apart (5 s).
+    let bytes = std::fs::read(source("tick_003").join("1/model.onnx")).unwrap();
+    let target = scratch.path().join("slow/2");
+    std::fs::create_dir_all(&target).unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut file = std::fs::File::create(target.join("model.onnx")).unwrap();
+        for piece in bytes.chunks(bytes.len().div_ceil(200)) {
+            file.write_all(piece).unwrap();
+            file.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    });
+    let mut looks = 0;
+    while !writer.is_finished() {
+        let listed = index(&base).await;
+        assert!(
+            !listed.iter().any(|(n, v, _, _)| n == "slow" && v == "2"),
+            "version 2 was read while it was being written: {listed:?}"
+        );
+        assert_eq!(
+            version_at(&base, "/v2/models/slow/infer").await.unwrap(),
+            "1"
+        );
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writer.join().unwrap();
+    assert!(looks > 20, "only {looks} looks while writing");
+    until("version 2 serves once written", || async {
+        (version_at(&base, "/v2/models/slow/infer").await.ok()? == "2").then_some(())
+    })
+    .await;
+    let metrics = common::metrics_text(&base).await;
+    assert_eq!(
+        common::counter_total(
+            &metrics,
+            "tickserve_model_loads_total{model=\"slow\",outcome=\"failed\"}"
+        ),
+        0.0,
+        "{metrics}"
+    );
+    server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_move_without_a_reload_and_reach_every_front_end() {
+    let scratch = tempfile::tempdir().unwrap();
+    deploy(scratch.path(), "labelled", 1, "tick_000");
+    deploy(scratch.path(), "labelled", 2, "tick_001");
+    std::fs::write(
+        scratch.path().join("labelled/model.toml"),
+        "version_policy = \"all\"\n\n[labels]\nstable = 1\n",
+    )
+    .unwrap();
+    let server = common::start(&poll_config(scratch.path(), Duration::from_millis(100))).await;
+    let base = format!("http://{}", server.http_addr);
+    let grpc = format!("http://{}", server.grpc_addr);
+    let stable = "/v2/models/labelled/versions/stable/infer";
+    assert_eq!(version_at(&base, stable).await.unwrap(), "1");
+    assert_eq!(
+        version_at(&base, "/v2/models/labelled/infer")
+            .await
+            .unwrap(),
+        "2",
+        "the default is the highest version"
+    );
+    let loads = |metrics: &str| common::counter_total(metrics, "tickserve_model_loads_total");
+    let loaded = loads(&common::metrics_text(&base).await);
+
+    // labels.toml moves stable to 2 and adds canary; nothing loads.
+    std::fs::write(
+        scratch.path().join("labelled/labels.toml"),
+        "stable = 2\ncanary = 1\n",
+    )
+    .unwrap();
+    until("stable moved to 2", || async {
+        (version_at(&base, stable).await.ok()? == "2").then_some(())
+    })
+    .await;
+    assert_eq!(
+        version_at(&base, "/v2/models/labelled/versions/canary/infer")
+            .await
+            .unwrap(),
+        "1"
+    );
+    let metrics = common::metrics_text(&base).await;
+    assert_eq!(loads(&metrics), loaded, "moving a label loaded something");
+    assert!(
+        metrics.contains("tickserve_model_label_version{model=\"labelled\",label=\"stable\"} 2"),
+        "{metrics}"
+    );
+
+    // Every front end reads the label.
+    let (status, answer) = common::post_json(
+        &format!("{base}/v1/models/labelled/labels/stable:predict"),
+        &json!({"instances": [vec![0.25; 16]]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let mut v2 = GrpcInferenceServiceClient::connect(grpc.clone())
+        .await
+        .unwrap();
+    let mut request = tick_grpc_row();
+    request.model_name = "labelled".into();
+    request.model_version = "canary".into();
+    let answer = v2.model_infer(request).await.unwrap().into_inner();
+    assert_eq!(answer.model_version, "1");
+    let mut tf = PredictionServiceClient::connect(grpc).await.unwrap();
+    let predicted = tf
+        .predict(PredictRequest {
+            model_spec: Some(ModelSpec {
+                name: "labelled".into(),
+                version_choice: Some(VersionChoice::VersionLabel("stable".into())),
+                signature_name: String::new(),
+            }),
+            inputs: [(
+                "features".to_string(),
+                pb::TensorProto {
+                    dtype: pb::DataType::DtFloat as i32,
+                    tensor_shape: Some(pb::TensorShapeProto {
+                        dim: [1, 16]
+                            .map(|size| pb::tensor_shape_proto::Dim {
+                                size,
+                                name: String::new(),
+                            })
+                            .to_vec(),
+                        unknown_rank: false,
+                    }),
+                    float_val: vec![0.25; 16],
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            output_filter: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        predicted.model_spec.unwrap().version_choice,
+        Some(VersionChoice::Version(2))
+    );
+
+    // A label may only name a ready version: stable keeps 2; canary moves.
+    std::fs::write(
+        scratch.path().join("labelled/labels.toml"),
+        "stable = 7\ncanary = 2\n",
+    )
+    .unwrap();
+    until("canary moved to 2", || async {
+        let answered = version_at(&base, "/v2/models/labelled/versions/canary/infer").await;
+        (answered.ok()? == "2").then_some(())
+    })
+    .await;
+    assert_eq!(version_at(&base, stable).await.unwrap(), "2");
+    let (status, answer) = version_at(&base, "/v2/models/labelled/versions/beta/infer")
+        .await
+        .unwrap_err();
+    assert_eq!(status, 404, "{answer}");
+    let error = answer["error"].as_str().unwrap();
+    assert!(
+        error.contains("version beta") && error.contains("labels: canary (2), stable (2)"),
+        "{error}"
+    );
+
+    // Clients may not load or unload: the files decide.
+    let (status, answer) = common::post_json(
+        &format!("{base}/v2/repository/models/labelled/load"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("polled"),
+        "{answer}"
+    );
+    server.shutdown().await.expect("clean shutdown");
+}
+
+/// A one-row `tick_*` request over gRPC (16 features of 0.25).
+fn tick_grpc_row() -> tickserve_proto::inference::ModelInferRequest {
+    use tickserve_proto::inference as v2;
+    v2::ModelInferRequest {
+        model_name: "tick_000".into(),
+        inputs: vec![v2::model_infer_request::InferInputTensor {
+            name: "features".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 16],
+            contents: Some(v2::InferTensorContents {
+                fp32_contents: vec![0.25; 16],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
