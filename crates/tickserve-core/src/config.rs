@@ -19,7 +19,7 @@ mod security;
 mod versions;
 
 pub use journal::{Fsync, JournalConfig, WhenFull};
-pub use versions::{Labels, VersionPolicy, check_labels, load_labels};
+pub use versions::{Labels, VersionPolicy, check_labels, check_split, load_labels};
 
 pub use security::{
     EndpointGroup, FrontEnd, KeySource, ModelControlMode, Restriction, Secret, SecurityConfig,
@@ -441,6 +441,11 @@ pub struct ModelConfig {
     /// Names for versions (`stable = 3`), reachable wherever a version is;
     /// a `labels.toml` beside `model.toml` adds to and overrides them.
     pub labels: Labels,
+    /// How requests that name no version are shared among versions: a
+    /// label or a version number, and its weight (`stable = 95`,
+    /// `canary = 5`). A request of a sequence goes where its sequence is.
+    /// Empty (the default): the highest ready version answers them all.
+    pub split: BTreeMap<String, u32>,
 }
 
 impl ModelConfig {
@@ -450,6 +455,7 @@ impl ModelConfig {
             Ok(text) => toml::from_str::<ModelConfig>(&text)
                 .and_then(|c| {
                     check_labels(&c.labels).map_err(serde::de::Error::custom)?;
+                    check_split(&c.split).map_err(serde::de::Error::custom)?;
                     Ok(c)
                 })
                 .map_err(|e| format!("{}: {e}", path.display())),

@@ -88,6 +88,9 @@ pub const MODEL_SWITCH_SECONDS: &str = "tickserve_model_switch_seconds";
 /// The version each label names, labelled `model`, `label`; removed labels
 /// read 0.
 pub const MODEL_LABEL_VERSION: &str = "tickserve_model_label_version";
+/// Requests that named no version, by the version a model's `[split]`
+/// sent them to, labelled `model`, `version`.
+pub const SPLIT_REQUESTS: &str = "tickserve_split_requests_total";
 /// GPU time of each bucket run, measured with CUDA events around the graph
 /// launch, labelled `family`, `bucket`, `device` (`gpu:N`).
 pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_seconds";
@@ -273,6 +276,11 @@ pub fn describe() {
         MODEL_SWITCH_SECONDS,
         Unit::Seconds,
         "How long the last change of a model took: reading, loading and warming its new versions, then the switch."
+    );
+    describe_counter!(
+        SPLIT_REQUESTS,
+        Unit::Count,
+        "Requests that named no version, by the version the model's split sent them to."
     );
     describe_gauge!(
         MODEL_LABEL_VERSION,

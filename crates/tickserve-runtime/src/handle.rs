@@ -79,6 +79,8 @@ pub struct ModelHandle {
     /// Where the next search for the shortest queue starts (round robin
     /// among equals).
     next_replica: AtomicUsize,
+    /// `tickserve_split_requests_total` for this version, made on first use.
+    routed: std::sync::OnceLock<metrics::Counter>,
     /// A stateful model's sequences (shared by its replicas: state lives in
     /// host memory and any replica can run any sequence's next tick).
     sequences: Option<Arc<Sequences>>,
@@ -165,7 +167,19 @@ impl ModelHandle {
             loaded,
             replicas,
             next_replica: AtomicUsize::new(0),
+            routed: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Counts a request that named no version and was sent here by the
+    /// model's `[split]`.
+    pub fn count_routed(&self) {
+        self.routed
+            .get_or_init(|| {
+                metrics::counter!(tickserve_core::metrics::SPLIT_REQUESTS,
+                    "model" => self.name.clone(), "version" => self.version.clone())
+            })
+            .increment(1);
     }
 
     /// Each replica's device and the bucket runs its family made so far

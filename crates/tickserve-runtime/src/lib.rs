@@ -83,7 +83,7 @@ use tickserve_core::{Error, InferRequest, InferResponse};
 use crate::family::Family;
 pub use crate::handle::{Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
-pub use crate::registry::{IndexEntry, ModelVersions, Models, VersionState};
+pub use crate::registry::{IndexEntry, ModelVersions, Models, Split, VersionState};
 pub use crate::settings::ModelSettings;
 pub use crate::stats::ModelStats;
 use crate::update::Reload;
@@ -197,13 +197,7 @@ impl Runtime {
         }
         for entry in &found {
             if let (Ok(config), Some(model)) = (&entry.config, models.get_mut(&entry.name)) {
-                model.labels = update::settle_labels(
-                    &entry.name,
-                    config,
-                    &entry.labels,
-                    &Labels::new(),
-                    model,
-                );
+                update::settle_names(&entry.name, config, &entry.labels, &Labels::new(), model);
             }
         }
         runtime.models.set_all(models);
@@ -274,6 +268,28 @@ impl Runtime {
     /// the one lookup a request makes.
     pub fn model(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
         self.models.get(name, version)
+    }
+
+    /// [`Runtime::model`], and whether the model's `[split]` drew the
+    /// version (count it with [`ModelHandle::count_routed`] once the
+    /// request is sent there).
+    pub fn route(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<(Arc<ModelHandle>, bool), Error> {
+        self.models.route(name, version)
+    }
+
+    /// For a request of `sequence` that named no version, of a model whose
+    /// requests are split: the version that serves the sequence (see
+    /// `Models::for_sequence`); `None` when the model is not split.
+    pub fn model_for_sequence(
+        &self,
+        name: &str,
+        sequence: &tickserve_core::sequence::SequenceControl,
+    ) -> Option<Arc<ModelHandle>> {
+        self.models.for_sequence(name, sequence)
     }
 
     /// The metrics label for a model name: the name if such a model is

@@ -4,9 +4,12 @@
 //! unloads it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tickserve_core::config::Labels;
+use tickserve_core::sequence::{SequenceControl, SequenceId};
 use tickserve_core::{Error, metrics as names};
 
 use crate::handle::ModelHandle;
@@ -21,6 +24,75 @@ pub enum VersionState {
     Failed(String),
 }
 
+/// How a model's requests that name no version are shared among its
+/// versions (`[split]`): each draw picks a version by weight.
+#[derive(Debug)]
+pub struct Split {
+    /// Version, and the running sum of weights up to and including it.
+    shares: Vec<(u64, u64)>,
+    total: u64,
+    draws: AtomicU64,
+}
+
+impl Split {
+    /// A split over `weights` (version → weight); `None` when no version
+    /// has weight.
+    pub fn new(weights: &BTreeMap<u64, u32>) -> Option<Split> {
+        let mut total = 0u64;
+        let mut shares = Vec::new();
+        for (&version, &weight) in weights.iter().filter(|(_, w)| **w > 0) {
+            total += u64::from(weight);
+            shares.push((version, total));
+        }
+        (total > 0).then_some(Split {
+            shares,
+            total,
+            draws: AtomicU64::new(0),
+        })
+    }
+
+    /// The versions and their weights, ascending.
+    pub fn weights(&self) -> Vec<(u64, u64)> {
+        let mut before = 0;
+        self.shares
+            .iter()
+            .map(|(v, upto)| {
+                let weight = upto - before;
+                before = *upto;
+                (*v, weight)
+            })
+            .collect()
+    }
+
+    /// The version `draw` (any number, spread evenly) falls on.
+    fn pick(&self, draw: u64) -> u64 {
+        let point = draw % self.total;
+        self.shares
+            .iter()
+            .find(|(_, upto)| point < *upto)
+            .or(self.shares.last())
+            .map_or(0, |(version, _)| *version)
+    }
+
+    /// The next version for a request of no sequence: SplitMix64 over a
+    /// counter, so any run of draws keeps close to the weights.
+    fn next(&self) -> u64 {
+        let n = self.draws.fetch_add(1, Ordering::Relaxed);
+        let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        self.pick(z ^ (z >> 31))
+    }
+
+    /// The version for sequence `id`: the same for every tick of it while
+    /// the weights stay (a fixed hash of the id).
+    fn for_sequence(&self, id: &SequenceId) -> u64 {
+        let mut h = DefaultHasher::new();
+        id.hash(&mut h);
+        self.pick(h.finish())
+    }
+}
+
 /// Every version of one model, highest last.
 #[derive(Debug, Clone, Default)]
 pub struct ModelVersions {
@@ -30,6 +102,8 @@ pub struct ModelVersions {
     pub error: Option<String>,
     /// Labels and the ready version each names.
     pub labels: Labels,
+    /// How requests that name no version are shared, if they are.
+    pub split: Option<Arc<Split>>,
 }
 
 impl ModelVersions {
@@ -149,6 +223,15 @@ impl Models {
 
     /// The model version asked for (`None`: the default), ready to serve.
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
+        self.route(name, version).map(|(handle, _)| handle)
+    }
+
+    /// [`Models::get`], and whether the model's split drew the version.
+    pub fn route(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<(Arc<ModelHandle>, bool), Error> {
         let not_found = |known: String| Error::ModelNotFound {
             model: name.to_string(),
             version: version.map(str::to_string),
@@ -156,12 +239,17 @@ impl Models {
         };
         let models = self.read();
         let entry = models.get(name).ok_or_else(|| not_found(String::new()))?;
-        let found = match version {
-            None | Some("") => entry.default_version(),
-            Some(v) => entry.named(v),
+        let drawn = entry.split.is_some() && version.is_none_or(str::is_empty);
+        let found = match (version, &entry.split) {
+            (None | Some(""), Some(split)) => {
+                let v = split.next();
+                entry.versions.get_key_value(&v).map(|(k, s)| (*k, s))
+            }
+            (None | Some(""), None) => entry.default_version(),
+            (Some(v), _) => entry.named(v),
         };
         match found {
-            Some((_, VersionState::Ready(handle))) => Ok(Arc::clone(handle)),
+            Some((_, VersionState::Ready(handle))) => Ok((Arc::clone(handle), drawn)),
             Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
                 model: name.to_string(),
                 version: v.to_string(),
@@ -176,6 +264,33 @@ impl Models {
                 None => Err(not_found(entry.known())),
             },
         }
+    }
+
+    /// For a request of sequence `sequence` that named no version, of a
+    /// model whose requests are split: the version the sequence lives on
+    /// (any ready version, so a sequence stays where it started when the
+    /// split moves), else the one its id falls on. `None` when the model is not split.
+    pub fn for_sequence(&self, name: &str, sequence: &SequenceControl) -> Option<Arc<ModelHandle>> {
+        let models = self.read();
+        let entry = models.get(name)?;
+        let split = entry.split.as_ref()?;
+        let ready = |v: &u64| match entry.versions.get(v) {
+            Some(VersionState::Ready(h)) => Some(h),
+            _ => None,
+        };
+        // Any version it lives on, in the split or no longer.
+        let living = entry.versions.values().find_map(|state| {
+            let VersionState::Ready(handle) = state else {
+                return None;
+            };
+            let table = handle.sequences()?;
+            table
+                .holds(&table.key(&sequence.id, sequence.owner))
+                .then_some(handle)
+        });
+        living
+            .or_else(|| ready(&split.for_sequence(&sequence.id)))
+            .map(Arc::clone)
     }
 
     /// Model `name`'s versions as they stand now (empty if unknown).
@@ -234,10 +349,11 @@ impl Models {
         }
     }
 
-    /// Puts `labels` in place of model `name`'s (if it is known).
-    pub fn set_labels(&self, name: &str, labels: Labels) {
+    /// Puts `labels` and `split` in place of model `name`'s (if it is known).
+    pub fn set_labels(&self, name: &str, labels: Labels, split: Option<Arc<Split>>) {
         if let Some(model) = self.write().get_mut(name) {
             model.labels = labels;
+            model.split = split;
         }
     }
 

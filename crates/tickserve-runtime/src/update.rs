@@ -8,15 +8,16 @@
 //! the serving ones serving, and says why (the index, the log,
 //! `tickserve_model_loads_total{outcome="failed"}`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tickserve_core::config::{Labels, ModelConfig};
 use tickserve_core::{Error, metrics as names};
 
 use crate::loader::versions_of;
-use crate::registry::{ModelVersions, VersionState};
+use crate::registry::{ModelVersions, Split, VersionState};
 use crate::repository::ModelDir;
 use crate::{Runtime, carry_sequences};
 
@@ -55,11 +56,67 @@ pub fn wanted(dir: &ModelDir, config: &ModelConfig) -> Result<Vec<(u64, PathBuf)
         .collect())
 }
 
+/// Sets `next`'s labels (see [`settle_labels`]) and then its split (see
+/// [`settle_split`]), which may name labels.
+pub fn settle_names(
+    name: &str,
+    config: &ModelConfig,
+    file: &Result<Labels, String>,
+    before: &Labels,
+    next: &mut ModelVersions,
+) {
+    next.labels = settle_labels(name, config, file, before, next);
+    next.split = settle_split(name, config, next);
+}
+
+/// The split `[split]` asks for over `next`'s ready versions: each key a
+/// version number or a label; a key naming no ready version, or a version
+/// whose inputs and outputs differ from the default version's (a request is
+/// read before it is sent to one), is left out and logged.
+fn settle_split(name: &str, config: &ModelConfig, next: &ModelVersions) -> Option<Arc<Split>> {
+    if config.split.is_empty() {
+        return None;
+    }
+    let ready = |v: u64| match next.versions.get(&v) {
+        Some(VersionState::Ready(h)) => Some(h),
+        _ => None,
+    };
+    let default = match next.default_version() {
+        Some((_, VersionState::Ready(h))) => h,
+        _ => return None,
+    };
+    let mut weights = BTreeMap::new();
+    for (key, weight) in &config.split {
+        match next.resolve(key).and_then(|v| ready(v).map(|h| (v, h))) {
+            Some((v, h)) if h.loaded.signature == default.loaded.signature => {
+                let sum = weights.entry(v).or_insert(0u32);
+                *sum = sum.saturating_add(*weight);
+            }
+            Some((v, _)) => tracing::warn!(
+                model = name,
+                key,
+                version = v,
+                "left out of the split: its inputs or outputs differ from the default version's"
+            ),
+            None => tracing::warn!(
+                model = name,
+                key,
+                "left out of the split: it names no ready version"
+            ),
+        }
+    }
+    let split = Split::new(&weights).map(Arc::new);
+    if let Some(split) = &split {
+        tracing::info!(model = name, weights = ?split.weights(), "requests that name no version are split");
+    }
+    split
+}
+
 /// The labels `model.toml` and `labels.toml` give (the file's win), each
 /// kept only where it names a ready version of `next`; a label whose new
 /// target is not ready keeps its old one while that still serves. Every
 /// label left out is logged.
-pub fn settle_labels(
+fn settle_labels(
     name: &str,
     config: &ModelConfig,
     file: &Result<Labels, String>,
@@ -175,7 +232,7 @@ impl Runtime {
                 }
             }
         }
-        next.labels = settle_labels(&name, &config, &dir.labels, &current.labels, &next);
+        settle_names(&name, &config, &dir.labels, &current.labels, &mut next);
 
         let old = self.models.replace(&name, next, false).ok().flatten();
         if let Some(old) = old {
@@ -200,15 +257,16 @@ impl Runtime {
         }
     }
 
-    /// Moves model `dir.name`'s labels to what its files say now, loading
-    /// nothing (a changed `labels.toml`).
+    /// Moves model `dir.name`'s labels (and the split that names them) to
+    /// what its files say now, loading nothing (a changed `labels.toml`).
     pub(crate) fn relabel(&self, dir: &ModelDir) {
         let Ok(config) = &dir.config else {
             return;
         };
         let mut current = self.models.get_versions(&dir.name);
-        current.labels = settle_labels(&dir.name, config, &dir.labels, &current.labels, &current);
-        let labels = current.labels;
-        self.models.set_labels(&dir.name, labels);
+        let before = current.labels.clone();
+        settle_names(&dir.name, config, &dir.labels, &before, &mut current);
+        self.models
+            .set_labels(&dir.name, current.labels, current.split);
     }
 }

@@ -117,6 +117,23 @@ pub fn check_labels(labels: &Labels) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a `[split]`: each key a version number or a label's name, and
+/// some weight in all.
+pub fn check_split(split: &BTreeMap<String, u32>) -> Result<(), String> {
+    if split.is_empty() {
+        return Ok(());
+    }
+    for key in split.keys().filter(|k| k.parse::<u64>().is_err()) {
+        let mut one = Labels::new();
+        one.insert(key.clone(), 0);
+        check_labels(&one).map_err(|e| format!("[split]: {e} or a version number"))?;
+    }
+    if split.values().all(|w| *w == 0) {
+        return Err("[split]: every weight is 0; give at least one version some".into());
+    }
+    Ok(())
+}
+
 /// Reads a model's `labels.toml` (`stable = 3` lines); no file is no labels.
 pub fn load_labels(path: &Path) -> Result<Labels, String> {
     let text = match std::fs::read_to_string(path) {
@@ -206,5 +223,24 @@ mod tests {
         assert_eq!(load_labels(&path).unwrap().get("canary"), Some(&4));
         std::fs::write(&path, "\"9\" = 3\n").unwrap();
         assert!(load_labels(&path).unwrap_err().contains("label \"9\""));
+    }
+
+    #[test]
+    fn a_split_names_versions_or_labels_and_weighs_something() {
+        let split = |pairs: &[(&str, u32)]| -> BTreeMap<String, u32> {
+            pairs.iter().map(|(k, w)| (k.to_string(), *w)).collect()
+        };
+        assert_eq!(check_split(&split(&[])), Ok(()));
+        assert_eq!(check_split(&split(&[("stable", 95), ("4", 5)])), Ok(()));
+        assert!(
+            check_split(&split(&[("stable", 0), ("4", 0)]))
+                .unwrap_err()
+                .contains("every weight is 0")
+        );
+        assert!(
+            check_split(&split(&[("-x", 1)]))
+                .unwrap_err()
+                .contains("[split]: label \"-x\"")
+        );
     }
 }

@@ -299,6 +299,14 @@ impl Sequences {
         }
     }
 
+    /// True when sequence `key` lives here (active, or expired and
+    /// remembered): a model whose requests are split among versions sends
+    /// its next tick here.
+    pub fn holds(&self, key: &SequenceKey) -> bool {
+        let table = self.table();
+        table.active.contains_key(key) || table.expired.contains(key)
+    }
+
     /// Queues the caller for sequence `key`'s turn, in arrival order; refuses
     /// at once what cannot be served (an unknown or expired sequence, a
     /// full table, too many waiting).

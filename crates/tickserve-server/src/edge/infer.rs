@@ -198,7 +198,9 @@ impl Edge {
         payload: P,
     ) -> Result<Admitted<P::Encoding>, Error> {
         // The one lookup of this request's model.
-        let handle = self.runtime.model(call.model, call.version);
+        let routed = self.runtime.route(call.model, call.version);
+        let drawn = matches!(routed, Ok((_, true)));
+        let handle = routed.map(|(handle, _)| handle);
         let record = Record {
             protocol: call.protocol,
             label: match &handle {
@@ -219,7 +221,9 @@ impl Edge {
             )),
             _ => None,
         };
-        let admitted = self.admit_inner(call, handle, payload, &mut journal).await;
+        let admitted = self
+            .admit_inner(call, handle, drawn, payload, &mut journal)
+            .await;
         match admitted {
             Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
                 handle,
@@ -248,6 +252,7 @@ impl Edge {
         self: &Arc<Self>,
         call: Call<'_>,
         handle: Result<Arc<ModelHandle>, Error>,
+        drawn: bool,
         payload: P,
         journal: &mut Option<Pending>,
     ) -> Result<(Arc<ModelHandle>, Prepared, P::Encoding, Slot, HeldBytes), Error> {
@@ -281,8 +286,23 @@ impl Edge {
                 })??
         };
         let mut decoded = decoded;
+        let mut handle = handle;
         if let Some(sequence) = decoded.parameters.sequence.as_mut() {
             sequence.owner = call.key;
+            // A split model's sequence stays on one version: the one it
+            // lives on (same inputs and outputs as any in the split).
+            if drawn
+                && let Some(sticky) = self.runtime.model_for_sequence(&handle.name, sequence)
+                && !Arc::ptr_eq(&sticky, &handle)
+            {
+                handle = sticky;
+                if let Some(pending) = journal.as_mut() {
+                    pending.served_by(&handle);
+                }
+            }
+        }
+        if drawn {
+            handle.count_routed();
         }
         if let Some(pending) = journal.as_mut() {
             pending.asked(&decoded.id, &decoded.parameters);

@@ -73,6 +73,12 @@ impl Pending {
         }
     }
 
+    /// The request goes to `handle` instead of the version it was looked up
+    /// as (a split model's sequence); the record names it.
+    pub fn served_by(&mut self, handle: &Arc<ModelHandle>) {
+        self.record.handle = Arc::clone(handle);
+    }
+
     /// In `refuse` mode, whether the request may run (see [`Journal::admit`]).
     pub fn admit(&self) -> Result<(), Error> {
         self.journal.admit(&self.record.handle.name)
