@@ -19,7 +19,9 @@ mod security;
 mod versions;
 
 pub use journal::{Fsync, JournalConfig, WhenFull};
-pub use versions::{Labels, VersionPolicy, check_labels, check_split, load_labels};
+pub use versions::{
+    Labels, ShadowConfig, VersionPolicy, check_labels, check_shadows, check_split, load_labels,
+};
 
 pub use security::{
     EndpointGroup, FrontEnd, KeySource, ModelControlMode, Restriction, Secret, SecurityConfig,
@@ -446,6 +448,9 @@ pub struct ModelConfig {
     /// `canary = 5`). A request of a sequence goes where its sequence is.
     /// Empty (the default): the highest ready version answers them all.
     pub split: BTreeMap<String, u32>,
+    /// Shadow versions: each gets a copy of (a fraction of) another's
+    /// requests, and its answers are compared with the primary's.
+    pub shadow: Vec<ShadowConfig>,
 }
 
 impl ModelConfig {
@@ -456,6 +461,7 @@ impl ModelConfig {
                 .and_then(|c| {
                     check_labels(&c.labels).map_err(serde::de::Error::custom)?;
                     check_split(&c.split).map_err(serde::de::Error::custom)?;
+                    check_shadows(&c.shadow).map_err(serde::de::Error::custom)?;
                     Ok(c)
                 })
                 .map_err(|e| format!("{}: {e}", path.display())),

@@ -91,6 +91,18 @@ pub const MODEL_LABEL_VERSION: &str = "tickserve_model_label_version";
 /// Requests that named no version, by the version a model's `[split]`
 /// sent them to, labelled `model`, `version`.
 pub const SPLIT_REQUESTS: &str = "tickserve_split_requests_total";
+/// The largest absolute difference between a shadow's answer and its
+/// primary's, per mirrored request, labelled `model`, `primary`, `shadow`.
+pub const SHADOW_MAX_ABS_DIFF: &str = "tickserve_shadow_max_abs_diff";
+/// Rows a shadow answered, by whether their top class (arg-max, or sign)
+/// agreed with the primary's, labelled `model`, `primary`, `shadow`, `agree`.
+pub const SHADOW_ROWS: &str = "tickserve_shadow_rows_total";
+/// A shadow's own run time per mirrored request, labelled `model`,
+/// `primary`, `shadow`.
+pub const SHADOW_DURATION: &str = "tickserve_shadow_duration_seconds";
+/// Mirrored requests a shadow did not answer, labelled `model`, `primary`,
+/// `shadow`, `reason` (`busy`: it would have waited; `failed`).
+pub const SHADOW_DROPPED: &str = "tickserve_shadow_dropped_total";
 /// GPU time of each bucket run, measured with CUDA events around the graph
 /// launch, labelled `family`, `bucket`, `device` (`gpu:N`).
 pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_seconds";
@@ -129,6 +141,10 @@ pub const DURATION_BUCKETS: [f64; 16] = [
     10e-6, 25e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6, 750e-6, 1e-3, 2e-3, 5e-3, 10e-3,
     25e-3, 50e-3, 100e-3,
 ];
+
+/// Histogram buckets for a shadow's largest absolute difference: exact,
+/// float noise, then decades up to 1.
+pub const DIFF_BUCKETS: [f64; 9] = [0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0];
 
 /// Histogram buckets for row counts (batch rows, padded rows).
 pub const ROW_BUCKETS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
@@ -276,6 +292,26 @@ pub fn describe() {
         MODEL_SWITCH_SECONDS,
         Unit::Seconds,
         "How long the last change of a model took: reading, loading and warming its new versions, then the switch."
+    );
+    describe_histogram!(
+        SHADOW_MAX_ABS_DIFF,
+        Unit::Count,
+        "The largest absolute difference between a shadow's answer and its primary's, per mirrored request."
+    );
+    describe_counter!(
+        SHADOW_ROWS,
+        Unit::Count,
+        "Rows a shadow answered, by whether their top class (arg-max, or sign) agreed with the primary's."
+    );
+    describe_histogram!(
+        SHADOW_DURATION,
+        Unit::Seconds,
+        "A shadow's own run time per mirrored request."
+    );
+    describe_counter!(
+        SHADOW_DROPPED,
+        Unit::Count,
+        "Mirrored requests a shadow did not answer: busy (it would have waited) or failed."
     );
     describe_counter!(
         SPLIT_REQUESTS,

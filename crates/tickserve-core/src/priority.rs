@@ -199,6 +199,14 @@ impl Priorities {
         }
     }
 
+    /// The lowest level (the highest number): where a shadow's copy of a
+    /// request runs.
+    pub fn lowest(&self) -> u32 {
+        u32::try_from(self.policies.len())
+            .unwrap_or(MAX_LEVELS)
+            .max(1)
+    }
+
     /// The policy of `level`.
     pub fn policy(&self, level: u32) -> QueuePolicy {
         self.policies

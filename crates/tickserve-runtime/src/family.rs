@@ -351,6 +351,34 @@ impl Family {
         Err(submission)
     }
 
+    /// Runs a shadow's `submission` on an idle shared executor, on this
+    /// thread, when nothing is queued; `None` (not run) otherwise: a shadow
+    /// never waits in the queue and never takes a reserved executor. For CPU
+    /// families only (a GPU family's runs stay on its executor threads).
+    pub fn run_if_idle(
+        &self,
+        member: &Member,
+        submission: &Submission,
+    ) -> Option<Result<InferResponse, Error>> {
+        if self.queued_rows() > 0 || self.device != Device::Cpu {
+            return None;
+        }
+        for executor in &self.executors[..self.shared] {
+            if let Ok(mut executor) = executor.try_lock() {
+                executor.forget_retired();
+                return Some(executor.answer(
+                    member,
+                    &submission.request,
+                    submission.id.clone(),
+                    submission.admitted,
+                    submission.deadline,
+                    submission.level,
+                ));
+            }
+        }
+        None
+    }
+
     /// Whether a reserved executor is idle now (none: false).
     fn reserved_idle(&self) -> bool {
         self.executors[self.shared..]

@@ -101,6 +101,14 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// A copy of the validated request for a shadow version (inputs shared,
+    /// not copied); `None` for a sequence's tick or a Monte Carlo request,
+    /// which no shadow mirrors (neither may touch state or draw noise twice).
+    pub fn mirror(&self) -> Option<ValidRequest> {
+        (self.sequence.is_none() && self.monte_carlo.is_none())
+            .then(|| self.submission.request.clone())
+    }
+
     /// The validated inputs, in signature order, and their rows (before any
     /// Monte Carlo expansion).
     pub fn inputs(&self) -> (&[bytes::Bytes], usize) {
@@ -428,6 +436,33 @@ impl ModelHandle {
             });
         };
         replica.family.submit(&replica.member, submission).await
+    }
+
+    /// Runs `request` (a primary's [`Prepared::mirror`]) for this shadow
+    /// version, only on capacity no request waits for: on an idle executor
+    /// of a CPU family (on a blocking thread), or through an empty queue at
+    /// the lowest level on a GPU; `None` when it would wait (dropped).
+    pub async fn shadow(&self, request: ValidRequest) -> Option<Result<InferResponse, Error>> {
+        let replica = self.route()?;
+        let submission = Submission {
+            request,
+            id: String::new(),
+            admitted: Instant::now(),
+            deadline: None,
+            level: self.loaded.settings.priorities.lowest(),
+            delay_at: None,
+        };
+        let (family, member) = (Arc::clone(&replica.family), Arc::clone(&replica.member));
+        if family.device == Device::Cpu {
+            tokio::task::spawn_blocking(move || family.run_if_idle(&member, &submission))
+                .await
+                .ok()
+                .flatten()
+        } else if family.queued_rows() == 0 {
+            Some(family.submit(&member, submission).await)
+        } else {
+            None
+        }
     }
 
     /// The sequence table of a stateful model.

@@ -20,6 +20,7 @@
 //! | `repository` | the repository on disk |
 //! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
 //! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`) |
+//! | `shadow` | a shadow version: which requests it mirrors, its runs on idle capacity, the comparison |
 //! | `handle` | the handle a request is served through: `prepare` and `run` |
 //! | `registry` | every model's versions and their states, the index |
 //! | `loader` | loading many versions into families in parallel |
@@ -50,6 +51,7 @@ mod registry;
 mod repository;
 mod sequences;
 mod settings;
+mod shadow;
 mod stats;
 mod update;
 mod worker;
@@ -83,8 +85,9 @@ use tickserve_core::{Error, InferRequest, InferResponse};
 use crate::family::Family;
 pub use crate::handle::{Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
-pub use crate::registry::{IndexEntry, ModelVersions, Models, Split, VersionState};
+pub use crate::registry::{IndexEntry, ModelVersions, Models, Routed, Split, VersionState};
 pub use crate::settings::ModelSettings;
+pub use crate::shadow::{Compared, ShadowPlan, compare};
 pub use crate::stats::ModelStats;
 use crate::update::Reload;
 pub use tickserve_core::Device;
@@ -270,14 +273,10 @@ impl Runtime {
         self.models.get(name, version)
     }
 
-    /// [`Runtime::model`], and whether the model's `[split]` drew the
-    /// version (count it with [`ModelHandle::count_routed`] once the
-    /// request is sent there).
-    pub fn route(
-        &self,
-        name: &str,
-        version: Option<&str>,
-    ) -> Result<(Arc<ModelHandle>, bool), Error> {
+    /// [`Runtime::model`], whether the model's `[split]` drew the version
+    /// (count it with [`ModelHandle::count_routed`] once the request is sent
+    /// there), and the version's shadows.
+    pub fn route(&self, name: &str, version: Option<&str>) -> Result<Routed, Error> {
         self.models.route(name, version)
     }
 

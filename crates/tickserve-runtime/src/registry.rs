@@ -14,6 +14,7 @@ use tickserve_core::{Error, metrics as names};
 
 use crate::handle::ModelHandle;
 use crate::repository::ModelDir;
+use crate::shadow::ShadowPlan;
 
 /// The state of one model version.
 #[derive(Debug, Clone)]
@@ -104,6 +105,19 @@ pub struct ModelVersions {
     pub labels: Labels,
     /// How requests that name no version are shared, if they are.
     pub split: Option<Arc<Split>>,
+    /// The shadows of each version that has some.
+    pub shadows: BTreeMap<u64, Arc<Vec<ShadowPlan>>>,
+}
+
+/// A request's model version, as [`Models::route`] found it.
+#[derive(Debug)]
+pub struct Routed {
+    /// The version that answers.
+    pub handle: Arc<ModelHandle>,
+    /// True when the model's split drew it (the request named no version).
+    pub drawn: bool,
+    /// Its shadows, if it has any.
+    pub shadows: Option<Arc<Vec<ShadowPlan>>>,
 }
 
 impl ModelVersions {
@@ -223,15 +237,12 @@ impl Models {
 
     /// The model version asked for (`None`: the default), ready to serve.
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
-        self.route(name, version).map(|(handle, _)| handle)
+        self.route(name, version).map(|routed| routed.handle)
     }
 
-    /// [`Models::get`], and whether the model's split drew the version.
-    pub fn route(
-        &self,
-        name: &str,
-        version: Option<&str>,
-    ) -> Result<(Arc<ModelHandle>, bool), Error> {
+    /// [`Models::get`], whether the model's split drew the version, and
+    /// the version's shadows.
+    pub fn route(&self, name: &str, version: Option<&str>) -> Result<Routed, Error> {
         let not_found = |known: String| Error::ModelNotFound {
             model: name.to_string(),
             version: version.map(str::to_string),
@@ -249,7 +260,11 @@ impl Models {
             (Some(v), _) => entry.named(v),
         };
         match found {
-            Some((_, VersionState::Ready(handle))) => Ok((Arc::clone(handle), drawn)),
+            Some((v, VersionState::Ready(handle))) => Ok(Routed {
+                handle: Arc::clone(handle),
+                drawn,
+                shadows: entry.shadows.get(&v).cloned(),
+            }),
             Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
                 model: name.to_string(),
                 version: v.to_string(),
@@ -349,11 +364,13 @@ impl Models {
         }
     }
 
-    /// Puts `labels` and `split` in place of model `name`'s (if it is known).
-    pub fn set_labels(&self, name: &str, labels: Labels, split: Option<Arc<Split>>) {
+    /// Puts the labels, split and shadows of `names` in place of model
+    /// `name`'s (if it is known).
+    pub fn set_labels(&self, name: &str, names: ModelVersions) {
         if let Some(model) = self.write().get_mut(name) {
-            model.labels = labels;
-            model.split = split;
+            model.labels = names.labels;
+            model.split = names.split;
+            model.shadows = names.shadows;
         }
     }
 

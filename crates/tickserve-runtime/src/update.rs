@@ -19,6 +19,7 @@ use tickserve_core::{Error, metrics as names};
 use crate::loader::versions_of;
 use crate::registry::{ModelVersions, Split, VersionState};
 use crate::repository::ModelDir;
+use crate::shadow::ShadowPlan;
 use crate::{Runtime, carry_sequences};
 
 /// Which of a model's serving versions load again.
@@ -67,6 +68,71 @@ pub fn settle_names(
 ) {
     next.labels = settle_labels(name, config, file, before, next);
     next.split = settle_split(name, config, next);
+    next.shadows = settle_shadows(name, config, next);
+}
+
+/// The shadows `[[shadow]]` asks for over `next`'s ready versions, by the
+/// primary version they mirror. A shadow or primary naming no ready
+/// version, a shadow of itself, or one whose inputs and outputs differ
+/// from its primary's is left out and logged.
+fn settle_shadows(
+    name: &str,
+    config: &ModelConfig,
+    next: &ModelVersions,
+) -> BTreeMap<u64, Arc<Vec<ShadowPlan>>> {
+    let ready = |v: u64| match next.versions.get(&v) {
+        Some(VersionState::Ready(h)) => Some(h),
+        _ => None,
+    };
+    let mut plans: BTreeMap<u64, Vec<ShadowPlan>> = BTreeMap::new();
+    for asked in &config.shadow {
+        let Some((version, shadow)) = next
+            .resolve(&asked.version)
+            .and_then(|v| ready(v).map(|h| (v, h)))
+        else {
+            tracing::warn!(
+                model = name,
+                shadow = asked.version,
+                "no shadow: it names no ready version"
+            );
+            continue;
+        };
+        let primaries: Vec<u64> = match &asked.of {
+            Some(of) => next.resolve(of).into_iter().collect(),
+            None => next.versions.keys().copied().collect(),
+        };
+        for primary in primaries.into_iter().filter(|p| *p != version) {
+            match ready(primary) {
+                Some(p) if p.loaded.signature == shadow.loaded.signature => {
+                    tracing::info!(
+                        model = name,
+                        primary,
+                        shadow = version,
+                        fraction = asked.fraction,
+                        "shadow version"
+                    );
+                    plans.entry(primary).or_default().push(ShadowPlan::new(
+                        &p.version,
+                        Arc::clone(shadow),
+                        asked.fraction,
+                    ));
+                }
+                Some(_) => tracing::warn!(
+                    model = name,
+                    primary,
+                    shadow = version,
+                    "no shadow: its inputs or outputs differ from the primary's"
+                ),
+                None => tracing::warn!(
+                    model = name,
+                    primary,
+                    shadow = version,
+                    "no shadow: its primary is not a ready version"
+                ),
+            }
+        }
+    }
+    plans.into_iter().map(|(v, p)| (v, Arc::new(p))).collect()
 }
 
 /// The split `[split]` asks for over `next`'s ready versions: each key a
@@ -266,7 +332,6 @@ impl Runtime {
         let mut current = self.models.get_versions(&dir.name);
         let before = current.labels.clone();
         settle_names(&dir.name, config, &dir.labels, &before, &mut current);
-        self.models
-            .set_labels(&dir.name, current.labels, current.split);
+        self.models.set_labels(&dir.name, current);
     }
 }

@@ -27,6 +27,11 @@ pub fn install_recorder() -> &'static PrometheusHandle {
                 &names::ROW_BUCKETS,
             )
             .expect("the row bucket list is a non-empty constant")
+            .set_buckets_for_metric(
+                Matcher::Full(names::SHADOW_MAX_ABS_DIFF.into()),
+                &names::DIFF_BUCKETS,
+            )
+            .expect("the difference bucket list is a non-empty constant")
             .build_recorder();
         let handle = recorder.handle();
         // Fails only if another recorder was installed first; then ours just renders nothing.

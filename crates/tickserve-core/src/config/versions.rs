@@ -134,6 +134,50 @@ pub fn check_split(split: &BTreeMap<String, u32>) -> Result<(), String> {
     Ok(())
 }
 
+/// A shadow version (`[[shadow]]` in `model.toml`): it gets a copy of a
+/// fraction of another version's requests, computed after the primary's
+/// answer on capacity no request waits for, and its answers are compared
+/// with the primary's (docs/lifecycle.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowConfig {
+    /// The shadow: a version number or a label.
+    pub version: String,
+    /// Whose requests it mirrors: a version number or a label (default:
+    /// every other version's).
+    #[serde(default)]
+    pub of: Option<String>,
+    /// The fraction of those requests mirrored, 0 to 1 (default 1).
+    #[serde(default = "one")]
+    pub fraction: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Checks every `[[shadow]]`: a fraction in 0..=1, a version or label
+/// name each.
+pub fn check_shadows(shadows: &[ShadowConfig]) -> Result<(), String> {
+    for shadow in shadows {
+        if !(0.0..=1.0).contains(&shadow.fraction) {
+            return Err(format!(
+                "[[shadow]] version {}: fraction {} is not between 0 and 1",
+                crate::text::quote(&shadow.version),
+                shadow.fraction
+            ));
+        }
+        for name in std::iter::once(&shadow.version).chain(shadow.of.as_ref()) {
+            if name.parse::<u64>().is_err() {
+                let mut one = Labels::new();
+                one.insert(name.clone(), 0);
+                check_labels(&one).map_err(|e| format!("[[shadow]]: {e} or a version number"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads a model's `labels.toml` (`stable = 3` lines); no file is no labels.
 pub fn load_labels(path: &Path) -> Result<Labels, String> {
     let text = match std::fs::read_to_string(path) {

@@ -23,6 +23,7 @@ use super::Edge;
 use super::admission::{BodyBytes, HeldBytes, Slot};
 use super::journal::Pending;
 use super::params::Parameters;
+use super::shadow::Mirror;
 use crate::observe::{self, Protocol};
 
 /// Payloads that decode in more than this many bytes go to a blocking
@@ -158,6 +159,8 @@ pub struct Answer<E> {
 /// included), holding its slot and bytes until it is answered.
 pub struct Admitted<E> {
     handle: Arc<ModelHandle>,
+    /// The copy its shadows get, if it has any that want it.
+    mirror: Option<Mirror>,
     prepared: Prepared,
     encoding: E,
     record: Record,
@@ -199,8 +202,11 @@ impl Edge {
     ) -> Result<Admitted<P::Encoding>, Error> {
         // The one lookup of this request's model.
         let routed = self.runtime.route(call.model, call.version);
-        let drawn = matches!(routed, Ok((_, true)));
-        let handle = routed.map(|(handle, _)| handle);
+        let (drawn, shadows) = match &routed {
+            Ok(r) => (r.drawn, r.shadows.clone()),
+            Err(_) => (false, None),
+        };
+        let handle = routed.map(|r| r.handle);
         let record = Record {
             protocol: call.protocol,
             label: match &handle {
@@ -226,6 +232,7 @@ impl Edge {
             .await;
         match admitted {
             Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
+                mirror: shadows.and_then(|plans| Mirror::of(plans, &handle, &prepared)),
                 handle,
                 prepared,
                 encoding,
@@ -350,6 +357,7 @@ impl<E> Admitted<E> {
     pub async fn run_kept(self) -> (Result<Answer<E>, Error>, Kept) {
         let Admitted {
             handle,
+            mirror,
             prepared,
             encoding,
             record,
@@ -358,6 +366,9 @@ impl<E> Admitted<E> {
             _bytes,
         } = self;
         let result = handle.run(prepared).await;
+        if let (Some(mirror), Ok(response)) = (mirror, &result) {
+            mirror.send(response);
+        }
         let result = match journal {
             Some(pending) => pending.answered(result).await,
             None => result,

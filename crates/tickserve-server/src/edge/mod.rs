@@ -15,6 +15,8 @@
 //!   runtime call, metrics;
 //! - [`journal`]: a journaled request's record, handed to the journal when
 //!   it is answered;
+//! - [`shadow`]: a request's copy for its version's shadows, sent once it
+//!   is answered;
 //! - [`trace`]: the W3C `traceparent` a request carries;
 //! - [`status`]: what a failure becomes on each protocol.
 //!
@@ -28,6 +30,7 @@ pub mod infer;
 pub mod journal;
 pub mod params;
 pub mod routes;
+pub mod shadow;
 pub mod status;
 pub mod trace;
 

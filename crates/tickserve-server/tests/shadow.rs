@@ -1,0 +1,165 @@
+//! Shadow versions against a real server on loopback: a shadow gets a copy
+//! of (a fraction of) its primary's requests after the primary answered,
+//! the primary's answers are unchanged, and every mirrored request is
+//! accounted for once: compared (largest difference, top-class agreement,
+//! the shadow's time) or dropped.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+fn version(root: &Path, model: &str, version: u64, from: &str) {
+    let dir = root.join(model).join(version.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        common::root()
+            .join("config/models")
+            .join(from)
+            .join("1/model.onnx"),
+        dir.join("model.onnx"),
+    )
+    .unwrap();
+}
+
+/// A metric's value in Prometheus text (0 when absent).
+fn value(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The series of a shadow metric for `shadow` (of primary 1), with `extra` labels.
+fn series(name: &str, shadow: u64, extra: &str) -> String {
+    format!("{name}{{model=\"desk\",primary=\"1\",shadow=\"{shadow}\"{extra}}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadows_see_copies_of_their_primarys_requests_and_report_how_they_differ() {
+    let scratch = tempfile::tempdir().unwrap();
+    version(scratch.path(), "desk", 1, "tick_000");
+    version(scratch.path(), "desk", 2, "tick_001"); // other weights: it differs
+    version(scratch.path(), "desk", 3, "tick_000"); // the same weights: it agrees
+    std::fs::write(
+        scratch.path().join("desk/model.toml"),
+        "version_policy = \"all\"\n\n[labels]\nstable = 1\n\n[split]\nstable = 100\n\n\
+         [[shadow]]\nversion = \"2\"\nof = \"stable\"\n\n\
+         [[shadow]]\nversion = \"3\"\nof = \"stable\"\nfraction = 0.5\n",
+    )
+    .unwrap();
+    let server = common::start(&common::config(scratch.path())).await;
+    let base = format!("http://{}", server.http_addr);
+
+    const REQUESTS: usize = 200;
+    // Each row is asked twice: naming no version (the split sends it to
+    // stable, 1) and naming version 1; both are version 1's requests.
+    const MIRRORED: f64 = 2.0 * REQUESTS as f64;
+    for i in 0..REQUESTS {
+        let row: Vec<f32> = (0..16)
+            .map(|j| ((i * 16 + j) as f32 * 0.37).sin())
+            .collect();
+        let body = json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": row}]});
+        let (status, answer) =
+            common::post_json(&format!("{base}/v2/models/desk/infer"), &body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["model_version"], "1", "the primary answers");
+        let (_, direct) =
+            common::post_json(&format!("{base}/v2/models/desk/versions/1/infer"), &body).await;
+        assert_eq!(
+            answer["outputs"], direct["outputs"],
+            "a shadow changed the answer"
+        );
+    }
+
+    // Each mirrored request is compared or dropped, once.
+    let accounted = |metrics: &str, shadow: u64| {
+        let rows = value(
+            metrics,
+            &series("tickserve_shadow_rows_total", shadow, ",agree=\"true\""),
+        ) + value(
+            metrics,
+            &series("tickserve_shadow_rows_total", shadow, ",agree=\"false\""),
+        );
+        let dropped = value(
+            metrics,
+            &series("tickserve_shadow_dropped_total", shadow, ",reason=\"busy\""),
+        ) + value(
+            metrics,
+            &series(
+                "tickserve_shadow_dropped_total",
+                shadow,
+                ",reason=\"failed\"",
+            ),
+        );
+        (rows, dropped)
+    };
+    let started = Instant::now();
+    let metrics = loop {
+        let metrics = common::metrics_text(&base).await;
+        let (rows, dropped) = accounted(&metrics, 2);
+        if rows + dropped >= MIRRORED {
+            break metrics;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "shadow 2 accounted for {rows} + {dropped} of {MIRRORED}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Shadow 2 mirrors every request (fraction 1).
+    let (rows, dropped) = accounted(&metrics, 2);
+    assert_eq!(rows + dropped, MIRRORED, "{metrics}");
+    assert!(
+        rows >= MIRRORED / 2.0,
+        "most copies ran: {rows} ran, {dropped} dropped"
+    );
+    let compared = value(
+        &metrics,
+        &series("tickserve_shadow_max_abs_diff_count", 2, ""),
+    );
+    assert_eq!(compared, rows, "one difference per compared request");
+    assert!(
+        value(
+            &metrics,
+            &series("tickserve_shadow_max_abs_diff_sum", 2, "")
+        ) > 0.0,
+        "other weights, other answers:\n{metrics}"
+    );
+    assert_eq!(
+        value(
+            &metrics,
+            &series("tickserve_shadow_duration_seconds_count", 2, "")
+        ),
+        rows
+    );
+    // Shadow 3 (the primary's own weights) mirrors about half, and agrees.
+    let (rows3, dropped3) = accounted(&metrics, 3);
+    assert!(
+        (150.0..=250.0).contains(&(rows3 + dropped3)),
+        "fraction 0.5 of {MIRRORED} mirrored {rows3} + {dropped3}"
+    );
+    assert_eq!(
+        value(
+            &metrics,
+            &series("tickserve_shadow_max_abs_diff_sum", 3, "")
+        ),
+        0.0,
+        "the same weights differ:\n{metrics}"
+    );
+    assert_eq!(
+        value(
+            &metrics,
+            &series("tickserve_shadow_rows_total", 3, ",agree=\"false\"")
+        ),
+        0.0
+    );
+    // The shadows' copies are not requests: only the client's were counted.
+    let requests = common::counter_total(&metrics, "tickserve_requests_total");
+    assert_eq!(requests, (2 * REQUESTS) as f64, "{metrics}");
+    server.shutdown().await.expect("clean shutdown");
+}
