@@ -102,6 +102,7 @@ class Server:
     log: where the server's stdout and stderr go (None: a temporary file, removed after).
     taskset_cpus: pin the server to these cores (a taskset list, e.g. "0" or "0-3").
     env: variables added to this process's environment for the server (e.g. RUST_LOG).
+    args: more `tickserve serve` arguments (e.g. ["--model-control-mode", "poll"]).
     ready_timeout, stop_timeout: seconds to wait for readiness, and for SIGTERM to stop it.
 
     Once entered: `http_port`, `grpc_port`, `pid` (the server's own pid, also when
@@ -110,7 +111,8 @@ class Server:
     """
 
     def __init__(self, config=DEFAULT_CONFIG, http_port=None, grpc_port=None, binary=None,
-                 log=None, taskset_cpus=None, env=None, ready_timeout=120.0, stop_timeout=30.0):
+                 log=None, taskset_cpus=None, env=None, ready_timeout=120.0, stop_timeout=30.0,
+                 args=()):
         # Absolute, so that paths relative to the caller's directory survive the
         # server's start in the repository root.
         self.config = pathlib.Path(config).resolve()
@@ -120,6 +122,7 @@ class Server:
         self.log = pathlib.Path(log) if log else None
         self.taskset_cpus = taskset_cpus
         self.env = env or {}
+        self.args = [str(a) for a in args]
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self.process = None
@@ -151,7 +154,7 @@ class Server:
             self.log, self._temporary_log = pathlib.Path(name), True
         command = (["taskset", "-c", self.taskset_cpus] if self.taskset_cpus else []) + [
             str(self.binary), "serve", "--config", str(self.config),
-            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *self.args]
         with open(self.log, "w") as log:
             started = time.monotonic()
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

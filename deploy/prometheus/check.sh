@@ -30,7 +30,26 @@ http=18180 grpc=18181 prom=19190
 sed -e '/^\[journal\]/,/^\[/{s/^enabled = false/enabled = true/;s#^directory = "journal"#directory = "'"$work"'/journal"#;}' \
   config/tickserve.toml > "$work/tickserve.toml"
 grep -q '^enabled = true' <(sed -n '/^\[journal\]/,$p' "$work/tickserve.toml")
-"$bin" serve --config "$work/tickserve.toml" --http-port $http --grpc-port $grpc > "$work/tickserve.log" 2>&1 &
+# The sample models, plus `desk`: two versions with labels, a canary split and a
+# shadow (their panels need data); explicit model control to reload it once.
+cp -r config/models "$work/models"
+mkdir -p "$work/models/desk/1" "$work/models/desk/2"
+cp config/models/tick_000/1/model.onnx "$work/models/desk/1/"
+cp config/models/tick_001/1/model.onnx "$work/models/desk/2/"
+cat > "$work/models/desk/model.toml" <<'TOML'
+version_policy = "all"
+[labels]
+stable = 1
+canary = 2
+[split]
+stable = 90
+canary = 10
+[[shadow]]
+version = "canary"
+of = "stable"
+TOML
+"$bin" serve --config "$work/tickserve.toml" --model-repository "$work/models" \
+  --model-control-mode explicit --http-port $http --grpc-port $grpc > "$work/tickserve.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null && break; sleep 0.2; done
 curl -sf "127.0.0.1:$http/v2/health/ready" >/dev/null || { cat "$work/tickserve.log"; exit 1; }
@@ -51,6 +70,15 @@ k6_http=$!
   -e DURATION=15s loadtest/grpc.js > "$work/k6_grpc.txt" 2>&1 || true
 for _ in $(seq 20); do
   curl -s -o /dev/null "127.0.0.1:$http/v2/models/alpha_mlp/infer" -d '{"inputs":[]}'
+done
+# The split and the shadow, then a reload (a load, an unload and a switch).
+desk='{"inputs":[{"name":"features","datatype":"FP32","shape":[1,16],"data":[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1,1.1,1.2,1.3,1.4,1.5,1.6]}]}'
+for _ in $(seq 200); do
+  curl -s -o /dev/null "127.0.0.1:$http/v2/models/desk/infer" -d "$desk"
+done
+curl -sf -o /dev/null -X POST "127.0.0.1:$http/v2/repository/models/desk/load"
+for _ in $(seq 50); do
+  curl -s -o /dev/null "127.0.0.1:$http/v2/models/desk/infer" -d "$desk"
 done
 wait $k6_http || true
 sleep 3 # two more scrapes

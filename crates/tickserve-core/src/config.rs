@@ -206,6 +206,13 @@ pub struct RuntimeConfig {
     /// (models' executors in load order); empty (the default): wherever the
     /// OS schedules them.
     pub executor_cpus: Vec<usize>,
+    /// The CPU priority of model compilation (and the load-time checks that
+    /// run the new graph): `"normal"` (the default), or `"idle"`: each CPU
+    /// family compiles on a thread of Linux's `SCHED_IDLE` class, which runs
+    /// only when no other thread wants the CPU, so a model loaded while
+    /// serving (poll, the load API) takes longer to compile and takes no
+    /// CPU from the requests (docs/lifecycle.md).
+    pub compile_priority: CompilePriority,
     /// Lock the process's memory (`mlockall`): no page of the server is ever
     /// swapped out or faulted in on the request path. Needs the memory-lock
     /// limit (`ulimit -l`, `LimitMEMLOCK=`) or CAP_IPC_LOCK; the start fails,
@@ -223,9 +230,21 @@ impl Default for RuntimeConfig {
             sequence_snapshot: None,
             spin: Duration::ZERO,
             executor_cpus: Vec::new(),
+            compile_priority: CompilePriority::Normal,
             mlockall: false,
         }
     }
+}
+
+/// The CPU priority of model compilation (`runtime.compile_priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompilePriority {
+    /// The threads' own priority.
+    #[default]
+    Normal,
+    /// Linux's `SCHED_IDLE`: only CPU nothing else wants.
+    Idle,
 }
 
 /// The largest `server.max_connections` (far above any file-descriptor limit).

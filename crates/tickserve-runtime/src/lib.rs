@@ -241,6 +241,8 @@ impl Runtime {
             inline_budget: self.config.runtime.inline_budget,
             spin: self.config.runtime.spin,
             executor_cpus: &self.config.runtime.executor_cpus,
+            compile_idle: self.config.runtime.compile_priority
+                == tickserve_core::config::CompilePriority::Idle,
             executors_started: &self.executors_started,
         }
     }

@@ -145,6 +145,8 @@ pub struct Loader<'a> {
     pub spin: Duration,
     /// `runtime.executor_cpus`.
     pub executor_cpus: &'a [usize],
+    /// `runtime.compile_priority = "idle"`: compile on `SCHED_IDLE` threads.
+    pub compile_idle: bool,
     /// Executors started so far: where the next family's start in `executor_cpus`.
     pub executors_started: &'a std::sync::atomic::AtomicUsize,
 }
@@ -309,6 +311,7 @@ impl Loader<'_> {
             inline_budget: self.inline_budget,
             mixed_rows: settings.mixed_rows,
             cpus: self.executor_cpus.to_vec(),
+            compile_idle: self.compile_idle,
             first_cpu: self
                 .executors_started
                 .fetch_add(settings.executors, std::sync::atomic::Ordering::Relaxed),

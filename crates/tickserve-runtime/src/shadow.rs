@@ -2,9 +2,10 @@
 //! copy of (a fraction of) another version's requests after the primary
 //! has answered, runs it only on capacity no request waits for, and has
 //! its answer compared with the primary's. The client never sees a
-//! shadow's answer and never waits for it; its journal record, statistics
-//! and sequences are untouched (sequence ticks and Monte Carlo requests are
-//! not mirrored).
+//! shadow's answer and never waits for it; no sequence is touched (sequence
+//! ticks and Monte Carlo requests are not mirrored). The shadow's own
+//! statistics count its runs; the edge journals its answers (protocol
+//! `shadow`) when the journal is on.
 //!
 //! Per (model, primary, shadow): the largest absolute difference over a
 //! request's outputs (`tickserve_shadow_max_abs_diff`), whether each row's
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use tickserve_core::validate::ValidRequest;
-use tickserve_core::{DataType, InferResponse, OutputTensor, metrics as names};
+use tickserve_core::{DataType, Error, InferResponse, OutputTensor, metrics as names};
 
 use crate::handle::ModelHandle;
 
@@ -88,10 +89,16 @@ impl ShadowPlan {
     }
 
     /// Runs `request` on the shadow (see [`ModelHandle::shadow`]) and
-    /// compares its answer with `primary`'s, recording the outcome.
-    pub async fn run(&self, request: ValidRequest, primary: &InferResponse) {
+    /// compares its answer with `primary`'s, recording the outcome; returns
+    /// the shadow's answer (`None`: dropped, it would have waited).
+    pub async fn run(
+        &self,
+        request: ValidRequest,
+        primary: &InferResponse,
+    ) -> Option<Result<InferResponse, Error>> {
         let started = Instant::now();
-        match self.shadow.shadow(request).await {
+        let outcome = self.shadow.shadow(request).await;
+        match &outcome {
             None => self.metrics.busy.increment(1),
             Some(Err(e)) => {
                 tracing::debug!(model = %self.shadow.name, shadow = %self.shadow.version, error = %e,
@@ -110,6 +117,7 @@ impl ShadowPlan {
                     .increment(compared.rows - compared.rows_agreeing);
             }
         }
+        outcome
     }
 }
 

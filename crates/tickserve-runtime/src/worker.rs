@@ -347,6 +347,9 @@ pub struct WorkerStart {
     pub cpus: Vec<usize>,
     /// Where this family's executors start in `cpus`.
     pub first_cpu: usize,
+    /// Compile (and run the load-time checks) on a `SCHED_IDLE` thread
+    /// (`runtime.compile_priority = "idle"`; CPU families only).
+    pub compile_idle: bool,
 }
 
 /// Starts executor thread `index` of family `input.family_key`: it compiles the
@@ -369,32 +372,40 @@ pub fn spawn(
                 let cpu = start.cpus[(start.first_cpu + index) % start.cpus.len()];
                 crate::affinity::pin_current_thread(cpu);
             }
-            let compiled = input.compile().and_then(|mut model| {
-                match rows_depend_on_each_other(model.as_mut())? {
-                    None => {}
-                    Some(evidence) if start.mixed_rows == MixedRows::Refuse => {
-                        return Err(EngineError::InvalidModel(format!(
-                            "its rows depend on each other ({evidence}), and its model.toml \
+            let family_key = input.family_key.clone();
+            let idle = start.compile_idle && input.device == Device::Cpu;
+            let (intake, mixed_rows) = (Arc::clone(&start.intake), start.mixed_rows);
+            let load = move || {
+                input.compile().and_then(|mut model| {
+                    match rows_depend_on_each_other(model.as_mut())? {
+                        None => {}
+                        Some(evidence) if mixed_rows == MixedRows::Refuse => {
+                            return Err(EngineError::InvalidModel(format!(
+                                "its rows depend on each other ({evidence}), and its model.toml \
                              says mixed_rows = \"refuse\""
-                        )));
+                            )));
+                        }
+                        Some(evidence) => {
+                            tracing::warn!(
+                                family = %family_key,
+                                %evidence,
+                                "the model's rows depend on each other: it is served one request \
+                                 per run (a client's rows never meet another's)"
+                            );
+                            intake
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .one_request_per_run();
+                        }
                     }
-                    Some(evidence) => {
-                        tracing::warn!(
-                            family = %input.family_key,
-                            %evidence,
-                            "the model's rows depend on each other: it is served one request \
-                             per run (a client's rows never meet another's)"
-                        );
-                        start
-                            .intake
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .one_request_per_run();
-                    }
-                }
-                Ok(model)
-            });
-            drop(input);
+                    Ok(model)
+                })
+            };
+            let compiled = if idle {
+                compile_at_idle_priority(load)
+            } else {
+                load()
+            };
             match compiled {
                 Ok(mut model) => {
                     let signature = model.signature().clone();
@@ -411,6 +422,29 @@ pub fn spawn(
             }
         })?;
     Ok((handle, report_rx))
+}
+
+/// Runs `load` (a compile and the checks that run the new graph) on a thread
+/// of its own at `SCHED_IDLE` priority, and waits for it: the executor
+/// thread itself keeps its priority for serving.
+fn compile_at_idle_priority(
+    load: impl FnOnce() -> Result<Box<dyn CompiledModel>, EngineError> + Send + 'static,
+) -> Result<Box<dyn CompiledModel>, EngineError> {
+    let helper = std::thread::Builder::new()
+        .name("compile-idle".into())
+        .spawn(move || {
+            crate::affinity::idle_current_thread();
+            load()
+        });
+    match helper.map(JoinHandle::join) {
+        Ok(Ok(compiled)) => compiled,
+        Ok(Err(_)) => Err(EngineError::InvalidModel(
+            "the compile thread panicked".into(),
+        )),
+        Err(e) => Err(EngineError::InvalidModel(format!(
+            "cannot start a compile thread: {e}"
+        ))),
+    }
 }
 
 /// The rows of the largest bucket whose run fits in `budget` (median of

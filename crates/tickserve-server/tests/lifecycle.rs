@@ -94,7 +94,10 @@ async fn a_new_version_switches_under_load_and_a_broken_one_leaves_the_old_servi
     for model in ["tick_000", "tick_001"] {
         deploy(scratch.path(), model, 1, model);
     }
-    let server = common::start(&poll_config(scratch.path(), Duration::from_millis(100))).await;
+    let mut config = poll_config(scratch.path(), Duration::from_millis(100));
+    // The family compiles at idle priority (the executor serves at its own).
+    config.runtime.compile_priority = tickserve_core::config::CompilePriority::Idle;
+    let server = common::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     let compiled = common::counter_total(
         &common::metrics_text(&base).await,

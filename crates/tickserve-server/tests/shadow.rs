@@ -52,7 +52,11 @@ async fn shadows_see_copies_of_their_primarys_requests_and_report_how_they_diffe
          [[shadow]]\nversion = \"3\"\nof = \"stable\"\nfraction = 0.5\n",
     )
     .unwrap();
-    let server = common::start(&common::config(scratch.path())).await;
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = common::config(scratch.path());
+    config.journal.enabled = true;
+    config.journal.directory = journal.path().to_path_buf();
+    let server = common::start(&config).await;
     let base = format!("http://{}", server.http_addr);
 
     const REQUESTS: usize = 200;
@@ -161,5 +165,47 @@ async fn shadows_see_copies_of_their_primarys_requests_and_report_how_they_diffe
     // The shadows' copies are not requests: only the client's were counted.
     let requests = common::counter_total(&metrics, "tickserve_requests_total");
     assert_eq!(requests, (2 * REQUESTS) as f64, "{metrics}");
+
+    // Each shadow answer is journaled as the shadow's record, protocol
+    // `shadow`; the primary's records are the clients' requests.
+    let writer = std::sync::Arc::clone(server.edge().journal.as_ref().unwrap());
+    tokio::task::spawn_blocking(move || writer.flush())
+        .await
+        .unwrap();
+    let read = tickserve_journal::read::read_dir(journal.path()).unwrap();
+    let mut by_version = std::collections::BTreeMap::<String, (usize, usize)>::new();
+    for (stream, files) in &read.streams {
+        for batch in files.iter().flat_map(|f| &f.batches) {
+            let protocols = batch
+                .column_by_name("protocol")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .unwrap();
+            let entry = by_version.entry(stream.version.clone()).or_default();
+            for p in protocols.iter().flatten() {
+                if p == "shadow" {
+                    entry.1 += 1;
+                } else {
+                    entry.0 += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        by_version.get("1"),
+        Some(&(2 * REQUESTS, 0)),
+        "{by_version:?}"
+    );
+    assert_eq!(
+        by_version.get("2"),
+        Some(&(0, rows as usize)),
+        "{by_version:?}"
+    );
+    assert_eq!(
+        by_version.get("3"),
+        Some(&(0, rows3 as usize)),
+        "{by_version:?}"
+    );
     server.shutdown().await.expect("clean shutdown");
 }

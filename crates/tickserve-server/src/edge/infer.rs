@@ -232,7 +232,8 @@ impl Edge {
             .await;
         match admitted {
             Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
-                mirror: shadows.and_then(|plans| Mirror::of(plans, &handle, &prepared)),
+                mirror: shadows
+                    .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_ref())),
                 handle,
                 prepared,
                 encoding,

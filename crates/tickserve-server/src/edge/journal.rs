@@ -79,6 +79,38 @@ impl Pending {
         self.record.handle = Arc::clone(handle);
     }
 
+    /// The record of this request's copy for `shadow` (protocol `shadow`,
+    /// the same id, parameters and inputs), if the journal takes the shadow's
+    /// model; call after [`Pending::prepared`].
+    pub fn for_shadow(&self, shadow: &Arc<ModelHandle>) -> Option<Pending> {
+        if !self.journal.wants(shadow) {
+            return None;
+        }
+        let r = &self.record;
+        Some(Pending {
+            journal: Arc::clone(&self.journal),
+            record: Record {
+                handle: Arc::clone(shadow),
+                received: r.received,
+                answered: r.received,
+                queue: Duration::ZERO,
+                compute: Duration::ZERO,
+                protocol: "shadow",
+                id: r.id.clone(),
+                traceparent: r.traceparent.clone(),
+                key: r.key.clone(),
+                bucket: None,
+                status: "ok",
+                error: None,
+                parameters: r.parameters.clone(),
+                inputs: r.inputs.clone(),
+                outputs: Outputs::Model(Vec::new()),
+                state: Vec::new(),
+                window_ticks: None,
+            },
+        })
+    }
+
     /// In `refuse` mode, whether the request may run (see [`Journal::admit`]).
     pub fn admit(&self) -> Result<(), Error> {
         self.journal.admit(&self.record.handle.name)

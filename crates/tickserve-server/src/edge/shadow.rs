@@ -2,7 +2,9 @@
 //! copy (each draws its fraction), and the copy sent to them once the
 //! primary has answered, on a task of its own (see the runtime's `shadow`
 //! module for how a shadow runs and is compared). A request of any front
-//! end is mirrored; sequence ticks and Monte Carlo requests are not.
+//! end is mirrored; sequence ticks and Monte Carlo requests are not. With
+//! the journal on, a shadow's answer is journaled as the shadow's record
+//! (protocol `shadow`, the primary request's id).
 
 use std::sync::Arc;
 
@@ -10,12 +12,17 @@ use tickserve_core::InferResponse;
 use tickserve_core::validate::ValidRequest;
 use tickserve_runtime::{ModelHandle, Prepared, ShadowPlan};
 
+use super::journal::Pending;
+
 /// A request's copy for the shadows that want it.
 pub struct Mirror {
     plans: Arc<Vec<ShadowPlan>>,
     /// Which of `plans` want it (bit `i` for plan `i`; at most 64 kept).
     chosen: u64,
     request: ValidRequest,
+    /// The journal records of the copies, for the chosen plans in order
+    /// (`None` where the journal does not take the shadow).
+    records: Vec<Option<Pending>>,
 }
 
 impl Mirror {
@@ -25,6 +32,7 @@ impl Mirror {
         plans: Arc<Vec<ShadowPlan>>,
         handle: &ModelHandle,
         prepared: &Prepared,
+        journal: Option<&Pending>,
     ) -> Option<Mirror> {
         let mut chosen = 0u64;
         for (i, plan) in plans.iter().enumerate().take(64) {
@@ -38,10 +46,21 @@ impl Mirror {
             return None;
         }
         let request = prepared.mirror()?;
+        let records = match journal {
+            None => Vec::new(),
+            Some(pending) => plans
+                .iter()
+                .enumerate()
+                .take(64)
+                .filter(|(i, _)| chosen & (1 << i) != 0)
+                .map(|(_, plan)| pending.for_shadow(&plan.shadow))
+                .collect(),
+        };
         Some(Mirror {
             plans,
             chosen,
             request,
+            records,
         })
     }
 
@@ -51,9 +70,24 @@ impl Mirror {
         let primary = primary.clone();
         tokio::spawn(async move {
             tokio::task::yield_now().await;
-            for (i, plan) in self.plans.iter().enumerate().take(64) {
-                if self.chosen & (1 << i) != 0 {
-                    plan.run(self.request.clone(), &primary).await;
+            let Mirror {
+                plans,
+                chosen,
+                request,
+                records,
+            } = self;
+            let mut records = records.into_iter();
+            for (i, plan) in plans.iter().enumerate().take(64) {
+                if chosen & (1 << i) == 0 {
+                    continue;
+                }
+                let outcome = plan.run(request.clone(), &primary).await;
+                match (records.next().flatten(), outcome) {
+                    (Some(record), Some(Ok(answer))) => {
+                        let _ = record.answered(Ok(answer)).await;
+                    }
+                    (Some(record), Some(Err(error))) => record.refused(&error),
+                    _ => {}
                 }
             }
         });
