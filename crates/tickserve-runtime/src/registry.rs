@@ -236,13 +236,20 @@ impl Models {
     }
 
     /// The model version asked for (`None`: the default), ready to serve.
+    /// No version named means the default (the highest ready), split or not:
+    /// metadata, readiness and the sequence-state API see one version.
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, Error> {
-        self.route(name, version).map(|routed| routed.handle)
+        self.find(name, version, false).map(|routed| routed.handle)
     }
 
-    /// [`Models::get`], whether the model's split drew the version, and
-    /// the version's shadows.
+    /// An inference request's lookup: [`Models::get`], except that the
+    /// model's split draws the version of a request that names none; with
+    /// whether it did, and the version's shadows.
     pub fn route(&self, name: &str, version: Option<&str>) -> Result<Routed, Error> {
+        self.find(name, version, true)
+    }
+
+    fn find(&self, name: &str, version: Option<&str>, split: bool) -> Result<Routed, Error> {
         let not_found = |known: String| Error::ModelNotFound {
             model: name.to_string(),
             version: version.map(str::to_string),
@@ -250,8 +257,9 @@ impl Models {
         };
         let models = self.read();
         let entry = models.get(name).ok_or_else(|| not_found(String::new()))?;
-        let drawn = entry.split.is_some() && version.is_none_or(str::is_empty);
-        let found = match (version, &entry.split) {
+        let split = entry.split.as_ref().filter(|_| split);
+        let drawn = split.is_some() && version.is_none_or(str::is_empty);
+        let found = match (version, split) {
             (None | Some(""), Some(split)) => {
                 let v = split.next();
                 entry.versions.get_key_value(&v).map(|(k, s)| (*k, s))
