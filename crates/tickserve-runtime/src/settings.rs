@@ -58,11 +58,20 @@ impl ModelSettings {
         inputs: &[TensorSpec],
         tree_ensemble: bool,
     ) -> Result<ModelSettings, String> {
-        // What clients send: a stateful model's state inputs are the server's.
+        // What clients send: a stateful model's state inputs are the server's,
+        // and a window input comes one tick at a time (its dimensions after the
+        // window's length).
         let inputs: Vec<TensorSpec> = inputs
             .iter()
             .filter(|t| !config.sequence.state.iter().any(|s| s.input == t.name))
-            .cloned()
+            .map(|t| {
+                let mut sent = t.clone();
+                if config.sequence.window.iter().any(|w| w.input == t.name) && !sent.dims.is_empty()
+                {
+                    sent.dims.remove(0);
+                }
+                sent
+            })
             .collect();
         let inputs = inputs.as_slice();
         let sizes = config.buckets.as_deref().unwrap_or(&defaults.buckets);
@@ -121,5 +130,34 @@ impl ModelSettings {
             sequence: None,
             journal: config.journal.unwrap_or(defaults.journal),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tickserve_core::DataType;
+
+    #[test]
+    fn a_window_inputs_monte_carlo_sigmas_are_per_element_of_a_tick() {
+        let window = [TensorSpec {
+            name: "window".into(),
+            datatype: DataType::Fp32,
+            dims: vec![30, 8],
+        }];
+        let config = |sigmas: usize| -> ModelConfig {
+            let sigma = vec!["0.1"; sigmas].join(", ");
+            toml::from_str(&format!(
+                "[monte_carlo]\nenabled = true\n[monte_carlo.sigma]\nwindow = [{sigma}]\n\n\
+                 [[sequence.window]]\ninput = \"window\"\n"
+            ))
+            .unwrap()
+        };
+        let defaults = ModelDefaults::default();
+        assert!(ModelSettings::resolve(&config(8), &defaults, &window, false).is_ok());
+        let error = ModelSettings::resolve(&config(240), &defaults, &window, false).unwrap_err();
+        assert!(error.contains('8'), "{error}");
     }
 }
