@@ -282,9 +282,9 @@ impl Runtime {
         self.models.route(name, version)
     }
 
-    /// For a request of `sequence` that named no version, of a model whose
-    /// requests are split: the version that serves the sequence (see
-    /// `Models::for_sequence`); `None` when the model is not split.
+    /// For a request of `sequence` that named no version: the version that
+    /// serves the sequence (see `Models::for_sequence`); `None` when the
+    /// version looked up serves it.
     pub fn model_for_sequence(
         &self,
         name: &str,

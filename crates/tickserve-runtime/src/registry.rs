@@ -107,6 +107,10 @@ pub struct ModelVersions {
     pub split: Option<Arc<Split>>,
     /// The shadows of each version that has some.
     pub shadows: BTreeMap<u64, Arc<Vec<ShadowPlan>>>,
+    /// Its failures came from a change while serving (the poll, the load
+    /// API), not the start: they are in the index, but do not take the
+    /// server's readiness away (what served serves on).
+    pub late: bool,
 }
 
 /// A request's model version, as [`Models::route`] found it.
@@ -116,6 +120,10 @@ pub struct Routed {
     pub handle: Arc<ModelHandle>,
     /// True when the model's split drew it (the request named no version).
     pub drawn: bool,
+    /// True when the request named no version and the model serves more
+    /// than one: a sequence's tick goes to the version it lives on
+    /// ([`Models::for_sequence`]).
+    pub sticky: bool,
     /// Its shadows, if it has any.
     pub shadows: Option<Arc<Vec<ShadowPlan>>>,
 }
@@ -220,13 +228,16 @@ impl Models {
             .collect()
     }
 
-    /// True when every model version loaded and can run.
+    /// True when every model version loaded and can run; a failed change
+    /// while serving ([`ModelVersions::late`]) does not count, a lost
+    /// device does.
     pub fn all_ready(&self) -> bool {
         self.read().values().all(|m| {
-            m.error.is_none()
-                && m.versions
-                    .values()
-                    .all(|s| matches!(s, VersionState::Ready(h) if h.is_ready()))
+            let running = |s: &VersionState| match s {
+                VersionState::Ready(h) => h.is_ready(),
+                VersionState::Failed(_) => m.late,
+            };
+            (m.error.is_none() || m.late) && m.versions.values().all(running)
         })
     }
 
@@ -271,6 +282,7 @@ impl Models {
             Some((v, VersionState::Ready(handle))) => Ok(Routed {
                 handle: Arc::clone(handle),
                 drawn,
+                sticky: version.is_none_or(str::is_empty) && entry.versions.len() > 1,
                 shadows: entry.shadows.get(&v).cloned(),
             }),
             Some((v, VersionState::Failed(reason))) => Err(Error::ModelNotReady {
@@ -289,14 +301,14 @@ impl Models {
         }
     }
 
-    /// For a request of sequence `sequence` that named no version, of a
-    /// model whose requests are split: the version the sequence lives on
-    /// (any ready version, so a sequence stays where it started when the
-    /// split moves), else the one its id falls on. `None` when the model is not split.
+    /// For a request of sequence `sequence` that named no version: the
+    /// version the sequence lives on (any ready version, so a sequence stays
+    /// where it started when a new version arrives or the split moves);
+    /// else, for a split model, the version its id falls on. `None` for
+    /// a new sequence of a model that is not split (the default serves it).
     pub fn for_sequence(&self, name: &str, sequence: &SequenceControl) -> Option<Arc<ModelHandle>> {
         let models = self.read();
         let entry = models.get(name)?;
-        let split = entry.split.as_ref()?;
         let ready = |v: &u64| match entry.versions.get(v) {
             Some(VersionState::Ready(h)) => Some(h),
             _ => None,
@@ -312,7 +324,10 @@ impl Models {
                 .then_some(handle)
         });
         living
-            .or_else(|| ready(&split.for_sequence(&sequence.id)))
+            .or_else(|| {
+                let split = entry.split.as_ref()?;
+                ready(&split.for_sequence(&sequence.id))
+            })
             .map(Arc::clone)
     }
 

@@ -248,9 +248,22 @@ impl Runtime {
                 reason,
             }
         };
-        let config = dir.config.clone().map_err(failed)?;
-        let wanted = wanted(&dir, &config).map_err(failed)?;
         let current = self.models.get_versions(&name);
+        // A model that does not serve yet shows why in the index; one that
+        // serves keeps serving (the log and the metric say why).
+        let refused = |reason: String| {
+            if !self.models.contains(&name) {
+                let failed_model = ModelVersions {
+                    error: Some(reason.clone()),
+                    late: true,
+                    ..ModelVersions::default()
+                };
+                let _ = self.models.replace(&name, failed_model, true);
+            }
+            failed(reason)
+        };
+        let config = dir.config.clone().map_err(refused)?;
+        let wanted = wanted(&dir, &config).map_err(refused)?;
         let to_load: Vec<(u64, PathBuf)> = wanted
             .iter()
             .filter(|(v, _)| {
@@ -299,6 +312,7 @@ impl Runtime {
             }
         }
         settle_names(&name, &config, &dir.labels, &current.labels, &mut next);
+        next.late = !failures.is_empty();
 
         let old = self.models.replace(&name, next, false).ok().flatten();
         if let Some(old) = old {

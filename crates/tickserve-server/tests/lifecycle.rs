@@ -3,7 +3,8 @@
 //! `N/`) switches under load with no failed request and nothing compiled; a
 //! broken version leaves the serving one serving and says why; a version
 //! written slowly is never loaded half-written; labels move without a reload
-//! and reach every front end; a removed model unloads.
+//! and reach every front end; a removed model unloads; a sequence finishes
+//! on the version it started on.
 
 #![allow(clippy::unwrap_used)]
 
@@ -157,6 +158,15 @@ async fn a_new_version_switches_under_load_and_a_broken_one_leaves_the_old_servi
     })
     .await;
     assert!(reason.contains("not a valid ONNX model"), "{reason}");
+    // What served serves on: the server stays ready.
+    let ready = reqwest::get(format!("{base}/v2/health/ready"))
+        .await
+        .unwrap();
+    assert_eq!(
+        ready.status(),
+        200,
+        "a failed new version took readiness away"
+    );
     assert_eq!(
         version_at(&base, "/v2/models/tick_000/infer")
             .await
@@ -412,4 +422,59 @@ fn tick_grpc_row() -> tickserve_proto::inference::ModelInferRequest {
         }],
         ..Default::default()
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_finishes_on_its_version_when_a_new_one_arrives() {
+    let scratch = tempfile::tempdir().unwrap();
+    deploy(scratch.path(), "stateful", 1, "seq_lstm");
+    let window = std::fs::read_to_string(source("seq_lstm_window").join("model.toml")).unwrap();
+    std::fs::write(
+        scratch.path().join("stateful/model.toml"),
+        format!("version_policy = {{ latest = 2 }}\n\n{window}"),
+    )
+    .unwrap();
+    let server = common::start(&poll_config(scratch.path(), Duration::from_millis(100))).await;
+    let base = format!("http://{}", server.http_addr);
+    let url = format!("{base}/v2/models/stateful/infer");
+    let tick = |id: u64, start: bool| {
+        json!({
+            "parameters": {"sequence_id": id, "sequence_start": start},
+            "inputs": [{"name": "window", "datatype": "FP32", "shape": [1, 8], "data": vec![0.1; 8]}],
+        })
+    };
+    let answered = |body: Value| {
+        let url = url.clone();
+        async move {
+            let (status, answer) = common::post_json(&url, &body).await;
+            assert_eq!(status, 200, "{answer}");
+            answer["model_version"].as_str().unwrap().to_string()
+        }
+    };
+    for id in 1..=20 {
+        assert_eq!(answered(tick(id, true)).await, "1");
+    }
+    deploy(scratch.path(), "stateful", 2, "seq_lstm");
+    let mut fresh = 1000;
+    until("new sequences start on version 2", || {
+        fresh += 1;
+        let started = answered(tick(fresh, true));
+        async move { (started.await == "2").then_some(()) }
+    })
+    .await;
+    // The sequences of version 1 finish there; new ones start on version 2.
+    for round in 0..3 {
+        for id in 1..=20 {
+            assert_eq!(
+                answered(tick(id, false)).await,
+                "1",
+                "sequence {id}, round {round}"
+            );
+        }
+    }
+    for id in 21..=30 {
+        assert_eq!(answered(tick(id, true)).await, "2");
+        assert_eq!(answered(tick(id, false)).await, "2");
+    }
+    server.shutdown().await.expect("clean shutdown");
 }

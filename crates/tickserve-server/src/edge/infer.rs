@@ -202,9 +202,9 @@ impl Edge {
     ) -> Result<Admitted<P::Encoding>, Error> {
         // The one lookup of this request's model.
         let routed = self.runtime.route(call.model, call.version);
-        let (drawn, shadows) = match &routed {
-            Ok(r) => (r.drawn, r.shadows.clone()),
-            Err(_) => (false, None),
+        let (drawn, sticky, shadows) = match &routed {
+            Ok(r) => (r.drawn, r.sticky, r.shadows.clone()),
+            Err(_) => (false, false, None),
         };
         let handle = routed.map(|r| r.handle);
         let record = Record {
@@ -228,7 +228,7 @@ impl Edge {
             _ => None,
         };
         let admitted = self
-            .admit_inner(call, handle, drawn, payload, &mut journal)
+            .admit_inner(call, handle, (drawn, sticky), payload, &mut journal)
             .await;
         match admitted {
             Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
@@ -260,7 +260,7 @@ impl Edge {
         self: &Arc<Self>,
         call: Call<'_>,
         handle: Result<Arc<ModelHandle>, Error>,
-        drawn: bool,
+        (drawn, sticky): (bool, bool),
         payload: P,
         journal: &mut Option<Pending>,
     ) -> Result<(Arc<ModelHandle>, Prepared, P::Encoding, Slot, HeldBytes), Error> {
@@ -297,11 +297,12 @@ impl Edge {
         let mut handle = handle;
         if let Some(sequence) = decoded.parameters.sequence.as_mut() {
             sequence.owner = call.key;
-            // A split model's sequence stays on one version: the one it
-            // lives on (same inputs and outputs as any in the split).
-            if drawn
+            // A sequence stays on one version, the one it lives on, when
+            // the request names none (a new version arrived, or a split).
+            if sticky
                 && let Some(sticky) = self.runtime.model_for_sequence(&handle.name, sequence)
                 && !Arc::ptr_eq(&sticky, &handle)
+                && sticky.signature == handle.signature
             {
                 handle = sticky;
                 if let Some(pending) = journal.as_mut() {

@@ -510,7 +510,54 @@ mod tests {
                 summary: Summary::Quantiles(vec![0.1, 0.9]),
             }
         );
+        // A seed may come as a string of digits (HTTP JSON clients that keep
+        // 64-bit integers exact); close quantiles are distinct outputs.
+        let mc = read(&[
+            (MC_SAMPLES, Param::Int(4)),
+            (MC_SEED, Param::Str(" 42 ")),
+            (MC_OUTPUT, Param::Str("quantiles")),
+            (MC_QUANTILES, Param::Str("0.1,0.2,0.3")),
+        ])
+        .unwrap()
+        .monte_carlo
+        .unwrap();
+        assert_eq!(mc.seed, Some(42));
+        assert_eq!(mc.summary, Summary::Quantiles(vec![0.1, 0.2, 0.3]));
+        // The summary: moments unless asked otherwise.
+        let summary =
+            |pairs: &[(&str, Param<'_>)]| read(pairs).unwrap().monte_carlo.unwrap().summary;
+        let four = (MC_SAMPLES, Param::Int(4));
+        assert_eq!(summary(&[four]), Summary::Moments);
+        assert_eq!(
+            summary(&[four, (MC_OUTPUT, Param::Str("moments"))]),
+            Summary::Moments
+        );
+        assert_eq!(
+            summary(&[four, (MC_OUTPUT, Param::Str("samples"))]),
+            Summary::Samples
+        );
+        let quantiles = |list: &'static str| {
+            vec![
+                (MC_SAMPLES, Param::Int(4)),
+                (MC_OUTPUT, Param::Str("quantiles")),
+                (MC_QUANTILES, Param::Str(list)),
+            ]
+        };
         for (pairs, words) in [
+            (
+                vec![(MC_SAMPLES, Param::Int(4)), (MC_SEED, Param::Str("4x2"))],
+                "an integer of 0 or more",
+            ),
+            (
+                vec![
+                    (MC_SAMPLES, Param::Int(4)),
+                    (MC_OUTPUT, Param::Str("samples")),
+                    (MC_QUANTILES, Param::Str("0.5")),
+                ],
+                "needs mc_output",
+            ),
+            (quantiles("0,0.5"), "between 0 and 1"),
+            (quantiles("0.5,1"), "between 0 and 1"),
             (vec![(MC_SAMPLES, Param::Int(0))], "positive integer"),
             (vec![(MC_SAMPLES, Param::Float(2.0))], "positive integer"),
             (
@@ -559,6 +606,25 @@ mod tests {
             let e = refused(&pairs);
             assert!(e.contains(words), "{pairs:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_flag_is_a_boolean_or_exactly_0_or_1() {
+        for (given, want) in [
+            (Param::Bool(false), false),
+            (Param::Bool(true), true),
+            (Param::Int(0), false),
+            (Param::Int(1), true),
+            (Param::Uint(0), false),
+            (Param::Uint(1), true),
+        ] {
+            let read = flag("m", SEQUENCE_END, Some(given)).unwrap();
+            assert_eq!(read, Some(want), "{given:?}");
+        }
+        for bad in [Param::Int(2), Param::Int(-1), Param::Uint(2)] {
+            assert!(flag("m", SEQUENCE_END, Some(bad)).is_err(), "{bad:?}");
+        }
+        assert_eq!(flag("m", SEQUENCE_END, None).unwrap(), None);
     }
 
     #[test]

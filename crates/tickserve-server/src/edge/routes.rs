@@ -419,6 +419,23 @@ mod tests {
     }
 
     #[test]
+    fn a_segment_is_percent_decoded_byte_by_byte_and_a_bad_escape_is_refused() {
+        assert!(matches!(decode("plain"), Some(Cow::Borrowed("plain"))));
+        for (segment, want) in [
+            ("%6D", "m"),
+            ("a%2Fb", "a/b"),
+            ("x%41y%42", "xAyB"),
+            ("%25%25", "%%"),
+            ("%C3%A9t%C3%A9", "été"),
+        ] {
+            assert_eq!(decode(segment).as_deref(), Some(want), "{segment}");
+        }
+        for bad in ["%4", "a%", "%zz", "%FF", "x%C3"] {
+            assert_eq!(decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn every_served_path_has_its_route_and_group() {
         use ModelEndpoint as E;
         for (path, route, group) in [
@@ -601,6 +618,17 @@ mod tests {
         assert!(t.metadata && t.verb.is_none());
         let t = parse_tf("m/labels/stable").unwrap();
         assert_eq!(t.label.as_deref(), Some("stable"));
+        assert_eq!(t.asked(), Some("stable"), "a label is the version asked");
+        assert!(
+            parse_tf("m/versions/0:predict").is_ok(),
+            "version 0 is a number"
+        );
+        assert!(
+            parse_tf("m/versions/-1:predict").is_err(),
+            "a negative version is not"
+        );
+        assert_eq!(parse_tf("m/versions/3:predict").unwrap().asked(), Some("3"));
+        assert_eq!(parse_tf("m:predict").unwrap().asked(), None);
         assert!(
             parse_tf("m/version/50:predict")
                 .unwrap_err()
