@@ -139,6 +139,14 @@ impl ModelVersions {
             .map(|(v, s)| (*v, s))
     }
 
+    /// Version `version`'s handle, if it is ready.
+    pub fn ready(&self, version: u64) -> Option<&Arc<ModelHandle>> {
+        match self.versions.get(&version) {
+            Some(VersionState::Ready(handle)) => Some(handle),
+            _ => None,
+        }
+    }
+
     /// The version number `asked` names: a number, or a label.
     pub fn resolve(&self, asked: &str) -> Option<u64> {
         match asked.parse::<u64>() {
@@ -309,10 +317,6 @@ impl Models {
     pub fn for_sequence(&self, name: &str, sequence: &SequenceControl) -> Option<Arc<ModelHandle>> {
         let models = self.read();
         let entry = models.get(name)?;
-        let ready = |v: &u64| match entry.versions.get(v) {
-            Some(VersionState::Ready(h)) => Some(h),
-            _ => None,
-        };
         // Any version it lives on, in the split or no longer.
         let living = entry.versions.values().find_map(|state| {
             let VersionState::Ready(handle) = state else {
@@ -326,7 +330,7 @@ impl Models {
         living
             .or_else(|| {
                 let split = entry.split.as_ref()?;
-                ready(&split.for_sequence(&sequence.id))
+                entry.ready(split.for_sequence(&sequence.id))
             })
             .map(Arc::clone)
     }

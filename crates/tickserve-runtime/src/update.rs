@@ -80,10 +80,7 @@ fn settle_shadows(
     config: &ModelConfig,
     next: &ModelVersions,
 ) -> BTreeMap<u64, Arc<Vec<ShadowPlan>>> {
-    let ready = |v: u64| match next.versions.get(&v) {
-        Some(VersionState::Ready(h)) => Some(h),
-        _ => None,
-    };
+    let ready = |v: u64| next.ready(v);
     let mut plans: BTreeMap<u64, Vec<ShadowPlan>> = BTreeMap::new();
     for asked in &config.shadow {
         let Some((version, shadow)) = next
@@ -143,10 +140,7 @@ fn settle_split(name: &str, config: &ModelConfig, next: &ModelVersions) -> Optio
     if config.split.is_empty() {
         return None;
     }
-    let ready = |v: u64| match next.versions.get(&v) {
-        Some(VersionState::Ready(h)) => Some(h),
-        _ => None,
-    };
+    let ready = |v: u64| next.ready(v);
     let default = match next.default_version() {
         Some((_, VersionState::Ready(h))) => h,
         _ => return None,
@@ -197,7 +191,7 @@ fn settle_labels(
             asked.extend(before.iter().map(|(l, v)| (l.clone(), *v)));
         }
     }
-    let ready = |v: &u64| matches!(next.versions.get(v), Some(VersionState::Ready(_)));
+    let ready = |v: &u64| next.ready(*v).is_some();
     let mut settled = Labels::new();
     for (label, version) in asked {
         if ready(&version) {

@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::deploy_version as deploy;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,15 +29,6 @@ const BOUND: Duration = Duration::from_secs(30);
 
 fn source(model: &str) -> std::path::PathBuf {
     common::root().join("config/models").join(model)
-}
-
-/// Copies `from`'s version 1 file into `model/version` of `repository` the
-/// safe way: written under `.version`, then renamed.
-fn deploy(repository: &Path, model: &str, version: u64, from: &str) {
-    let hidden = repository.join(model).join(format!(".{version}"));
-    std::fs::create_dir_all(&hidden).unwrap();
-    std::fs::copy(source(from).join("1/model.onnx"), hidden.join("model.onnx")).unwrap();
-    std::fs::rename(&hidden, repository.join(model).join(version.to_string())).unwrap();
 }
 
 fn poll_config(repository: &Path, interval: Duration) -> tickserve_core::config::ServerConfig {

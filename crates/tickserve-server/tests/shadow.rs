@@ -8,23 +8,10 @@
 
 mod common;
 
-use std::path::Path;
+use common::deploy_version as version;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-
-fn version(root: &Path, model: &str, version: u64, from: &str) {
-    let dir = root.join(model).join(version.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        common::root()
-            .join("config/models")
-            .join(from)
-            .join("1/model.onnx"),
-        dir.join("model.onnx"),
-    )
-    .unwrap();
-}
 
 /// A metric's value in Prometheus text (0 when absent).
 fn value(metrics: &str, series: &str) -> f64 {

@@ -7,26 +7,14 @@
 
 mod common;
 
+use common::deploy_version as version;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tickserve_core::config::ModelControlMode;
 
 /// Copies `from`'s version 1 file to `model/version` under `root`.
-fn version(root: &Path, model: &str, version: u64, from: &str) {
-    let dir = root.join(model).join(version.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        common::root()
-            .join("config/models")
-            .join(from)
-            .join("1/model.onnx"),
-        dir.join("model.onnx"),
-    )
-    .unwrap();
-}
 
 async fn answered_by(url: &str, body: &Value) -> String {
     let (status, answer) = common::post_json(url, body).await;

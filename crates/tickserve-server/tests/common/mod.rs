@@ -57,6 +57,20 @@ pub async fn run_python_check(
     assert!(text.contains(done), "{script} did not finish:\n{text}");
 }
 
+/// Copies sample model `from`'s version 1 file (config/models) into
+/// `model/version` of `repository` the way a deployment should: written
+/// under `.version` (the repository poll ignores it), then renamed.
+pub fn deploy_version(repository: &Path, model: &str, version: u64, from: &str) {
+    let hidden = repository.join(model).join(format!(".{version}"));
+    std::fs::create_dir_all(&hidden).unwrap();
+    std::fs::copy(
+        root().join("config/models").join(from).join("1/model.onnx"),
+        hidden.join("model.onnx"),
+    )
+    .unwrap();
+    std::fs::rename(&hidden, repository.join(model).join(version.to_string())).unwrap();
+}
+
 /// A server configuration on loopback, ports picked by the OS.
 pub fn config(repository: &Path) -> ServerConfig {
     let mut config = ServerConfig::default();
