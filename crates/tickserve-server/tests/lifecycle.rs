@@ -10,7 +10,6 @@
 
 mod common;
 
-use common::deploy_version as deploy;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +22,8 @@ use tickserve_proto::tensorflow as pb;
 use tickserve_proto::tensorflow::serving::model_spec::VersionChoice;
 use tickserve_proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
 use tickserve_proto::tensorflow::serving::{ModelSpec, PredictRequest};
+
+use common::deploy_version as deploy;
 
 /// The longest any condition below may take to come true.
 const BOUND: Duration = Duration::from_secs(30);

@@ -8,10 +8,11 @@
 
 mod common;
 
-use common::deploy_version as version;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+
+use common::deploy_version as version;
 
 /// A metric's value in Prometheus text (0 when absent).
 fn value(metrics: &str, series: &str) -> f64 {

@@ -7,14 +7,13 @@
 
 mod common;
 
-use common::deploy_version as version;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tickserve_core::config::ModelControlMode;
 
-/// Copies `from`'s version 1 file to `model/version` under `root`.
+use common::deploy_version as version;
 
 async fn answered_by(url: &str, body: &Value) -> String {
     let (status, answer) = common::post_json(url, body).await;
