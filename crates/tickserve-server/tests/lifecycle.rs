@@ -321,8 +321,7 @@ async fn labels_move_without_a_reload_and_reach_every_front_end() {
     let mut v2 = GrpcInferenceServiceClient::connect(grpc.clone())
         .await
         .unwrap();
-    let mut request = tick_grpc_row();
-    request.model_name = "labelled".into();
+    let mut request = common::grpc_row("labelled", 16, 0.25);
     request.model_version = "canary".into();
     let answer = v2.model_infer(request).await.unwrap().into_inner();
     assert_eq!(answer.model_version, "1");
@@ -398,25 +397,6 @@ async fn labels_move_without_a_reload_and_reach_every_front_end() {
     server.shutdown().await.expect("clean shutdown");
 }
 
-/// A one-row `tick_*` request over gRPC (16 features of 0.25).
-fn tick_grpc_row() -> tickserve_proto::inference::ModelInferRequest {
-    use tickserve_proto::inference as v2;
-    v2::ModelInferRequest {
-        model_name: "tick_000".into(),
-        inputs: vec![v2::model_infer_request::InferInputTensor {
-            name: "features".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 16],
-            contents: Some(v2::InferTensorContents {
-                fp32_contents: vec![0.25; 16],
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_finishes_on_its_version_when_a_new_one_arrives() {
     let scratch = tempfile::tempdir().unwrap();
@@ -438,11 +418,7 @@ async fn a_sequence_finishes_on_its_version_when_a_new_one_arrives() {
     };
     let answered = |body: Value| {
         let url = url.clone();
-        async move {
-            let (status, answer) = common::post_json(&url, &body).await;
-            assert_eq!(status, 200, "{answer}");
-            answer["model_version"].as_str().unwrap().to_string()
-        }
+        async move { common::answered_version(&url, &body).await }
     };
     for id in 1..=20 {
         assert_eq!(answered(tick(id, true)).await, "1");

@@ -10,16 +10,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tickserve_core::config::ModelControlMode;
 
 use common::deploy_version as version;
-
-async fn answered_by(url: &str, body: &Value) -> String {
-    let (status, answer) = common::post_json(url, body).await;
-    assert_eq!(status, 200, "{answer} for {body}");
-    answer["model_version"].as_str().unwrap().to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_95_5_split_holds_over_10000_requests_and_is_counted() {
@@ -42,7 +36,9 @@ async fn a_95_5_split_holds_over_10000_requests_and_is_counted() {
         tasks.push(tokio::spawn(async move {
             let mut counts: BTreeMap<String, usize> = BTreeMap::new();
             for _ in 0..REQUESTS / 4 {
-                *counts.entry(answered_by(&url, &row).await).or_default() += 1;
+                *counts
+                    .entry(common::answered_version(&url, &row).await)
+                    .or_default() += 1;
             }
             counts
         }));
@@ -66,7 +62,7 @@ async fn a_95_5_split_holds_over_10000_requests_and_is_counted() {
         let url = format!("{base}/v2/models/desk/{path}/infer");
         let want = if path.ends_with('1') { "1" } else { "2" };
         for _ in 0..20 {
-            assert_eq!(answered_by(&url, &row).await, want);
+            assert_eq!(common::answered_version(&url, &row).await, want);
         }
     }
     let metrics = common::metrics_text(&base).await;
@@ -113,7 +109,7 @@ async fn a_sequence_never_changes_version_mid_way_even_when_the_split_moves() {
     let mut on: BTreeMap<u64, String> = BTreeMap::new();
     for round in 0..5 {
         for id in 1..=SEQUENCES {
-            let v = answered_by(&url, &tick(id, round == 0)).await;
+            let v = common::answered_version(&url, &tick(id, round == 0)).await;
             let first = on.entry(id).or_insert_with(|| v.clone());
             assert_eq!(
                 *first, v,
@@ -147,14 +143,14 @@ async fn a_sequence_never_changes_version_mid_way_even_when_the_split_moves() {
     }
     for id in 1..=SEQUENCES {
         assert_eq!(
-            answered_by(&url, &tick(id, false)).await,
+            common::answered_version(&url, &tick(id, false)).await,
             on[&id],
             "sequence {id}"
         );
     }
     for id in SEQUENCES + 1..=SEQUENCES + 20 {
         assert_eq!(
-            answered_by(&url, &tick(id, true)).await,
+            common::answered_version(&url, &tick(id, true)).await,
             "2",
             "new sequence {id}"
         );

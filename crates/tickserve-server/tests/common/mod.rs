@@ -200,21 +200,39 @@ pub async fn metrics_text(base: &str) -> String {
 
 /// A one-row `alpha_mlp` request over gRPC (50 features of 0.5, typed contents).
 pub fn grpc_alpha_row() -> tickserve_proto::inference::ModelInferRequest {
+    grpc_row("alpha_mlp", 50, 0.5)
+}
+
+/// A one-row request to `model` over gRPC: input `features`, `width` FP32
+/// values of `value` (typed contents).
+pub fn grpc_row(
+    model: &str,
+    width: usize,
+    value: f32,
+) -> tickserve_proto::inference::ModelInferRequest {
     use tickserve_proto::inference as pb;
     pb::ModelInferRequest {
-        model_name: "alpha_mlp".into(),
+        model_name: model.into(),
         inputs: vec![pb::model_infer_request::InferInputTensor {
             name: "features".into(),
             datatype: "FP32".into(),
-            shape: vec![1, 50],
+            shape: vec![1, width as i64],
             contents: Some(pb::InferTensorContents {
-                fp32_contents: vec![0.5; 50],
+                fp32_contents: vec![value; width],
                 ..Default::default()
             }),
             ..Default::default()
         }],
         ..Default::default()
     }
+}
+
+/// POSTs `body` to `url` (a v2 infer endpoint), which must answer 200: the
+/// version that answered.
+pub async fn answered_version(url: &str, body: &serde_json::Value) -> String {
+    let (status, answer) = post_json(url, body).await;
+    assert_eq!(status, 200, "{answer} for {body}");
+    answer["model_version"].as_str().unwrap().to_string()
 }
 
 /// Puts every endpoint group of `config` behind one key, given as Triton
