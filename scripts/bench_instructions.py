@@ -67,8 +67,10 @@ FEATURES = 50
 # shared-memory case (idle, it checks for dead client nodes every 100 ms). In the
 # shared-memory case that check is taken out of its thread's count.
 UPKEEP = "PrometheusHandle::run_upkeep"
-SHM_THREAD = "tickserve_server::shm::serve"
-DEAD_NODES = "try_cleanup_dead_nodes"
+# The thread's loop (`serve`) may be inlined into its supervisor.
+SHM_THREADS = ("tickserve_server::shm::serve", "tickserve_server::shm::supervise")
+DEAD_NODES = "cleanup_dead_nodes"
+ORT_LIBRARY = "libonnxruntime"
 
 # (layer, patterns): the first layer whose pattern a function's "file:symbol" holds.
 LAYERS = [
@@ -132,19 +134,42 @@ def inclusive(path, function):
     return best
 
 
+def engine_calls(path):
+    """The instructions of every call into ONNX Runtime from outside it (inclusive:
+    what the library does and every libc call it makes), in one callgrind file."""
+    text = subprocess.run(["callgrind_annotate", "--tree=calling", "--inclusive=yes",
+                           "--auto=no", "--threshold=100", str(path)],
+                          capture_output=True, text=True, check=True).stdout
+    total, caller_outside = 0, False
+    for line in text.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+([*>])\s", line)
+        if not m:
+            continue
+        if m.group(2) == "*":
+            caller_outside = ORT_LIBRARY not in line
+        elif caller_outside and ORT_LIBRARY in line:
+            total += int(m.group(1).replace(",", ""))
+    return total
+
+
 def count(paths, shm_case):
-    """(total, {layer: instructions}) over one dump's thread files, the periodic work
-    left out (see UPKEEP)."""
+    """(total, {layer: instructions}, engine) over one dump's thread files, the
+    periodic work left out (see UPKEEP); `engine` is ONNX Runtime's calls inclusive
+    of what they call (see `engine_calls`)."""
     layers = dict.fromkeys(ORDER, 0)
+    engine = 0
     for path in paths:
         text = path.read_text(errors="replace")
-        if UPKEEP in text or (SHM_THREAD in text and not shm_case):
+        shm_thread = any(marker in text for marker in SHM_THREADS)
+        if UPKEEP in text or (shm_thread and not shm_case):
             continue
         for function, cost in exclusive(path).items():
             layers[layer_of(function)] += cost
-        if SHM_THREAD in text:
+        if ORT_LIBRARY in text:
+            engine += engine_calls(path)
+        if shm_thread:
             layers["transport"] -= inclusive(path, DEAD_NODES)
-    return sum(layers.values()), layers
+    return sum(layers.values()), layers, engine
 
 
 class Clients:
@@ -286,10 +311,11 @@ def measure(binary, label, requests, warmup):
                 control(server.pid, "-d")
                 time.sleep(1)
                 paths = sorted(out.glob(f"callgrind.out.{dump}-*"))
-                total, layers = count(paths, shm_case=name.startswith("shm")
-                                      or name == "shared memory")
+                total, layers, engine = count(paths, shm_case=name.startswith("shm")
+                                              or name == "shared memory")
                 results[name] = (kind, total / requests,
-                                 {k: v / requests for k, v in layers.items()})
+                                 {k: v / requests for k, v in layers.items()},
+                                 engine / requests)
                 print(f"{label}: {name}: {total / requests:,.0f} instructions per request",
                       file=sys.stderr, flush=True)
             control(server.pid, "-i", "off")
@@ -301,20 +327,19 @@ def table(results):
     """The front ends' counts against their floors."""
     lines = ["| front end | instructions / request | transport floor | engine | overhead "
              "above the floors |", "| --- | ---: | ---: | ---: | ---: |"]
-    for name, (kind, total, layers) in results.items():
+    for name, (kind, total, _, engine) in results.items():
         if kind == "floor":
             continue
         floor = results[kind][1]
-        engine = layers["engine"]
         lines.append(f"| {name} | {total:,.0f} | {floor:,.0f} ({kind}) | {engine:,.0f} "
                      f"| {total - floor - engine:,.0f} |")
     lines += ["", "| floor | instructions / request |", "| --- | ---: |"]
-    for name, (kind, total, _) in results.items():
+    for name, (kind, total, *_) in results.items():
         if kind == "floor":
             lines.append(f"| {name} | {total:,.0f} |")
     lines += ["", "| case | " + " | ".join(ORDER) + " |",
               "| --- |" + " ---: |" * len(ORDER)]
-    for name, (_, _, layers) in results.items():
+    for name, (_, _, layers, _) in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{layers[k]:,.0f}" for k in ORDER) + " |")
     return "\n".join(lines)
 

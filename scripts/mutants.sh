@@ -12,6 +12,7 @@
 # MINUTES (default 60) bounds the run; FILEs default to the request path below.
 # MUTANTS_TEST_ARGS go to `cargo test` (`--lib`: the unit tests only, for the
 # server crate, whose integration tests need the Python side the copy lacks).
+# MUTANTS_ARGS go to cargo-mutants itself (`--re`/`--exclude-re` to pick lines).
 # Results: target/mutants/mutants.out/{caught,missed,timeout,unviable}.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,10 +48,11 @@ args=()
 for f in "${files[@]}"; do args+=(--file "$f"); done
 status=0
 read -r -a test_args <<< "${MUTANTS_TEST_ARGS:-}"
+read -r -a mutants_args <<< "${MUTANTS_ARGS:-}"
 extra=()
 if [ ${#test_args[@]} -gt 0 ]; then extra=(-- "${test_args[@]}"); fi
 timeout "${minutes}m" cargo mutants --no-shuffle --cap-lints true \
-    --output target/mutants "${args[@]}" "${extra[@]}" || status=$?
+    --output target/mutants "${args[@]}" ${mutants_args[@]+"${mutants_args[@]}"} "${extra[@]}" || status=$?
 out=target/mutants/mutants.out
 for outcome in caught missed timeout unviable; do
     printf '%-9s %s\n' "$outcome" "$( (cat "$out/$outcome.txt" 2>/dev/null || true) | wc -l)"
