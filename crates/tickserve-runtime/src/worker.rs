@@ -550,6 +550,28 @@ mod tests {
         assert_eq!(inline_rows(&mut Paced::new(0, true), BUDGET), 0);
     }
 
+    fn fp32(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    fn fp64(values: &[f64]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Floats agree within 1e-3 of the larger magnitude (at least 1e-3),
+    /// in both widths; other types only when equal.
+    #[test]
+    fn rows_agree_within_a_relative_tolerance_for_floats_and_exactly_otherwise() {
+        assert!(close(DataType::Fp32, &fp32(&[1000.0]), &fp32(&[1000.9])));
+        assert!(!close(DataType::Fp32, &fp32(&[1000.0]), &fp32(&[1001.1])));
+        assert!(close(DataType::Fp32, &fp32(&[0.0]), &fp32(&[0.0009])));
+        assert!(!close(DataType::Fp32, &fp32(&[0.0]), &fp32(&[0.0011])));
+        assert!(close(DataType::Fp64, &fp64(&[1.0]), &fp64(&[1.0005])));
+        assert!(!close(DataType::Fp64, &fp64(&[1.0]), &fp64(&[1.0011])));
+        assert!(close(DataType::Int32, &[1, 2, 3, 4], &[1, 2, 3, 4]));
+        assert!(!close(DataType::Int32, &[1, 2, 3, 4], &[1, 2, 3, 5]));
+    }
+
     #[test]
     fn a_zero_budget_runs_nothing_inline() {
         assert_eq!(inline_rows(&mut Paced::new(4, true), Duration::ZERO), 0);

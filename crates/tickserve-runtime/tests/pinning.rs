@@ -1,0 +1,76 @@
+//! `runtime.executor_cpus`: a family's executors are pinned each to one CPU
+//! of the list, in turn, so two executors of a family never share a CPU while
+//! the list has room. Its own test binary: it reads every thread of the
+//! process, and no other test's runtime may add executors meanwhile.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tickserve_core::config::ServerConfig;
+use tickserve_runtime::Runtime;
+
+mod common;
+use common::root;
+
+/// The CPUs thread `tid` of this process may run on
+/// (`Cpus_allowed_list`, ranges and commas).
+fn allowed_cpus(tid: &str) -> BTreeSet<usize> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    let mut cpus = BTreeSet::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => {
+                cpus.insert(part.parse().unwrap());
+            }
+        }
+    }
+    cpus
+}
+
+#[test]
+fn a_familys_executors_are_pinned_to_different_cpus_of_the_list() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("one CPU: nothing to spread executors over");
+        return;
+    }
+    let mut config = ServerConfig::default();
+    config.repository.path = root().join("config/models");
+    config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
+    config.runtime.executor_cpus = vec![0, 1];
+    config.model_defaults.executors = 2;
+    let runtime = Runtime::load(&config).expect("the engine starts (run scripts/setup.sh first)");
+
+    // exec-<family>-<index> -> its CPUs.
+    let mut families: BTreeMap<String, Vec<BTreeSet<usize>>> = BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let tid = task.unwrap().file_name().into_string().unwrap();
+        let Ok(name) = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) else {
+            continue;
+        };
+        let Some(rest) = name.trim().strip_prefix("exec-") else {
+            continue;
+        };
+        let (family, _index) = rest.rsplit_once('-').unwrap();
+        families
+            .entry(family.to_string())
+            .or_default()
+            .push(allowed_cpus(&tid));
+    }
+    assert!(!families.is_empty(), "no executor threads found");
+    for (family, threads) in &families {
+        assert_eq!(threads.len(), 2, "family {family}: {threads:?}");
+        for cpus in threads {
+            assert_eq!(cpus.len(), 1, "family {family}: pinned to one CPU each: {threads:?}");
+        }
+        assert_ne!(threads[0], threads[1], "family {family}: its executors share a CPU");
+    }
+    drop(runtime);
+}
