@@ -22,8 +22,8 @@ v2 HTTP JSON and binary (tritonclient), TF Serving REST (`:predict`, JSON) and g
     for a model the server does not have (an error answer on the stream);
   - `shm stale handle`: the shared-memory request's bytes with a handle the server does
     not know: the iceoryx2 round trip of the same bytes and an error answer;
-  - the engine: ONNX Runtime's own instructions in each case's run (the `engine` layer
-    below, measured in the case itself).
+  - the engine: every call into ONNX Runtime in the case itself, inclusive of what
+    the library does inside it (its own allocations and copies included).
 A front end's overhead is its count less its transport floor and its engine
 instructions: what tickserve's own code costs on top of moving the bytes and running
 the model.

@@ -23,6 +23,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use ort::AsPointer;
 use ort::environment::Environment;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::builder::GraphOptimizationLevel;
@@ -472,12 +473,7 @@ impl CompiledModel for OrtModel {
             .get(&member)
             .and_then(|b| b.get(bucket))
             .ok_or_else(|| EngineError::Internal(format!("member {member} is not loaded")))?;
-        // The outputs land in the bound tensors; the returned handles are dropped here.
-        self.sessions[bucket]
-            .session
-            .run_binding(binding)
-            .map(drop)
-            .map_err(|e| classify("run", &e))
+        run_bound(&mut self.sessions[bucket].session, binding).map_err(|e| classify("run", &e))
     }
 
     fn output(&self, bucket: usize, output: usize) -> &[u8] {
@@ -506,6 +502,24 @@ impl CompiledModel for OrtModel {
 
     fn remove_member(&mut self, member: MemberId) {
         self.members.remove(&member);
+    }
+}
+
+/// Runs `session` on `binding`'s tensors. The outputs land in the tensors
+/// bound at compile, so nothing is asked back: `Session::run_binding` would
+/// fetch every bound output anew (an allocation, a handle per output, a list)
+/// only for the caller to drop them.
+fn run_bound(session: &mut Session, binding: &IoBinding) -> Result<(), ort::Error> {
+    // SAFETY: both pointers come from live safe wrappers that outlive the
+    // call; `&mut Session` keeps anyone else from running the session
+    // meanwhile (`RunWithBinding` is not thread safe: `run_binding` takes
+    // `&mut Session` too); a null `OrtRunOptions` means the defaults.
+    unsafe {
+        ort::Error::result_from_status((ort::api().RunWithBinding)(
+            session.ptr_mut(),
+            std::ptr::null(),
+            binding.ptr(),
+        ))
     }
 }
 

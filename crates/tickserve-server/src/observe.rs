@@ -1,7 +1,8 @@
 //! Metrics plumbing for the server: the process-wide Prometheus recorder and
 //! the per-request metrics the front ends record.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -144,9 +145,73 @@ impl Protocol {
     }
 }
 
+/// The number of [`Protocol`]s.
+const PROTOCOLS: usize = 6;
+
+impl Protocol {
+    /// This protocol's place in a `[_; PROTOCOLS]`.
+    const fn index(self) -> usize {
+        match self {
+            Protocol::Http => 0,
+            Protocol::Grpc => 1,
+            Protocol::GrpcStream => 2,
+            Protocol::Shm => 3,
+            Protocol::TfServingRest => 4,
+            Protocol::TfServingGrpc => 5,
+        }
+    }
+}
+
+/// The metrics of a model's successful requests over one protocol.
+struct Answered {
+    requests: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+/// Each model label's [`Answered`] handles, by protocol.
+type AnsweredHandles = HashMap<String, [Option<Arc<Answered>>; PROTOCOLS]>;
+
+/// Registered once per model label and protocol, then reused: registering a
+/// metric (its key built, its labels copied, the registry searched) costs
+/// more than everything else a request records. Bounded like the labels:
+/// names of models in the repository.
+static ANSWERED: OnceLock<RwLock<AnsweredHandles>> = OnceLock::new();
+
+/// `model`'s handles over `protocol`, registered on first use; `None` before
+/// the recorder is installed (a handle taken then would record nowhere).
+fn answered(protocol: Protocol, model: &str) -> Option<Arc<Answered>> {
+    PROMETHEUS.get()?;
+    let table = ANSWERED.get_or_init(Default::default);
+    let slot = protocol.index();
+    if let Some(found) = table
+        .read()
+        .ok()
+        .and_then(|t| t.get(model).and_then(|by| by[slot].clone()))
+    {
+        return Some(found);
+    }
+    let mut table = table.write().ok()?;
+    let by = table.entry(model.to_string()).or_default();
+    Some(Arc::clone(by[slot].get_or_insert_with(|| {
+        Arc::new(Answered {
+            requests: metrics::counter!(names::REQUESTS, "model" => model.to_string(),
+                "protocol" => protocol.label(), "code" => "ok"),
+            duration: metrics::histogram!(names::REQUEST_DURATION,
+                "model" => model.to_string(), "protocol" => protocol.label()),
+        })
+    })))
+}
+
 /// Records one answered inference request. `model` is the label: only names
 /// of models in the repository, so a client cannot grow the label set.
 pub fn record_request(protocol: Protocol, model: &str, started: Instant, error: Option<&Error>) {
+    if error.is_none()
+        && let Some(handles) = answered(protocol, model)
+    {
+        handles.requests.increment(1);
+        handles.duration.record(started.elapsed().as_secs_f64());
+        return;
+    }
     let code = match error {
         None => "ok",
         Some(e) => e.kind().as_str(),

@@ -22,9 +22,7 @@ use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
 use crate::observe::Protocol;
-use crate::{
-    COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, control,
-};
+use crate::{EXTENSIONS, SERVER_NAME, SERVER_VERSION, control};
 
 use tickserve_proto::inference as pb;
 
@@ -418,19 +416,13 @@ impl GrpcInferenceService for InferenceService {
             .map_err(|e| status(&e))?;
         let timing = answer.response.timing;
         let message = convert::encode(answer.response, answer.encoding);
-        let mut response = Response::new(message);
-        let metadata = response.metadata_mut();
-        // Values that change with every answer stay out of HPACK's table
-        // (see `http::never_indexed`).
-        for (key, micros) in [
-            (QUEUE_TIME_HEADER, timing.queue.as_micros()),
-            (COMPUTE_TIME_HEADER, timing.compute.as_micros()),
-        ] {
-            let mut value = tonic::metadata::MetadataValue::from(micros as u64);
-            value.set_sensitive(true);
-            metadata.insert(key, value);
-        }
-        Ok(response)
+        let mut headers = http::HeaderMap::with_capacity(2);
+        crate::timing_headers(&mut headers, &timing);
+        Ok(Response::from_parts(
+            tonic::metadata::MetadataMap::from_headers(headers),
+            message,
+            tonic::Extensions::default(),
+        ))
     }
 
     type ModelStreamInferStream = stream::AnswerStream;

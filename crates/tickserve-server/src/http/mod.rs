@@ -25,9 +25,7 @@ use crate::edge::status::HttpError;
 use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline, trace};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::Protocol;
-use crate::{
-    COMPUTE_TIME_HEADER, EXTENSIONS, QUEUE_TIME_HEADER, SERVER_NAME, SERVER_VERSION, control,
-};
+use crate::{EXTENSIONS, SERVER_NAME, SERVER_VERSION, control};
 
 /// The most bytes of a repository or sequence-state request's JSON body.
 const SMALL_BODY_BYTES: usize = 64 * 1024;
@@ -174,14 +172,7 @@ pub async fn infer(
     let encoded = codec::encode(&response, &binary);
     let mut reply = Response::new(Body::from(encoded.body));
     let h = reply.headers_mut();
-    h.insert(
-        QUEUE_TIME_HEADER,
-        never_indexed(response.timing.queue.as_micros()),
-    );
-    h.insert(
-        COMPUTE_TIME_HEADER,
-        never_indexed(response.timing.compute.as_micros()),
-    );
+    crate::timing_headers(h, &response.timing);
     match encoded.header_length {
         Some(n) => {
             h.insert(
@@ -241,14 +232,4 @@ pub async fn repository_change(
 ) -> Result<Response, HttpError> {
     control::change(edge, Protocol::Http, operation, model).await?;
     Ok(axum::Json(json!({})).into_response())
-}
-
-/// A header value that changes with every answer (a timing): marked so
-/// HTTP/2's header compression never keeps it in its table, where it would
-/// only push useful entries out and keep each answer's value alive for the
-/// next hundred answers.
-fn never_indexed(micros: u128) -> HeaderValue {
-    let mut value = HeaderValue::from(u64::try_from(micros).unwrap_or(u64::MAX));
-    value.set_sensitive(true);
-    value
 }
