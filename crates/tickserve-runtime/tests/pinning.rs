@@ -68,9 +68,16 @@ fn a_familys_executors_are_pinned_to_different_cpus_of_the_list() {
     for (family, threads) in &families {
         assert_eq!(threads.len(), 2, "family {family}: {threads:?}");
         for cpus in threads {
-            assert_eq!(cpus.len(), 1, "family {family}: pinned to one CPU each: {threads:?}");
+            assert_eq!(
+                cpus.len(),
+                1,
+                "family {family}: pinned to one CPU each: {threads:?}"
+            );
         }
-        assert_ne!(threads[0], threads[1], "family {family}: its executors share a CPU");
+        assert_ne!(
+            threads[0], threads[1],
+            "family {family}: its executors share a CPU"
+        );
     }
     drop(runtime);
 }

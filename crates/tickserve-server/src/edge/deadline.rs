@@ -7,15 +7,20 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 
 /// The request header that sets a deadline on an HTTP inference request, as a
 /// duration (`2ms`, `250us`); with the `timeout` parameter too, the earlier wins.
 pub const TIMEOUT_HEADER: &str = "tickserve-timeout";
 
+/// [`TIMEOUT_HEADER`] and `grpc-timeout`, parsed once (a lookup by `&str`
+/// parses the name every time).
+static TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
+static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
 /// The deadline an HTTP request's [`TIMEOUT_HEADER`] sets, if it has one.
 pub fn http_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
-    let Some(v) = headers.get(TIMEOUT_HEADER) else {
+    let Some(v) = headers.get(&TIMEOUT) else {
         return Ok(None);
     };
     v.to_str()
@@ -31,7 +36,7 @@ pub fn http_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
 
 /// A gRPC request's `grpc-timeout`, if it has one.
 pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Result<Option<Duration>, String> {
-    match metadata.get("grpc-timeout") {
+    match metadata.as_ref().get(&GRPC_TIMEOUT) {
         None => Ok(None),
         Some(v) => v
             .to_str()

@@ -190,7 +190,10 @@ impl Edge {
         call: Call<'_>,
         payload: P,
     ) -> Result<Answer<P::Encoding>, Error> {
-        self.admit_request(call, payload).await?.run().await
+        // Boxed: each is several kilobytes of state, which every future
+        // holding it inline would copy again as it moves.
+        let admitted = Box::pin(self.admit_request(call, payload)).await?;
+        Box::pin(admitted.run()).await
     }
 
     /// Admits, looks up, decodes and prepares one request; a refusal is

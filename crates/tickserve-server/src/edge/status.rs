@@ -189,18 +189,22 @@ impl Refusal {
 /// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
 pub fn grpc_oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
-    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
-    if headers
-        .get("grpc-status")
-        .is_some_and(|v| v.as_bytes() == out_of_range.as_bytes())
-    {
-        let invalid = (tonic::Code::InvalidArgument as i32).to_string();
-        if let Ok(value) = http::HeaderValue::from_str(&invalid) {
-            headers.insert("grpc-status", value);
-        }
+    let out_of_range = headers
+        .get(&GRPC_STATUS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        == Some(tonic::Code::OutOfRange as i32);
+    if out_of_range {
+        headers.insert(
+            GRPC_STATUS.clone(),
+            HeaderValue::from(tonic::Code::InvalidArgument as i32),
+        );
     }
     response
 }
+
+/// `grpc-status`, parsed once: every gRPC answer is looked at.
+static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
 #[cfg(test)]
 mod tests {

@@ -3,25 +3,25 @@
 //! (`00-` 32 hex digits `-` 16 hex digits `-` 2 hex digits, 55 bytes):
 //! a client's other bytes never reach a record.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 
 /// The header (and gRPC metadata key) W3C Trace Context names.
 pub const TRACEPARENT: &str = "traceparent";
 
+/// [`TRACEPARENT`], parsed once.
+static NAME: HeaderName = HeaderName::from_static(TRACEPARENT);
+
 /// An HTTP request's `traceparent`, if well formed.
 pub fn http(headers: &HeaderMap) -> Option<String> {
     headers
-        .get(TRACEPARENT)
+        .get(&NAME)
         .and_then(|v| v.to_str().ok())
         .and_then(well_formed)
 }
 
 /// A gRPC request's `traceparent`, if well formed.
 pub fn grpc(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
-    metadata
-        .get(TRACEPARENT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(well_formed)
+    http(metadata.as_ref())
 }
 
 /// `value` if it is a traceparent of version `00`'s form.

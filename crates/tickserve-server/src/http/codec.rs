@@ -25,6 +25,11 @@ use crate::scalar::{Scalar, push_scalar};
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
+/// [`HEADER_LENGTH`], parsed once (a lookup by `&str` parses the name every
+/// time).
+pub static HEADER_LENGTH_NAME: axum::http::HeaderName =
+    axum::http::HeaderName::from_static(HEADER_LENGTH);
+
 pub use crate::edge::MAX_TENSORS;
 /// The most dimensions one input's shape may have.
 pub const MAX_RANK: usize = 32;

@@ -161,7 +161,7 @@ pub async fn infer(
     };
     let payload = JsonBody {
         body,
-        header_length: headers.get(codec::HEADER_LENGTH).cloned(),
+        header_length: headers.get(&codec::HEADER_LENGTH_NAME).cloned(),
     };
     let answer = match edge.infer(call, payload).await {
         Ok(answer) => answer,
@@ -179,7 +179,7 @@ pub async fn infer(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             );
-            h.insert(codec::HEADER_LENGTH, HeaderValue::from(n));
+            h.insert(codec::HEADER_LENGTH_NAME.clone(), HeaderValue::from(n));
         }
         None => {
             h.insert(

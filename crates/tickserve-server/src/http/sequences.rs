@@ -173,7 +173,7 @@ pub async fn write(
     let declared = body::declared_length(headers);
     let body = body::read(&handle.name, body, shared.max_request_bytes, declared).await?;
     let header_length = headers
-        .get(codec::HEADER_LENGTH)
+        .get(&codec::HEADER_LENGTH_NAME)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.parse::<usize>().ok());
     let spec = sequences.spec();
