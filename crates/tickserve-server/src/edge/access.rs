@@ -308,6 +308,31 @@ mod tests {
         assert_eq!(with(""), Err(KeyRefusal::WrongKey));
     }
 
+    /// Each group's refusal names the header of that group's guard, not
+    /// another's.
+    #[test]
+    fn a_missing_key_is_refused_naming_its_own_groups_header() {
+        let config = SecurityConfig {
+            restricted: vec![
+                Restriction::parse_triton("inference:Infer-Key=a", FrontEnd::Http).unwrap(),
+                Restriction::parse_triton("health:Health-Key=b", FrontEnd::Http).unwrap(),
+            ],
+            ..Default::default()
+        };
+        let access = Access::new(&config, FrontEnd::Http).unwrap();
+        for (group, named) in [
+            (EndpointGroup::Inference, "infer-key"),
+            (EndpointGroup::Health, "health-key"),
+        ] {
+            match access.admit(group, &HeaderMap::new()) {
+                Err(status::Refusal::MissingKey { header, .. }) => {
+                    assert_eq!(header, named, "{group:?}")
+                }
+                other => panic!("{group:?}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn keys_are_compared_as_fixed_length_digests() {
         assert_eq!(digest_of(b"s3cret"), digest_of(b"s3cret"));
