@@ -919,6 +919,90 @@ mod tests {
         );
     }
 
+    fn typed(datatype: DataType) -> Signature {
+        Signature {
+            inputs: vec![spec("x", datatype, vec![])],
+            outputs: vec![spec("y", DataType::Fp32, vec![])],
+        }
+    }
+
+    fn refusal(signature: &Signature, body: &str) -> String {
+        decode("m", signature, body.as_bytes())
+            .map(|p| format!("decoded: {:?}", p.inputs[0].data))
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    /// Each refusal of the tensor reader says what it expected and where.
+    #[test]
+    fn tensor_refusals_name_what_and_where() {
+        let s = one_input();
+        for (body, expected) in [
+            (r#"{"instances": 5}"#, "expected a list of instances"),
+            (r#"{"inputs": [1, 2, "x"]}"#, "\"x\" at element 2"),
+            (r#"{"inputs": [1, null]}"#, "null at element 1"),
+            (
+                r#"{"inputs": [[1, 2], [3, [4]]]}"#,
+                "nested to different depths",
+            ),
+        ] {
+            let e = refusal(&s, body);
+            assert!(e.contains(expected), "{body}: {e}");
+        }
+        let deep = format!(
+            r#"{{"inputs": {}1{}}}"#,
+            "[".repeat(MAX_RANK + 2),
+            "]".repeat(MAX_RANK + 2)
+        );
+        let e = refusal(&s, &deep);
+        assert!(
+            e.contains(&format!("nested more than {MAX_RANK} deep")),
+            "{e}"
+        );
+        let e = refusal(
+            &two_inputs(),
+            r#"{"instances": [{"signal": [1, 2, 3]}, 5]}"#,
+        );
+        assert!(
+            e.contains("instance 1 must be an object") && e.contains("expected an object"),
+            "{e}"
+        );
+        let e = refusal(
+            &two_inputs(),
+            r#"{"instances": [{"signal": [1, 2, 3]}, {"signal": [1, 2, 3], "sensor": [[1, 2], [3, 4]]}]}"#,
+        );
+        assert!(
+            e.contains("instance 1 names input 'sensor', which instance 0 does not"),
+            "{e}"
+        );
+    }
+
+    /// Booleans, negative integers and non-finite tokens reach their
+    /// tensors; a non-finite token is a float and nothing else.
+    #[test]
+    fn every_json_scalar_kind_is_read_into_its_datatype() {
+        assert_eq!(
+            refusal(&typed(DataType::Bool), r#"{"inputs": [true, false, true]}"#),
+            "decoded: b\"\\x01\\0\\x01\""
+        );
+        let p = decode("m", &typed(DataType::Int64), br#"{"inputs": [-1, -2]}"#).unwrap();
+        let ints: Vec<i64> = p.inputs[0]
+            .data
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(ints, vec![-1, -2]);
+        let p = decode(
+            "m",
+            &typed(DataType::Fp32),
+            br#"{"inputs": [NaN, -Infinity]}"#,
+        )
+        .unwrap();
+        let x = floats(&p.inputs[0]);
+        assert!(x[0].is_nan() && x[1] == f32::NEG_INFINITY, "{x:?}");
+        let e = refusal(&typed(DataType::Int64), r#"{"inputs": [1, NaN]}"#);
+        assert!(e.contains("NaN at element 1"), "{e}");
+    }
+
     /// Bare `NaN` / `Infinity` are quoted for serde_json, but never inside a
     /// string, whatever escapes the string holds: `\"` does not end it, and
     /// `\\` before a quote does not hide the quote that ends it.
