@@ -17,7 +17,10 @@ Cases: v2 gRPC unary (tritonclient), v2 gRPC stream (one ModelStreamInfer stream
 v2 HTTP JSON and binary (tritonclient), TF Serving REST (`:predict`, JSON) and gRPC
 (`Predict`), shared memory (tickserve_client). Floors, in the same run:
   - `grpc ServerLive`: an empty unary RPC on the same port, stack and middleware;
-  - `http GET /v2/health/live`: an empty HTTP request on the same port and stack;
+  - `http GET /v2/health/live`: an empty HTTP request on the same port and stack, on
+    tritonclient's kept-alive connection as the v2 HTTP cases;
+  - `http GET /v2/health/live, a connection each`: the same from urllib, which opens a
+    connection per request as the TF Serving REST case does;
   - `grpc stream, unknown model`: the same message on an open ModelStreamInfer stream,
     for a model the server does not have (an error answer on the stream);
   - `shm stale handle`: the shared-memory request's bytes with a handle the server does
@@ -71,6 +74,9 @@ UPKEEP = "PrometheusHandle::run_upkeep"
 SHM_THREADS = ("tickserve_server::shm::serve", "tickserve_server::shm::supervise")
 DEAD_NODES = "cleanup_dead_nodes"
 ORT_LIBRARY = "libonnxruntime"
+# Each measured case's thread files, and the requests counted, by run label.
+DUMPS = {}
+REQUESTS = {}
 
 # (layer, patterns): the first layer whose pattern a function's "file:symbol" holds.
 LAYERS = [
@@ -153,6 +159,103 @@ def engine_calls(path):
         elif caller_outside and ORT_LIBRARY in line:
             total += int(m.group(1).replace(",", ""))
     return total
+
+
+def counted(path, case):
+    """Whether `path` (one thread's file) counts for `case` (see `count`)."""
+    text = path.read_text(errors="replace")
+    shm_thread = any(marker in text for marker in SHM_THREADS)
+    shm_case = case.startswith("shm") or case == "shared memory"
+    return not (UPKEEP in text or (shm_thread and not shm_case))
+
+
+def inclusive_sum(paths, patterns):
+    """{pattern: the instructions of the function whose line holds it, inclusive,
+    summed over `paths` (a request's work may be spread over several threads)}."""
+    sums = dict.fromkeys(patterns, 0)
+    for path in paths:
+        text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--auto=no",
+                               "--threshold=100", str(path)],
+                              capture_output=True, text=True, check=True).stdout
+        here = dict.fromkeys(patterns, 0)
+        for line in text.splitlines():
+            m = re.match(r"\s*([\d,]+) \(", line)
+            if not m:
+                continue
+            for pattern in patterns:
+                if pattern in line:
+                    here[pattern] = max(here[pattern], int(m.group(1).replace(",", "")))
+        for pattern in patterns:
+            sums[pattern] += here[pattern]
+    return sums
+
+
+# Where a front end's overhead goes: (part, [(sign, pattern, in the case or its floor)]).
+# A part is the inclusive count of the functions named, less the same in the floor
+# where the floor runs them too; `engine` is ONNX Runtime's calls.
+PARTS = {
+    "v2 gRPC unary": [
+        ("request decoding: `BoundedDecoder::decode` (the limits walk, then prost)",
+         [(1, "BoundedDecoder<U> as tonic::codec::Decoder>::decode", "case"),
+          (-1, "BoundedDecoder<U> as tonic::codec::Decoder>::decode", "floor")]),
+        ("answer encoding: tonic's `EncodeBody` (prost, the gRPC frame)",
+         [(1, "EncodeBody<T,U> as http_body::Body>::poll_frame", "case"),
+          (-1, "EncodeBody<T,U> as http_body::Body>::poll_frame", "floor")]),
+        ("timing headers: `timing_headers`, tonic's `into_sanitized_headers`, HPACK's "
+         "`Encoder::encode`",
+         [(1, "tickserve_server::timing_headers", "case"),
+          (1, "into_sanitized_headers", "case"), (-1, "into_sanitized_headers", "floor"),
+          (1, "hpack::encoder::Encoder::encode", "case"),
+          (-1, "hpack::encoder::Encoder::encode", "floor")]),
+        ("edge, before the run: `Edge::admit_request` (lookup, admission, the core's "
+         "request, validation)", [(1, "admit_request::{{closure}}", "case")]),
+        ("runtime: `ModelHandle::run` less ONNX Runtime's calls (run at once, copies in "
+         "and out, statistics)", [(1, "ModelHandle::run::{{closure}}", "case"), (-1, "engine", "case")]),
+        ("edge, after the run: `Admitted::run_kept` less `ModelHandle::run` (metrics, "
+         "the answer)", [(1, "run_kept::{{closure}}", "case"),
+                         (-1, "ModelHandle::run::{{closure}}", "case")]),
+        ("the gRPC handler: `model_infer` less the three above and the timing headers "
+         "(deadline and trace lookups, `convert::encode`, boxing the edge's futures)",
+         [(1, "grpc/mod.rs:<tickserve_server::grpc::InferenceService as tickserve_proto::"
+              "inference::grpc_inference_service_server::GrpcInferenceService>::model_infer"
+              "::{{closure}}", "case"),
+          (-1, "admit_request::{{closure}}", "case"), (-1, "run_kept::{{closure}}", "case"),
+          (-1, "tickserve_server::timing_headers", "case")]),
+    ],
+    "v2 HTTP binary": [
+        ("request decoding: `JsonBody::decode` (the JSON header with serde_json, the "
+         "binary split)", [(1, "JsonBody as tickserve_server::edge::infer::Payload>::decode",
+                            "case")]),
+        ("answer encoding: `http::codec::encode` (the JSON header, binary outputs)",
+         [(1, "tickserve_server::http::codec::encode", "case")]),
+        ("reading the body: `body::read_request` (its limits)",
+         [(1, "body::read_request::{{closure}}", "case")]),
+        ("timing headers: `timing_headers`", [(1, "tickserve_server::timing_headers", "case")]),
+        ("runtime: `ModelHandle::run` less ONNX Runtime's calls",
+         [(1, "ModelHandle::run::{{closure}}", "case"), (-1, "engine", "case")]),
+    ],
+}
+
+
+def parts(label, results, case):
+    """The parts table of `case` (see PARTS), the rest in the last row."""
+    kind, total, _, engine = results[case]
+    floor = results[kind][1]
+    named = {pattern for _, terms in PARTS[case] for _, pattern, _ in terms} - {"engine"}
+    got = {"case": inclusive_sum(DUMPS[(label, case)], named),
+           "floor": inclusive_sum(DUMPS[(label, kind)], named)}
+    requests = {"case": REQUESTS[label], "floor": REQUESTS[label]}
+    lines = [f"| {case}: part | instructions / request |", "| --- | ---: |"]
+    left = total - floor - engine
+    for name, terms in PARTS[case]:
+        value = sum(sign * (engine if pattern == "engine" else got[where][pattern] / requests[where])
+                    for sign, pattern, where in terms)
+        left -= value
+        lines.append(f"| {name} | {value:,.0f} |")
+    lines.append(f"| the rest: the edge and handler not named above, and the transport's and "
+                 f"allocator's work for a larger request and answer than the floor's | {left:,.0f} |")
+    lines.append(f"| **overhead above the floors** | **{total - floor - engine:,.0f}** |")
+    return "\n".join(lines)
 
 
 def count(paths, shm_case):
@@ -248,7 +351,8 @@ class Clients:
 
         return [
             ("grpc ServerLive", "floor", lambda: self.grpc.is_server_live()),
-            ("http GET /v2/health/live", "floor", live),
+            ("http GET /v2/health/live", "floor", lambda: self.http.is_server_live()),
+            ("http GET /v2/health/live, a connection each", "floor", live),
             ("grpc stream, unknown model", "floor", lambda: stream("no_such_model")),
             ("shm stale handle", "floor", stale),
             ("v2 gRPC unary", "grpc ServerLive",
@@ -258,7 +362,7 @@ class Clients:
              lambda: self.http.infer("alpha_mlp", [v2_input(self.thttp, binary=False)])),
             ("v2 HTTP binary", "http GET /v2/health/live",
              lambda: self.http.infer("alpha_mlp", [v2_input(self.thttp)])),
-            ("TF Serving REST", "http GET /v2/health/live", tfs_rest),
+            ("TF Serving REST", "http GET /v2/health/live, a connection each", tfs_rest),
             ("TF Serving gRPC", "grpc ServerLive",
              lambda: self.tf.Predict(self.tf_request, timeout=60)),
             ("shared memory", "shm stale handle",
@@ -280,6 +384,7 @@ def measure(binary, label, requests, warmup):
     for old in out.glob("callgrind.*"):
         old.unlink()
     results = {}
+    REQUESTS[label] = requests
     with tempfile.TemporaryDirectory() as work:
         work = pathlib.Path(work)
         service = f"tickserve-instructions-{os.getpid()}"
@@ -319,6 +424,7 @@ def measure(binary, label, requests, warmup):
                 results[name] = (kind, total / requests,
                                  {k: v / requests for k, v in layers.items()},
                                  engine / requests)
+                DUMPS[(label, name)] = [p for p in paths if counted(p, name)]
                 print(f"{label}: {name}: {total / requests:,.0f} instructions per request",
                       file=sys.stderr, flush=True)
             control(server.pid, "-i", "off")
@@ -360,6 +466,9 @@ def main():
     if not args.old:
         results = measure(args.binary, "run", args.requests, args.warmup)
         print(table(results))
+        for case in PARTS:
+            print()
+            print(parts("run", results, case))
         (OUT / "run" / "results.json").write_text(json.dumps(results, indent=1))
         return
     old = measure(args.old, "old", args.requests, args.warmup)
@@ -373,6 +482,9 @@ def main():
     print(table(old))
     print("\nnew:\n")
     print(table(new))
+    for case in PARTS:
+        print()
+        print(parts("new", new, case))
 
 
 if __name__ == "__main__":
