@@ -172,13 +172,24 @@ pub struct Admitted<E> {
 /// What the request's metrics are recorded under.
 struct Record {
     protocol: Protocol,
-    label: String,
+    label: Label,
     started: Instant,
+}
+
+/// The `model` label: the model's name, or what stands for a model the
+/// server does not have.
+enum Label {
+    Model(Arc<ModelHandle>),
+    Other(String),
 }
 
 impl Record {
     fn outcome(&self, error: Option<&Error>) {
-        observe::record_request(self.protocol, &self.label, self.started, error);
+        let label = match &self.label {
+            Label::Model(handle) => handle.name.as_str(),
+            Label::Other(label) => label.as_str(),
+        };
+        observe::record_request(self.protocol, label, self.started, error);
     }
 }
 
@@ -213,8 +224,8 @@ impl Edge {
         let record = Record {
             protocol: call.protocol,
             label: match &handle {
-                Ok(h) => h.name.clone(),
-                Err(_) => self.runtime.model_label(call.model),
+                Ok(h) => Label::Model(Arc::clone(h)),
+                Err(_) => Label::Other(self.runtime.model_label(call.model)),
             },
             started: call.started,
         };

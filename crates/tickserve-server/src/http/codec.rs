@@ -8,9 +8,10 @@
 //! `parameters.binary_data_size` is set take their bytes from after the JSON
 //! header, in order; outputs asked for with `binary_data` come back that way.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -58,7 +59,8 @@ struct InputJson<'a> {
     name: String,
     #[serde(deserialize_with = "shape")]
     shape: Vec<i64>,
-    datatype: String,
+    #[serde(borrow)]
+    datatype: Cow<'a, str>,
     #[serde(default, borrow)]
     parameters: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -121,8 +123,42 @@ fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
     at_most(d, MAX_RANK, "dimensions in a shape")
 }
 
+/// A `parameters` object's entries in the order they came: values parsed,
+/// names borrowed from the body where they hold no escapes. A request has a
+/// few, so a lookup searches them; the last of a repeated name wins, as in a
+/// JSON object read into a map.
+struct Entries<'a>(Vec<(Cow<'a, str>, Value)>);
+
+impl Entries<'_> {
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value)
+    }
+}
+
+/// A name borrowed from the body unless it holds escapes.
+#[derive(Deserialize)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
+
 /// A `parameters` object, parsed only when it is small.
-fn parameters(raw: Option<&RawValue>) -> Result<Option<Map<String, Value>>, String> {
+fn parameters(raw: Option<&RawValue>) -> Result<Option<Entries<'_>>, String> {
+    struct Object;
+    impl<'de> Visitor<'de> for Object {
+        type Value = Entries<'de>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+            let mut entries = Vec::new();
+            while let Some((Name(key), value)) = map.next_entry::<Name<'de>, Value>()? {
+                entries.push((key, value));
+            }
+            Ok(Entries(entries))
+        }
+    }
     let Some(raw) = raw else {
         return Ok(None);
     };
@@ -133,7 +169,9 @@ fn parameters(raw: Option<&RawValue>) -> Result<Option<Map<String, Value>>, Stri
             text.len()
         ));
     }
-    serde_json::from_str(text)
+    let mut json = serde_json::Deserializer::from_str(text);
+    json.deserialize_map(Object)
+        .and_then(|entries| json.end().map(|()| entries))
         .map(Some)
         .map_err(|e| format!("parameters must be a JSON object: {e}"))
 }
@@ -209,7 +247,7 @@ pub fn decode(
         let binary_size = params::byte_count(
             model,
             params::BINARY_DATA_SIZE,
-            get(input_parameters.as_ref(), params::BINARY_DATA_SIZE),
+            entry(input_parameters.as_ref(), params::BINARY_DATA_SIZE),
         )?;
         let data = match (binary_size, input.data) {
             (Some(size), None) => {
@@ -265,7 +303,7 @@ pub fn decode(
     let binary_default = params::flag(
         model,
         params::BINARY_DATA_OUTPUT,
-        get(request_parameters, params::BINARY_DATA_OUTPUT),
+        entry(request_parameters, params::BINARY_DATA_OUTPUT),
     )?
     .unwrap_or(false);
     let (outputs, binary_outputs) = match parsed.outputs {
@@ -280,7 +318,7 @@ pub fn decode(
                     params::flag(
                         model,
                         params::BINARY_DATA,
-                        get(output_parameters.as_ref(), params::BINARY_DATA),
+                        entry(output_parameters.as_ref(), params::BINARY_DATA),
                     )?
                     .unwrap_or(binary_default),
                 );
@@ -289,7 +327,7 @@ pub fn decode(
             (Some(names), Some(flags))
         }
     };
-    let parameters = Parameters::read(model, |name| get(request_parameters, name))?;
+    let parameters = Parameters::read(model, |name| entry(request_parameters, name))?;
     Ok(Decoded {
         id: parsed.id.unwrap_or_default(),
         inputs,
@@ -305,6 +343,11 @@ pub fn decode(
 /// The parameter `name` of a JSON `parameters` object, as the parameter
 /// reader takes it.
 pub fn get<'a>(parameters: Option<&'a Map<String, Value>>, name: &str) -> Option<Param<'a>> {
+    parameters?.get(name).map(param)
+}
+
+/// [`get`] for an inference request's [`Entries`].
+fn entry<'a>(parameters: Option<&'a Entries<'_>>, name: &str) -> Option<Param<'a>> {
     parameters?.get(name).map(param)
 }
 
@@ -607,6 +650,28 @@ mod tests {
         let b = decode("m", &bytes::Bytes::from_static(nested), None, &no_type()).unwrap();
         assert_eq!(a.inputs[0].data, b.inputs[0].data);
         assert_eq!(&a.inputs[0].data[4..8], &2f32.to_le_bytes());
+    }
+
+    /// A `parameters` object read as entries: escaped names read, the last
+    /// of a repeated name wins, anything but an object is refused.
+    #[test]
+    fn parameters_read_as_a_json_object_would_be() {
+        let raw = |text: &str| serde_json::from_str::<Box<RawValue>>(text).unwrap();
+        let object = raw(r#"{"a": 1, "b\u0021": "x", "a": true}"#);
+        let entries = parameters(Some(&object)).unwrap().unwrap();
+        assert!(matches!(
+            entry(Some(&entries), "a"),
+            Some(Param::Bool(true))
+        ));
+        assert!(matches!(entry(Some(&entries), "b!"), Some(Param::Str("x"))));
+        assert!(entry(Some(&entries), "c").is_none());
+        for other in ["5", "[1]", "null", r#""s""#] {
+            let e = parameters(Some(&raw(other))).err().unwrap();
+            assert!(
+                e.starts_with("parameters must be a JSON object: invalid type"),
+                "{other}: {e}"
+            );
+        }
     }
 
     #[test]
