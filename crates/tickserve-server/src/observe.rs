@@ -143,12 +143,7 @@ impl Protocol {
             Protocol::TfServingGrpc => "tfs_grpc",
         }
     }
-}
 
-/// The number of [`Protocol`]s.
-const PROTOCOLS: usize = 6;
-
-impl Protocol {
     /// This protocol's place in a `[_; PROTOCOLS]`.
     const fn index(self) -> usize {
         match self {
@@ -161,6 +156,9 @@ impl Protocol {
         }
     }
 }
+
+/// The number of [`Protocol`]s.
+const PROTOCOLS: usize = 6;
 
 /// The metrics of a model's successful requests over one protocol.
 struct Answered {
