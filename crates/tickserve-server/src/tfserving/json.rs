@@ -1102,6 +1102,35 @@ mod tests {
     }
 
     #[test]
+    fn fp64_outputs_and_float_refusals_are_written_as_json_numbers() {
+        let response = InferResponse {
+            model: "m".into(),
+            version: "1".into(),
+            id: String::new(),
+            outputs: vec![OutputTensor {
+                name: "y".into(),
+                datatype: DataType::Fp64,
+                shape: vec![3],
+                data: [1.5f64, f64::NAN, f64::NEG_INFINITY]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            }],
+            timing: Default::default(),
+            sequence_restarted: false,
+            bucket: 1,
+            state_read: Vec::new(),
+            window_ticks: None,
+        };
+        assert_eq!(
+            String::from_utf8(encode(&response, Format::Column)).unwrap(),
+            r#"{"outputs":[1.5,NaN,-Infinity]}"#
+        );
+        let e = refusal(&typed(DataType::Int64), r#"{"inputs": [1, 2.5]}"#);
+        assert!(e.contains("2.5 at element 1"), "{e}");
+    }
+
+    #[test]
     fn several_outputs_are_objects() {
         let response = InferResponse {
             model: "m".into(),
