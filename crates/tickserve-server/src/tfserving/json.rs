@@ -833,6 +833,21 @@ mod tests {
         }
     }
 
+    /// An answer of model `m` version 1 with `outputs`.
+    fn answer(outputs: Vec<OutputTensor>) -> InferResponse {
+        InferResponse {
+            model: "m".into(),
+            version: "1".into(),
+            id: String::new(),
+            outputs,
+            timing: Default::default(),
+            sequence_restarted: false,
+            bucket: 1,
+            state_read: Vec::new(),
+            window_ticks: None,
+        }
+    }
+
     fn floats(t: &InputTensor) -> Vec<f32> {
         t.data
             .chunks_exact(4)
@@ -1072,25 +1087,15 @@ mod tests {
         .unwrap();
         let v = floats(&p.inputs[0]);
         assert!(v[0].is_nan() && v[1] == f32::INFINITY && v[2] == f32::NEG_INFINITY && v[3] == 1.5);
-        let response = InferResponse {
-            model: "m".into(),
-            version: "1".into(),
-            id: String::new(),
-            outputs: vec![OutputTensor {
-                name: "y:0".into(),
-                datatype: DataType::Fp32,
-                shape: vec![4],
-                data: [f32::NAN, f32::NEG_INFINITY, 0.1, 3.0]
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            }],
-            timing: Default::default(),
-            sequence_restarted: false,
-            bucket: 1,
-            state_read: Vec::new(),
-            window_ticks: None,
-        };
+        let response = answer(vec![OutputTensor {
+            name: "y:0".into(),
+            datatype: DataType::Fp32,
+            shape: vec![4],
+            data: [f32::NAN, f32::NEG_INFINITY, 0.1, 3.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        }]);
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),
             r#"{"predictions":[NaN,-Infinity,0.1,3.0]}"#
@@ -1103,25 +1108,15 @@ mod tests {
 
     #[test]
     fn fp64_outputs_and_float_refusals_are_written_as_json_numbers() {
-        let response = InferResponse {
-            model: "m".into(),
-            version: "1".into(),
-            id: String::new(),
-            outputs: vec![OutputTensor {
-                name: "y".into(),
-                datatype: DataType::Fp64,
-                shape: vec![3],
-                data: [1.5f64, f64::NAN, f64::NEG_INFINITY]
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            }],
-            timing: Default::default(),
-            sequence_restarted: false,
-            bucket: 1,
-            state_read: Vec::new(),
-            window_ticks: None,
-        };
+        let response = answer(vec![OutputTensor {
+            name: "y".into(),
+            datatype: DataType::Fp64,
+            shape: vec![3],
+            data: [1.5f64, f64::NAN, f64::NEG_INFINITY]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        }]);
         assert_eq!(
             String::from_utf8(encode(&response, Format::Column)).unwrap(),
             r#"{"outputs":[1.5,NaN,-Infinity]}"#
@@ -1132,33 +1127,23 @@ mod tests {
 
     #[test]
     fn several_outputs_are_objects() {
-        let response = InferResponse {
-            model: "m".into(),
-            version: "1".into(),
-            id: String::new(),
-            outputs: vec![
-                OutputTensor {
-                    name: "a:0".into(),
-                    datatype: DataType::Int64,
-                    shape: vec![2, 2],
-                    data: [1i64, 2, 3, 4]
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect(),
-                },
-                OutputTensor {
-                    name: "b".into(),
-                    datatype: DataType::Bool,
-                    shape: vec![2],
-                    data: vec![1u8, 0].into(),
-                },
-            ],
-            timing: Default::default(),
-            sequence_restarted: false,
-            bucket: 1,
-            state_read: Vec::new(),
-            window_ticks: None,
-        };
+        let response = answer(vec![
+            OutputTensor {
+                name: "a:0".into(),
+                datatype: DataType::Int64,
+                shape: vec![2, 2],
+                data: [1i64, 2, 3, 4]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            },
+            OutputTensor {
+                name: "b".into(),
+                datatype: DataType::Bool,
+                shape: vec![2],
+                data: vec![1u8, 0].into(),
+            },
+        ]);
         assert_eq!(
             String::from_utf8(encode(&response, Format::Row)).unwrap(),
             r#"{"predictions":[{"a":[1,2],"b":true},{"a":[3,4],"b":false}]}"#
