@@ -321,7 +321,7 @@ impl Family {
     // The `Err` side is the submission handed back, not an error: moving its
     // 136 bytes is cheaper than a box per request.
     #[allow(clippy::result_large_err)]
-    fn run_at_once(
+    pub(crate) fn run_at_once(
         &self,
         member: &Member,
         submission: Submission,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::Prepared;
+use tickserve_runtime::{Prepared, ShadowPlan};
 
 use super::Edge;
 use super::admission::{BodyBytes, HeldBytes, Slot};
@@ -160,11 +160,13 @@ pub struct Answer<E> {
 pub struct Admitted<E> {
     handle: Arc<ModelHandle>,
     /// The copy its shadows get, if it has any that want it.
-    mirror: Option<Mirror>,
+    /// Boxed, as the journal's record: most requests have neither, and an
+    /// admitted request moves several times on its way to the run.
+    mirror: Option<Box<Mirror>>,
     prepared: Prepared,
     encoding: E,
     record: Record,
-    journal: Option<Pending>,
+    journal: Option<Box<Pending>>,
     _slot: Slot,
     _bytes: HeldBytes,
 }
@@ -195,16 +197,23 @@ impl Record {
 
 impl Edge {
     /// Answers one inference request: [`Edge::admit_request`], then
-    /// [`Admitted::run`].
+    /// [`Admitted::run`]. A request that needs no other thread (decoded in
+    /// place, run at once, no journal) builds no future of its own.
     pub async fn infer<P: Payload>(
         self: &Arc<Self>,
         call: Call<'_>,
         payload: P,
     ) -> Result<Answer<P::Encoding>, Error> {
-        // Boxed: each is several kilobytes of state, which every future
-        // holding it inline would copy again as it moves.
-        let admitted = Box::pin(self.admit_request(call, payload)).await?;
-        Box::pin(admitted.run()).await
+        // Boxed where they wait: each is several kilobytes of state, which
+        // every future holding it inline would copy again as it moves.
+        let admitted = match self.admit_now(call, payload) {
+            Ok(admitted) => admitted?,
+            Err(decoding) => Box::pin(decoding.decode_elsewhere(self)).await?,
+        };
+        match admitted.run_now() {
+            Ok(answer) => answer,
+            Err(admitted) => Box::pin(admitted.run()).await,
+        }
     }
 
     /// Admits, looks up, decodes and prepares one request; a refusal is
@@ -214,6 +223,21 @@ impl Edge {
         call: Call<'_>,
         payload: P,
     ) -> Result<Admitted<P::Encoding>, Error> {
+        match self.admit_now(call, payload) {
+            Ok(admitted) => admitted,
+            Err(decoding) => decoding.decode_elsewhere(self).await,
+        }
+    }
+
+    /// [`Edge::admit_request`] on this thread, or, for a payload that
+    /// decodes on a blocking thread ([`DECODE_IN_PLACE_BYTES`]), the request
+    /// admitted so far, to finish with [`Decoding::decode_elsewhere`].
+    #[allow(clippy::result_large_err)]
+    fn admit_now<P: Payload>(
+        self: &Arc<Self>,
+        call: Call<'_>,
+        payload: P,
+    ) -> Result<Result<Admitted<P::Encoding>, Error>, Decoding<P>> {
         // The one lookup of this request's model.
         let routed = self.runtime.route(call.model, call.version);
         let (drawn, sticky, shadows) = match &routed {
@@ -231,53 +255,46 @@ impl Edge {
         };
         // A journaled model's request collects its record as it goes.
         let mut journal = match (&self.journal, &handle) {
-            (Some(journal), Ok(h)) if journal.wants(h) => Some(Pending::new(
+            (Some(journal), Ok(h)) if journal.wants(h) => Some(Box::new(Pending::new(
                 journal,
                 h,
                 call.protocol.label(),
                 call.started,
                 call.key,
                 call.traceparent.clone(),
-            )),
+            ))),
             _ => None,
         };
-        let admitted = self
-            .admit_inner(call, handle, (drawn, sticky), payload, &mut journal)
-            .await;
-        match admitted {
-            Ok((handle, prepared, encoding, slot, bytes)) => Ok(Admitted {
-                mirror: shadows
-                    .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_ref())),
-                handle,
-                prepared,
-                encoding,
-                record,
-                journal,
-                _slot: slot,
-                _bytes: bytes,
-            }),
-            Err(error) => {
-                record.outcome(Some(&error));
-                if let Some(pending) = journal {
-                    // A request the journal itself refused has no record.
-                    if !matches!(error, Error::JournalUnavailable { .. }) {
-                        pending.refused(&error);
-                    }
-                }
-                Err(error)
-            }
+        let (held, work) = match self.begin(call, handle, &payload, &mut journal) {
+            Ok(begun) => begun,
+            Err(error) => return Ok(Err(refuse(error, &record, journal))),
+        };
+        let admission = Admission {
+            held,
+            drawn,
+            sticky,
+            shadows,
+            record,
+            journal,
+        };
+        if work > DECODE_IN_PLACE_BYTES {
+            return Err(Decoding { payload, admission });
         }
+        let decoded = payload.decode(&admission.held.handle);
+        Ok(self.finish(admission, decoded))
     }
 
-    #[allow(clippy::type_complexity)]
-    async fn admit_inner<P: Payload>(
+    /// The checks before decoding: readiness, the journal's room, a slot,
+    /// the request's bytes (and those its decoding makes), its model, its
+    /// transport deadline. What the request holds so far, and the bytes
+    /// decoding will work through.
+    fn begin<P: Payload>(
         self: &Arc<Self>,
         call: Call<'_>,
         handle: Result<Arc<ModelHandle>, Error>,
-        (drawn, sticky): (bool, bool),
-        payload: P,
-        journal: &mut Option<Pending>,
-    ) -> Result<(Arc<ModelHandle>, Prepared, P::Encoding, Slot, HeldBytes), Error> {
+        payload: &P,
+        journal: &mut Option<Box<Pending>>,
+    ) -> Result<(Held, usize), Error> {
         if !self.ready() {
             return Err(Error::ShuttingDown);
         }
@@ -296,21 +313,72 @@ impl Edge {
         let expansion = payload.expansion(&handle)?;
         let bytes = bytes.join(self.admit_bytes(expansion)?);
         let work = payload.decode_bytes().saturating_add(expansion);
-        let decoded = if work <= DECODE_IN_PLACE_BYTES {
-            payload.decode(&handle)?
-        } else {
-            let decoding = Arc::clone(&handle);
-            tokio::task::spawn_blocking(move || payload.decode(&decoding))
-                .await
-                .map_err(|e| Error::Internal {
-                    model: handle.name.clone(),
-                    message: format!("decoding the request failed: {e}"),
-                })??
+        let held = Held {
+            handle,
+            key: call.key,
+            transport_timeout,
+            slot,
+            bytes,
         };
-        let mut decoded = decoded;
+        Ok((held, work))
+    }
+
+    /// The admission's steps after decoding (see [`Edge::prepare`]); a
+    /// refusal is recorded here.
+    fn finish<E>(
+        self: &Arc<Self>,
+        admission: Admission,
+        decoded: Result<Decoded<E>, Error>,
+    ) -> Result<Admitted<E>, Error> {
+        let Admission {
+            held,
+            drawn,
+            sticky,
+            shadows,
+            record,
+            mut journal,
+        } = admission;
+        let Held {
+            handle,
+            key,
+            transport_timeout,
+            slot,
+            bytes,
+        } = held;
+        let prepared = decoded.and_then(|decoded| {
+            let context = (key, transport_timeout, drawn, sticky);
+            self.prepare(handle, context, decoded, &mut journal)
+        });
+        match prepared {
+            Ok((handle, prepared, encoding, more)) => Ok(Admitted {
+                mirror: shadows
+                    .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_deref()))
+                    .map(Box::new),
+                handle,
+                prepared,
+                encoding,
+                record,
+                journal,
+                _slot: slot,
+                _bytes: bytes.join(more),
+            }),
+            Err(error) => Err(refuse(error, &record, journal)),
+        }
+    }
+
+    /// A decoded request's version (a sequence's), deadline and the
+    /// runtime's checks; the bytes a Monte Carlo run holds besides.
+    #[allow(clippy::type_complexity)]
+    fn prepare<E>(
+        self: &Arc<Self>,
+        handle: Arc<ModelHandle>,
+        (key, transport_timeout, drawn, sticky): (Option<KeyId>, Option<Duration>, bool, bool),
+        mut decoded: Decoded<E>,
+        journal: &mut Option<Box<Pending>>,
+    ) -> Result<(Arc<ModelHandle>, Prepared, E, HeldBytes), Error> {
         let mut handle = handle;
         if let Some(sequence) = decoded.parameters.sequence.as_mut() {
-            sequence.owner = call.key;
+            sequence.owner = key;
             // A sequence stays on one version, the one it lives on, when
             // the request names none (a new version arrived, or a split).
             if sticky
@@ -342,8 +410,66 @@ impl Edge {
             pending.prepared(&mut prepared);
         }
         // A Monte Carlo run's noisy copies and their answer are held too.
-        let bytes = bytes.join(self.admit_bytes(prepared.held_bytes())?);
-        Ok((handle, prepared, encoding, slot, bytes))
+        let more = self.admit_bytes(prepared.held_bytes())?;
+        Ok((handle, prepared, encoding, more))
+    }
+}
+
+/// A refused request's outcome recorded, and its journal record written.
+fn refuse(error: Error, record: &Record, journal: Option<Box<Pending>>) -> Error {
+    record.outcome(Some(&error));
+    if let Some(pending) = journal {
+        // A request the journal itself refused has no record.
+        if !matches!(error, Error::JournalUnavailable { .. }) {
+            (*pending).refused(&error);
+        }
+    }
+    error
+}
+
+/// What an admitted request holds before it is decoded: its model, its
+/// slot and bytes, what its transport carried.
+struct Held {
+    handle: Arc<ModelHandle>,
+    key: Option<KeyId>,
+    transport_timeout: Option<Duration>,
+    slot: Slot,
+    bytes: HeldBytes,
+}
+
+/// A request admitted up to its decoding: what it holds, where it goes,
+/// and what it records.
+struct Admission {
+    held: Held,
+    drawn: bool,
+    sticky: bool,
+    shadows: Option<Arc<Vec<ShadowPlan>>>,
+    record: Record,
+    journal: Option<Box<Pending>>,
+}
+
+/// A request whose payload decodes on a blocking thread, admitted so far
+/// ([`Edge::admit_now`]).
+struct Decoding<P> {
+    payload: P,
+    admission: Admission,
+}
+
+impl<P: Payload> Decoding<P> {
+    /// Decodes on a blocking thread, then finishes the admission; a refusal
+    /// is recorded here.
+    async fn decode_elsewhere(self, edge: &Arc<Edge>) -> Result<Admitted<P::Encoding>, Error> {
+        let Decoding { payload, admission } = self;
+        let handle = Arc::clone(&admission.held.handle);
+        let decoded = tokio::task::spawn_blocking(move || payload.decode(&handle))
+            .await
+            .unwrap_or_else(|e| {
+                Err(Error::Internal {
+                    model: admission.held.handle.name.clone(),
+                    message: format!("decoding the request failed: {e}"),
+                })
+            });
+        edge.finish(admission, decoded)
     }
 }
 
@@ -386,21 +512,69 @@ impl<E> Admitted<E> {
             mirror.send(response);
         }
         let result = match journal {
-            Some(pending) => pending.answered(result).await,
+            Some(pending) => (*pending).answered(result).await,
             None => result,
         };
-        record.outcome(result.as_ref().err());
-        let answer = result.map(|response| Answer {
-            response,
-            encoding,
-            handle,
-        });
         (
-            answer,
+            conclude(result, handle, encoding, &record),
             Kept {
                 _slot,
                 bytes: _bytes,
             },
         )
     }
+
+    /// [`Admitted::run`] without waiting, where it would not wait anyway:
+    /// a request the runtime runs at once ([`ModelHandle::run_now`]) and no
+    /// journal records. Else the request comes back for [`Admitted::run`].
+    // The `Err` side is the request handed back, not an error.
+    #[allow(clippy::result_large_err)]
+    pub fn run_now(self) -> Result<Result<Answer<E>, Error>, Admitted<E>> {
+        if self.journal.is_some() {
+            return Err(self);
+        }
+        let Admitted {
+            handle,
+            mirror,
+            prepared,
+            encoding,
+            record,
+            journal,
+            _slot,
+            _bytes,
+        } = self;
+        match handle.run_now(prepared) {
+            Ok(result) => {
+                if let (Some(mirror), Ok(response)) = (mirror, &result) {
+                    mirror.send(response);
+                }
+                Ok(conclude(result, handle, encoding, &record))
+            }
+            Err(prepared) => Err(Admitted {
+                handle,
+                mirror,
+                prepared,
+                encoding,
+                record,
+                journal,
+                _slot,
+                _bytes,
+            }),
+        }
+    }
+}
+
+/// A run's outcome recorded under `record`, and its answer.
+fn conclude<E>(
+    result: Result<InferResponse, Error>,
+    handle: Arc<ModelHandle>,
+    encoding: E,
+    record: &Record,
+) -> Result<Answer<E>, Error> {
+    record.outcome(result.as_ref().err());
+    result.map(|response| Answer {
+        response,
+        encoding,
+        handle,
+    })
 }
