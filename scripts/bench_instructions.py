@@ -198,27 +198,37 @@ PARTS = {
         ("request decoding: `BoundedDecoder::decode` (the limits walk, then prost)",
          [(1, "BoundedDecoder<U> as tonic::codec::Decoder>::decode", "case"),
           (-1, "BoundedDecoder<U> as tonic::codec::Decoder>::decode", "floor")]),
-        ("answer encoding: tonic's `EncodeBody` (prost, the gRPC frame)",
-         [(1, "EncodeBody<T,U> as http_body::Body>::poll_frame", "case"),
-          (-1, "EncodeBody<T,U> as http_body::Body>::poll_frame", "floor")]),
+        # tonic's EncodeBody is inlined into the answer body's MapErr in some builds.
+        ("answer encoding: tonic's `EncodeBody` (prost, the gRPC frame), under the "
+         "answer body's `MapErr::poll_frame`",
+         [(1, "MapErr<B,F> as http_body::Body>::poll_frame'2", "case"),
+          (-1, "MapErr<B,F> as http_body::Body>::poll_frame'2", "floor")]),
         ("timing headers: `timing_headers`, tonic's `into_sanitized_headers`, HPACK's "
          "`Encoder::encode`",
          [(1, "tickserve_server::timing_headers", "case"),
           (1, "into_sanitized_headers", "case"), (-1, "into_sanitized_headers", "floor"),
           (1, "hpack::encoder::Encoder::encode", "case"),
           (-1, "hpack::encoder::Encoder::encode", "floor")]),
-        ("edge, before the run: `Edge::admit_request` (lookup, admission, the core's "
-         "request, validation)", [(1, "admit_request::{{closure}}", "case")]),
-        ("runtime: `ModelHandle::run` less ONNX Runtime's calls (run at once, copies in "
-         "and out, statistics)", [(1, "ModelHandle::run::{{closure}}", "case"), (-1, "engine", "case")]),
-        ("edge, after the run: `Admitted::run_kept` less `ModelHandle::run` (metrics, "
-         "the answer)", [(1, "run_kept::{{closure}}", "case"),
+        # Each pair names the function in this tree and in older ones (admit_request,
+        # run_kept, ModelHandle::run); a binary has one or the other.
+        ("edge, before the run: `Edge::admit_now` (lookup, admission, decoding, the "
+         "core's request, validation)", [(1, "Edge>::admit_now", "case"),
+                                         (1, "admit_request::{{closure}}", "case")]),
+        ("runtime: `ModelHandle::run_now` less ONNX Runtime's calls (run at once, copies "
+         "in and out, statistics)", [(1, "ModelHandle::run_now", "case"),
+                                     (1, "ModelHandle::run::{{closure}}", "case"),
+                                     (-1, "engine", "case")]),
+        ("edge, after the run: `Admitted::run_now` less `ModelHandle::run_now` (metrics, "
+         "the answer)", [(1, "Admitted<E>::run_now", "case"),
+                         (-1, "ModelHandle::run_now", "case"),
+                         (1, "run_kept::{{closure}}", "case"),
                          (-1, "ModelHandle::run::{{closure}}", "case")]),
         ("the gRPC handler: `model_infer` less the three above and the timing headers "
-         "(deadline and trace lookups, `convert::encode`, boxing the edge's futures)",
+         "(deadline and trace lookups, `convert::encode`)",
          [(1, "grpc/mod.rs:<tickserve_server::grpc::InferenceService as tickserve_proto::"
               "inference::grpc_inference_service_server::GrpcInferenceService>::model_infer"
               "::{{closure}}", "case"),
+          (-1, "Edge>::admit_now", "case"), (-1, "Admitted<E>::run_now", "case"),
           (-1, "admit_request::{{closure}}", "case"), (-1, "run_kept::{{closure}}", "case"),
           (-1, "tickserve_server::timing_headers", "case")]),
     ],
@@ -231,8 +241,9 @@ PARTS = {
         ("reading the body: `body::read_request` (its limits)",
          [(1, "body::read_request::{{closure}}", "case")]),
         ("timing headers: `timing_headers`", [(1, "tickserve_server::timing_headers", "case")]),
-        ("runtime: `ModelHandle::run` less ONNX Runtime's calls",
-         [(1, "ModelHandle::run::{{closure}}", "case"), (-1, "engine", "case")]),
+        ("runtime: `ModelHandle::run_now` less ONNX Runtime's calls",
+         [(1, "ModelHandle::run_now", "case"), (1, "ModelHandle::run::{{closure}}", "case"),
+          (-1, "engine", "case")]),
     ],
 }
 

@@ -610,8 +610,13 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
         ),
         outputs,
     };
-    // Serializing plain structs of strings and numbers cannot fail.
-    let mut body = serde_json::to_vec(&json).unwrap_or_default();
+    // Sized up front: a body that grows as it is written copies itself
+    // each time (serde_json starts at 128 bytes).
+    let mut body = Vec::with_capacity(encoded_size(response, binary));
+    // Serializing plain structs of strings and numbers into a Vec cannot fail.
+    if serde_json::to_writer(&mut body, &json).is_err() {
+        body.clear();
+    }
     if !binary.iter().any(|&b| b) {
         return Encoded {
             body,
@@ -626,6 +631,37 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
         body,
         header_length: Some(json_len),
     }
+}
+
+/// A close guess, from above for binary outputs, of the bytes
+/// [`encode`] writes for `response`: the JSON header's names and shapes,
+/// binary outputs' bytes, JSON outputs' numbers at about four characters a
+/// byte of data.
+fn encoded_size(response: &InferResponse, binary: &[bool]) -> usize {
+    let flags = binary.iter().copied().chain(std::iter::repeat(false));
+    let outputs = response
+        .outputs
+        .iter()
+        .zip(flags)
+        .fold(0usize, |sum, (o, bin)| {
+            let data = if bin {
+                o.data.len()
+            } else {
+                o.data.len().saturating_mul(4)
+            };
+            sum.saturating_add(96)
+                .saturating_add(o.name.len())
+                .saturating_add(o.shape.len().saturating_mul(21))
+                .saturating_add(data)
+        });
+    [
+        response.model.len(),
+        response.version.len(),
+        response.id.len(),
+        128,
+    ]
+    .into_iter()
+    .fold(outputs, usize::saturating_add)
 }
 
 #[cfg(test)]
