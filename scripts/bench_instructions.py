@@ -203,9 +203,10 @@ PARTS = {
          "answer body's `MapErr::poll_frame`",
          [(1, "MapErr<B,F> as http_body::Body>::poll_frame'2", "case"),
           (-1, "MapErr<B,F> as http_body::Body>::poll_frame'2", "floor")]),
-        ("timing headers: `timing_headers`, tonic's `into_sanitized_headers`, HPACK's "
+        ("timing headers: `timing::add`, tonic's `into_sanitized_headers`, HPACK's "
          "`Encoder::encode`",
-         [(1, "tickserve_server::timing_headers", "case"),
+         [(1, "tickserve_server::timing::add", "case"),
+          (1, "tickserve_server::timing_headers", "case"),
           (1, "into_sanitized_headers", "case"), (-1, "into_sanitized_headers", "floor"),
           (1, "hpack::encoder::Encoder::encode", "case"),
           (-1, "hpack::encoder::Encoder::encode", "floor")]),
@@ -230,6 +231,7 @@ PARTS = {
               "::{{closure}}", "case"),
           (-1, "Edge>::admit_now", "case"), (-1, "Admitted<E>::run_now", "case"),
           (-1, "admit_request::{{closure}}", "case"), (-1, "run_kept::{{closure}}", "case"),
+          (-1, "tickserve_server::timing::add", "case"),
           (-1, "tickserve_server::timing_headers", "case")]),
     ],
     "v2 HTTP binary": [
@@ -240,7 +242,8 @@ PARTS = {
          [(1, "tickserve_server::http::codec::encode", "case")]),
         ("reading the body: `body::read_request` (its limits)",
          [(1, "body::read_request::{{closure}}", "case")]),
-        ("timing headers: `timing_headers`", [(1, "tickserve_server::timing_headers", "case")]),
+        ("timing headers: `timing::add`", [(1, "tickserve_server::timing::add", "case"),
+                                           (1, "tickserve_server::timing_headers", "case")]),
         ("runtime: `ModelHandle::run_now` less ONNX Runtime's calls",
          [(1, "ModelHandle::run_now", "case"), (1, "ModelHandle::run::{{closure}}", "case"),
           (-1, "engine", "case")]),

@@ -37,6 +37,7 @@ mod ports;
 mod scalar;
 mod shm;
 mod tfserving;
+mod timing;
 mod tls;
 
 pub use edge::Edge;
@@ -73,26 +74,6 @@ pub const QUEUE_TIME_HEADER: &str = "tickserve-queue-us";
 /// Response header (HTTP) and metadata key (gRPC): microseconds of compute
 /// (rows in, engine runs, rows out).
 pub const COMPUTE_TIME_HEADER: &str = "tickserve-compute-us";
-
-/// [`QUEUE_TIME_HEADER`] and [`COMPUTE_TIME_HEADER`], parsed once.
-static TIMING_NAMES: [::http::HeaderName; 2] = [
-    ::http::HeaderName::from_static(QUEUE_TIME_HEADER),
-    ::http::HeaderName::from_static(COMPUTE_TIME_HEADER),
-];
-
-/// Adds an answer's timing headers ([`QUEUE_TIME_HEADER`],
-/// [`COMPUTE_TIME_HEADER`]) to `headers`. Their values change with every
-/// answer, so they are marked for HTTP/2's header compression never to keep
-/// them in its table, where they would only push useful entries out and keep
-/// each answer's value alive for the next hundred answers.
-fn timing_headers(headers: &mut ::http::HeaderMap, timing: &tickserve_core::Timing) {
-    for (name, time) in TIMING_NAMES.iter().zip([timing.queue, timing.compute]) {
-        let micros = u64::try_from(time.as_micros()).unwrap_or(u64::MAX);
-        let mut value = ::http::HeaderValue::from(micros);
-        value.set_sensitive(true);
-        headers.insert(name.clone(), value);
-    }
-}
 
 /// How long shutdown waits for queued requests, and then for open
 /// connections, before stopping regardless.

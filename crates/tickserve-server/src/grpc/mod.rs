@@ -419,7 +419,7 @@ impl GrpcInferenceService for InferenceService {
         // Room for tonic's content-type (and grpc-encoding) beside the two
         // timing headers: a map that grows rehashes (about 1.5k instructions).
         let mut headers = http::HeaderMap::with_capacity(4);
-        crate::timing_headers(&mut headers, &timing);
+        crate::timing::add(&mut headers, &timing);
         Ok(Response::from_parts(
             tonic::metadata::MetadataMap::from_headers(headers),
             message,

@@ -172,7 +172,7 @@ pub async fn infer(
     let encoded = codec::encode(&response, &binary);
     let mut reply = Response::new(Body::from(encoded.body));
     let h = reply.headers_mut();
-    crate::timing_headers(h, &response.timing);
+    crate::timing::add(h, &response.timing);
     match encoded.header_length {
         Some(n) => {
             h.insert(
