@@ -51,12 +51,16 @@ fn value(micros: u64) -> HeaderValue {
 /// Adds an answer's timing headers to `headers`. Their values change with
 /// every answer, so they are marked for HTTP/2's header compression never to
 /// keep them in its table, where they would only push useful entries out and
-/// keep each answer's value alive for the next hundred answers.
-pub fn add(headers: &mut HeaderMap, timing: &Timing) {
+/// keep each answer's value alive for the next hundred answers. Except where
+/// `teach` (the first answer on an HTTP/2 connection): kept once, the names
+/// are in the table for every later answer to refer to, which spares each
+/// of them the names' literal, Huffman-coded bytes (about 1k instructions an
+/// answer, docs/performance.md).
+pub fn add(headers: &mut HeaderMap, timing: &Timing, teach: bool) {
     for (name, time) in NAMES.iter().zip([timing.queue, timing.compute]) {
         let micros = u64::try_from(time.as_micros()).unwrap_or(u64::MAX);
         let mut value = value(micros);
-        value.set_sensitive(true);
+        value.set_sensitive(!teach);
         headers.insert(name.clone(), value);
     }
 }
@@ -92,7 +96,7 @@ mod tests {
             queue: Duration::from_micros(7),
             compute: Duration::from_micros(4096),
         };
-        add(&mut headers, &timing);
+        add(&mut headers, &timing, false);
         assert_eq!(
             headers.get(QUEUE_TIME_HEADER).map(|v| v.as_bytes()),
             Some(&b"7"[..])

@@ -347,6 +347,47 @@ async fn timeout_zero_is_no_timeout_over_http_and_grpc() {
     server.shutdown().await.unwrap();
 }
 
+/// An answer's timing headers, as numbers: (queue, compute).
+fn timing_of(headers: &http::HeaderMap) -> (u64, u64) {
+    let read = |name: &str| -> u64 {
+        let value = headers.get(name).unwrap_or_else(|| panic!("no {name}"));
+        value.to_str().unwrap().parse().unwrap()
+    };
+    (
+        read(tickserve_server::QUEUE_TIME_HEADER),
+        read(tickserve_server::COMPUTE_TIME_HEADER),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_on_a_connection_carries_its_timing_over_http_and_grpc() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    // One connection each: the first answer's headers differ in how HTTP/2
+    // compresses them from those of the answers after it.
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    for _ in 0..3 {
+        let response = client
+            .post(&url)
+            .body(alpha_row(json!({})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let (_, compute) = timing_of(response.headers());
+        assert!(compute > 0, "compute {compute} µs");
+    }
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let answer = grpc.model_infer(common::grpc_alpha_row()).await.unwrap();
+        let (_, compute) = timing_of(&answer.metadata().clone().into_headers());
+        assert!(compute > 0, "compute {compute} µs");
+    }
+    server.shutdown().await.unwrap();
+}
+
 /// A key per group: group `g`'s key is `key-g`, sent in its own header
 /// `g-key` (gRPC: `triton-grpc-protocol-g-key`).
 fn keyed_apart(config: &mut tickserve_core::config::ServerConfig) {

@@ -71,6 +71,16 @@ impl RequestBytes {
             None => RequestBytes::Count(len),
         }
     }
+
+    /// True for the first request on its connection that asks (see
+    /// [`super::admission::ConnectionBudget::first_answer`]); false for
+    /// bytes of no connection.
+    pub fn first_on_connection(&self) -> bool {
+        match self {
+            RequestBytes::Held(held) => held.connection().is_some_and(|c| c.first_answer()),
+            RequestBytes::Count(_) => false,
+        }
+    }
 }
 
 /// A front end's undecoded request: decoded by the edge against the model it

@@ -390,6 +390,7 @@ impl GrpcInferenceService for InferenceService {
         let timeout = deadline::grpc_timeout(request.metadata());
         let traceparent = trace::grpc(request.metadata());
         let held = RequestBytes::of(request.extensions(), 0);
+        let teach = held.first_on_connection();
         let key = request.extensions().get().copied();
         let mut message = request.into_inner();
         let bytes = match held {
@@ -419,7 +420,7 @@ impl GrpcInferenceService for InferenceService {
         // Room for tonic's content-type (and grpc-encoding) beside the two
         // timing headers: a map that grows rehashes (about 1.5k instructions).
         let mut headers = http::HeaderMap::with_capacity(4);
-        crate::timing::add(&mut headers, &timing);
+        crate::timing::add(&mut headers, &timing, teach);
         Ok(Response::from_parts(
             tonic::metadata::MetadataMap::from_headers(headers),
             message,

@@ -149,11 +149,14 @@ pub async fn infer(
         Ok(body) => body,
         Err(e) => return HttpError(e).into_response(),
     };
+    let bytes = RequestBytes::of(extensions, body.len());
+    // An HTTP/2 connection's first answer may teach the timing names.
+    let teach = bytes.first_on_connection();
     let call = Call {
         protocol: Protocol::Http,
         model: &model.model,
         version: model.version.as_deref(),
-        bytes: RequestBytes::of(extensions, body.len()),
+        bytes,
         timeout: deadline::http_timeout(headers),
         started,
         key: extensions.get().copied(),
@@ -172,7 +175,7 @@ pub async fn infer(
     let encoded = codec::encode(&response, &binary);
     let mut reply = Response::new(Body::from(encoded.body));
     let h = reply.headers_mut();
-    crate::timing::add(h, &response.timing);
+    crate::timing::add(h, &response.timing, teach);
     match encoded.header_length {
         Some(n) => {
             h.insert(
