@@ -19,6 +19,12 @@ The client is one persistent HTTP/1.1 connection (http.client) and one gRPC chan
 client (its own HTTP connection, in a thread) sending the same request every N ms for
 the whole run: what real traffic beside the sparse client does to it, the most any
 keep-warm inside the server could do. Prints a Markdown table.
+
+`--first N` measures the first request instead: N times per protocol, a fresh server,
+a client connected once it is ready (the connection is not timed), one request, then
+200 more and the closed loop's median over 200 after them as the steady figure:
+
+    .venv/bin/python scripts/bench_sparse.py --first 5
 """
 import argparse
 import http.client
@@ -56,6 +62,7 @@ def wait(seconds, spin):
 class Http:
     def __init__(self, port):
         self.connection = http.client.HTTPConnection("127.0.0.1", port)
+        self.connection.connect()
         x = np.random.default_rng(0).standard_normal(FEATURES).astype(np.float32)
         self.body = json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
                                             "shape": [1, FEATURES],
@@ -79,6 +86,7 @@ class Grpc:
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        grpc.channel_ready_future(self.channel).result(timeout=30)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         x = np.random.default_rng(0).standard_normal((1, FEATURES)).astype(np.float32)
         self.request = service_pb2.ModelInferRequest(model_name="alpha_mlp")
@@ -115,6 +123,40 @@ def measure(client, spin, scale):
     return rows
 
 
+def first_requests(config, restarts):
+    """Per protocol, each restart's first request and the steady closed loop after it:
+    [(protocol, [(first compute, first e2e)], steady compute p50, steady e2e p50)]."""
+    results = []
+    for protocol, client_of in (("HTTP", lambda s: Http(s.http_port)),
+                                ("gRPC", lambda s: Grpc(s.grpc_port))):
+        firsts, steady_compute, steady_e2e = [], [], []
+        for _ in range(restarts):
+            with Server(config=config) as server:
+                client = client_of(server)
+                elapsed, us = client.call()
+                firsts.append((us, elapsed / 1000))
+                for _ in range(200):
+                    client.call()
+                closed = [client.call() for _ in range(200)]
+                steady_compute.append(statistics.median(us for _, us in closed))
+                steady_e2e.append(statistics.median(ns / 1000 for ns, _ in closed))
+        results.append((protocol, firsts, statistics.median(steady_compute),
+                        statistics.median(steady_e2e)))
+    return results
+
+
+def print_first(results):
+    print("| protocol | first request compute (µs), each restart | first e2e (µs), each restart "
+          "| steady compute p50 (µs) | steady e2e p50 (µs) | first / steady, median (compute, e2e) |")
+    print("| --- | --- | --- | ---: | ---: | --- |")
+    for protocol, firsts, compute, e2e in results:
+        first_compute = statistics.median(c for c, _ in firsts)
+        first_e2e = statistics.median(e for _, e in firsts)
+        print(f"| {protocol} | {', '.join(f'{c:.0f}' for c, _ in firsts)} "
+              f"| {', '.join(f'{e:.0f}' for _, e in firsts)} | {compute:.0f} | {e2e:.0f} "
+              f"| {first_compute / compute:.1f}, {first_e2e / e2e:.1f} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(DEFAULT_CONFIG))
@@ -124,7 +166,12 @@ def main():
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured")
     p.add_argument("--warmer-ms", type=float, default=0.0,
                    help="a second client sending a request every this many ms")
+    p.add_argument("--first", type=int, default=0, metavar="N",
+                   help="measure the first request after ready instead, over N restarts")
     args = p.parse_args()
+    if args.first > 0:
+        print_first(first_requests(args.config, args.first))
+        return
     with Server(config=args.config) as server:
         stop = threading.Event()
         if args.warmer_ms > 0:

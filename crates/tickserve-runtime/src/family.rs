@@ -235,6 +235,25 @@ impl Family {
         Ok(())
     }
 
+    /// Runs the smallest bucket of every executor once with `member`'s
+    /// weights, on this thread, where requests may run on their caller's
+    /// thread (run at once): a thread that takes requests has then run the
+    /// model before its first one. Not a request: nothing is counted. A
+    /// failure changes nothing (the model's load already ran every bucket).
+    pub fn warm_here(&self, member: &Member) {
+        if self.inline_rows == 0 {
+            return;
+        }
+        for executor in &self.executors {
+            let mut executor = executor.lock().unwrap_or_else(|p| p.into_inner());
+            if executor.warm_buckets() > 0
+                && let Err(e) = executor.warm_member(0, member.id)
+            {
+                tracing::debug!(family = %self.key, error = %e, "warm-up run failed");
+            }
+        }
+    }
+
     /// Answers `submission` for `member`: at once on the caller's thread when
     /// an executor is idle and nothing is queued, else through the queue (a
     /// full queue answers at once), awaiting the executor's answer.

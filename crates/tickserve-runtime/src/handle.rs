@@ -347,6 +347,14 @@ impl ModelHandle {
         Ok(noisy)
     }
 
+    /// Runs the model once on this thread, on every replica that may run
+    /// requests on their caller's thread ([`Family::warm_here`]).
+    pub fn warm_here(&self) {
+        for replica in &self.replicas {
+            replica.family.warm_here(&replica.member);
+        }
+    }
+
     /// [`ModelHandle::run`] without waiting, where it would not wait anyway:
     /// a request with no sequence and no Monte Carlo plan runs right here,
     /// on the caller's thread, when an executor of its replica is idle and

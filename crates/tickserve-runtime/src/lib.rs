@@ -257,6 +257,14 @@ impl Runtime {
         self.models.ready_handles()
     }
 
+    /// Runs every ready model once on this thread (see
+    /// [`ModelHandle::warm_here`]).
+    pub fn warm_here(&self) {
+        for handle in self.ready_handles() {
+            handle.warm_here();
+        }
+    }
+
     /// True when every model version loaded and can run.
     pub fn all_ready(&self) -> bool {
         self.models.all_ready()

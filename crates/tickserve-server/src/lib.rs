@@ -39,6 +39,7 @@ mod shm;
 mod tfserving;
 mod timing;
 mod tls;
+mod warm;
 
 pub use edge::Edge;
 pub use observe::render as render_metrics;
@@ -140,6 +141,9 @@ impl Server {
             None
         };
         let edge = Arc::new(Edge::new(runtime, config).with_journal(journal));
+        // Before anyone can reach a port: every thread that may run a
+        // request at once has run each model.
+        warm::workers(&edge).await;
         let host = &config.server.host;
         let http_listener = tokio::net::TcpListener::bind((host.as_str(), config.server.http_port))
             .await

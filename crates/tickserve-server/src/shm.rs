@@ -200,9 +200,11 @@ impl ShmFrontEnd {
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::with_capacity(config.threads);
+        let (warmed, warm) = std::sync::mpsc::channel();
         for index in 0..config.threads {
             let context = Arc::clone(&context);
             let stop = Arc::clone(&stop);
+            let warmed = warmed.clone();
             let cpu = (!config.cpus.is_empty()).then(|| config.cpus[index % config.cpus.len()]);
             threads.push(
                 std::thread::Builder::new()
@@ -211,11 +213,19 @@ impl ShmFrontEnd {
                         if let Some(cpu) = cpu {
                             tickserve_runtime::pin_current_thread(cpu);
                         }
+                        // A request runs at once on this thread: it runs
+                        // each model once before the server is ready.
+                        context.shared.runtime.warm_here();
+                        let _ = warmed.send(());
+                        drop(warmed);
                         supervise(index, &context, &stop);
                     })
                     .context("cannot start a shared-memory thread")?,
             );
         }
+        drop(warmed);
+        // Until every thread has warmed and let its sender go (or died).
+        while warm.recv().is_ok() {}
         tracing::info!(service = %config.service, threads = config.threads, spin = ?config.spin,
             "shared-memory front end ready");
         Ok(ShmFrontEnd { stop, threads })
