@@ -4,6 +4,8 @@
     cargo build --release -p tickserve-server
     .venv/bin/python scripts/bench_instructions.py [--requests 500] [--warmup 200]
     .venv/bin/python scripts/bench_instructions.py --old OLD_BINARY --new NEW_BINARY
+    # what a setting costs: one binary, two configurations
+    .venv/bin/python scripts/bench_instructions.py --old B --new B --new-config SETTING.toml
 
 Latency on a shared machine moves 3x from one day to the next; instruction counts do
 not. The server runs under `valgrind --tool=callgrind` (collection off until asked,
@@ -38,8 +40,9 @@ shared memory), edge, runtime (and core: validation, batching, the executor), en
 (ONNX Runtime), metrics, journal, allocation (jemalloc), copies (libc's memcpy and
 memmove), kernel/libc (the rest of libc, system-call stubs) and other.
 
-With --old/--new the two binaries run one after the other and the table shows both
-counts and their ratio. Raw callgrind files go to target/bench/instructions/. Takes
+With --old/--new the two binaries run one after the other (each with its own
+configuration when --old-config/--new-config say so) and the table shows both counts
+and their ratio. Raw callgrind files go to target/bench/instructions/. Takes
 about a minute per 1000 requests of each case on a 2-core machine.
 """
 import argparse
@@ -391,7 +394,7 @@ def control(pid, *args):
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
 
-def measure(binary, label, requests, warmup):
+def measure(binary, label, requests, warmup, config):
     """Runs every case against `binary` under callgrind: {case: (per request, layers)}."""
     out = OUT / label
     out.mkdir(parents=True, exist_ok=True)
@@ -402,7 +405,7 @@ def measure(binary, label, requests, warmup):
     with tempfile.TemporaryDirectory() as work:
         work = pathlib.Path(work)
         service = f"tickserve-instructions-{os.getpid()}"
-        text = (ROOT / "config/tickserve.toml").read_text()
+        text = pathlib.Path(config).read_text()
         # The sample configuration with the shared-memory front end on, under a
         # service name of its own, and without its spin.
         start = text.index("\n[shm]\n")
@@ -480,19 +483,23 @@ def main():
     p.add_argument("--binary", default=str(ROOT / "target/release/tickserve"))
     p.add_argument("--old", help="compare: the old binary")
     p.add_argument("--new", help="compare: the new binary")
+    p.add_argument("--config", default=str(ROOT / "config/tickserve.toml"),
+                   help="the server's configuration (the shared-memory front end is turned on)")
+    p.add_argument("--old-config", help="compare: the old server's configuration (default --config)")
+    p.add_argument("--new-config", help="compare: the new server's configuration (default --config)")
     args = p.parse_args()
     if bool(args.old) != bool(args.new):
         sys.exit("--old and --new go together")
     if not args.old:
-        results = measure(args.binary, "run", args.requests, args.warmup)
+        results = measure(args.binary, "run", args.requests, args.warmup, args.config)
         print(table(results))
         for case in PARTS:
             print()
             print(parts("run", results, case))
         (OUT / "run" / "results.json").write_text(json.dumps(results, indent=1))
         return
-    old = measure(args.old, "old", args.requests, args.warmup)
-    new = measure(args.new, "new", args.requests, args.warmup)
+    old = measure(args.old, "old", args.requests, args.warmup, args.old_config or args.config)
+    new = measure(args.new, "new", args.requests, args.warmup, args.new_config or args.config)
     print("| case | old | new | new / old |")
     print("| --- | ---: | ---: | ---: |")
     for name in old:

@@ -148,6 +148,10 @@ pub struct ListenConfig {
     /// `header_read_timeout`.
     #[serde(deserialize_with = "duration")]
     pub idle_timeout: Duration,
+    /// Every v2 answer (HTTP and gRPC) carries its queue and compute times
+    /// (`tickserve-queue-us`, `tickserve-compute-us`); `false`: none does,
+    /// which spares each gRPC answer their header compression.
+    pub timing_headers: bool,
 }
 
 impl Default for ListenConfig {
@@ -169,6 +173,7 @@ impl Default for ListenConfig {
             max_concurrent_streams: 256,
             http2_keep_alive: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
+            timing_headers: true,
         }
     }
 }

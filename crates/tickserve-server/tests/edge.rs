@@ -388,6 +388,37 @@ async fn every_answer_on_a_connection_carries_its_timing_over_http_and_grpc() {
     server.shutdown().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timing_headers_off_leaves_them_out_over_http_and_grpc() {
+    let mut config = common::config(&common::root().join("config/models"));
+    config.server.timing_headers = false;
+    let server = common::start(&config).await;
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    let response = reqwest::Client::new()
+        .post(&url)
+        .body(alpha_row(json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let answer = grpc.model_infer(common::grpc_alpha_row()).await.unwrap();
+    for headers in [
+        response.headers(),
+        &answer.metadata().clone().into_headers(),
+    ] {
+        for name in [
+            tickserve_server::QUEUE_TIME_HEADER,
+            tickserve_server::COMPUTE_TIME_HEADER,
+        ] {
+            assert!(headers.get(name).is_none(), "{name} sent: {headers:?}");
+        }
+    }
+    server.shutdown().await.unwrap();
+}
+
 /// A key per group: group `g`'s key is `key-g`, sent in its own header
 /// `g-key` (gRPC: `triton-grpc-protocol-g-key`).
 fn keyed_apart(config: &mut tickserve_core::config::ServerConfig) {

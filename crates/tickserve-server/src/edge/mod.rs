@@ -61,6 +61,8 @@ pub struct Edge {
     accepting: AtomicBool,
     /// Largest request body or message, in bytes (`server.max_request_bytes`).
     pub max_request_bytes: usize,
+    /// Whether v2 answers carry their timing headers (`server.timing_headers`).
+    pub timing_headers: bool,
     /// Inference requests being answered now, every front end together.
     inflight: AtomicUsize,
     /// The most requests in flight (0: no limit).
@@ -86,6 +88,7 @@ impl Edge {
             runtime,
             accepting: AtomicBool::new(true),
             max_request_bytes: config.server.max_request_bytes,
+            timing_headers: config.server.timing_headers,
             inflight: AtomicUsize::new(0),
             max_inflight: config.server.max_inflight,
             strict_readiness: config.server.strict_readiness,

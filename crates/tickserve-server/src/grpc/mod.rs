@@ -420,7 +420,9 @@ impl GrpcInferenceService for InferenceService {
         // Room for tonic's content-type (and grpc-encoding) beside the two
         // timing headers: a map that grows rehashes (about 1.5k instructions).
         let mut headers = http::HeaderMap::with_capacity(4);
-        crate::timing::add(&mut headers, &timing, teach);
+        if self.shared.timing_headers {
+            crate::timing::add(&mut headers, &timing, teach);
+        }
         Ok(Response::from_parts(
             tonic::metadata::MetadataMap::from_headers(headers),
             message,

@@ -175,7 +175,9 @@ pub async fn infer(
     let encoded = codec::encode(&response, &binary);
     let mut reply = Response::new(Body::from(encoded.body));
     let h = reply.headers_mut();
-    crate::timing::add(h, &response.timing, teach);
+    if edge.timing_headers {
+        crate::timing::add(h, &response.timing, teach);
+    }
     match encoded.header_length {
         Some(n) => {
             h.insert(
