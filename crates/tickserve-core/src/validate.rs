@@ -54,7 +54,9 @@ pub fn validate(
     limits: &Limits,
 ) -> Result<ValidRequest, Error> {
     let model = request.model.as_str();
-    let mut slots: Vec<Option<&crate::InputTensor>> = vec![None; signature.inputs.len()];
+    // Inline for up to eight inputs: no allocation for a typical model.
+    let mut slots: smallvec::SmallVec<[Option<&crate::InputTensor>; 8]> =
+        smallvec::smallvec![None; signature.inputs.len()];
     for tensor in &request.inputs {
         let Some(index) = signature.input_index(&tensor.name) else {
             return Err(Error::input(
