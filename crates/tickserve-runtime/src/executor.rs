@@ -229,7 +229,8 @@ impl Executor {
         bucket: usize,
         rows: usize,
         member: &Member,
-    ) -> Result<Duration, Error> {
+        started: Instant,
+    ) -> Result<(Duration, Instant), Error> {
         if self.last_member.is_some_and(|last| last != member.id) {
             self.weight_swaps.increment(1);
         }
@@ -241,7 +242,6 @@ impl Executor {
                 reason: format!("its family stopped: {reason}"),
             });
         }
-        let started = Instant::now();
         // A panic inside the engine fails this run only: it is caught here,
         // so the executor thread goes on and no lock is poisoned (the run-at-
         // once path holds the executor's mutex).
@@ -263,7 +263,8 @@ impl Executor {
                 message: e.to_string(),
             });
         }
-        let elapsed = started.elapsed();
+        let ended = Instant::now();
+        let elapsed = ended.saturating_duration_since(started);
         self.runs.fetch_add(1, Ordering::Relaxed);
         if let (Some(time), Some(histogram)) =
             (self.model.device_time(), self.device_compute.get(bucket))
@@ -277,7 +278,7 @@ impl Executor {
             .metrics
             .padded_rows
             .record((self.buckets.sizes()[bucket] - rows) as f64);
-        Ok(elapsed)
+        Ok((elapsed, ended))
     }
 
     /// Answers one request for `member`: refuses it if its deadline passed
@@ -306,7 +307,7 @@ impl Executor {
                 waited: cost.waited,
             })
         } else {
-            self.run(member, request, id, &mut cost)
+            self.run(member, request, id, &mut cost, started)
         };
         cost.ok = result.is_ok();
         cost.total = started.elapsed();
@@ -453,9 +454,11 @@ impl Executor {
             buffer[at..].fill(0);
             debug_assert_eq!(at, total * row_bytes);
         }
-        cost.input = copy_started.elapsed();
-        cost.infer = self.run_bucket(bucket, total, member)?;
-        let copy_started = Instant::now();
+        // One clock read between the steps: each ends where the next starts.
+        let engine_started = Instant::now();
+        cost.input = engine_started.saturating_duration_since(copy_started);
+        let (infer, copy_started) = self.run_bucket(bucket, total, member, engine_started)?;
+        cost.infer = infer;
         let signature = self.model.signature();
         let mut first_row = 0;
         let mut all = Vec::with_capacity(requests.len());
@@ -488,6 +491,7 @@ impl Executor {
         request: &ValidRequest,
         id: String,
         cost: &mut RequestCost,
+        started: Instant,
     ) -> Result<InferResponse, Error> {
         // One buffer per output, filled bucket run by bucket run.
         let mut data: Vec<Vec<u8>> = request
@@ -496,6 +500,7 @@ impl Executor {
             .map(|&o| Vec::with_capacity(request.rows * self.output_row_bytes[o]))
             .collect();
         let mut first_row = 0;
+        let mut mark = started;
         let buckets = Arc::clone(&self.buckets);
         // A replay pins the bucket its record ran in.
         let pinned = buckets.index_for(request.bucket_rows).unwrap_or(0);
@@ -507,7 +512,6 @@ impl Executor {
                 bucket
             };
             ran_in = ran_in.max(buckets.sizes()[bucket]);
-            let copy_started = Instant::now();
             for (input, data) in request.inputs.iter().enumerate() {
                 let row_bytes = self.input_row_bytes[input];
                 let buffer = self.model.input_mut(bucket, input);
@@ -516,14 +520,18 @@ impl Executor {
                 buffer[..used].copy_from_slice(&data[from..from + used]);
                 buffer[used..].fill(0);
             }
-            cost.input += copy_started.elapsed();
-            cost.infer += self.run_bucket(bucket, rows, member)?;
-            let copy_started = Instant::now();
+            // One clock read between the steps: each ends where the next
+            // starts (the first copy from the answer's start).
+            let engine_started = Instant::now();
+            cost.input += engine_started.saturating_duration_since(mark);
+            let (infer, engine_ended) = self.run_bucket(bucket, rows, member, engine_started)?;
+            cost.infer += infer;
             for (out, &o) in data.iter_mut().zip(&request.outputs) {
                 let used = rows * self.output_row_bytes[o];
                 out.extend_from_slice(&self.model.output(bucket, o)[..used]);
             }
-            cost.output += copy_started.elapsed();
+            mark = Instant::now();
+            cost.output += mark.saturating_duration_since(engine_ended);
             first_row += rows;
         }
         let signature = self.model.signature();
