@@ -348,7 +348,7 @@ impl ModelHandle {
     }
 
     /// Runs the model once on this thread, on every replica that may run
-    /// requests on their caller's thread ([`Family::warm_here`]).
+    /// requests on their caller's thread (see `Family::warm_here`).
     pub fn warm_here(&self) {
         for replica in &self.replicas {
             replica.family.warm_here(&replica.member);
