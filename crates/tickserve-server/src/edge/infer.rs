@@ -168,17 +168,25 @@ pub struct Answer<E> {
 /// An admitted request, validated and in its place (its sequence's turn
 /// included), holding its slot and bytes until it is answered.
 pub struct Admitted<E> {
+    /// The runtime's request.
+    prepared: Prepared,
+    /// Everything else, for after the run.
+    after: AfterRun<E>,
+}
+
+/// What an admitted request needs once it has run: where its answer goes,
+/// what it records, and what it holds until then.
+struct AfterRun<E> {
     handle: Arc<ModelHandle>,
     /// The copy its shadows get, if it has any that want it.
     /// Boxed, as the journal's record: most requests have neither, and an
     /// admitted request moves several times on its way to the run.
     mirror: Option<Box<Mirror>>,
-    prepared: Prepared,
     encoding: E,
     record: Record,
     journal: Option<Box<Pending>>,
-    _slot: Slot,
-    _bytes: HeldBytes,
+    slot: Slot,
+    bytes: HeldBytes,
 }
 
 /// What the request's metrics are recorded under.
@@ -361,16 +369,18 @@ impl Edge {
         });
         match prepared {
             Ok((handle, prepared, encoding, more)) => Ok(Admitted {
-                mirror: shadows
-                    .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_deref()))
-                    .map(Box::new),
-                handle,
+                after: AfterRun {
+                    mirror: shadows
+                        .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_deref()))
+                        .map(Box::new),
+                    handle,
+                    encoding,
+                    record,
+                    journal,
+                    slot,
+                    bytes: bytes.join(more),
+                },
                 prepared,
-                encoding,
-                record,
-                journal,
-                _slot: slot,
-                _bytes: bytes.join(more),
             }),
             Err(error) => Err(refuse(error, &record, journal)),
         }
@@ -507,31 +517,9 @@ impl<E> Admitted<E> {
     /// [`Admitted::run`], and the request's slot and bytes, for the caller
     /// to keep until the answer is sent.
     pub async fn run_kept(self) -> (Result<Answer<E>, Error>, Kept) {
-        let Admitted {
-            handle,
-            mirror,
-            prepared,
-            encoding,
-            record,
-            journal,
-            _slot,
-            _bytes,
-        } = self;
-        let result = handle.run(prepared).await;
-        if let (Some(mirror), Ok(response)) = (mirror, &result) {
-            mirror.send(response);
-        }
-        let result = match journal {
-            Some(pending) => (*pending).answered(result).await,
-            None => result,
-        };
-        (
-            conclude(result, handle, encoding, &record),
-            Kept {
-                _slot,
-                bytes: _bytes,
-            },
-        )
+        let Admitted { prepared, after } = self;
+        let result = after.handle.run(prepared).await;
+        after.conclude(result).await
     }
 
     /// [`Admitted::run`] without waiting, where it would not wait anyway:
@@ -540,36 +528,54 @@ impl<E> Admitted<E> {
     // The `Err` side is the request handed back, not an error.
     #[allow(clippy::result_large_err)]
     pub fn run_now(self) -> Result<Result<Answer<E>, Error>, Admitted<E>> {
-        if self.journal.is_some() {
-            return Err(self);
+        let Admitted { prepared, after } = self;
+        if after.journal.is_some() {
+            return Err(Admitted { prepared, after });
         }
-        let Admitted {
+        match after.handle.run_now(prepared) {
+            Ok(result) => Ok(after.answer(result)),
+            Err(prepared) => Err(Admitted { prepared, after }),
+        }
+    }
+}
+
+impl<E> AfterRun<E> {
+    /// The shadows' copy sent, the journal's record written (it waits for
+    /// room), the outcome recorded: the answer, and what the request held.
+    async fn conclude(
+        mut self,
+        result: Result<InferResponse, Error>,
+    ) -> (Result<Answer<E>, Error>, Kept) {
+        self.mirror_answer(&result);
+        let result = match self.journal.take() {
+            Some(pending) => (*pending).answered(result).await,
+            None => result,
+        };
+        let AfterRun {
             handle,
-            mirror,
-            prepared,
             encoding,
             record,
-            journal,
-            _slot,
-            _bytes,
+            slot,
+            bytes,
+            ..
         } = self;
-        match handle.run_now(prepared) {
-            Ok(result) => {
-                if let (Some(mirror), Ok(response)) = (mirror, &result) {
-                    mirror.send(response);
-                }
-                Ok(conclude(result, handle, encoding, &record))
-            }
-            Err(prepared) => Err(Admitted {
-                handle,
-                mirror,
-                prepared,
-                encoding,
-                record,
-                journal,
-                _slot,
-                _bytes,
-            }),
+        (
+            conclude(result, handle, encoding, &record),
+            Kept { _slot: slot, bytes },
+        )
+    }
+
+    /// [`AfterRun::conclude`] for a request no journal records, answered
+    /// before its slot and bytes go.
+    fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
+        self.mirror_answer(&result);
+        conclude(result, self.handle, self.encoding, &self.record)
+    }
+
+    /// Sends the shadows their copy, after a prediction.
+    fn mirror_answer(&mut self, result: &Result<InferResponse, Error>) {
+        if let (Some(mirror), Ok(response)) = (self.mirror.take(), result) {
+            mirror.send(response);
         }
     }
 }
