@@ -11,7 +11,6 @@ mod common;
 use serde_json::json;
 use tickserve_core::config::{EndpointGroup, FrontEnd, Restriction};
 use tickserve_proto::inference as pb;
-use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::Code;
 
 const KEY: &str = "edge-k3y";
@@ -279,9 +278,7 @@ async fn a_parameter_of_another_type_is_refused_naming_it_over_http_and_grpc() {
         .unwrap();
     assert_eq!(response.status(), 200);
 
-    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
-        .await
-        .unwrap();
+    let mut grpc = common::grpc_client(&server).await;
     use pb::infer_parameter::ParameterChoice as P;
     for (name, value, words) in [
         (
@@ -330,9 +327,7 @@ async fn timeout_zero_is_no_timeout_over_http_and_grpc() {
             .unwrap();
         assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     }
-    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
-        .await
-        .unwrap();
+    let mut grpc = common::grpc_client(&server).await;
     use pb::infer_parameter::ParameterChoice as P;
     for zero in [P::Int64Param(0), P::Uint64Param(0)] {
         let mut request = common::grpc_alpha_row();
@@ -345,6 +340,22 @@ async fn timeout_zero_is_no_timeout_over_http_and_grpc() {
         grpc.model_infer(request).await.unwrap();
     }
     server.shutdown().await.unwrap();
+}
+
+/// One `alpha_mlp` row over HTTP with `client`, answered 200.
+async fn alpha_answer(
+    client: &reqwest::Client,
+    server: &tickserve_server::Server,
+) -> reqwest::Response {
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    let response = client
+        .post(&url)
+        .body(alpha_row(json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response
 }
 
 /// An answer's timing headers, as numbers: (queue, compute).
@@ -365,21 +376,12 @@ async fn every_answer_on_a_connection_carries_its_timing_over_http_and_grpc() {
     // One connection each: the first answer's headers differ in how HTTP/2
     // compresses them from those of the answers after it.
     let client = reqwest::Client::new();
-    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
     for _ in 0..3 {
-        let response = client
-            .post(&url)
-            .body(alpha_row(json!({})))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
+        let response = alpha_answer(&client, &server).await;
         let (_, compute) = timing_of(response.headers());
         assert!(compute > 0, "compute {compute} µs");
     }
-    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
-        .await
-        .unwrap();
+    let mut grpc = common::grpc_client(&server).await;
     for _ in 0..3 {
         let answer = grpc.model_infer(common::grpc_alpha_row()).await.unwrap();
         let (_, compute) = timing_of(&answer.metadata().clone().into_headers());
@@ -393,17 +395,8 @@ async fn timing_headers_off_leaves_them_out_over_http_and_grpc() {
     let mut config = common::config(&common::root().join("config/models"));
     config.server.timing_headers = false;
     let server = common::start(&config).await;
-    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
-    let response = reqwest::Client::new()
-        .post(&url)
-        .body(alpha_row(json!({})))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
-        .await
-        .unwrap();
+    let response = alpha_answer(&reqwest::Client::new(), &server).await;
+    let mut grpc = common::grpc_client(&server).await;
     let answer = grpc.model_infer(common::grpc_alpha_row()).await.unwrap();
     for headers in [
         response.headers(),

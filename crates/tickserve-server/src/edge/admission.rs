@@ -49,7 +49,8 @@ impl ConnectionBudget {
     /// after: the first answer's headers may teach HTTP/2's header
     /// compression names that later answers refer to ([`crate::timing`]).
     pub fn first_answer(&self) -> bool {
-        !self.answered.swap(true, Ordering::Relaxed)
+        // Read first: after the first answer no request writes the line.
+        !self.answered.load(Ordering::Relaxed) && !self.answered.swap(true, Ordering::Relaxed)
     }
 }
 

@@ -89,6 +89,19 @@ pub async fn start(config: &ServerConfig) -> Server {
         .expect("server starts (run scripts/setup.sh first)")
 }
 
+/// A v2 gRPC client connected to `server`.
+pub async fn grpc_client(
+    server: &Server,
+) -> tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient<
+    tonic::transport::Channel,
+> {
+    tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
+        format!("http://{}", server.grpc_addr),
+    )
+    .await
+    .unwrap()
+}
+
 /// A repository of the test fixtures (scripts/make_models.py --fixtures) plus
 /// the sample `alpha_mlp`.
 pub fn fixture_repository() -> tempfile::TempDir {
