@@ -20,6 +20,11 @@ client (its own HTTP connection, in a thread) sending the same request every N m
 the whole run: what real traffic beside the sparse client does to it, the most any
 keep-warm inside the server could do. Prints a Markdown table.
 
+`--floor` sends the health check instead of the inference (HTTP `GET /v2/health/live`
+on the same connection, gRPC `ServerLive` on the same channel), at the same spacings:
+the client's, the kernel's and the transport's share of the end-to-end time, which no
+model run touches.
+
 `--first N` measures the first request instead: N times per protocol, a fresh server,
 a client connected once it is ready (the connection is not timed), one request, then
 200 more and the closed loop's median over 200 after them as the steady figure:
@@ -80,6 +85,17 @@ class Http:
             raise RuntimeError(f"HTTP {response.status}")
         return elapsed, int(response.getheader("tickserve-compute-us"))
 
+    def live(self):
+        """(end-to-end ns, 0): `GET /v2/health/live`, the same connection's floor."""
+        started = time.perf_counter_ns()
+        self.connection.request("GET", "/v2/health/live")
+        response = self.connection.getresponse()
+        response.read()
+        elapsed = time.perf_counter_ns() - started
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+        return elapsed, 0
+
 
 class Grpc:
     def __init__(self, port):
@@ -88,6 +104,7 @@ class Grpc:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(self.channel).result(timeout=30)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.live_request = service_pb2.ServerLiveRequest()
         x = np.random.default_rng(0).standard_normal((1, FEATURES)).astype(np.float32)
         self.request = service_pb2.ModelInferRequest(model_name="alpha_mlp")
         self.request.inputs.add(name="features", datatype="FP32", shape=[1, FEATURES])
@@ -100,22 +117,29 @@ class Grpc:
         metadata = dict(call.initial_metadata())
         return elapsed, int(metadata["tickserve-compute-us"])
 
+    def live(self):
+        """(end-to-end ns, 0): `ServerLive`, the same channel's floor."""
+        started = time.perf_counter_ns()
+        self.stub.ServerLive(self.live_request, timeout=30)
+        return time.perf_counter_ns() - started, 0
+
 
 def percentile(values, p):
     values = sorted(values)
     return values[min(len(values) - 1, int(p * len(values)))]
 
 
-def measure(client, spin, scale):
+def measure(client, spin, scale, floor=False):
+    call = client.live if floor else client.call
     rows = []
     for _ in range(200):
-        client.call()
+        call()
     for label, seconds, count in SPACINGS:
         count = max(5, int(count * scale))
         e2e, compute = [], []
         for _ in range(count):
             wait(seconds, spin)
-            elapsed, us = client.call()
+            elapsed, us = call()
             e2e.append(elapsed / 1000)
             compute.append(us)
         rows.append((label, statistics.median(compute), percentile(compute, 0.99),
@@ -166,6 +190,9 @@ def main():
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured")
     p.add_argument("--warmer-ms", type=float, default=0.0,
                    help="a second client sending a request every this many ms")
+    p.add_argument("--floor", action="store_true",
+                   help="send the health check (HTTP GET /v2/health/live, gRPC ServerLive) "
+                        "instead of the inference: the transport's own figures")
     p.add_argument("--first", type=int, default=0, metavar="N",
                    help="measure the first request after ready instead, over N restarts")
     args = p.parse_args()
@@ -182,8 +209,8 @@ def main():
                     warmer.call()
                     time.sleep(args.warmer_ms / 1000)
             threading.Thread(target=warm, daemon=True).start()
-        http_rows = measure(Http(server.http_port), args.spin, args.scale)
-        grpc_rows = measure(Grpc(server.grpc_port), args.spin, args.scale)
+        http_rows = measure(Http(server.http_port), args.spin, args.scale, args.floor)
+        grpc_rows = measure(Grpc(server.grpc_port), args.spin, args.scale, args.floor)
         stop.set()
         before = cpu_seconds(server.pid)
         time.sleep(args.idle)
