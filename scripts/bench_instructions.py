@@ -73,8 +73,10 @@ FEATURES = 50
 # shared-memory case (idle, it checks for dead client nodes every 100 ms). In the
 # shared-memory case that check is taken out of its thread's count.
 UPKEEP = "PrometheusHandle::run_upkeep"
-# The thread's loop (`serve`) may be inlined into its supervisor.
-SHM_THREADS = ("tickserve_server::shm::serve", "tickserve_server::shm::supervise")
+# The thread's loop (`serve`) may be inlined into its supervisor, and both into the
+# thread's start; its dead-node check (iceoryx2's) runs on no other thread.
+SHM_THREADS = ("tickserve_server::shm::serve", "tickserve_server::shm::supervise",
+               "blocking_cleanup_dead_nodes")
 DEAD_NODES = "cleanup_dead_nodes"
 ORT_LIBRARY = "libonnxruntime"
 # Each measured case's thread files, and the requests counted, by run label.

@@ -29,7 +29,7 @@
 use std::any::TypeId;
 use std::marker::PhantomData;
 
-use bytes::Buf;
+use bytes::{Buf, Bytes};
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
@@ -125,18 +125,44 @@ impl<U: prost::Message + Default + 'static> Decoder for BoundedDecoder<U> {
             };
             checked.map_err(Status::invalid_argument)?;
         }
-        let multi_thread = Handle::try_current()
-            .is_ok_and(|handle| handle.runtime_flavor() == RuntimeFlavor::MultiThread);
-        if multi_thread && src.remaining() >= DECODE_BLOCKING_BYTES {
-            tokio::task::block_in_place(|| self.inner.decode(src))
+        let remaining = src.remaining();
+        let decode = || U::decode(src).map(Some).map_err(malformed);
+        if remaining >= DECODE_BLOCKING_BYTES && multi_thread() {
+            tokio::task::block_in_place(decode)
         } else {
-            self.inner.decode(src)
+            decode()
         }
     }
 
     fn buffer_settings(&self) -> BufferSettings {
         self.inner.buffer_settings()
     }
+}
+
+/// Decodes a `ModelInferRequest` from its bytes as the codec decodes one
+/// off the wire: the walk ([`check_infer_request`]), then prost, with the
+/// async worker's other tasks moved elsewhere first when it is large.
+pub fn decode_infer_request(bytes: Bytes) -> Result<pb::ModelInferRequest, Status> {
+    check_infer_request(&bytes).map_err(Status::invalid_argument)?;
+    let large = bytes.len() >= DECODE_BLOCKING_BYTES;
+    let decode = || prost::Message::decode(bytes).map_err(malformed);
+    if large && multi_thread() {
+        tokio::task::block_in_place(decode)
+    } else {
+        decode()
+    }
+}
+
+/// Whether this thread runs in a multi-threaded tokio runtime (where
+/// `block_in_place` may hand its other tasks elsewhere).
+fn multi_thread() -> bool {
+    Handle::try_current().is_ok_and(|handle| handle.runtime_flavor() == RuntimeFlavor::MultiThread)
+}
+
+/// prost's refusal of a malformed message: the client's fault, so
+/// INVALID_ARGUMENT (tonic's own codec says INTERNAL).
+fn malformed(error: prost::DecodeError) -> Status {
+    Status::invalid_argument(format!("the message is not valid protobuf: {error}"))
 }
 
 /// Counts the entries of each top-level field of the protobuf message in

@@ -10,11 +10,14 @@
 //! - [`bounded`]: the codec every generated server and client decodes with:
 //!   prost's, behind a walk that refuses messages that would take far more
 //!   memory decoded than on the wire.
+//! - [`view`]: a `ModelInferRequest` of the common shape read in place, for
+//!   the server's unary inference.
 //!
 //! Nothing here knows a model or a request path: these are messages, stubs
 //! and the codec.
 
 pub mod bounded;
+pub mod view;
 
 /// The v2 inference protocol's messages, server and client.
 #[allow(missing_docs, clippy::all)]

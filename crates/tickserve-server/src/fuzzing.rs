@@ -16,8 +16,8 @@ use tickserve_core::config::{ModelConfig, ModelDefaults, ServerConfig};
 use tickserve_core::validate::{Limits, validate};
 use tickserve_core::{DataType, Signature, TensorSpec};
 
-use tickserve_proto::bounded;
 use tickserve_proto::inference as pb;
+use tickserve_proto::{bounded, view};
 
 use crate::edge::deadline;
 use crate::grpc::convert;
@@ -77,6 +77,18 @@ pub fn http_binary(data: &[u8]) {
 pub fn grpc_request(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = deadline::parse_grpc_timeout(text);
+    }
+    // What the unary path reads in place, prost decodes alike.
+    if let Some(view) = view::infer_request(data, crate::edge::MAX_TENSORS) {
+        let decoded = pb::ModelInferRequest::decode(data);
+        assert!(
+            decoded
+                .as_ref()
+                .is_ok_and(|m| m.model_name == view.model_name
+                    && m.inputs.len() == view.inputs.len()
+                    && m.raw_input_contents.len() == view.raw_input_contents.len()),
+            "read in place as {view:?}, decoded by prost as {decoded:?}"
+        );
     }
     if bounded::check_entries(data).is_err() {
         return;

@@ -128,43 +128,6 @@ fn infer_message(parts: &[Vec<u8>]) -> Vec<u8> {
     message
 }
 
-/// Writes already-encoded messages as they are; reads answers with prost.
-struct RawCodec;
-
-struct RawEncoder;
-
-impl tonic::codec::Encoder for RawEncoder {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn encode(
-        &mut self,
-        item: bytes::Bytes,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        bytes::BufMut::put(dst, item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = bytes::Bytes;
-    type Decode = pb::ModelInferResponse;
-    type Encoder = RawEncoder;
-    type Decoder = tonic_prost::ProstDecoder<pb::ModelInferResponse>;
-
-    fn encoder(&mut self) -> RawEncoder {
-        RawEncoder
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        tonic::codec::Codec::decoder(&mut tonic_prost::ProstCodec::<
-            pb::ModelInferRequest,
-            pb::ModelInferResponse,
-        >::default())
-    }
-}
-
 use tickserve_proto::inference as pb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,7 +205,7 @@ async fn amplification_messages_stay_within_a_small_multiple_of_their_size() {
             .unary(
                 tonic::Request::new(bytes::Bytes::from(message)),
                 path.clone(),
-                RawCodec,
+                common::RawCodec,
             )
             .await
             .unwrap_err();

@@ -602,3 +602,60 @@ async fn grpc_bad_input_is_refused_clearly() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// A message that is not valid protobuf is the client's error: INVALID_ARGUMENT
+/// saying so, whichever way the server reads it, and the next request is
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_malformed_messages_are_invalid_argument() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel.clone());
+    let mut client = GrpcInferenceServiceClient::new(channel);
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(common::MODEL_INFER);
+    let good = prost::Message::encode_to_vec(&common::grpc_alpha_row());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a name longer than the message", {
+            let mut m = vec![0x0a, 0x40];
+            m.extend_from_slice(b"alpha_mlp");
+            m
+        }),
+        ("wire type 7", vec![0x0f, 0x00]),
+        (
+            "a model name that is not UTF-8",
+            vec![0x0a, 0x02, 0xff, 0xfe],
+        ),
+        ("field number 0", vec![0x02, 0x00]),
+        ("a varint of eleven bytes", {
+            let mut m = vec![0x38];
+            m.extend([0xff; 10]);
+            m.push(0x01);
+            m
+        }),
+        ("a good request cut short", good[..good.len() - 3].to_vec()),
+    ];
+    for (name, message) in cases {
+        raw.ready().await.unwrap();
+        let status = raw
+            .unary(
+                tonic::Request::new(bytes::Bytes::from(message)),
+                path.clone(),
+                common::RawCodec,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{name}: {status:?}");
+        assert!(
+            status.message().contains("not valid protobuf"),
+            "{name}: {}",
+            status.message()
+        );
+        let answer = client.model_infer(common::grpc_alpha_row()).await.unwrap();
+        assert_eq!(answer.into_inner().outputs.len(), 1, "{name}");
+    }
+    server.shutdown().await.unwrap();
+}

@@ -8,16 +8,16 @@
 pub mod convert;
 pub mod sequences;
 pub mod stream;
+pub mod unary;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tickserve_core::{Error, TensorSpec};
 use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
+use crate::edge::Edge;
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Edge, RequestBytes, deadline, trace};
 use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
@@ -386,48 +386,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let started = Instant::now();
-        let timeout = deadline::grpc_timeout(request.metadata());
-        let traceparent = trace::grpc(request.metadata());
-        let held = RequestBytes::of(request.extensions(), 0);
-        let teach = held.first_on_connection();
-        let key = request.extensions().get().copied();
-        let mut message = request.into_inner();
-        let bytes = match held {
-            RequestBytes::Count(_) => RequestBytes::Count(prost::Message::encoded_len(&message)),
-            held => held,
-        };
-        // The name and version go to the edge; the rest is decoded there.
-        let model = std::mem::take(&mut message.model_name);
-        let version = std::mem::take(&mut message.model_version);
-        let call = Call {
-            protocol: Protocol::Grpc,
-            model: &model,
-            version: optional(&version),
-            bytes,
-            timeout,
-            started,
-            key,
-            traceparent,
-        };
-        let answer = self
-            .shared
-            .infer(call, convert::Message(message))
-            .await
-            .map_err(|e| status(&e))?;
-        let timing = answer.response.timing;
-        let message = convert::encode(answer.response, answer.encoding);
-        // Room for tonic's content-type (and grpc-encoding) beside the two
-        // timing headers: a map that grows rehashes (about 1.5k instructions).
-        let mut headers = http::HeaderMap::with_capacity(4);
-        if self.shared.timing_headers {
-            crate::timing::add(&mut headers, &timing, teach);
-        }
-        Ok(Response::from_parts(
-            tonic::metadata::MetadataMap::from_headers(headers),
-            message,
-            tonic::Extensions::default(),
-        ))
+        unary::answer_message(&self.shared, request).await
     }
 
     type ModelStreamInferStream = stream::AnswerStream;

@@ -47,6 +47,11 @@ pub async fn serve(
         .add_service(model_status)
         .add_service(grpc::sequences::Sequence::service(Arc::clone(&edge)))
         .into_axum_router()
+        // The unary inference, served from its message's bytes.
+        .route_service(
+            grpc::unary::PATH,
+            grpc::unary::ModelInfer::new(Arc::clone(&edge), limit),
+        )
         .layer(tower::util::MapResponseLayer::new(
             status::grpc_oversized_is_invalid_argument::<axum::body::Body>,
         ))

@@ -266,3 +266,43 @@ pub fn restrict_every_group(
         })
         .collect();
 }
+
+/// The unary inference method's path, for [`RawCodec`] calls.
+pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+
+/// Writes already-encoded messages as they are; reads answers with prost.
+pub struct RawCodec;
+
+pub struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: bytes::Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put(dst, item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = bytes::Bytes;
+    type Decode = tickserve_proto::inference::ModelInferResponse;
+    type Encoder = RawEncoder;
+    type Decoder = tonic_prost::ProstDecoder<tickserve_proto::inference::ModelInferResponse>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic::codec::Codec::decoder(&mut tonic_prost::ProstCodec::<
+            tickserve_proto::inference::ModelInferRequest,
+            tickserve_proto::inference::ModelInferResponse,
+        >::default())
+    }
+}
