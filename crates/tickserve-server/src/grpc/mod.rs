@@ -5,6 +5,7 @@
 //! Inference goes through the edge's pipeline; errors become statuses in
 //! [`crate::edge::status`].
 
+pub mod answer;
 pub mod convert;
 pub mod sequences;
 pub mod stream;

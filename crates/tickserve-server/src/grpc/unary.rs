@@ -20,10 +20,10 @@ use tickserve_core::sequence::KeyId;
 use tickserve_core::{DataType, Error, InputTensor};
 use tickserve_proto::{bounded, view};
 use tickserve_runtime::ModelHandle;
-use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
-use tonic_prost::ProstEncoder;
 
+use super::answer::Answer;
 use super::{convert, optional, pb};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
@@ -76,8 +76,8 @@ impl tower::Service<http::Request<axum::body::Body>> for ModelInfer {
 struct Method(Arc<Edge>);
 
 impl tonic::server::UnaryService<Bytes> for Method {
-    type Response = pb::ModelInferResponse;
-    type Future = BoxFuture<Result<Response<pb::ModelInferResponse>, Status>>;
+    type Response = Answer;
+    type Future = BoxFuture<Result<Response<Answer>, Status>>;
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let edge = Arc::clone(&self.0);
@@ -86,17 +86,18 @@ impl tonic::server::UnaryService<Bytes> for Method {
 }
 
 /// The codec of [`ModelInfer`]: a request is its message's bytes, taken
-/// from the frame without a copy; the answer is encoded by prost.
+/// from the frame without a copy; the answer is written from the core's
+/// response ([`Answer::encode`]).
 struct FrameCodec;
 
 impl Codec for FrameCodec {
-    type Encode = pb::ModelInferResponse;
+    type Encode = Answer;
     type Decode = Bytes;
-    type Encoder = ProstEncoder<pb::ModelInferResponse>;
+    type Encoder = AnswerEncoder;
     type Decoder = FrameDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstCodec::<pb::ModelInferResponse, ()>::default().encoder()
+        AnswerEncoder
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -113,6 +114,19 @@ impl Decoder for FrameDecoder {
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
         Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// An answer as its `ModelInferResponse` bytes.
+struct AnswerEncoder;
+
+impl Encoder for AnswerEncoder {
+    type Item = Answer;
+    type Error = Status;
+
+    fn encode(&mut self, answer: Answer, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        answer.encode(dst);
+        Ok(())
     }
 }
 
@@ -149,7 +163,7 @@ impl Unary {
         version: &str,
         payload: P,
         len: impl FnOnce() -> usize,
-    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+    ) -> Result<Response<Answer>, Status> {
         let bytes = match self.held {
             RequestBytes::Count(_) => RequestBytes::Count(len()),
             held => held,
@@ -166,7 +180,10 @@ impl Unary {
         };
         let answer = edge.infer(call, payload).await.map_err(|e| status(&e))?;
         let timing = answer.response.timing;
-        let message = convert::encode(answer.response, answer.encoding);
+        let message = Answer {
+            response: answer.response,
+            raw: answer.encoding,
+        };
         // Room for tonic's content-type (and grpc-encoding) beside the two
         // timing headers: a map that grows rehashes (about 1.5k instructions).
         let mut headers = http::HeaderMap::with_capacity(4);
@@ -193,9 +210,8 @@ pub async fn answer_message(
     let model = std::mem::take(&mut message.model_name);
     let version = std::mem::take(&mut message.model_version);
     let len = prost::Message::encoded_len(&message);
-    unary
-        .answer(edge, &model, &version, convert::Message(message), || len)
-        .await
+    let answer = unary.answer(edge, &model, &version, convert::Message(message), || len);
+    Ok(answer.await?.map(Answer::message))
 }
 
 /// Answers a call from its message's bytes: read in place where it has the
@@ -203,7 +219,7 @@ pub async fn answer_message(
 async fn answer_frame(
     edge: &Arc<Edge>,
     request: Request<Bytes>,
-) -> Result<Response<pb::ModelInferResponse>, Status> {
+) -> Result<Response<Answer>, Status> {
     let unary = Unary::of(&request);
     let frame = request.into_inner();
     let len = frame.len();
