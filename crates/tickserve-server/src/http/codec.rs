@@ -74,6 +74,60 @@ struct OutputJson<'a> {
     parameters: Option<&'a RawValue>,
 }
 
+/// A request's JSON header, as serde_json or [`super::plain`] read it:
+/// `parameters` objects as their text, read once their size is known.
+#[derive(Default)]
+pub(super) struct Header<'a> {
+    pub id: Option<String>,
+    pub parameters: Option<&'a str>,
+    pub inputs: Vec<InputHeader<'a>>,
+    pub outputs: Option<Vec<OutputHeader<'a>>>,
+}
+
+/// One input of a [`Header`].
+pub(super) struct InputHeader<'a> {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: Cow<'a, str>,
+    pub parameters: Option<&'a str>,
+    pub data: Option<&'a RawValue>,
+}
+
+/// One output of a [`Header`].
+pub(super) struct OutputHeader<'a> {
+    pub name: String,
+    pub parameters: Option<&'a str>,
+}
+
+impl<'a> From<RequestJson<'a>> for Header<'a> {
+    fn from(json: RequestJson<'a>) -> Header<'a> {
+        Header {
+            id: json.id,
+            parameters: json.parameters.map(RawValue::get),
+            inputs: json
+                .inputs
+                .into_iter()
+                .map(|input| InputHeader {
+                    name: input.name,
+                    shape: input.shape,
+                    datatype: input.datatype,
+                    parameters: input.parameters.map(RawValue::get),
+                    data: input.data,
+                })
+                .collect(),
+            outputs: json.outputs.map(|outputs| {
+                outputs
+                    .into_iter()
+                    .map(|output| OutputHeader {
+                        name: output.name,
+                        parameters: output.parameters.map(RawValue::get),
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
 /// A JSON list of at most `limit` entries (`what` names them in the error).
 fn at_most<'de, D, T>(d: D, limit: usize, what: &'static str) -> Result<Vec<T>, D::Error>
 where
@@ -127,7 +181,7 @@ fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
 /// names borrowed from the body where they hold no escapes. A request has a
 /// few, so a lookup searches them; the last of a repeated name wins, as in a
 /// JSON object read into a map.
-struct Entries<'a>(Vec<(Cow<'a, str>, Value)>);
+pub(super) struct Entries<'a>(pub Vec<(Cow<'a, str>, Value)>);
 
 impl Entries<'_> {
     fn get(&self, name: &str) -> Option<&Value> {
@@ -143,8 +197,22 @@ impl Entries<'_> {
 #[derive(Deserialize)]
 struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
 
-/// A `parameters` object, parsed only when it is small.
-fn parameters(raw: Option<&RawValue>) -> Result<Option<Entries<'_>>, String> {
+/// A `parameters` object's text, parsed only when it is small: by hand
+/// where its values are plain ([`super::plain::parameters`]), by serde_json
+/// otherwise.
+fn parameters(text: Option<&str>) -> Result<Option<Entries<'_>>, String> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    match super::plain::parameters(text) {
+        Some(entries) => Ok(Some(entries)),
+        None => json_parameters(text).map(Some),
+    }
+}
+
+/// A `parameters` object's text read by serde_json, within
+/// [`MAX_PARAMETER_BYTES`].
+pub(super) fn json_parameters(text: &str) -> Result<Entries<'_>, String> {
     struct Object;
     impl<'de> Visitor<'de> for Object {
         type Value = Entries<'de>;
@@ -159,10 +227,6 @@ fn parameters(raw: Option<&RawValue>) -> Result<Option<Entries<'_>>, String> {
             Ok(Entries(entries))
         }
     }
-    let Some(raw) = raw else {
-        return Ok(None);
-    };
-    let text = raw.get();
     if text.len() > MAX_PARAMETER_BYTES {
         return Err(format!(
             "parameters take {} bytes of JSON; at most {MAX_PARAMETER_BYTES}",
@@ -172,8 +236,12 @@ fn parameters(raw: Option<&RawValue>) -> Result<Option<Entries<'_>>, String> {
     let mut json = serde_json::Deserializer::from_str(text);
     json.deserialize_map(Object)
         .and_then(|entries| json.end().map(|()| entries))
-        .map(Some)
         .map_err(|e| format!("parameters must be a JSON object: {e}"))
+}
+
+/// Reads a request's JSON header with serde_json.
+pub(super) fn json_header(text: &[u8]) -> serde_json::Result<Header<'_>> {
+    serde_json::from_slice::<RequestJson>(text).map(Header::from)
 }
 
 /// How a request's answer must be encoded: which outputs go back binary.
@@ -223,8 +291,15 @@ pub fn decode(
             ),
         ));
     }
-    let parsed: RequestJson = serde_json::from_slice(&body[..json_len])
-        .map_err(|e| Error::request(model, format!("malformed JSON request body: {e}")))?;
+    let text = &body[..json_len];
+    // Without binary data every input holds JSON `data`, which only
+    // serde_json reads.
+    let plain = header_length.and_then(|_| super::plain::header(text));
+    let parsed = match plain {
+        Some(header) => header,
+        None => json_header(text)
+            .map_err(|e| Error::request(model, format!("malformed JSON request body: {e}")))?,
+    };
     if parsed.id.as_ref().is_some_and(|id| id.len() > MAX_ID_BYTES) {
         return Err(Error::request(
             model,
@@ -584,6 +659,31 @@ pub struct Encoded {
 
 /// Encodes `response`; outputs whose flag in `binary` is set go as binary data.
 pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
+    // Sized up front: a body that grows as it is written copies itself
+    // each time (serde_json starts at 128 bytes).
+    let mut body = Vec::with_capacity(encoded_size(response, binary));
+    if !super::answer_header::write(response, binary, &mut body) {
+        json_header_of(response, binary, &mut body);
+    }
+    if !binary.iter().any(|&b| b) {
+        return Encoded {
+            body,
+            header_length: None,
+        };
+    }
+    let json_len = body.len();
+    for (o, _) in response.outputs.iter().zip(binary).filter(|(_, b)| **b) {
+        body.extend_from_slice(&o.data);
+    }
+    Encoded {
+        body,
+        header_length: Some(json_len),
+    }
+}
+
+/// Writes `response`'s JSON (its header, with the binary extension) to
+/// `body` with serde_json.
+pub(super) fn json_header_of(response: &InferResponse, binary: &[bool], body: &mut Vec<u8>) {
     let outputs = response
         .outputs
         .iter()
@@ -610,26 +710,9 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
         ),
         outputs,
     };
-    // Sized up front: a body that grows as it is written copies itself
-    // each time (serde_json starts at 128 bytes).
-    let mut body = Vec::with_capacity(encoded_size(response, binary));
     // Serializing plain structs of strings and numbers into a Vec cannot fail.
-    if serde_json::to_writer(&mut body, &json).is_err() {
+    if serde_json::to_writer(&mut *body, &json).is_err() {
         body.clear();
-    }
-    if !binary.iter().any(|&b| b) {
-        return Encoded {
-            body,
-            header_length: None,
-        };
-    }
-    let json_len = body.len();
-    for (o, _) in response.outputs.iter().zip(binary).filter(|(_, b)| **b) {
-        body.extend_from_slice(&o.data);
-    }
-    Encoded {
-        body,
-        header_length: Some(json_len),
     }
 }
 
@@ -694,7 +777,7 @@ mod tests {
     fn parameters_read_as_a_json_object_would_be() {
         let raw = |text: &str| serde_json::from_str::<Box<RawValue>>(text).unwrap();
         let object = raw(r#"{"a": 1, "b\u0021": "x", "a": true}"#);
-        let entries = parameters(Some(&object)).unwrap().unwrap();
+        let entries = parameters(Some(object.get())).unwrap().unwrap();
         assert!(matches!(
             entry(Some(&entries), "a"),
             Some(Param::Bool(true))
@@ -702,7 +785,7 @@ mod tests {
         assert!(matches!(entry(Some(&entries), "b!"), Some(Param::Str("x"))));
         assert!(entry(Some(&entries), "c").is_none());
         for other in ["5", "[1]", "null", r#""s""#] {
-            let e = parameters(Some(&raw(other))).err().unwrap();
+            let e = parameters(Some(raw(other).get())).err().unwrap();
             assert!(
                 e.starts_with("parameters must be a JSON object: invalid type"),
                 "{other}: {e}"

@@ -7,7 +7,9 @@
 //! pipeline ([`crate::edge::infer`]). Errors are `{"error": "..."}` with the
 //! status of their kind ([`crate::edge::status`]).
 
+mod answer_header;
 pub mod codec;
+mod plain;
 pub mod sequences;
 
 use std::sync::Arc;

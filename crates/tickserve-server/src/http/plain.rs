@@ -1,0 +1,469 @@
+//! The v2 JSON header of the common shape, read by hand: what a client of
+//! the binary extension sends (`{"inputs":[{"name":…,"shape":[…],
+//! "datatype":…,"parameters":{"binary_data_size":…}}],"parameters":{…}}`).
+//!
+//! Only plain JSON is read here: strings without escapes, integers, `true`,
+//! `false` and `null` as parameter values, each known key at most once, no
+//! `data` (JSON tensor data), no unknown keys. Anything else, and anything
+//! malformed, reads as `None`, and serde_json reads the body instead (with
+//! its errors): so what is read here is what serde_json reads from the same
+//! text (`tests` below check it on real headers and their mutations).
+
+use std::borrow::Cow;
+
+use serde_json::{Number, Value};
+
+use super::codec::{Entries, Header, InputHeader, MAX_PARAMETER_BYTES, MAX_RANK, OutputHeader};
+use crate::edge::MAX_TENSORS;
+
+/// Reads `text` as a request header of the common shape.
+pub fn header(text: &[u8]) -> Option<Header<'_>> {
+    let mut json = Plain::new(std::str::from_utf8(text).ok()?);
+    let mut header = Header::default();
+    let (mut id, mut parameters, mut inputs, mut outputs) = (false, false, false, false);
+    json.object(|json, key| {
+        match key {
+            "id" if !std::mem::replace(&mut id, true) => {
+                header.id = Some(json.string()?.to_owned());
+            }
+            "parameters" if !std::mem::replace(&mut parameters, true) => {
+                header.parameters = Some(json.skip_object()?);
+            }
+            "inputs" if !std::mem::replace(&mut inputs, true) => {
+                json.list(|json| {
+                    if header.inputs.len() == MAX_TENSORS {
+                        return None;
+                    }
+                    header.inputs.push(input(json)?);
+                    Some(())
+                })?;
+            }
+            "outputs" if !std::mem::replace(&mut outputs, true) => {
+                let mut list = Vec::new();
+                json.list(|json| {
+                    if list.len() == MAX_TENSORS {
+                        return None;
+                    }
+                    list.push(output(json)?);
+                    Some(())
+                })?;
+                header.outputs = Some(list);
+            }
+            _ => return None,
+        }
+        Some(())
+    })?;
+    json.space();
+    // `inputs` is required; trailing text is an error.
+    (inputs && json.at == json.text.len()).then_some(header)
+}
+
+/// One input: name, shape, datatype, and parameters if any.
+fn input<'a>(json: &mut Plain<'a>) -> Option<InputHeader<'a>> {
+    let (mut name, mut shape, mut datatype, mut parameters) = (None, None, None, None);
+    json.object(|json, key| {
+        match key {
+            "name" if name.is_none() => name = Some(json.string()?.to_owned()),
+            "shape" if shape.is_none() => {
+                let mut dims = Vec::new();
+                json.list(|json| {
+                    if dims.len() == MAX_RANK {
+                        return None;
+                    }
+                    match json.integer()? {
+                        Integer::Negative(dim) => dims.push(dim),
+                        Integer::Positive(dim) => dims.push(i64::try_from(dim).ok()?),
+                    }
+                    Some(())
+                })?;
+                shape = Some(dims);
+            }
+            "datatype" if datatype.is_none() => datatype = Some(json.string()?),
+            "parameters" if parameters.is_none() => parameters = Some(json.skip_object()?),
+            _ => return None,
+        }
+        Some(())
+    })?;
+    Some(InputHeader {
+        name: name?,
+        shape: shape?,
+        datatype: Cow::Borrowed(datatype?),
+        parameters,
+        data: None,
+    })
+}
+
+/// One output asked for: name, and parameters if any.
+fn output<'a>(json: &mut Plain<'a>) -> Option<OutputHeader<'a>> {
+    let (mut name, mut parameters) = (None, None);
+    json.object(|json, key| {
+        match key {
+            "name" if name.is_none() => name = Some(json.string()?.to_owned()),
+            "parameters" if parameters.is_none() => parameters = Some(json.skip_object()?),
+            _ => return None,
+        }
+        Some(())
+    })?;
+    Some(OutputHeader {
+        name: name?,
+        parameters,
+    })
+}
+
+/// Reads the text of a `parameters` object (as [`header`] gives it) as its
+/// entries, where every value is plain (a string without escapes, an
+/// integer, `true`, `false`, `null`) and it is within the parameter limit.
+pub fn parameters(text: &str) -> Option<Entries<'_>> {
+    if text.len() > MAX_PARAMETER_BYTES {
+        return None;
+    }
+    let mut json = Plain::new(text);
+    let mut entries = Vec::new();
+    json.object(|json, key| {
+        json.space();
+        let value = match json.text.get(json.at)? {
+            b'"' => Value::String(json.string()?.to_owned()),
+            b't' => json.word("true", Value::Bool(true))?,
+            b'f' => json.word("false", Value::Bool(false))?,
+            b'n' => json.word("null", Value::Null)?,
+            _ => match json.integer()? {
+                Integer::Negative(n) => Value::Number(Number::from(n)),
+                Integer::Positive(n) => Value::Number(Number::from(n)),
+            },
+        };
+        entries.push((Cow::Borrowed(key), value));
+        Some(())
+    })?;
+    json.space();
+    (json.at == json.text.len()).then_some(Entries(entries))
+}
+
+/// An integer as serde_json reads one: non-negative ones as `u64`.
+enum Integer {
+    Negative(i64),
+    Positive(u64),
+}
+
+/// A cursor over plain JSON.
+struct Plain<'a> {
+    /// The text, checked as UTF-8 once.
+    str: &'a str,
+    /// Its bytes.
+    text: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Plain<'a> {
+    fn new(str: &'a str) -> Plain<'a> {
+        Plain {
+            str,
+            text: str.as_bytes(),
+            at: 0,
+        }
+    }
+
+    /// Skips JSON whitespace.
+    fn space(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.text.get(self.at) {
+            self.at += 1;
+        }
+    }
+
+    /// Takes `byte` after whitespace.
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        self.space();
+        (self.text.get(self.at) == Some(&byte)).then(|| self.at += 1)
+    }
+
+    /// Whether `byte` follows whitespace (taken if so).
+    fn next_is(&mut self, byte: u8) -> bool {
+        self.eat(byte).is_some()
+    }
+
+    /// A string without escapes or control characters.
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let start = self.at;
+        let end = start + special(self.text.get(start..)?)?;
+        if self.text[end] != b'"' {
+            return None;
+        }
+        self.at = end + 1;
+        // Quotes are ASCII: the string ends on a character boundary.
+        self.str.get(start..end)
+    }
+
+    /// `word` (`true`, `false`, `null`), read as `value`.
+    fn word(&mut self, word: &str, value: Value) -> Option<Value> {
+        let end = self.at.checked_add(word.len())?;
+        (self.text.get(self.at..end)? == word.as_bytes()).then(|| {
+            self.at = end;
+            value
+        })
+    }
+
+    /// An integer: an optional minus, then `0` or digits without a leading
+    /// zero, not followed by a fraction or exponent; `None` past 18 digits
+    /// (serde_json reads larger ones in wider types).
+    fn integer(&mut self) -> Option<Integer> {
+        self.space();
+        let negative = self.text.get(self.at) == Some(&b'-');
+        if negative {
+            self.at += 1;
+        }
+        let start = self.at;
+        let mut value: u64 = 0;
+        while let Some(&digit @ b'0'..=b'9') = self.text.get(self.at) {
+            value = value * 10 + u64::from(digit - b'0');
+            self.at += 1;
+            if self.at - start > 18 {
+                return None;
+            }
+        }
+        let digits = self.at - start;
+        if digits == 0 || (digits > 1 && self.text[start] == b'0') {
+            return None;
+        }
+        if let Some(b'.' | b'e' | b'E') = self.text.get(self.at) {
+            return None;
+        }
+        if negative {
+            // 18 digits fit. serde_json reads -0 as a float.
+            let value = i64::try_from(value).ok().filter(|&v| v != 0)?;
+            Some(Integer::Negative(-value))
+        } else {
+            Some(Integer::Positive(value))
+        }
+    }
+
+    /// An object, each key given to `member` to read its value.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.next_is(b'}') {
+            return Some(());
+        }
+        loop {
+            let key = self.string()?;
+            self.eat(b':')?;
+            member(self, key)?;
+            if self.next_is(b',') {
+                continue;
+            }
+            return self.eat(b'}');
+        }
+    }
+
+    /// A list, each entry read by `entry`.
+    fn list(&mut self, mut entry: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        if self.next_is(b']') {
+            return Some(());
+        }
+        loop {
+            entry(self)?;
+            if self.next_is(b',') {
+                continue;
+            }
+            return self.eat(b']');
+        }
+    }
+
+    /// An object of plain values, skipped: its text.
+    fn skip_object(&mut self) -> Option<&'a str> {
+        self.space();
+        let start = self.at;
+        self.object(|json, _| {
+            json.space();
+            match json.text.get(json.at)? {
+                b'"' => json.string().map(drop),
+                b't' => json.word("true", Value::Null).map(drop),
+                b'f' => json.word("false", Value::Null).map(drop),
+                b'n' => json.word("null", Value::Null).map(drop),
+                _ => json.integer().map(drop),
+            }
+        })?;
+        self.str.get(start..self.at)
+    }
+}
+
+/// Where the first quote, backslash or control character of `bytes` is,
+/// eight bytes at a time (as serde_json looks for escapes).
+fn special(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let found = |word: u64| {
+        let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+        zero(word ^ (ONES * u64::from(b'"')))
+            | zero(word ^ (ONES * u64::from(b'\\')))
+            | (word.wrapping_sub(ONES * 0x20) & !word & HIGHS)
+    };
+    let mut at = 0;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let hits = found(u64::from_le_bytes(word));
+        if hits != 0 {
+            return Some(at + hits.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .map(|i| at + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::{json_header, json_parameters};
+    use super::*;
+
+    /// A header as comparable text: what both readings must agree on.
+    fn shown(header: &Header<'_>) -> String {
+        let inputs: Vec<String> = header
+            .inputs
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}|{:?}|{}|{:?}|{:?}",
+                    i.name,
+                    i.shape,
+                    i.datatype,
+                    i.parameters,
+                    i.data.map(|d| d.get())
+                )
+            })
+            .collect();
+        let outputs: Option<Vec<String>> = header.outputs.as_ref().map(|list| {
+            list.iter()
+                .map(|o| format!("{}|{:?}", o.name, o.parameters))
+                .collect()
+        });
+        format!(
+            "{:?} {:?} {inputs:?} {outputs:?}",
+            header.id, header.parameters
+        )
+    }
+
+    const HEADERS: [&str; 4] = [
+        r#"{"inputs":[{"name":"features","shape":[1,16],"datatype":"FP32","parameters":{"binary_data_size":64}}],"parameters":{"binary_data_output":true}}"#,
+        r#" { "id" : "order-42", "inputs" : [ { "datatype" : "INT64", "name" : "x", "shape" : [ -1, 0, 123456789012345678 ] }, {"name":"é","shape":[],"datatype":"BOOL"} ] , "outputs" : [ {"name":"y","parameters":{"binary_data":false}} , {"name":""} ], "parameters" : { "sequence_id" : -7, "sequence_start" : true, "priority" : 2, "tag" : "a b", "n": null } } "#,
+        r#"{"inputs":[],"outputs":[]}"#,
+        r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","parameters":{}}],"parameters":{}}"#,
+    ];
+
+    #[test]
+    fn plain_headers_read_as_serde_json_reads_them() {
+        for text in HEADERS {
+            let plain = header(text.as_bytes()).expect("plain");
+            let json = json_header(text.as_bytes()).unwrap();
+            assert_eq!(shown(&plain), shown(&json), "{text}");
+        }
+    }
+
+    #[test]
+    fn anything_else_is_left_to_serde_json() {
+        for text in [
+            r#"{"inputs":[{"name":"x\"","shape":[1],"datatype":"FP32"}]}"#,
+            r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#,
+            r#"{"inputs":[{"name":"x","shape":[1.0],"datatype":"FP32"}]}"#,
+            r#"{"inputs":[{"name":"x","shape":[-0],"datatype":"FP32"}]}"#,
+            r#"{"inputs":[{"name":"x","shape":[01],"datatype":"FP32"}]}"#,
+            r#"{"inputs":[{"name":"x","shape":[1234567890123456789],"datatype":"FP32"}]}"#,
+            r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","extra":1}]}"#,
+            r#"{"inputs":[],"inputs":[]}"#,
+            r#"{"inputs":[],"parameters":{"timeout":1.5}}"#,
+            r#"{"inputs":[],"parameters":{"a":{"b":1}}}"#,
+            r#"{"outputs":[]}"#,
+            r#"{"inputs":[]} x"#,
+        ] {
+            assert!(header(text.as_bytes()).is_none(), "{text}");
+        }
+    }
+
+    /// The eight-at-a-time search finds what a byte-by-byte one finds, at
+    /// every position and length, past non-ASCII bytes.
+    #[test]
+    fn the_word_search_finds_the_first_special_byte() {
+        for len in 0..24 {
+            for at in 0..=len {
+                for special_byte in [b'"', b'\\', 0x00, 0x1f, b'a'] {
+                    let mut bytes: Vec<u8> = (0..len)
+                        .map(|i| [b'x', 0xc3, 0xa9, 0x7f, b' '][i % 5])
+                        .collect();
+                    if at < len {
+                        bytes[at] = special_byte;
+                        // A later special byte does not move the first.
+                        if at + 1 < len {
+                            bytes[at + 1] = b'"';
+                        }
+                    }
+                    let expected = bytes
+                        .iter()
+                        .position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+                    assert_eq!(special(&bytes), expected, "{bytes:?}");
+                }
+            }
+        }
+    }
+
+    /// Whatever is read here, serde_json reads alike: mutations of real
+    /// headers, cut and changed, each reading compared.
+    #[test]
+    fn what_is_read_here_serde_json_reads_alike() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut random = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let alphabet = b" \t\n{}[]:,\"-0123456789.eEtrufalsn\\x";
+        let (mut read, mut tried) = (0, 0);
+        for text in HEADERS {
+            for _ in 0..5000 {
+                let mut bytes = text.as_bytes().to_vec();
+                for _ in 0..1 + random() % 3 {
+                    let at = (random() as usize) % bytes.len();
+                    let byte = alphabet[(random() as usize) % alphabet.len()];
+                    match random() % 3 {
+                        0 => bytes[at] = byte,
+                        1 => {
+                            bytes.remove(at);
+                        }
+                        _ => bytes.insert(at, byte),
+                    }
+                    if bytes.is_empty() {
+                        break;
+                    }
+                }
+                tried += 1;
+                let Some(plain) = header(&bytes) else {
+                    continue;
+                };
+                read += 1;
+                let text = String::from_utf8_lossy(&bytes);
+                let json = json_header(&bytes);
+                let Ok(json) = json else {
+                    panic!(
+                        "read here, refused by serde_json: {text}: {json:?}",
+                        json = json.err()
+                    );
+                };
+                assert_eq!(shown(&plain), shown(&json), "{text}");
+                for object in [plain.parameters]
+                    .into_iter()
+                    .chain(plain.inputs.iter().map(|i| i.parameters))
+                    .flatten()
+                {
+                    let here = parameters(object).expect("plain values");
+                    let there = json_parameters(object).expect("an object");
+                    assert_eq!(here.0, there.0, "{object}");
+                }
+            }
+        }
+        assert!(read > tried / 20 && read < tried, "{read} of {tried} read");
+    }
+}
