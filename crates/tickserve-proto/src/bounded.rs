@@ -543,12 +543,16 @@ impl Walk {
     }
 }
 
-/// The varint at `at` and the position after it.
-fn varint_at(bytes: &[u8], mut at: usize) -> Option<(u64, usize)> {
+/// The varint at `at` and the position after it; `None` past the end or
+/// where prost refuses it (more than ten bytes, or a tenth byte above 1).
+pub(crate) fn varint_at(bytes: &[u8], mut at: usize) -> Option<(u64, usize)> {
     let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
+    for shift in (0..70).step_by(7) {
         let byte = *bytes.get(at)?;
         at += 1;
+        if shift == 63 && byte > 1 {
+            return None;
+        }
         value |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
             return Some((value, at));

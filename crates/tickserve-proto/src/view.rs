@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use prost::Message as _;
 
-use crate::bounded::MAX_DIMS;
+use crate::bounded::{MAX_DIMS, varint_at as varint};
 use crate::inference::InferParameter;
 
 /// A `ModelInferRequest` of the common shape, borrowing from its bytes.
@@ -248,24 +248,6 @@ impl<'a> Fields<'a> {
         self.at = next;
         Some(Some(field))
     }
-}
-
-/// The varint at `at` of `bytes` and where it ends; `None` past the end or
-/// where prost refuses it (more than ten bytes, or a tenth byte above 1).
-fn varint(bytes: &[u8], mut at: usize) -> Option<(u64, usize)> {
-    let mut value = 0u64;
-    for shift in (0..70).step_by(7) {
-        let byte = *bytes.get(at)?;
-        at += 1;
-        if shift == 63 && byte > 1 {
-            return None;
-        }
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some((value, at));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

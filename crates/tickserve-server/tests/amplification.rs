@@ -134,11 +134,7 @@ use tickserve_proto::inference as pb;
 async fn amplification_messages_stay_within_a_small_multiple_of_their_size() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let server = common::start(&common::config(&common::root().join("config/models"))).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = common::grpc_channel(&server).await;
     let mut raw = tonic::client::Grpc::new(channel.clone())
         .max_encoding_message_size(64 << 20)
         .max_decoding_message_size(64 << 20);
@@ -192,21 +188,12 @@ async fn amplification_messages_stay_within_a_small_multiple_of_their_size() {
             "the request id is longer than 1024 bytes",
         ),
     ];
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/inference.GRPCInferenceService/ModelInfer",
-    );
     for (name, message, expected) in cases {
         let len = message.len();
         assert!(len < 16 << 20, "{name}: {len}");
         reset_peak();
         let before = peak_rss();
-        raw.ready().await.unwrap();
-        let status = raw
-            .unary(
-                tonic::Request::new(bytes::Bytes::from(message)),
-                path.clone(),
-                common::RawCodec,
-            )
+        let status = common::raw_model_infer(&mut raw, message)
             .await
             .unwrap_err();
         let grown = peak_rss().saturating_sub(before);

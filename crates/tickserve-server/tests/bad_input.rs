@@ -609,14 +609,9 @@ async fn grpc_bad_input_is_refused_clearly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_malformed_messages_are_invalid_argument() {
     let server = common::start(&common::config(&common::root().join("config/models"))).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = common::grpc_channel(&server).await;
     let mut raw = tonic::client::Grpc::new(channel.clone());
     let mut client = GrpcInferenceServiceClient::new(channel);
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(common::MODEL_INFER);
     let good = prost::Message::encode_to_vec(&common::grpc_alpha_row());
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("a name longer than the message", {
@@ -639,13 +634,7 @@ async fn grpc_malformed_messages_are_invalid_argument() {
         ("a good request cut short", good[..good.len() - 3].to_vec()),
     ];
     for (name, message) in cases {
-        raw.ready().await.unwrap();
-        let status = raw
-            .unary(
-                tonic::Request::new(bytes::Bytes::from(message)),
-                path.clone(),
-                common::RawCodec,
-            )
+        let status = common::raw_model_infer(&mut raw, message)
             .await
             .unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{name}: {status:?}");

@@ -57,8 +57,11 @@ pub async fn read(
         return Err(Error::PayloadTooLarge { got: len, limit });
     }
     let mut body = body;
-    // One allocation per request, sized from Content-Length when it fits.
-    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    // A body that comes in one frame is kept as it came (no copy); one in
+    // several is gathered into one allocation, sized from Content-Length
+    // when it fits.
+    let mut first: Option<bytes::Bytes> = None;
+    let mut buffer = bytes::BytesMut::new();
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = match frame {
@@ -83,16 +86,29 @@ pub async fn read(
             continue;
         };
         seen = seen.saturating_add(data.len());
-        if seen <= limit {
-            buffer.extend_from_slice(&data);
-        } else if seen > cap {
-            break;
+        if seen > limit {
+            if seen > cap {
+                break;
+            }
+            continue;
         }
+        if seen == data.len() {
+            first = Some(data);
+            continue;
+        }
+        if buffer.is_empty() {
+            buffer.reserve(declared.unwrap_or(0).min(limit).max(seen));
+            buffer.extend_from_slice(first.take().as_deref().unwrap_or_default());
+        }
+        buffer.extend_from_slice(&data);
     }
     if seen > limit {
         return Err(Error::PayloadTooLarge { got: seen, limit });
     }
-    Ok(buffer.freeze())
+    Ok(match first {
+        Some(whole) if buffer.is_empty() => whole,
+        _ => buffer.freeze(),
+    })
 }
 
 /// Reads and drops at most `left` more bytes of `body`.

@@ -8,17 +8,15 @@
 //! `parameters.binary_data_size` is set take their bytes from after the JSON
 //! header, in order; outputs asked for with `binary_data` come back that way.
 
-use std::borrow::Cow;
-use std::marker::PhantomData;
-
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Serialize;
+use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferResponse, InputTensor, OutputTensor, Signature};
 
+use super::request_header::{Entries, Params, json_header, json_parameters};
 use crate::edge::Decoded;
 use crate::edge::params::{self, Param, Parameters};
 use crate::scalar::{Scalar, push_scalar};
@@ -31,217 +29,20 @@ pub const HEADER_LENGTH: &str = "inference-header-content-length";
 pub static HEADER_LENGTH_NAME: axum::http::HeaderName =
     axum::http::HeaderName::from_static(HEADER_LENGTH);
 
-pub use crate::edge::MAX_TENSORS;
-/// The most dimensions one input's shape may have.
-pub const MAX_RANK: usize = 32;
-/// The most bytes of JSON one `parameters` object may take.
-pub const MAX_PARAMETER_BYTES: usize = 64 * 1024;
 pub use tickserve_core::request::MAX_ID_BYTES;
 
-// Memory held while decoding stays a small multiple of the body: tensor data
-// and parameters are kept as borrowed raw JSON text until the datatype is
-// known, then tensor data is read straight into typed bytes (no JSON value
-// tree: a tree costs tens of bytes per number); lists are capped.
-#[derive(Deserialize)]
-struct RequestJson<'a> {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default, borrow)]
-    parameters: Option<&'a RawValue>,
-    #[serde(borrow, deserialize_with = "inputs")]
-    inputs: Vec<InputJson<'a>>,
-    #[serde(default, borrow, deserialize_with = "outputs")]
-    outputs: Option<Vec<OutputJson<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct InputJson<'a> {
-    name: String,
-    #[serde(deserialize_with = "shape")]
-    shape: Vec<i64>,
-    #[serde(borrow)]
-    datatype: Cow<'a, str>,
-    #[serde(default, borrow)]
-    parameters: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    data: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct OutputJson<'a> {
-    name: String,
-    #[serde(default, borrow)]
-    parameters: Option<&'a RawValue>,
-}
-
-/// A request's JSON header, as serde_json or [`super::plain`] read it:
-/// `parameters` objects as their text, read once their size is known.
-#[derive(Default)]
-pub(super) struct Header<'a> {
-    pub id: Option<String>,
-    pub parameters: Option<&'a str>,
-    pub inputs: Vec<InputHeader<'a>>,
-    pub outputs: Option<Vec<OutputHeader<'a>>>,
-}
-
-/// One input of a [`Header`].
-pub(super) struct InputHeader<'a> {
-    pub name: String,
-    pub shape: Vec<i64>,
-    pub datatype: Cow<'a, str>,
-    pub parameters: Option<&'a str>,
-    pub data: Option<&'a RawValue>,
-}
-
-/// One output of a [`Header`].
-pub(super) struct OutputHeader<'a> {
-    pub name: String,
-    pub parameters: Option<&'a str>,
-}
-
-impl<'a> From<RequestJson<'a>> for Header<'a> {
-    fn from(json: RequestJson<'a>) -> Header<'a> {
-        Header {
-            id: json.id,
-            parameters: json.parameters.map(RawValue::get),
-            inputs: json
-                .inputs
-                .into_iter()
-                .map(|input| InputHeader {
-                    name: input.name,
-                    shape: input.shape,
-                    datatype: input.datatype,
-                    parameters: input.parameters.map(RawValue::get),
-                    data: input.data,
-                })
-                .collect(),
-            outputs: json.outputs.map(|outputs| {
-                outputs
-                    .into_iter()
-                    .map(|output| OutputHeader {
-                        name: output.name,
-                        parameters: output.parameters.map(RawValue::get),
-                    })
-                    .collect()
-            }),
-        }
+/// A `parameters` object's entries; its text is parsed only when it is
+/// small: by hand where its values are plain ([`super::plain::parameters`]),
+/// by serde_json otherwise.
+fn parameters(params: Option<Params<'_>>) -> Result<Option<Entries<'_>>, String> {
+    match params {
+        None => Ok(None),
+        Some(Params::Read(entries)) => Ok(Some(entries)),
+        Some(Params::Text(text)) => match super::plain::parameters(text) {
+            Some(entries) => Ok(Some(entries)),
+            None => json_parameters(text).map(Some),
+        },
     }
-}
-
-/// A JSON list of at most `limit` entries (`what` names them in the error).
-fn at_most<'de, D, T>(d: D, limit: usize, what: &'static str) -> Result<Vec<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    struct Bounded<T> {
-        limit: usize,
-        what: &'static str,
-        entries: PhantomData<T>,
-    }
-    impl<'de, T: Deserialize<'de>> Visitor<'de> for Bounded<T> {
-        type Value = Vec<T>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "a list of at most {} {}", self.limit, self.what)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let mut entries = Vec::new();
-            while let Some(entry) = seq.next_element()? {
-                if entries.len() == self.limit {
-                    return Err(de::Error::custom(format!(
-                        "more than {} {} (tickserve's limit)",
-                        self.limit, self.what
-                    )));
-                }
-                entries.push(entry);
-            }
-            Ok(entries)
-        }
-    }
-    d.deserialize_seq(Bounded {
-        limit,
-        what,
-        entries: PhantomData,
-    })
-}
-
-fn inputs<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<InputJson<'de>>, D::Error> {
-    at_most(d, MAX_TENSORS, "inputs")
-}
-
-fn outputs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<OutputJson<'de>>>, D::Error> {
-    at_most(d, MAX_TENSORS, "outputs").map(Some)
-}
-
-fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
-    at_most(d, MAX_RANK, "dimensions in a shape")
-}
-
-/// A `parameters` object's entries in the order they came: values parsed,
-/// names borrowed from the body where they hold no escapes. A request has a
-/// few, so a lookup searches them; the last of a repeated name wins, as in a
-/// JSON object read into a map.
-pub(super) struct Entries<'a>(pub Vec<(Cow<'a, str>, Value)>);
-
-impl Entries<'_> {
-    fn get(&self, name: &str) -> Option<&Value> {
-        self.0
-            .iter()
-            .rev()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value)
-    }
-}
-
-/// A name borrowed from the body unless it holds escapes.
-#[derive(Deserialize)]
-struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
-
-/// A `parameters` object's text, parsed only when it is small: by hand
-/// where its values are plain ([`super::plain::parameters`]), by serde_json
-/// otherwise.
-fn parameters(text: Option<&str>) -> Result<Option<Entries<'_>>, String> {
-    let Some(text) = text else {
-        return Ok(None);
-    };
-    match super::plain::parameters(text) {
-        Some(entries) => Ok(Some(entries)),
-        None => json_parameters(text).map(Some),
-    }
-}
-
-/// A `parameters` object's text read by serde_json, within
-/// [`MAX_PARAMETER_BYTES`].
-pub(super) fn json_parameters(text: &str) -> Result<Entries<'_>, String> {
-    struct Object;
-    impl<'de> Visitor<'de> for Object {
-        type Value = Entries<'de>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a map")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
-            let mut entries = Vec::new();
-            while let Some((Name(key), value)) = map.next_entry::<Name<'de>, Value>()? {
-                entries.push((key, value));
-            }
-            Ok(Entries(entries))
-        }
-    }
-    if text.len() > MAX_PARAMETER_BYTES {
-        return Err(format!(
-            "parameters take {} bytes of JSON; at most {MAX_PARAMETER_BYTES}",
-            text.len()
-        ));
-    }
-    let mut json = serde_json::Deserializer::from_str(text);
-    json.deserialize_map(Object)
-        .and_then(|entries| json.end().map(|()| entries))
-        .map_err(|e| format!("parameters must be a JSON object: {e}"))
-}
-
-/// Reads a request's JSON header with serde_json.
-pub(super) fn json_header(text: &[u8]) -> serde_json::Result<Header<'_>> {
-    serde_json::from_slice::<RequestJson>(text).map(Header::from)
 }
 
 /// How a request's answer must be encoded: which outputs go back binary.
@@ -777,7 +578,9 @@ mod tests {
     fn parameters_read_as_a_json_object_would_be() {
         let raw = |text: &str| serde_json::from_str::<Box<RawValue>>(text).unwrap();
         let object = raw(r#"{"a": 1, "b\u0021": "x", "a": true}"#);
-        let entries = parameters(Some(object.get())).unwrap().unwrap();
+        let entries = parameters(Some(Params::Text(object.get())))
+            .unwrap()
+            .unwrap();
         assert!(matches!(
             entry(Some(&entries), "a"),
             Some(Param::Bool(true))
@@ -785,7 +588,9 @@ mod tests {
         assert!(matches!(entry(Some(&entries), "b!"), Some(Param::Str("x"))));
         assert!(entry(Some(&entries), "c").is_none());
         for other in ["5", "[1]", "null", r#""s""#] {
-            let e = parameters(Some(raw(other).get())).err().unwrap();
+            let e = parameters(Some(Params::Text(raw(other).get())))
+                .err()
+                .unwrap();
             assert!(
                 e.starts_with("parameters must be a JSON object: invalid type"),
                 "{other}: {e}"

@@ -10,6 +10,7 @@
 mod answer_header;
 pub mod codec;
 mod plain;
+mod request_header;
 pub mod sequences;
 
 use std::sync::Arc;

@@ -89,6 +89,15 @@ pub async fn start(config: &ServerConfig) -> Server {
         .expect("server starts (run scripts/setup.sh first)")
 }
 
+/// A gRPC channel to `server`'s gRPC port.
+pub async fn grpc_channel(server: &Server) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
 /// A v2 gRPC client connected to `server`.
 pub async fn grpc_client(
     server: &Server,
@@ -269,6 +278,21 @@ pub fn restrict_every_group(
 
 /// The unary inference method's path, for [`RawCodec`] calls.
 pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+
+/// Sends `message`, already encoded, as a unary ModelInfer call on `raw`.
+pub async fn raw_model_infer(
+    raw: &mut tonic::client::Grpc<tonic::transport::Channel>,
+    message: Vec<u8>,
+) -> Result<tonic::Response<tickserve_proto::inference::ModelInferResponse>, tonic::Status> {
+    raw.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(MODEL_INFER);
+    raw.unary(
+        tonic::Request::new(bytes::Bytes::from(message)),
+        path,
+        RawCodec,
+    )
+    .await
+}
 
 /// Writes already-encoded messages as they are; reads answers with prost.
 pub struct RawCodec;
