@@ -200,58 +200,54 @@ def inclusive_sum(paths, patterns):
 # where the floor runs them too; `engine` is ONNX Runtime's calls.
 PARTS = {
     "v2 gRPC unary": [
-        ("request decoding: `BoundedDecoder::decode` (the limits walk, then prost)",
-         [(1, "BoundedDecoder<U> as tonic::codec::Decoder>::decode", "case"),
-          (-1, "BoundedDecoder<U> as tonic::codec::Decoder>::decode", "floor")]),
-        # tonic's EncodeBody is inlined into the answer body's MapErr in some builds.
-        ("answer encoding: tonic's `EncodeBody` (prost, the gRPC frame), under the "
-         "answer body's `MapErr::poll_frame`",
-         [(1, "MapErr<B,F> as http_body::Body>::poll_frame'2", "case"),
-          (-1, "MapErr<B,F> as http_body::Body>::poll_frame'2", "floor")]),
+        ("request decoding: the message read in place (`view::infer_request`), its names "
+         "and shapes into the core's request (`Read::of`), the frame taken (`FrameDecoder`)",
+         [(1, "view::infer_request", "case"), (1, "Read::of", "case"),
+          (1, "FrameDecoder as tonic::codec::Decoder>::decode", "case")]),
+        # The encoder's call is inlined into tonic's EncodeBody in some builds.
+        ("answer encoding: `Answer::encode` (the answer written from the core's response, "
+         "dropped after)", [(1, "grpc::answer::Answer::encode", "case")]),
         ("timing headers: `timing::add`, tonic's `into_sanitized_headers`, HPACK's "
          "`Encoder::encode`",
          [(1, "tickserve_server::timing::add", "case"),
-          (1, "tickserve_server::timing_headers", "case"),
           (1, "into_sanitized_headers", "case"), (-1, "into_sanitized_headers", "floor"),
           (1, "hpack::encoder::Encoder::encode", "case"),
           (-1, "hpack::encoder::Encoder::encode", "floor")]),
-        # Each pair names the function in this tree and in older ones (admit_request,
-        # run_kept, ModelHandle::run); a binary has one or the other.
-        ("edge, before the run: `Edge::admit_now` (lookup, admission, decoding, the "
-         "core's request, validation)", [(1, "Edge>::admit_now", "case"),
-                                         (1, "admit_request::{{closure}}", "case")]),
+        ("edge, before the run: `Edge::admit_now` (lookup, admission, the core's request, "
+         "validation)", [(1, "Edge>::admit_now", "case")]),
         ("runtime: `ModelHandle::run_now` less ONNX Runtime's calls (run at once, copies "
          "in and out, statistics)", [(1, "ModelHandle::run_now", "case"),
-                                     (1, "ModelHandle::run::{{closure}}", "case"),
                                      (-1, "engine", "case")]),
         ("edge, after the run: `Admitted::run_now` less `ModelHandle::run_now` (metrics, "
          "the answer)", [(1, "Admitted<E>::run_now", "case"),
-                         (-1, "ModelHandle::run_now", "case"),
-                         (1, "run_kept::{{closure}}", "case"),
-                         (-1, "ModelHandle::run::{{closure}}", "case")]),
-        ("the gRPC handler: `model_infer` less the three above and the timing headers "
-         "(deadline and trace lookups, `convert::encode`)",
-         [(1, "grpc/mod.rs:<tickserve_server::grpc::InferenceService as tickserve_proto::"
-              "inference::grpc_inference_service_server::GrpcInferenceService>::model_infer"
-              "::{{closure}}", "case"),
+                         (-1, "ModelHandle::run_now", "case")]),
+        ("the gRPC handler: `unary::Method` less the parts above (deadline, trace and key "
+         "lookups, the answer's header map, the boxed future)",
+         [(1, "Method as tonic::server::service::UnaryService", "case"),
           (-1, "Edge>::admit_now", "case"), (-1, "Admitted<E>::run_now", "case"),
-          (-1, "admit_request::{{closure}}", "case"), (-1, "run_kept::{{closure}}", "case"),
           (-1, "tickserve_server::timing::add", "case"),
-          (-1, "tickserve_server::timing_headers", "case")]),
+          (-1, "view::infer_request", "case"), (-1, "Read::of", "case")]),
     ],
     "v2 HTTP binary": [
-        ("request decoding: `JsonBody::decode` (the JSON header with serde_json, the "
-         "binary split)", [(1, "JsonBody as tickserve_server::edge::infer::Payload>::decode",
-                            "case")]),
+        ("request decoding: `JsonBody::decode` (the JSON header, read by hand where it is "
+         "plain JSON; the binary split)",
+         [(1, "JsonBody as tickserve_server::edge::infer::Payload>::decode", "case")]),
         ("answer encoding: `http::codec::encode` (the JSON header, binary outputs)",
          [(1, "tickserve_server::http::codec::encode", "case")]),
         ("reading the body: `body::read_request` (its limits)",
          [(1, "body::read_request::{{closure}}", "case")]),
-        ("timing headers: `timing::add`", [(1, "tickserve_server::timing::add", "case"),
-                                           (1, "tickserve_server::timing_headers", "case")]),
+        ("timing headers: `timing::add`", [(1, "tickserve_server::timing::add", "case")]),
+        ("edge, before the run: `Edge::admit_now` less the decoding (lookup, admission, "
+         "the core's request, validation)",
+         [(1, "Edge>::admit_now", "case"),
+          (-1, "JsonBody as tickserve_server::edge::infer::Payload>::decode", "case")]),
         ("runtime: `ModelHandle::run_now` less ONNX Runtime's calls",
-         [(1, "ModelHandle::run_now", "case"), (1, "ModelHandle::run::{{closure}}", "case"),
-          (-1, "engine", "case")]),
+         [(1, "ModelHandle::run_now", "case"), (-1, "engine", "case")]),
+        ("edge, after the run: `Admitted::run_now` less `ModelHandle::run_now` (metrics, "
+         "the answer)", [(1, "Admitted<E>::run_now", "case"),
+                         (-1, "ModelHandle::run_now", "case")]),
+        ("the route: `HttpRoute::parse` less the floor's (a longer path, the model's name)",
+         [(1, "HttpRoute::parse", "case"), (-1, "HttpRoute::parse", "floor")]),
     ],
 }
 

@@ -5,6 +5,7 @@
 //! parameters are left to prost.
 
 use bytes::BufMut;
+use smallvec::SmallVec;
 use tickserve_core::{InferResponse, OutputTensor};
 
 use super::{convert, pb};
@@ -31,53 +32,62 @@ impl Answer {
             prost::Message::encode_raw(&self.message(), buf);
             return;
         }
-        // Fields in number order, defaults left out, as prost writes them.
-        text(1, &response.model, buf);
-        text(2, &response.version, buf);
-        text(3, &response.id, buf);
+        // Fields in number order, defaults left out, as prost writes them;
+        // gathered on the stack and written to `buf` in a few slices (each
+        // write to tonic's buffer checks its room).
+        let mut head = Head::new();
+        text(1, &response.model, &mut head);
+        text(2, &response.version, &mut head);
+        text(3, &response.id, &mut head);
         for output in &response.outputs {
-            key(5, buf);
-            varint(output_len(output) as u64, buf);
-            text(1, &output.name, buf);
-            text(2, output.datatype.as_str(), buf);
+            key(5, &mut head);
+            varint(output_len(output) as u64, &mut head);
+            text(1, &output.name, &mut head);
+            text(2, output.datatype.as_str(), &mut head);
             if !output.shape.is_empty() {
-                key(3, buf);
-                varint(shape_len(&output.shape) as u64, buf);
+                key(3, &mut head);
+                varint(shape_len(&output.shape) as u64, &mut head);
                 for &dim in &output.shape {
-                    varint(dim as u64, buf);
+                    varint(dim as u64, &mut head);
                 }
             }
         }
         // Every entry of a repeated field, empty ones too.
         for output in &response.outputs {
-            key(6, buf);
-            varint(output.data.len() as u64, buf);
+            key(6, &mut head);
+            varint(output.data.len() as u64, &mut head);
+            buf.put_slice(&head);
+            head.clear();
             buf.put_slice(&output.data);
         }
+        buf.put_slice(&head);
     }
 }
 
+/// The bytes of an answer before its raw contents.
+type Head = SmallVec<[u8; 256]>;
+
 /// The key of length-delimited field `number`.
-fn key(number: u8, buf: &mut impl BufMut) {
-    buf.put_u8((number << 3) | 2);
+fn key(number: u8, head: &mut Head) {
+    head.push((number << 3) | 2);
 }
 
 /// A string field, left out when empty.
-fn text(number: u8, value: &str, buf: &mut impl BufMut) {
+fn text(number: u8, value: &str, head: &mut Head) {
     if !value.is_empty() {
-        key(number, buf);
-        varint(value.len() as u64, buf);
-        buf.put_slice(value.as_bytes());
+        key(number, head);
+        varint(value.len() as u64, head);
+        head.extend_from_slice(value.as_bytes());
     }
 }
 
 /// A varint.
-fn varint(mut value: u64, buf: &mut impl BufMut) {
+fn varint(mut value: u64, head: &mut Head) {
     while value >= 0x80 {
-        buf.put_u8(value as u8 | 0x80);
+        head.push(value as u8 | 0x80);
         value >>= 7;
     }
-    buf.put_u8(value as u8);
+    head.push(value as u8);
 }
 
 /// The bytes of a varint.
@@ -189,7 +199,7 @@ mod tests {
     #[test]
     fn varint_lengths_count_every_byte() {
         for value in [0, 1, 127, 128, 16_383, 16_384, u64::MAX] {
-            let mut buf = Vec::new();
+            let mut buf = Head::new();
             varint(value, &mut buf);
             assert_eq!(varint_len(value), buf.len(), "{value}");
         }
