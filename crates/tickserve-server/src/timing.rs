@@ -39,8 +39,9 @@ static VALUES: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
         .collect()
 });
 
-/// The header value for `micros`.
-fn value(micros: u64) -> HeaderValue {
+/// The header value for the number `micros` (any count: values below
+/// 1024 come pre-written).
+pub fn value(micros: u64) -> HeaderValue {
     usize::try_from(micros)
         .ok()
         .and_then(|i| VALUES.get(i))

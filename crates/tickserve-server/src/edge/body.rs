@@ -94,6 +94,11 @@ pub async fn read(
         }
         if seen == data.len() {
             first = Some(data);
+            // All that Content-Length declared: hyper delivers no more, so
+            // the end need not be waited for.
+            if declared == Some(seen) {
+                break;
+            }
             continue;
         }
         if buffer.is_empty() {

@@ -187,7 +187,10 @@ pub async fn infer(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             );
-            h.insert(codec::HEADER_LENGTH_NAME.clone(), HeaderValue::from(n));
+            h.insert(
+                codec::HEADER_LENGTH_NAME.clone(),
+                crate::timing::value(n as u64),
+            );
         }
         None => {
             h.insert(
