@@ -167,7 +167,10 @@ struct Answered {
 }
 
 /// Each model label's [`Answered`] handles, by protocol.
-type AnsweredHandles = HashMap<String, [Option<Arc<Answered>>; PROTOCOLS]>;
+/// Hashed with FxHash, as the runtime's models: the keys are the names of
+/// models that answered.
+type AnsweredHandles =
+    HashMap<String, [Option<Arc<Answered>>; PROTOCOLS], rustc_hash::FxBuildHasher>;
 
 /// Registered once per model label and protocol, then reused: registering a
 /// metric (its key built, its labels copied, the registry searched) costs
