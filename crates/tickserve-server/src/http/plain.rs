@@ -172,14 +172,13 @@ impl<'a> Plain<'a> {
     fn string(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.at;
-        let rest = self.text.get(start..)?;
-        let len = special(rest)?;
-        if rest[len] != b'"' {
+        let end = start + special(self.text.get(start..)?)?;
+        if self.text[end] != b'"' {
             return None;
         }
-        self.at = start + len + 1;
+        self.at = end + 1;
         // Quotes are ASCII: the string ends on a character boundary.
-        self.str.get(start..start + len)
+        self.str.get(start..end)
     }
 
     /// `word` (`true`, `false`, `null`), read as `value`.
@@ -291,25 +290,21 @@ fn special_byte(b: u8) -> bool {
 fn special(bytes: &[u8]) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    let found = |word: u64| {
-        let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
-        zero(word ^ (ONES * u64::from(b'"')))
-            | zero(word ^ (ONES * u64::from(b'\\')))
-            | (word.wrapping_sub(ONES * 0x20) & !word & HIGHS)
-    };
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
     let mut at = 0;
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
+    while let Some(chunk) = bytes.get(at..at + 8) {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
-        let hits = found(u64::from_le_bytes(word));
+        let word = u64::from_le_bytes(word);
+        let hits = zero(word ^ (ONES * u64::from(b'"')))
+            | zero(word ^ (ONES * u64::from(b'\\')))
+            | (word.wrapping_sub(ONES * 0x20) & !word & HIGHS);
         if hits != 0 {
             return Some(at + hits.trailing_zeros() as usize / 8);
         }
         at += 8;
     }
-    chunks
-        .remainder()
+    bytes[at..]
         .iter()
         .position(|&b| special_byte(b))
         .map(|i| at + i)
