@@ -16,11 +16,14 @@
 use std::ops::Range;
 
 use prost::Message as _;
+use smallvec::SmallVec;
 
 use crate::bounded::{MAX_DIMS, varint_at as varint};
 use crate::inference::InferParameter;
 
-/// A `ModelInferRequest` of the common shape, borrowing from its bytes.
+/// A `ModelInferRequest` of the common shape, borrowing from its bytes (a
+/// request's few inputs and outputs kept inline: the view lives for one
+/// request's decoding).
 #[derive(Debug, Default, PartialEq)]
 pub struct InferRequestView<'a> {
     /// `model_name`.
@@ -33,11 +36,11 @@ pub struct InferRequestView<'a> {
     /// repeated name; look up from the end).
     pub parameters: Vec<(&'a str, InferParameter)>,
     /// `inputs`.
-    pub inputs: Vec<InputView<'a>>,
+    pub inputs: SmallVec<[InputView<'a>; 2]>,
     /// The names of `outputs`.
-    pub outputs: Vec<&'a str>,
+    pub outputs: SmallVec<[&'a str; 2]>,
     /// Where each `raw_input_contents` entry lies in the bytes.
-    pub raw_input_contents: Vec<Range<usize>>,
+    pub raw_input_contents: SmallVec<[Range<usize>; 2]>,
 }
 
 /// An `InferInputTensor` without contents or parameters.
