@@ -54,18 +54,6 @@ pub struct InputView<'a> {
     pub shape: Vec<i64>,
 }
 
-impl InferRequestView<'_> {
-    /// The request parameter `name`, as prost's map would hold it (the last
-    /// of a repeated name).
-    pub fn parameter(&self, name: &str) -> Option<&InferParameter> {
-        self.parameters
-            .iter()
-            .rev()
-            .find(|(key, _)| *key == name)
-            .map(|(_, value)| value)
-    }
-}
-
 /// Reads `bytes` as a `ModelInferRequest` of the common shape with at most
 /// `max_entries` inputs, outputs, raw contents and request parameters each;
 /// `None` for any other message (see the module's documentation).

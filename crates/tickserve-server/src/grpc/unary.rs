@@ -205,13 +205,10 @@ pub async fn answer_message(
     request: Request<pb::ModelInferRequest>,
 ) -> Result<Response<pb::ModelInferResponse>, Status> {
     let unary = Unary::of(&request);
-    let mut message = request.into_inner();
-    // The name and version go to the edge; the rest is decoded there.
-    let model = std::mem::take(&mut message.model_name);
-    let version = std::mem::take(&mut message.model_version);
+    let message = request.into_inner();
     let len = prost::Message::encoded_len(&message);
-    let answer = unary.answer(edge, &model, &version, convert::Message(message), || len);
-    Ok(answer.await?.map(Answer::message))
+    let answer = answer_decoded(unary, edge, message, len).await?;
+    Ok(answer.map(Answer::message))
 }
 
 /// Answers a call from its message's bytes: read in place where it has the
@@ -229,7 +226,18 @@ async fn answer_frame(
             return unary.answer(edge, model, version, payload, || len).await;
         }
     }
-    let mut message = bounded::decode_infer_request(frame)?;
+    let message = bounded::decode_infer_request(frame)?;
+    answer_decoded(unary, edge, message, len).await
+}
+
+/// Answers a call whose message prost decoded (`len` bytes on the wire).
+async fn answer_decoded(
+    unary: Unary,
+    edge: &Arc<Edge>,
+    mut message: pb::ModelInferRequest,
+    len: usize,
+) -> Result<Response<Answer>, Status> {
+    // The name and version go to the edge; the rest is decoded there.
     let model = std::mem::take(&mut message.model_name);
     let version = std::mem::take(&mut message.model_version);
     unary
