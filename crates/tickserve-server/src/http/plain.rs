@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 
 use serde_json::{Number, Value};
+use smallvec::SmallVec;
 
 use super::request_header::{
     Entries, Header, InputHeader, MAX_PARAMETER_BYTES, MAX_RANK, OutputHeader, Params,
@@ -20,18 +21,18 @@ use crate::edge::MAX_TENSORS;
 
 /// Reads `text` as a request header of the common shape.
 pub fn header(text: &[u8]) -> Option<Header<'_>> {
-    let mut json = Plain::new(std::str::from_utf8(text).ok()?);
+    let mut json = Plain::new(text);
     let mut header = Header::default();
     let (mut id, mut parameters, mut inputs, mut outputs) = (false, false, false, false);
     json.object(|json, key| {
         match key {
-            "id" if !std::mem::replace(&mut id, true) => {
+            b"id" if !std::mem::replace(&mut id, true) => {
                 header.id = Some(json.string()?.to_owned());
             }
-            "parameters" if !std::mem::replace(&mut parameters, true) => {
+            b"parameters" if !std::mem::replace(&mut parameters, true) => {
                 header.parameters = Some(Params::Read(json.parameters()?));
             }
-            "inputs" if !std::mem::replace(&mut inputs, true) => {
+            b"inputs" if !std::mem::replace(&mut inputs, true) => {
                 json.list(|json| {
                     if header.inputs.len() == MAX_TENSORS {
                         return None;
@@ -40,7 +41,7 @@ pub fn header(text: &[u8]) -> Option<Header<'_>> {
                     Some(())
                 })?;
             }
-            "outputs" if !std::mem::replace(&mut outputs, true) => {
+            b"outputs" if !std::mem::replace(&mut outputs, true) => {
                 let mut list = Vec::new();
                 json.list(|json| {
                     if list.len() == MAX_TENSORS {
@@ -65,8 +66,8 @@ fn input<'a>(json: &mut Plain<'a>) -> Option<InputHeader<'a>> {
     let (mut name, mut shape, mut datatype, mut parameters) = (None, None, None, None);
     json.object(|json, key| {
         match key {
-            "name" if name.is_none() => name = Some(json.string()?.to_owned()),
-            "shape" if shape.is_none() => {
+            b"name" if name.is_none() => name = Some(json.string()?.to_owned()),
+            b"shape" if shape.is_none() => {
                 let mut dims = Vec::new();
                 json.list(|json| {
                     if dims.len() == MAX_RANK {
@@ -80,8 +81,8 @@ fn input<'a>(json: &mut Plain<'a>) -> Option<InputHeader<'a>> {
                 })?;
                 shape = Some(dims);
             }
-            "datatype" if datatype.is_none() => datatype = Some(json.string()?),
-            "parameters" if parameters.is_none() => {
+            b"datatype" if datatype.is_none() => datatype = Some(json.string()?),
+            b"parameters" if parameters.is_none() => {
                 parameters = Some(Params::Read(json.parameters()?));
             }
             _ => return None,
@@ -102,8 +103,8 @@ fn output<'a>(json: &mut Plain<'a>) -> Option<OutputHeader<'a>> {
     let (mut name, mut parameters) = (None, None);
     json.object(|json, key| {
         match key {
-            "name" if name.is_none() => name = Some(json.string()?.to_owned()),
-            "parameters" if parameters.is_none() => {
+            b"name" if name.is_none() => name = Some(json.string()?.to_owned()),
+            b"parameters" if parameters.is_none() => {
                 parameters = Some(Params::Read(json.parameters()?));
             }
             _ => return None,
@@ -120,7 +121,7 @@ fn output<'a>(json: &mut Plain<'a>) -> Option<OutputHeader<'a>> {
 /// value is plain (a string without escapes, an integer, `true`, `false`,
 /// `null`) and it is within the parameter limit.
 pub fn parameters(text: &str) -> Option<Entries<'_>> {
-    let mut json = Plain::new(text);
+    let mut json = Plain::new(text.as_bytes());
     let entries = json.parameters()?;
     json.space();
     (json.at == json.text.len()).then_some(entries)
@@ -132,22 +133,17 @@ enum Integer {
     Positive(u64),
 }
 
-/// A cursor over plain JSON.
+/// A cursor over plain JSON. The text is not checked as UTF-8 as a whole:
+/// outside strings only ASCII is JSON, and each string read is checked (as
+/// serde_json checks them).
 struct Plain<'a> {
-    /// The text, checked as UTF-8 once.
-    str: &'a str,
-    /// Its bytes.
     text: &'a [u8],
     at: usize,
 }
 
 impl<'a> Plain<'a> {
-    fn new(str: &'a str) -> Plain<'a> {
-        Plain {
-            str,
-            text: str.as_bytes(),
-            at: 0,
-        }
+    fn new(text: &'a [u8]) -> Plain<'a> {
+        Plain { text, at: 0 }
     }
 
     /// Skips JSON whitespace.
@@ -157,10 +153,16 @@ impl<'a> Plain<'a> {
         }
     }
 
-    /// Takes `byte` after whitespace.
+    /// Takes `byte`, after whitespace if any.
     fn eat(&mut self, byte: u8) -> Option<()> {
-        self.space();
-        (self.text.get(self.at) == Some(&byte)).then(|| self.at += 1)
+        if self.text.get(self.at) != Some(&byte) {
+            self.space();
+            if self.text.get(self.at) != Some(&byte) {
+                return None;
+            }
+        }
+        self.at += 1;
+        Some(())
     }
 
     /// Whether `byte` follows whitespace (taken if so).
@@ -168,17 +170,25 @@ impl<'a> Plain<'a> {
         self.eat(byte).is_some()
     }
 
-    /// A string without escapes or control characters.
-    fn string(&mut self) -> Option<&'a str> {
+    /// A string without escapes or control characters, as its bytes and
+    /// whether they are all ASCII (a key is compared with known ones as
+    /// bytes, unchecked).
+    fn raw_string(&mut self) -> Option<(&'a [u8], bool)> {
         self.eat(b'"')?;
         let start = self.at;
-        let end = start + special(self.text.get(start..)?)?;
-        if self.text[end] != b'"' {
+        let rest = self.text.get(start..)?;
+        let (len, ascii) = special(rest)?;
+        if rest[len] != b'"' {
             return None;
         }
-        self.at = end + 1;
-        // Quotes are ASCII: the string ends on a character boundary.
-        self.str.get(start..end)
+        self.at = start + len + 1;
+        Some((&rest[..len], ascii))
+    }
+
+    /// A string without escapes or control characters.
+    fn string(&mut self) -> Option<&'a str> {
+        let (bytes, ascii) = self.raw_string()?;
+        utf8(bytes, ascii)
     }
 
     /// `word` (`true`, `false`, `null`), read as `value`.
@@ -224,14 +234,14 @@ impl<'a> Plain<'a> {
         }
     }
 
-    /// An object, each key given to `member` to read its value.
-    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+    /// An object, each key's bytes given to `member` to read its value.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
         self.eat(b'{')?;
         if self.next_is(b'}') {
             return Some(());
         }
         loop {
-            let key = self.string()?;
+            let (key, _) = self.raw_string()?;
             self.eat(b':')?;
             member(self, key)?;
             if self.next_is(b',') {
@@ -260,8 +270,9 @@ impl<'a> Plain<'a> {
     fn parameters(&mut self) -> Option<Entries<'a>> {
         self.space();
         let start = self.at;
-        let mut entries = Vec::new();
+        let mut entries = SmallVec::new();
         self.object(|json, key| {
+            let key = utf8(key, key.is_ascii())?;
             json.space();
             let value = match json.text.get(json.at)? {
                 b'"' => Value::String(json.string()?.to_owned()),
@@ -280,18 +291,31 @@ impl<'a> Plain<'a> {
     }
 }
 
+/// `bytes` as text, where they are UTF-8; `ascii` says they are ASCII.
+fn utf8(bytes: &[u8], ascii: bool) -> Option<&str> {
+    if ascii {
+        // SAFETY: ASCII is UTF-8 (`special` saw no byte with its high bit
+        // set, or `is_ascii` said so).
+        Some(unsafe { std::str::from_utf8_unchecked(bytes) })
+    } else {
+        std::str::from_utf8(bytes).ok()
+    }
+}
+
 /// A quote, backslash or control character.
 fn special_byte(b: u8) -> bool {
     b == b'"' || b == b'\\' || b < 0x20
 }
 
 /// Where the first quote, backslash or control character of `bytes` is,
-/// eight bytes at a time (as serde_json looks for escapes).
-fn special(bytes: &[u8]) -> Option<usize> {
+/// eight bytes at a time (as serde_json looks for escapes), and whether the
+/// bytes before it are ASCII.
+fn special(bytes: &[u8]) -> Option<(usize, bool)> {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
     let mut at = 0;
+    let mut high = 0;
     while let Some(chunk) = bytes.get(at..at + 8) {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
@@ -300,14 +324,18 @@ fn special(bytes: &[u8]) -> Option<usize> {
             | zero(word ^ (ONES * u64::from(b'\\')))
             | (word.wrapping_sub(ONES * 0x20) & !word & HIGHS);
         if hits != 0 {
-            return Some(at + hits.trailing_zeros() as usize / 8);
+            // The bytes before the first hit: those below its lowest bit.
+            let first = hits.trailing_zeros() as usize / 8;
+            let before = (1u64 << (first * 8)).wrapping_sub(1);
+            high |= word & before & HIGHS;
+            return Some((at + first, high == 0));
         }
+        high |= word & HIGHS;
         at += 8;
     }
-    bytes[at..]
-        .iter()
-        .position(|&b| special_byte(b))
-        .map(|i| at + i)
+    let rest = &bytes[at..];
+    let len = rest.iter().position(|&b| special_byte(b))?;
+    Some((at + len, high == 0 && rest[..len].is_ascii()))
 }
 
 #[cfg(test)]
@@ -393,26 +421,32 @@ mod tests {
     }
 
     /// The eight-at-a-time search finds what a byte-by-byte one finds, at
-    /// every position and length, past non-ASCII bytes.
+    /// every position and length, and tells ASCII from the rest wherever a
+    /// non-ASCII byte stands (before, at or after the special byte).
     #[test]
     fn the_word_search_finds_the_first_special_byte() {
         for len in 0..24 {
             for at in 0..=len {
-                for special_byte in [b'"', b'\\', 0x00, 0x1f, b'a'] {
-                    let mut bytes: Vec<u8> = (0..len)
-                        .map(|i| [b'x', 0xc3, 0xa9, 0x7f, b' '][i % 5])
-                        .collect();
-                    if at < len {
-                        bytes[at] = special_byte;
-                        // A later special byte does not move the first.
-                        if at + 1 < len {
-                            bytes[at + 1] = b'"';
+                for high in (0..len).map(Some).chain([None]) {
+                    for special_byte in [b'"', b'\\', 0x00, 0x1f, b'a'] {
+                        let mut bytes: Vec<u8> =
+                            (0..len).map(|i| [b'x', 0x7f, b' '][i % 3]).collect();
+                        if let Some(high) = high {
+                            bytes[high] = [0xc3, 0xff, 0x80][high % 3];
                         }
+                        if at < len {
+                            bytes[at] = special_byte;
+                            // A later special byte does not move the first.
+                            if at + 1 < len {
+                                bytes[at + 1] = b'"';
+                            }
+                        }
+                        let expected = bytes
+                            .iter()
+                            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                            .map(|at| (at, bytes[..at].is_ascii()));
+                        assert_eq!(special(&bytes), expected, "{bytes:?}");
                     }
-                    let expected = bytes
-                        .iter()
-                        .position(|&b| b == b'"' || b == b'\\' || b < 0x20);
-                    assert_eq!(special(&bytes), expected, "{bytes:?}");
                 }
             }
         }
@@ -429,7 +463,7 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        let alphabet = b" \t\n{}[]:,\"-0123456789.eEtrufalsn\\x";
+        let alphabet = b" \t\n{}[]:,\"-0123456789.eEtrufalsn\\x\xc3\xa9\xff";
         let (mut read, mut tried) = (0, 0);
         for text in HEADERS {
             for _ in 0..5000 {

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use crate::edge::MAX_TENSORS;
 
@@ -179,10 +180,10 @@ fn shape<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
 
 /// A `parameters` object's entries in the order they came: values parsed,
 /// names borrowed from the body where they hold no escapes. A request has a
-/// few, so a lookup searches them; the last of a repeated name wins, as in a
-/// JSON object read into a map.
+/// few (two kept inline), so a lookup searches them; the last of a repeated
+/// name wins, as in a JSON object read into a map.
 #[derive(Debug)]
-pub struct Entries<'a>(pub Vec<(Cow<'a, str>, Value)>);
+pub struct Entries<'a>(pub SmallVec<[(Cow<'a, str>, Value); 2]>);
 
 impl Entries<'_> {
     /// The value of `name` (the last, where it repeats).
@@ -209,7 +210,7 @@ pub fn json_parameters(text: &str) -> Result<Entries<'_>, String> {
             f.write_str("a map")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
-            let mut entries = Vec::new();
+            let mut entries = SmallVec::new();
             while let Some((Name(key), value)) = map.next_entry::<Name<'de>, Value>()? {
                 entries.push((key, value));
             }
