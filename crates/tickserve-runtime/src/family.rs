@@ -270,10 +270,10 @@ impl Family {
         // at load run here, so an async worker (serving other connections
         // meanwhile) is never held for long; GPU families keep all their work
         // on their executor threads.
-        let submission = match self.run_at_once(member, submission) {
-            Ok(answer) => return answer,
-            Err(submission) => submission,
-        };
+        let mut submission = submission;
+        if let Some(answer) = self.run_at_once(member, &mut submission) {
+            return answer;
+        }
         let rows = submission.request.rows;
         let bytes = submission.request.inputs.iter().map(|d| d.len()).sum();
         let level = submission.level;
@@ -343,10 +343,10 @@ impl Family {
     pub(crate) fn run_at_once(
         &self,
         member: &Member,
-        submission: Submission,
-    ) -> Result<Result<InferResponse, Error>, Submission> {
+        submission: &mut Submission,
+    ) -> Option<Result<InferResponse, Error>> {
         if submission.request.rows > self.inline_rows || self.queued_rows() > 0 {
-            return Err(submission);
+            return None;
         }
         // Lower levels never take a reserved executor.
         let allowed = if submission.level == 1 {
@@ -357,17 +357,17 @@ impl Family {
         for executor in allowed {
             if let Ok(mut executor) = executor.try_lock() {
                 executor.forget_retired();
-                return Ok(executor.answer(
+                return Some(executor.answer(
                     member,
                     &submission.request,
-                    submission.id,
+                    std::mem::take(&mut submission.id),
                     submission.admitted,
                     submission.deadline,
                     submission.level,
                 ));
             }
         }
-        Err(submission)
+        None
     }
 
     /// Runs a shadow's `submission` on an idle shared executor, on this

@@ -527,14 +527,13 @@ impl<E> Admitted<E> {
     /// journal records. Else the request comes back for [`Admitted::run`].
     // The `Err` side is the request handed back, not an error.
     #[allow(clippy::result_large_err)]
-    pub fn run_now(self) -> Result<Result<Answer<E>, Error>, Admitted<E>> {
-        let Admitted { prepared, after } = self;
-        if after.journal.is_some() {
-            return Err(Admitted { prepared, after });
+    pub fn run_now(mut self) -> Result<Result<Answer<E>, Error>, Admitted<E>> {
+        if self.after.journal.is_some() {
+            return Err(self);
         }
-        match after.handle.run_now(prepared) {
-            Ok(result) => Ok(after.answer(result)),
-            Err(prepared) => Err(Admitted { prepared, after }),
+        match self.after.handle.run_now(&mut self.prepared) {
+            Some(result) => Ok(self.after.answer(result)),
+            None => Err(self),
         }
     }
 }
