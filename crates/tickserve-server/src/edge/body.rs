@@ -2,7 +2,7 @@
 //! HTTP front end (v2 and TF Serving's REST API).
 
 use axum::body::Body;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use tickserve_core::Error;
 
 use super::Edge;
@@ -37,9 +37,12 @@ fn refusal(error: axum::Error) -> Result<Error, axum::Error> {
 
 /// The body's declared length (`Content-Length`), when it has a readable one.
 pub fn declared_length(headers: &HeaderMap) -> Option<usize> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
+    length_of(headers.get(header::CONTENT_LENGTH))
+}
+
+/// The length a `Content-Length` value `v` declares, when readable.
+pub fn length_of(v: Option<&HeaderValue>) -> Option<usize> {
+    v.and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok())
 }
 
@@ -131,20 +134,21 @@ async fn drain(mut body: Body, mut left: usize) {
 }
 
 /// Reads an inference request's body for `model` within the server's
-/// `max_request_bytes`, sized from its `Content-Length`. Every HTTP front end
-/// reads the body before anything is refused: answering with unread bytes
-/// would reset the connection instead.
+/// `max_request_bytes`, sized from its `Content-Length` value
+/// (`content_length`). Every HTTP front end reads the body before anything
+/// is refused: answering with unread bytes would reset the connection
+/// instead.
 pub async fn read_request(
     edge: &Edge,
     model: &str,
-    headers: &HeaderMap,
+    content_length: Option<&HeaderValue>,
     body: Body,
 ) -> Result<bytes::Bytes, Error> {
     read(
         model,
         body,
         edge.max_request_bytes,
-        declared_length(headers),
+        length_of(content_length),
     )
     .await
 }

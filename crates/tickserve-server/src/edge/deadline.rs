@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderName, HeaderValue};
 
 /// The request header that sets a deadline on an HTTP inference request, as a
 /// duration (`2ms`, `250us`); with the `timeout` parameter too, the earlier wins.
@@ -15,12 +15,13 @@ pub const TIMEOUT_HEADER: &str = "tickserve-timeout";
 
 /// [`TIMEOUT_HEADER`] and `grpc-timeout`, parsed once (a lookup by `&str`
 /// parses the name every time).
-static TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
+pub static TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
 static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
-/// The deadline an HTTP request's [`TIMEOUT_HEADER`] sets, if it has one.
-pub fn http_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
-    let Some(v) = headers.get(&TIMEOUT) else {
+/// The deadline an HTTP request's [`TIMEOUT_HEADER`] sets, where its value
+/// `v` came (found with [`super::headers::InferHeaders`]).
+pub fn timeout_of(v: Option<&HeaderValue>) -> Result<Option<Duration>, String> {
+    let Some(v) = v else {
         return Ok(None);
     };
     v.to_str()

@@ -9,6 +9,8 @@
 //! - [`admission`]: a slot and the request's bytes in the server-wide budget;
 //! - [`params`]: the one parameter reader;
 //! - [`deadline`]: the transport's deadline headers;
+//! - [`headers`]: the headers an HTTP inference request's path reads, found
+//!   in one pass;
 //! - [`body`]: an HTTP body read within the byte limit;
 //! - [`infer`]: the pipeline: readiness, admission, the one model lookup,
 //!   decoding (large payloads off the async workers), parameters, the
@@ -26,6 +28,7 @@ pub mod access;
 pub mod admission;
 pub mod body;
 pub mod deadline;
+pub mod headers;
 pub mod infer;
 pub mod journal;
 pub mod params;

@@ -3,20 +3,22 @@
 //! (`00-` 32 hex digits `-` 16 hex digits `-` 2 hex digits, 55 bytes):
 //! a client's other bytes never reach a record.
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header (and gRPC metadata key) W3C Trace Context names.
 pub const TRACEPARENT: &str = "traceparent";
 
 /// [`TRACEPARENT`], parsed once.
-static NAME: HeaderName = HeaderName::from_static(TRACEPARENT);
+pub static NAME: HeaderName = HeaderName::from_static(TRACEPARENT);
 
 /// An HTTP request's `traceparent`, if well formed.
 pub fn http(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(&NAME)
-        .and_then(|v| v.to_str().ok())
-        .and_then(well_formed)
+    of(headers.get(&NAME))
+}
+
+/// The `traceparent` header's value `v`, if well formed.
+pub fn of(v: Option<&HeaderValue>) -> Option<String> {
+    v.and_then(|v| v.to_str().ok()).and_then(well_formed)
 }
 
 /// A gRPC request's `traceparent`, if well formed.

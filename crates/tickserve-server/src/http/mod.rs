@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tickserve_core::Error;
 use tickserve_runtime::ModelHandle;
 
+use crate::edge::headers::InferHeaders;
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
 use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline, trace};
@@ -148,7 +149,8 @@ pub async fn infer(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let body = match body::read_request(edge, &model.model, headers, body).await {
+    let found = InferHeaders::of(headers, Some(&codec::HEADER_LENGTH_NAME));
+    let body = match body::read_request(edge, &model.model, found.content_length, body).await {
         Ok(body) => body,
         Err(e) => return HttpError(e).into_response(),
     };
@@ -160,14 +162,14 @@ pub async fn infer(
         model: &model.model,
         version: model.version.as_deref(),
         bytes,
-        timeout: deadline::http_timeout(headers),
+        timeout: deadline::timeout_of(found.timeout),
         started,
         key: extensions.get().copied(),
-        traceparent: trace::http(headers),
+        traceparent: trace::of(found.traceparent),
     };
     let payload = JsonBody {
         body,
-        header_length: headers.get(&codec::HEADER_LENGTH_NAME).cloned(),
+        header_length: found.own.cloned(),
     };
     let answer = match edge.infer(call, payload).await {
         Ok(answer) => answer,

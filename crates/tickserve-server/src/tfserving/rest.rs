@@ -21,6 +21,7 @@ use tickserve_runtime::ModelHandle;
 
 use super::json::{self as tfjson, Format};
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, tf_dtype, tf_dtype_name};
+use crate::edge::headers::InferHeaders;
 use crate::edge::params::Parameters;
 use crate::edge::routes::TfRoute;
 use crate::edge::status::HttpError;
@@ -132,7 +133,8 @@ pub async fn post(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let body = match body::read_request(edge, &t.model, headers, body).await {
+    let found = InferHeaders::of(headers, None);
+    let body = match body::read_request(edge, &t.model, found.content_length, body).await {
         Ok(body) => body,
         Err(e) => return HttpError(e).into_response(),
     };
@@ -144,10 +146,10 @@ pub async fn post(
         model: &t.model,
         version: t.asked(),
         bytes: RequestBytes::of(extensions, body.len()),
-        timeout: deadline::http_timeout(headers),
+        timeout: deadline::timeout_of(found.timeout),
         started,
         key: extensions.get().copied(),
-        traceparent: trace::http(headers),
+        traceparent: trace::of(found.traceparent),
     };
     match edge.infer(call, PredictBody(body)).await {
         Ok(answer) => {
