@@ -66,6 +66,22 @@ pub fn add(headers: &mut HeaderMap, timing: &Timing, teach: bool) {
     }
 }
 
+/// The value of the timing header `name` for `timing` (`teach` as in
+/// [`add`]), where `name` is one of them: for a map that holds the names
+/// already, its values set in place.
+pub fn value_for(name: &HeaderName, timing: &Timing, teach: bool) -> Option<HeaderValue> {
+    let time = if *name == NAMES[0] {
+        timing.queue
+    } else if *name == NAMES[1] {
+        timing.compute
+    } else {
+        return None;
+    };
+    let mut value = value(u64::try_from(time.as_micros()).unwrap_or(u64::MAX));
+    value.set_sensitive(!teach);
+    Some(value)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -10,6 +10,7 @@
 mod answer_header;
 pub mod codec;
 mod plain;
+mod reply;
 mod request_header;
 pub mod sequences;
 
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tickserve_core::Error;
@@ -178,29 +179,10 @@ pub async fn infer(
     let response = answer.response;
     let binary = answer.encoding.flags(response.outputs.len());
     let encoded = codec::encode(&response, &binary);
+    let timing = edge.timing_headers.then_some((&response.timing, teach));
+    let headers = reply::headers(encoded.body.len(), encoded.header_length, timing);
     let mut reply = Response::new(Body::from(encoded.body));
-    let h = reply.headers_mut();
-    if edge.timing_headers {
-        crate::timing::add(h, &response.timing, teach);
-    }
-    match encoded.header_length {
-        Some(n) => {
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            h.insert(
-                codec::HEADER_LENGTH_NAME.clone(),
-                crate::timing::value(n as u64),
-            );
-        }
-        None => {
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-        }
-    }
+    *reply.headers_mut() = headers;
     reply
 }
 
