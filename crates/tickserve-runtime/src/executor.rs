@@ -310,7 +310,11 @@ impl Executor {
             self.run(member, request, id, &mut cost, started)
         };
         cost.ok = result.is_ok();
-        cost.total = started.elapsed();
+        // A computed request's total was taken with the last copy's clock
+        // read; a refused one's is read here.
+        if !cost.ok {
+            cost.total = started.elapsed();
+        }
         member.stats.record_request(&cost);
         result
     }
@@ -534,6 +538,7 @@ impl Executor {
             cost.output += mark.saturating_duration_since(engine_ended);
             first_row += rows;
         }
+        cost.total = mark.saturating_duration_since(started);
         let signature = self.model.signature();
         let outputs = data
             .into_iter()
