@@ -236,7 +236,9 @@ PARTS = {
          [(1, "tickserve_server::http::codec::encode", "case")]),
         ("reading the body: `body::read_request` (its limits)",
          [(1, "body::read_request::{{closure}}", "case")]),
-        ("timing headers: `timing::add`", [(1, "tickserve_server::timing::add", "case")]),
+        ("answer headers: `reply::headers` (a map made once per kind of answer, cloned, "
+         "its values set: the timing headers, the content type and lengths)",
+         [(1, "tickserve_server::http::reply::headers", "case")]),
         ("edge, before the run: `Edge::admit_now` less the decoding (lookup, admission, "
          "the core's request, validation)",
          [(1, "Edge>::admit_now", "case"),
