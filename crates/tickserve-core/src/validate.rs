@@ -47,13 +47,24 @@ pub struct ValidRequest {
     pub bucket_rows: usize,
 }
 
-/// Checks `request` against `signature` and `limits`.
+/// Checks `request` against `signature` and `limits`; errors name the
+/// request's model.
 pub fn validate(
     request: &InferRequest,
     signature: &Signature,
     limits: &Limits,
 ) -> Result<ValidRequest, Error> {
-    let model = request.model.as_str();
+    validate_for(&request.model, request, signature, limits)
+}
+
+/// [`validate`] for a request of `model` (errors name it, whatever the
+/// request's own `model` says).
+pub fn validate_for(
+    model: &str,
+    request: &InferRequest,
+    signature: &Signature,
+    limits: &Limits,
+) -> Result<ValidRequest, Error> {
     // Inline for up to eight inputs: no allocation for a typical model.
     let mut slots: smallvec::SmallVec<[Option<&crate::InputTensor>; 8]> =
         smallvec::smallvec![None; signature.inputs.len()];

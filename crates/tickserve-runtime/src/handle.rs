@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::durations;
 use tickserve_core::priority::TimeoutAction;
 use tickserve_core::sequence::{SequenceControl, Warmup};
-use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate};
+use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate_for};
 use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, Timing};
 
 use crate::admission::ModelQueue;
@@ -226,8 +226,10 @@ impl ModelHandle {
     /// for a stateful model, queues it for its sequence's turn. Requests
     /// prepared one after another run in that order within a sequence (a
     /// stream prepares its messages in order, then runs them concurrently).
+    /// The request's `model` and `version` are not read: this handle is the
+    /// version it runs on, and its name is the one errors give.
     pub fn prepare(&self, request: InferRequest) -> Result<Prepared, Error> {
-        let valid = validate(&request, &self.signature, &self.settings.limits)?;
+        let valid = validate_for(&self.name, &request, &self.signature, &self.settings.limits)?;
         let sequence = match (&self.sequences, request.sequence) {
             (None, None) => None,
             (None, Some(control)) => {

@@ -423,8 +423,9 @@ impl Edge {
             .flatten()
             .min()
             .map(|t| durations::deadline_after(Instant::now(), t));
-        let (request, encoding) =
-            decoded.into_request(&handle.name, Some(handle.version.clone()), deadline);
+        // The handle is the model: the core's request need not name it again
+        // (two copies of its name and version an answer).
+        let (request, encoding) = decoded.into_request("", None, deadline);
         let mut prepared = handle.prepare(request)?;
         if let Some(pending) = journal.as_mut() {
             pending.prepared(&mut prepared);
