@@ -14,6 +14,7 @@ pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod monte_carlo;
+pub mod name;
 pub mod priority;
 pub mod request;
 pub mod sequence;
@@ -27,5 +28,6 @@ pub use engine::{
     CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER, Weight,
 };
 pub use error::{Error, ErrorKind};
+pub use name::Name;
 pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor, Timing};
 pub use signature::{Signature, TensorSpec};

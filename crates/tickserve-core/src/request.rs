@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::DataType;
+use crate::{DataType, Name};
 
 /// One input tensor as the client sent it, before validation.
 #[derive(Debug, Clone)]
@@ -56,7 +56,7 @@ pub struct InferRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutputTensor {
     /// The output's name.
-    pub name: String,
+    pub name: Name,
     /// Its datatype.
     pub datatype: DataType,
     /// Its shape, batch first.
@@ -70,9 +70,9 @@ pub struct OutputTensor {
 #[derive(Debug, Clone, PartialEq)]
 pub struct InferResponse {
     /// The model that answered.
-    pub model: String,
+    pub model: Name,
     /// Its version.
-    pub version: String,
+    pub version: Name,
     /// The request's id.
     pub id: String,
     /// The outputs asked for, in the order asked (model order when all).

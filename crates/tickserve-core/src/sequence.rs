@@ -25,7 +25,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Deserializer};
 
 use crate::durations;
-use crate::{Error, InputTensor, OutputTensor, Signature, TensorSpec};
+use crate::{Error, InputTensor, Name, OutputTensor, Signature, TensorSpec};
 
 /// The longest `max_sequence_idle`: a trading week.
 pub const MAX_SEQUENCE_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -470,7 +470,7 @@ impl SequenceSpec {
             .iter()
             .zip(rows)
             .map(|(state, row)| OutputTensor {
-                name: state.input.name.clone(),
+                name: Name::from(&state.input.name),
                 datatype: state.input.datatype,
                 shape: state.input.shape_of(1),
                 data: row.clone(),
@@ -484,7 +484,7 @@ impl SequenceSpec {
                 let mut shape = window.tick.shape_of(held);
                 shape.insert(0, 1);
                 OutputTensor {
-                    name: window.input.name.clone(),
+                    name: Name::from(&window.input.name),
                     datatype: window.input.datatype,
                     shape,
                     data: window.newest(rows, held),

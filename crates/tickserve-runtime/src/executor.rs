@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tickserve_core::validate::ValidRequest;
 use tickserve_core::{
-    Buckets, CompiledModel, EngineError, Error, InferResponse, MemberId, OutputTensor, SOLE_MEMBER,
-    TensorSpec, Weight, metrics as names,
+    Buckets, CompiledModel, EngineError, Error, InferResponse, MemberId, Name, OutputTensor,
+    SOLE_MEMBER, TensorSpec, Weight, metrics as names,
 };
 
 use crate::job::Job;
@@ -69,6 +69,8 @@ pub struct Executor {
     /// Row sizes in bytes, per input and per output (fixed at load).
     input_row_bytes: Vec<usize>,
     output_row_bytes: Vec<usize>,
+    /// The outputs' names, shared by every answer.
+    output_names: Vec<Name>,
     retired: Arc<RetiredLog>,
     health: Arc<FamilyHealth>,
     /// How many retired ids this executor has already freed.
@@ -105,6 +107,11 @@ impl Executor {
         let signature = model.signature();
         let input_row_bytes = signature.inputs.iter().map(|t| t.row_bytes()).collect();
         let output_row_bytes = signature.outputs.iter().map(|t| t.row_bytes()).collect();
+        let output_names = signature
+            .outputs
+            .iter()
+            .map(|t| Name::from(&t.name))
+            .collect();
         let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
             "family" => links.family_key.clone(), "device" => model.device().to_string());
         let warm_runs = metrics::counter!(names::KEEP_WARM_RUNS,
@@ -128,6 +135,7 @@ impl Executor {
             model,
             input_row_bytes,
             output_row_bytes,
+            output_names,
             retired: links.retired,
             health: links.health,
             retired_seen: 0,
@@ -237,8 +245,8 @@ impl Executor {
         self.last_member = Some(member.id);
         if let Some(reason) = self.health.failure() {
             return Err(Error::ModelNotReady {
-                model: member.name.clone(),
-                version: member.version.clone(),
+                model: member.name.to_string(),
+                version: member.version.to_string(),
                 reason: format!("its family stopped: {reason}"),
             });
         }
@@ -259,7 +267,7 @@ impl Executor {
                     .fail(format!("{e} (family {})", self.family_key));
             }
             return Err(Error::Internal {
-                model: member.name.clone(),
+                model: member.name.to_string(),
                 message: e.to_string(),
             });
         }
@@ -303,7 +311,7 @@ impl Executor {
         let result = if deadline.is_some_and(|d| started >= d) {
             member.queue.expired(level);
             Err(Error::DeadlineExceeded {
-                model: member.name.clone(),
+                model: member.name.to_string(),
                 waited: cost.waited,
             })
         } else {
@@ -330,7 +338,7 @@ impl Executor {
             ..RequestCost::default()
         });
         let _ = job.reply.send(Err(Error::DeadlineExceeded {
-            model: job.member.name.clone(),
+            model: job.member.name.to_string(),
             waited,
         }));
     }
@@ -442,7 +450,7 @@ impl Executor {
             .buckets
             .index_for(total.max(pinned))
             .ok_or_else(|| Error::Internal {
-                model: member.name.clone(),
+                model: member.name.to_string(),
                 message: format!("a batch of {total} rows does not fit the largest bucket"),
             })?;
         let copy_started = Instant::now();
@@ -474,6 +482,7 @@ impl Executor {
                     let len = request.rows * self.output_row_bytes[o];
                     let from = first_row * self.output_row_bytes[o];
                     output_tensor(
+                        &self.output_names[o],
                         &signature.outputs[o],
                         request.rows,
                         Bytes::copy_from_slice(&self.model.output(bucket, o)[from..from + len]),
@@ -543,7 +552,14 @@ impl Executor {
         let outputs = data
             .into_iter()
             .zip(&request.outputs)
-            .map(|(data, &o)| output_tensor(&signature.outputs[o], request.rows, data.into()))
+            .map(|(data, &o)| {
+                output_tensor(
+                    &self.output_names[o],
+                    &signature.outputs[o],
+                    request.rows,
+                    data.into(),
+                )
+            })
             .collect();
         Ok(InferResponse {
             model: member.name.clone(),
@@ -568,12 +584,12 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
-/// The output tensor of `rows` rows of `spec` holding `data`: one
+/// The output tensor `name` of `rows` rows of `spec` holding `data`: one
 /// allocation per output per request, shared from here on (the front end
 /// encodes it, the journal records it).
-fn output_tensor(spec: &TensorSpec, rows: usize, data: Bytes) -> OutputTensor {
+fn output_tensor(name: &Name, spec: &TensorSpec, rows: usize, data: Bytes) -> OutputTensor {
     OutputTensor {
-        name: spec.name.clone(),
+        name: name.clone(),
         datatype: spec.datatype,
         shape: spec.shape_of(rows),
         data,

@@ -281,18 +281,18 @@ impl Family {
             Ticket::admit(&member.queue, &self.rows, rows, bytes, level).map_err(|refused| {
                 match refused {
                     Refused::Level(queued) => Error::PriorityQueueFull {
-                        model: member.name.clone(),
+                        model: member.name.to_string(),
                         level,
                         limit: queued,
                     },
                     Refused::Rows(queued) => Error::QueueFull {
-                        model: member.name.clone(),
+                        model: member.name.to_string(),
                         queued,
                         rows,
                         limit: member.queue.limit(),
                     },
                     Refused::Bytes(queued) => Error::QueueBytesFull {
-                        model: member.name.clone(),
+                        model: member.name.to_string(),
                         queued,
                         bytes,
                         limit: member.queue.byte_limit(),
@@ -322,14 +322,14 @@ impl Family {
         };
         if !sent {
             return Err(Error::ModelNotReady {
-                model: member.name.clone(),
-                version: member.version.clone(),
+                model: member.name.to_string(),
+                version: member.version.to_string(),
                 reason: "its executors have stopped".to_string(),
             });
         }
         answer.await.unwrap_or_else(|_| {
             Err(Error::Internal {
-                model: member.name.clone(),
+                model: member.name.to_string(),
                 message: "the executor dropped the request".to_string(),
             })
         })

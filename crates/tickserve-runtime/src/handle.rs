@@ -16,7 +16,7 @@ use tickserve_core::durations;
 use tickserve_core::priority::TimeoutAction;
 use tickserve_core::sequence::{SequenceControl, Warmup};
 use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate_for};
-use tickserve_core::{Device, Error, InferRequest, InferResponse, Signature, Timing};
+use tickserve_core::{Device, Error, InferRequest, InferResponse, Name, Signature, Timing};
 
 use crate::admission::ModelQueue;
 use crate::family::{Family, Submission};
@@ -439,8 +439,8 @@ impl ModelHandle {
     /// `window_warmup = "wait"`): no outputs.
     fn unanswered(&self, id: String) -> InferResponse {
         InferResponse {
-            model: self.name.clone(),
-            version: self.version.clone(),
+            model: Name::from(&self.name),
+            version: Name::from(&self.version),
             id,
             outputs: Vec::new(),
             timing: Timing::default(),

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tickserve_core::{Device, MemberId, metrics as names};
+use tickserve_core::{Device, MemberId, Name, metrics as names};
 
 use crate::admission::ModelQueue;
 use crate::stats::ModelStats;
@@ -72,10 +72,10 @@ pub struct Version {
 pub struct Member {
     /// Its id within the family; runs bind its weights by this id.
     pub id: MemberId,
-    /// The model's name.
-    pub name: String,
-    /// The version, as the protocol spells it.
-    pub version: String,
+    /// The model's name (shared by its answers).
+    pub name: Name,
+    /// The version, as the protocol spells it (shared by its answers).
+    pub version: Name,
     /// Its statistics.
     pub stats: Arc<ModelStats>,
     /// Its rows waiting in the queues.
@@ -110,8 +110,8 @@ impl Member {
         };
         Member {
             id,
-            name: version.name,
-            version: version.version,
+            name: Name::from(version.name),
+            version: Name::from(version.version),
             stats: version.stats,
             queue: version.queue,
             metrics,

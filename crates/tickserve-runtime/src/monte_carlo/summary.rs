@@ -31,7 +31,7 @@ impl Plan {
         };
         if self.summary == Summary::Samples {
             return vec![OutputTensor {
-                name: format!("{}_samples", output.name),
+                name: format!("{}_samples", output.name).into(),
                 datatype: output.datatype,
                 shape: with_rows(&[self.samples as i64]),
                 data: output.data,
@@ -70,7 +70,7 @@ impl Plan {
         let tensor = |suffix: String, v: Vec<f64>| {
             let (datatype, data) = encode(&v);
             OutputTensor {
-                name: format!("{}_{suffix}", output.name),
+                name: format!("{}_{suffix}", output.name).into(),
                 datatype,
                 shape: with_rows(&[]),
                 data: data.into(),

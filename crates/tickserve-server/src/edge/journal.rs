@@ -209,7 +209,7 @@ impl Pending {
                             .outputs
                             .iter()
                             .map(|o| Tensor {
-                                name: o.name.clone(),
+                                name: o.name.to_string(),
                                 datatype: o.datatype,
                                 shape: o.shape.clone(),
                                 data: o.data.clone(),

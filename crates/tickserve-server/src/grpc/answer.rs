@@ -128,14 +128,14 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use tickserve_core::{DataType, Timing};
+    use tickserve_core::{DataType, Name, Timing};
 
     use super::*;
 
     fn response(outputs: Vec<OutputTensor>) -> InferResponse {
         InferResponse {
             model: "alpha_mlp".into(),
-            version: String::new(),
+            version: Name::default(),
             id: String::new(),
             outputs,
             timing: Timing {

@@ -272,7 +272,7 @@ pub fn encode(response: InferResponse, raw: bool) -> pb::ModelInferResponse {
             Some(bytes_to_typed(o.datatype, &o.data))
         };
         outputs.push(pb::model_infer_response::InferOutputTensor {
-            name: o.name,
+            name: o.name.into(),
             datatype: o.datatype.as_str().to_string(),
             shape: o.shape,
             parameters: Default::default(),
@@ -280,8 +280,8 @@ pub fn encode(response: InferResponse, raw: bool) -> pb::ModelInferResponse {
         });
     }
     pb::ModelInferResponse {
-        model_name: response.model,
-        model_version: response.version,
+        model_name: response.model.into(),
+        model_version: response.version.into(),
         id: response.id,
         parameters: response_parameters(response.sequence_restarted, response.window_ticks),
         outputs,

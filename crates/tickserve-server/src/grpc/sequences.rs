@@ -125,7 +125,7 @@ impl SequenceService for Sequence {
                 .state_tensors(&state.state, state.window_ticks)
                 .into_iter()
                 .map(|t| pb::StateTensor {
-                    name: t.name,
+                    name: t.name.into(),
                     datatype: t.datatype.as_str().to_string(),
                     shape: t.shape,
                     contents: t.data,

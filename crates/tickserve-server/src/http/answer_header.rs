@@ -12,9 +12,9 @@ use tickserve_core::InferResponse;
 pub fn write(response: &InferResponse, binary: &[bool], body: &mut Vec<u8>) -> bool {
     let plain = binary.len() >= response.outputs.len()
         && binary.iter().take(response.outputs.len()).all(|&b| b)
-        && [&response.model, &response.version, &response.id]
+        && [&*response.model, &*response.version, response.id.as_str()]
             .into_iter()
-            .chain(response.outputs.iter().map(|o| &o.name))
+            .chain(response.outputs.iter().map(|o| o.name.as_str()))
             .all(|text| !needs_escape(text));
     if !plain {
         return false;
@@ -100,7 +100,7 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use tickserve_core::{DataType, OutputTensor, Timing};
+    use tickserve_core::{DataType, Name, OutputTensor, Timing};
 
     use super::super::codec::json_header_of;
     use super::*;
@@ -151,7 +151,7 @@ mod tests {
             (
                 InferResponse {
                     window_ticks: Some(0),
-                    version: String::new(),
+                    version: Name::default(),
                     ..response(two.clone())
                 },
                 vec![true, true],
