@@ -24,7 +24,8 @@ pub fn header(text: &[u8]) -> Option<Header<'_>> {
     let mut json = Plain::new(text);
     let mut header = Header::default();
     let (mut id, mut parameters, mut inputs, mut outputs) = (false, false, false, false);
-    json.object(|json, key| {
+    let keys: [&[u8]; 4] = [b"inputs", b"parameters", b"outputs", b"id"];
+    json.known_object(&keys, |json, key| {
         match key {
             b"id" if !std::mem::replace(&mut id, true) => {
                 header.id = Some(json.string()?.to_owned());
@@ -64,7 +65,8 @@ pub fn header(text: &[u8]) -> Option<Header<'_>> {
 /// One input: name, shape, datatype, and parameters if any.
 fn input<'a>(json: &mut Plain<'a>) -> Option<InputHeader<'a>> {
     let (mut name, mut shape, mut datatype, mut parameters) = (None, None, None, None);
-    json.object(|json, key| {
+    let keys: [&[u8]; 4] = [b"name", b"shape", b"datatype", b"parameters"];
+    json.known_object(&keys, |json, key| {
         match key {
             b"name" if name.is_none() => name = Some(json.string()?.to_owned()),
             b"shape" if shape.is_none() => {
@@ -101,7 +103,8 @@ fn input<'a>(json: &mut Plain<'a>) -> Option<InputHeader<'a>> {
 /// One output asked for: name, and parameters if any.
 fn output<'a>(json: &mut Plain<'a>) -> Option<OutputHeader<'a>> {
     let (mut name, mut parameters) = (None, None);
-    json.object(|json, key| {
+    let keys: [&[u8]; 2] = [b"name", b"parameters"];
+    json.known_object(&keys, |json, key| {
         match key {
             b"name" if name.is_none() => name = Some(json.string()?.to_owned()),
             b"parameters" if parameters.is_none() => {
@@ -249,6 +252,53 @@ impl<'a> Plain<'a> {
             }
             return self.eat(b'}');
         }
+    }
+
+    /// An object whose keys are expected among `keys`, each key given to
+    /// `member` to read its value. A key written as is (`"name":`, no space
+    /// before its colon) is matched in place against those expected; any
+    /// other is read as a string first.
+    fn known_object(
+        &mut self,
+        keys: &[&'static [u8]],
+        mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
+    ) -> Option<()> {
+        self.eat(b'{')?;
+        if self.next_is(b'}') {
+            return Some(());
+        }
+        loop {
+            self.space();
+            let key = match self.key_in_place(keys) {
+                Some(key) => key,
+                None => {
+                    let (key, _) = self.raw_string()?;
+                    self.eat(b':')?;
+                    key
+                }
+            };
+            member(self, key)?;
+            if self.next_is(b',') {
+                continue;
+            }
+            return self.eat(b'}');
+        }
+    }
+
+    /// The one of `keys` written next as `"key":`, taken with its colon.
+    fn key_in_place(&mut self, keys: &[&'static [u8]]) -> Option<&'static [u8]> {
+        let rest = self.text.get(self.at..)?;
+        let (&b'"', name) = rest.split_first()? else {
+            return None;
+        };
+        let first = *name.first()?;
+        let key = keys.iter().find(|key| {
+            key.first() == Some(&first)
+                && name.get(key.len()..key.len() + 2) == Some(b"\":")
+                && name.starts_with(key)
+        })?;
+        self.at += key.len() + 3;
+        Some(key)
     }
 
     /// A list, each entry read by `entry`.
