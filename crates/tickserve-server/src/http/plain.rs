@@ -18,6 +18,20 @@ use super::request_header::{
     Entries, Header, InputHeader, MAX_PARAMETER_BYTES, MAX_RANK, OutputHeader, Params,
 };
 use crate::edge::MAX_TENSORS;
+use crate::edge::params;
+
+/// The parameters a request's, an input's or an output's `parameters`
+/// usually hold, matched in place (any other is read as a string).
+const PARAMETER_KEYS: [&[u8]; 8] = [
+    params::BINARY_DATA_SIZE.as_bytes(),
+    params::BINARY_DATA_OUTPUT.as_bytes(),
+    params::BINARY_DATA.as_bytes(),
+    params::SEQUENCE_ID.as_bytes(),
+    params::SEQUENCE_START.as_bytes(),
+    params::SEQUENCE_END.as_bytes(),
+    params::PRIORITY.as_bytes(),
+    params::TIMEOUT.as_bytes(),
+];
 
 /// Reads `text` as a request header of the common shape.
 pub fn header(text: &[u8]) -> Option<Header<'_>> {
@@ -237,27 +251,10 @@ impl<'a> Plain<'a> {
         }
     }
 
-    /// An object, each key's bytes given to `member` to read its value.
-    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
-        self.eat(b'{')?;
-        if self.next_is(b'}') {
-            return Some(());
-        }
-        loop {
-            let (key, _) = self.raw_string()?;
-            self.eat(b':')?;
-            member(self, key)?;
-            if self.next_is(b',') {
-                continue;
-            }
-            return self.eat(b'}');
-        }
-    }
-
-    /// An object whose keys are expected among `keys`, each key given to
-    /// `member` to read its value. A key written as is (`"name":`, no space
-    /// before its colon) is matched in place against those expected; any
-    /// other is read as a string first.
+    /// An object, each key given to `member` to read its value. A key of
+    /// `keys` (those the object usually holds) written as is (`"name":`, no
+    /// space before its colon) is matched in place; any other is read as a
+    /// string first.
     fn known_object(
         &mut self,
         keys: &[&'static [u8]],
@@ -321,7 +318,7 @@ impl<'a> Plain<'a> {
         self.space();
         let start = self.at;
         let mut entries = SmallVec::new();
-        self.object(|json, key| {
+        self.known_object(&PARAMETER_KEYS, |json, key| {
             let key = utf8(key, key.is_ascii())?;
             json.space();
             let value = match json.text.get(json.at)? {
