@@ -203,7 +203,10 @@ where
                             data.len() - covered
                         }
                     };
-                    if let Err(refused) = this.bytes.add(hold) {
+                    // A frame the declared length held already adds nothing.
+                    if hold > 0
+                        && let Err(refused) = this.bytes.add(hold)
+                    {
                         this.refused = true;
                         return Poll::Ready(Some(Err((this.refuse)(refused))));
                     }
