@@ -79,6 +79,14 @@ fn text(value: &str, body: &mut Vec<u8>) {
 
 /// An integer in decimal, with a minus when `negative`.
 fn number(mut value: u64, negative: bool, body: &mut Vec<u8>) {
+    if negative {
+        body.push(b'-');
+    }
+    // A one-row answer's dimensions and a small output's size: one digit.
+    if value < 10 {
+        body.push(b'0' + value as u8);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -88,9 +96,6 @@ fn number(mut value: u64, negative: bool, body: &mut Vec<u8>) {
         if value == 0 {
             break;
         }
-    }
-    if negative {
-        body.push(b'-');
     }
     body.extend_from_slice(&digits[at..]);
 }
