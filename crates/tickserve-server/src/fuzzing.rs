@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use prost::Message;
 use tickserve_core::config::{ModelConfig, ModelDefaults, ServerConfig};
-use tickserve_core::validate::{Limits, validate};
+use tickserve_core::validate::{Limits, validate, validate_for};
 use tickserve_core::{DataType, Signature, TensorSpec};
 
 use tickserve_proto::inference as pb;
@@ -52,8 +52,8 @@ fn limits() -> Limits {
 pub fn http_json(data: &[u8]) {
     let body = bytes::Bytes::copy_from_slice(data);
     if let Ok(decoded) = codec::decode("m", &body, None, &signature()) {
-        let (request, _) = decoded.into_request("m", None, None);
-        let _ = validate(&request, &signature(), &limits());
+        let (request, _) = decoded.into_request(None);
+        let _ = validate_for("m", &request, &signature(), &limits());
     }
 }
 
@@ -67,8 +67,8 @@ pub fn http_binary(data: &[u8]) {
     let header_length = usize::from(u16::from_le_bytes(*length));
     let body = bytes::Bytes::copy_from_slice(body);
     if let Ok(decoded) = codec::decode("m", &body, Some(header_length), &signature()) {
-        let (request, _) = decoded.into_request("m", None, None);
-        let _ = validate(&request, &signature(), &limits());
+        let (request, _) = decoded.into_request(None);
+        let _ = validate_for("m", &request, &signature(), &limits());
     }
 }
 
@@ -98,8 +98,8 @@ pub fn grpc_request(data: &[u8]) {
     };
     if let Ok(decoded) = convert::decode(request, "m", &signature()) {
         let deadline = std::time::Instant::now().checked_add(Duration::from_millis(5));
-        let (request, _) = decoded.into_request("m", None, deadline);
-        let _ = validate(&request, &signature(), &limits());
+        let (request, _) = decoded.into_request(deadline);
+        let _ = validate_for("m", &request, &signature(), &limits());
     }
 }
 

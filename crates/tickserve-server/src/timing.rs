@@ -2,6 +2,7 @@
 //! [`COMPUTE_TIME_HEADER`]), for the HTTP and gRPC front ends.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tickserve_core::Timing;
@@ -39,14 +40,22 @@ static VALUES: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
         .collect()
 });
 
-/// The header value for the number `micros` (any count: values below
-/// 1024 come pre-written).
-pub fn value(micros: u64) -> HeaderValue {
-    usize::try_from(micros)
+/// The header value for the number `n` (a time in microseconds here, a
+/// byte count in an answer's length headers; values below 1024 come
+/// pre-written).
+pub fn value(n: u64) -> HeaderValue {
+    usize::try_from(n)
         .ok()
         .and_then(|i| VALUES.get(i))
         .cloned()
-        .unwrap_or_else(|| HeaderValue::from(micros))
+        .unwrap_or_else(|| HeaderValue::from(n))
+}
+
+/// A timing header's value for `time` (`teach` as in [`add`]).
+fn timed(time: Duration, teach: bool) -> HeaderValue {
+    let mut value = value(u64::try_from(time.as_micros()).unwrap_or(u64::MAX));
+    value.set_sensitive(!teach);
+    value
 }
 
 /// Adds an answer's timing headers to `headers`. Their values change with
@@ -59,10 +68,7 @@ pub fn value(micros: u64) -> HeaderValue {
 /// answer, docs/performance.md).
 pub fn add(headers: &mut HeaderMap, timing: &Timing, teach: bool) {
     for (name, time) in NAMES.iter().zip([timing.queue, timing.compute]) {
-        let micros = u64::try_from(time.as_micros()).unwrap_or(u64::MAX);
-        let mut value = value(micros);
-        value.set_sensitive(!teach);
-        headers.insert(name.clone(), value);
+        headers.insert(name.clone(), timed(time, teach));
     }
 }
 
@@ -77,9 +83,7 @@ pub fn value_for(name: &HeaderName, timing: &Timing, teach: bool) -> Option<Head
     } else {
         return None;
     };
-    let mut value = value(u64::try_from(time.as_micros()).unwrap_or(u64::MAX));
-    value.set_sensitive(!teach);
-    Some(value)
+    Some(timed(time, teach))
 }
 
 #[cfg(test)]

@@ -125,14 +125,11 @@ pub struct Decoded<E> {
 }
 
 impl<E> Decoded<E> {
-    /// The core's request for version `version` of `model`, answered by
-    /// `deadline`, and what the front end keeps for the encoding.
-    pub fn into_request(
-        self,
-        model: &str,
-        version: Option<String>,
-        deadline: Option<Instant>,
-    ) -> (InferRequest, E) {
+    /// The core's request, answered by `deadline`, and what the front end
+    /// keeps for the encoding. Its model and version stay empty: the edge
+    /// has looked the model up already, and the handle the request is
+    /// prepared by is the model (its name is the one errors give).
+    pub fn into_request(self, deadline: Option<Instant>) -> (InferRequest, E) {
         let Decoded {
             id,
             inputs,
@@ -141,8 +138,8 @@ impl<E> Decoded<E> {
             encoding,
         } = self;
         let request = InferRequest {
-            model: model.to_string(),
-            version,
+            model: String::new(),
+            version: None,
             id,
             inputs,
             outputs,
@@ -423,9 +420,7 @@ impl Edge {
             .flatten()
             .min()
             .map(|t| durations::deadline_after(Instant::now(), t));
-        // The handle is the model: the core's request need not name it again
-        // (two copies of its name and version an answer).
-        let (request, encoding) = decoded.into_request("", None, deadline);
+        let (request, encoding) = decoded.into_request(deadline);
         let mut prepared = handle.prepare(request)?;
         if let Some(pending) = journal.as_mut() {
             pending.prepared(&mut prepared);
