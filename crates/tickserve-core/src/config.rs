@@ -478,20 +478,24 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Reads `path`, or the defaults when it does not exist.
-    pub fn load(path: &Path) -> Result<ModelConfig, String> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str::<ModelConfig>(&text)
-                .and_then(|c| {
-                    check_labels(&c.labels).map_err(serde::de::Error::custom)?;
-                    check_split(&c.split).map_err(serde::de::Error::custom)?;
-                    check_shadows(&c.shadow).map_err(serde::de::Error::custom)?;
-                    Ok(c)
-                })
-                .map_err(|e| format!("{}: {e}", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
-            Err(e) => Err(format!("{}: {e}", path.display())),
-        }
+    /// Reads `model.toml` of the model directory `dir` (through
+    /// [`crate::files::read`]: a regular file inside it, at most
+    /// [`crate::files::MAX_CONFIG_BYTES`]), or the defaults when there is
+    /// none. Errors name the file as `shown` (`alpha/model.toml`), with the
+    /// line and column, never the file's lines.
+    pub fn load(dir: &Path, shown: &str) -> Result<ModelConfig, String> {
+        let Some(text) =
+            crate::files::read_text(dir, "model.toml", shown, crate::files::MAX_CONFIG_BYTES)?
+        else {
+            return Ok(ModelConfig::default());
+        };
+        let config = toml::from_str::<ModelConfig>(&text)
+            .map_err(|e| crate::files::toml_error(shown, &text, &e))?;
+        check_labels(&config.labels)
+            .and_then(|()| check_split(&config.split))
+            .and_then(|()| check_shadows(&config.shadow))
+            .map_err(|e| format!("{shown}: {e}"))?;
+        Ok(config)
     }
 }
 
@@ -698,8 +702,7 @@ mod tests {
         let server = ServerConfig::load(&root.join("tickserve.toml")).unwrap();
         server.validate().unwrap();
         for entry in std::fs::read_dir(root.join("models")).unwrap() {
-            let path = entry.unwrap().path().join("model.toml");
-            ModelConfig::load(&path).unwrap();
+            ModelConfig::load(&entry.unwrap().path(), "model.toml").unwrap();
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod datatype;
 pub mod durations;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod metrics;
 pub mod monte_carlo;
 pub mod name;

@@ -529,16 +529,30 @@ fn initial_row(
     let Some(file) = file else {
         return Ok(Bytes::from(vec![0u8; row_bytes]));
     };
-    let bytes = std::fs::read(model_dir.join(file))
-        .map_err(|e| format!("{key}.initial_file '{file}': cannot read it: {e}"))?;
-    if bytes.len() != row_bytes {
-        return Err(format!(
-            "{key}.initial_file '{file}' holds {} bytes; {what} of '{}' ({} {}) is {row_bytes}",
-            bytes.len(),
+    let shown = format!("{key}.initial_file '{file}'");
+    let wrong_size = |held: String| {
+        format!(
+            "{shown} holds {held} bytes; {what} of '{}' ({} {}) is {row_bytes}",
             spec.name,
             spec.datatype,
             spec.display_shape()
-        ));
+        )
+    };
+    // A file of the model's own may say its size; past the limit, only that
+    // it is too long.
+    let limit = u64::try_from(row_bytes)
+        .unwrap_or(u64::MAX)
+        .max(crate::files::MAX_CONFIG_BYTES);
+    let bytes = match crate::files::read(model_dir, file, &shown, limit) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Err(format!("{shown}: no such file in the model's directory")),
+        Err(e) if matches!(e.problem, crate::files::Problem::TooLarge(_)) => {
+            return Err(wrong_size(format!("more than {limit}")));
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    if bytes.len() != row_bytes {
+        return Err(wrong_size(bytes.len().to_string()));
     }
     Ok(Bytes::from(bytes))
 }
@@ -851,7 +865,7 @@ mod tests {
         assert!(!error.contains(&server_path), "{error}");
         config.state[0].initial_file = Some("missing.bin".to_string());
         let error = SequenceSpec::resolve(&config, &lstm_step(), &dir).unwrap_err();
-        assert!(error.contains("'missing.bin': cannot read it"), "{error}");
+        assert!(error.contains("'missing.bin': no such file"), "{error}");
         assert!(!error.contains(&server_path), "{error}");
         config.state[0].initial_file = Some("h0.bin".to_string());
         let h0: Vec<u8> = (0..16).flat_map(|i| (i as f32).to_le_bytes()).collect();

@@ -184,7 +184,7 @@ impl Runtime {
             let slot = models.entry(entry.name.clone()).or_default();
             let chosen = entry.config.as_ref().map_err(String::clone).and_then(|c| {
                 let versions = update::wanted(entry, c)?;
-                runtime.candidates_of(&entry.name, c, versions)
+                runtime.candidates_of(&entry.name, &entry.dir, c, versions)
             });
             match chosen {
                 Ok(mut versions) => candidates.append(&mut versions),
@@ -387,6 +387,7 @@ impl Runtime {
     fn candidates_of(
         &self,
         name: &str,
+        dir: &std::path::Path,
         config: &ModelConfig,
         versions: Vec<(u64, PathBuf)>,
     ) -> Result<Vec<Candidate>, String> {
@@ -402,6 +403,7 @@ impl Runtime {
                 candidates.push(Candidate {
                     name: name.to_string(),
                     version,
+                    model_dir: dir.to_path_buf(),
                     onnx_path: onnx_path.clone(),
                     config: config.clone(),
                     replica,

@@ -43,7 +43,9 @@ pub struct Candidate {
     pub name: String,
     /// The version number.
     pub version: u64,
-    /// Its `model.onnx`.
+    /// The model's directory: every file of the model is read inside it.
+    pub model_dir: PathBuf,
+    /// Its `model.onnx` (inside `model_dir`).
     pub onnx_path: PathBuf,
     /// Its `model.toml`.
     pub config: ModelConfig,
@@ -439,13 +441,20 @@ fn parse(
 ) -> Result<Parsed, Box<(Candidate, String)>> {
     let started = Instant::now();
     let read = || -> Result<_, String> {
-        let path = &candidate.onnx_path;
-        let bytes = std::fs::read(path).map_err(|e| {
-            format!(
-                "cannot read {}/{}/model.onnx: {e}",
-                candidate.name, candidate.version
-            )
-        })?;
+        let relative = candidate
+            .onnx_path
+            .strip_prefix(&candidate.model_dir)
+            .ok()
+            .and_then(Path::to_str)
+            .unwrap_or("model.onnx");
+        let shown = format!("{}/{relative}", candidate.name);
+        let bytes = tickserve_core::files::read(
+            &candidate.model_dir,
+            relative,
+            &shown,
+            tickserve_core::files::MAX_ONNX_BYTES,
+        )?
+        .ok_or_else(|| format!("{shown}: gone before it was read"))?;
         let digest = hex(&Sha256::digest(&bytes));
         let onnx = OnnxModel::parse(&bytes)?;
         let signature = onnx.signature(&candidate.config)?;
@@ -645,7 +654,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
     let version = version.to_string();
     let sequence_of = replicas
         .first()
-        .map(|(c, _)| (c.config.sequence.clone(), c.onnx_path.clone()));
+        .map(|(c, _)| (c.config.sequence.clone(), c.model_dir.clone()));
     let mut joined = Vec::with_capacity(replicas.len());
     let mut failure = None;
     for (candidate, outcome) in replicas {
@@ -666,11 +675,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
     // A stateful model's state pairs, against the full signature (its
     // outputs are known once compiled).
     let sequence = match (&sequence_of, joined.first()) {
-        (Some((config, onnx_path)), Some(first)) => {
-            let model_dir = onnx_path
-                .parent()
-                .and_then(std::path::Path::parent)
-                .unwrap_or(std::path::Path::new("."));
+        (Some((config, model_dir)), Some(first)) => {
             SequenceSpec::resolve(config, &first.signature, model_dir).map(|s| s.map(Arc::new))
         }
         _ => Ok(None),

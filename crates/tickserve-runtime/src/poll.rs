@@ -21,6 +21,7 @@ use std::path::Path;
 use std::time::UNIX_EPOCH;
 
 use tickserve_core::config::RepositoryConfig;
+use tickserve_core::files::{MAX_CONFIG_BYTES, read};
 
 use crate::Runtime;
 use crate::repository;
@@ -52,9 +53,12 @@ pub fn prints(repository: &RepositoryConfig) -> Prints {
 }
 
 fn print(dir: &Path) -> Print {
+    // Read as the load reads it: a file that is no regular file inside
+    // the directory, or too large, sums up as its error (never blocking on
+    // a FIFO, never reading a device).
     let content = |file: &str| {
         let mut h = DefaultHasher::new();
-        std::fs::read(dir.join(file)).ok().hash(&mut h);
+        read(dir, file, file, MAX_CONFIG_BYTES).hash(&mut h);
         h.finish()
     };
     let mut versions = BTreeMap::new();
@@ -63,7 +67,7 @@ fn print(dir: &Path) -> Print {
             let Some(version) = entry
                 .file_name()
                 .to_str()
-                .and_then(|n| n.parse::<u64>().ok())
+                .and_then(repository::version_number)
             else {
                 continue;
             };
@@ -186,12 +190,18 @@ impl Runtime {
                     };
                     let labels_only = before
                         .is_some_and(|b| b.config == print.config && b.versions == print.versions);
-                    if labels_only {
-                        self.relabel(&dir);
-                    } else {
-                        // A failure is logged, counted and in the index; the
-                        // files must change before it is tried again.
-                        let _ = self.update_model(dir, &reload);
+                    // A failure is logged, counted and in the index, and a
+                    // panic is logged: either way the files must change
+                    // before it is tried again, and the poll goes on.
+                    let apply = std::panic::AssertUnwindSafe(|| {
+                        if labels_only {
+                            self.relabel(&dir);
+                        } else {
+                            let _ = self.update_model(dir, &reload);
+                        }
+                    });
+                    if std::panic::catch_unwind(apply).is_err() {
+                        tracing::error!(model = name, "applying a repository change panicked");
                     }
                     poller.applied.insert(name.clone(), print.clone());
                 }

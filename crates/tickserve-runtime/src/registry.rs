@@ -483,6 +483,13 @@ impl Models {
                 });
             }
         }
+        // A reason is clipped as an error message is (4 KiB), whatever a
+        // repository's file made of it.
+        for entry in &mut index {
+            if entry.reason.len() > tickserve_core::text::MAX_MESSAGE_BYTES {
+                entry.reason = tickserve_core::text::clip_message(&entry.reason);
+            }
+        }
         index
     }
 }

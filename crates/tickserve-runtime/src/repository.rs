@@ -95,25 +95,25 @@ fn is_single_model(root: &Path) -> bool {
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .filter(|name| !name.starts_with('.'))
         .collect();
-    !dirs.is_empty() && dirs.iter().all(|d| d.parse::<u64>().is_ok())
+    !dirs.is_empty() && dirs.iter().all(|d| version_number(d).is_some())
+}
+
+/// The version a directory's name names: a number written as Rust writes
+/// it (`1`, `10`; not `01`, `+1` or ` 1`), so that one version is one
+/// directory. Other names are not versions.
+pub fn version_number(name: &str) -> Option<u64> {
+    let number = name.parse::<u64>().ok()?;
+    (number.to_string() == name).then_some(number)
 }
 
 fn read_model_dir(dir: PathBuf, name: String) -> ModelDir {
-    let toml = dir.join("model.toml");
-    let config = ModelConfig::load(&toml)
-        .map_err(|e| e.replace(&toml.display().to_string(), &format!("{name}/model.toml")));
-    let labels_file = dir.join("labels.toml");
-    let labels = load_labels(&labels_file).map_err(|e| {
-        e.replace(
-            &labels_file.display().to_string(),
-            &format!("{name}/labels.toml"),
-        )
-    });
+    let config = ModelConfig::load(&dir, &format!("{name}/model.toml"));
+    let labels = load_labels(&dir, &format!("{name}/labels.toml"));
     let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.flatten()
                 .filter_map(|v| {
-                    let number = v.file_name().to_str()?.parse::<u64>().ok()?;
+                    let number = version_number(v.file_name().to_str()?)?;
                     let onnx = v.path().join("model.onnx");
                     onnx.is_file().then_some((number, onnx))
                 })

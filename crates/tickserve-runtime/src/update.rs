@@ -271,7 +271,7 @@ impl Runtime {
             .cloned()
             .collect();
         let candidates = self
-            .candidates_of(&name, &config, to_load)
+            .candidates_of(&name, &dir.dir, &config, to_load)
             .map_err(failed)?;
         let loaded = versions_of(self.loader().load(candidates));
 

@@ -116,9 +116,12 @@ pub async fn poll_repository(
         .await;
         match polled {
             Ok(p) => poller = p,
+            // A panic outside a model's update (each is caught) takes the
+            // poll's memory of what it applied with it: start again from
+            // what the runtime loaded at its start, and keep polling.
             Err(e) => {
-                tracing::error!(error = %e, "the repository poll failed; polling stopped");
-                return;
+                tracing::error!(error = %e, "the repository poll panicked; it starts again from the repository as loaded at start");
+                poller = edge.runtime.poller();
             }
         }
     }

@@ -6,10 +6,18 @@
 //! `grpc-timeout` outside the gRPC spec is INVALID_ARGUMENT; a `model.toml`
 //! with an absurd `max_queue_delay` or `timeout` fails that model's load with
 //! a message naming the key and the limit, and the other models serve.
+//!
+//! A hostile repository, in `poll` mode: no file outside a model's directory
+//! reaches a client (a `model.toml` or an initial file that links or points
+//! out), no file stops the poll or the server (a FIFO, a device, a huge
+//! file), and one version is one directory (`01` and `+1` are not `1`).
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
+
+use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tickserve_proto::inference as pb;
@@ -290,4 +298,183 @@ async fn a_huge_client_string_comes_back_as_a_short_prefix_and_its_length_on_eve
     let (status, text) = http_infer(&http, &base, &[], json!({})).await;
     assert_eq!(status, 200, "{text}");
     server.shutdown().await.unwrap();
+}
+
+/// A secret outside the repository that no client may read.
+const SECRET: &str = "sk-live-7f3a9c0b1d";
+
+/// The reason the index gives for model `name` once the poll has tried it
+/// (before, it is "unloaded").
+async fn reason_of(base: &str, name: &str) -> String {
+    common::until(&format!("{name} listed with a reason"), || async {
+        common::repository_index(base)
+            .await
+            .into_iter()
+            .find(|(n, _, _, reason)| n == name && !reason.is_empty() && reason != "unloaded")
+            .map(|(_, _, _, reason)| reason)
+    })
+    .await
+}
+
+fn link(target: &Path, at: &Path) {
+    std::os::unix::fs::symlink(target, at).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_outside_a_model_never_reach_clients_and_no_file_stops_the_poll() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("api.key");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    // 64 bytes: exactly one row of seq_lstm_step's h (16 FP32).
+    let foreign_row = outside.path().join("h0.bin");
+    std::fs::write(&foreign_row, [7u8; 64]).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let repo = scratch.path();
+    common::deploy_version(repo, "tick_000", 1, "tick_000");
+    let server = common::start(&common::poll_config(repo, Duration::from_millis(100))).await;
+    let base = format!("http://{}", server.http_addr);
+
+    // model.toml: a link to a key file outside, a FIFO, a link to
+    // /dev/zero, a file past the limit.
+    for (model, from) in [
+        ("leak", "tick_001"),
+        ("fifo", "tick_002"),
+        ("zero", "tick_003"),
+        ("big", "tick_004"),
+    ] {
+        common::deploy_version(repo, model, 1, from);
+    }
+    link(&secret, &repo.join("leak/model.toml"));
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(repo.join("fifo/model.toml"))
+        .status()
+        .unwrap();
+    assert!(fifo.success());
+    link(Path::new("/dev/zero"), &repo.join("zero/model.toml"));
+    let huge_line = format!("x = \"{}\"\n", "a".repeat(100_000));
+    std::fs::write(repo.join("big/model.toml"), huge_line).unwrap();
+    // Initial files: absolute, through `..`, and a link leading out.
+    let pairs = |initial: &str| {
+        format!(
+            "[[sequence.state]]\ninput = \"h_in\"\noutput = \"h_out\"\ninitial_file = \"{initial}\"\n\
+             [[sequence.state]]\ninput = \"c_in\"\noutput = \"c_out\"\n"
+        )
+    };
+    let outside_name = outside.path().file_name().unwrap().to_str().unwrap();
+    let up = format!("../../{outside_name}/h0.bin");
+    for (model, initial) in [
+        ("init_absolute", foreign_row.to_str().unwrap()),
+        ("init_up", up.as_str()),
+        ("init_link", "h0.bin"),
+    ] {
+        let dir = repo.join(model);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.toml"), pairs(initial)).unwrap();
+        if model == "init_link" {
+            link(&foreign_row, &dir.join("h0.bin"));
+        }
+        common::deploy_version(repo, model, 1, "seq_lstm_step");
+    }
+
+    let server_path = repo.to_string_lossy().to_string();
+    let outside_path = outside.path().to_string_lossy().to_string();
+    let not_regular = "not a regular file inside the model's directory";
+    let not_inside = "not a path inside the model's directory";
+    for (model, expected) in [
+        ("leak", format!("leak/model.toml: {not_regular}")),
+        ("fifo", format!("fifo/model.toml: {not_regular}")),
+        ("zero", format!("zero/model.toml: {not_regular}")),
+        ("big", "big/model.toml: larger than 65536 bytes".to_string()),
+        ("init_absolute", not_inside.to_string()),
+        ("init_up", not_inside.to_string()),
+        ("init_link", format!("initial_file 'h0.bin': {not_regular}")),
+    ] {
+        let reason = reason_of(&base, model).await;
+        assert!(reason.contains(&expected), "{model}: {reason}");
+        // An initial file's name is shown as model.toml writes it.
+        let foreign_path = (!model.starts_with("init_")).then_some(outside_path.as_str());
+        let leaks = [SECRET, &server_path, "64 bytes"]
+            .into_iter()
+            .chain(foreign_path);
+        for leaked in leaks {
+            assert!(!reason.contains(leaked), "{model} shows {leaked}: {reason}");
+        }
+        // Inference names the failed load, and shows nothing more.
+        let (status, answer) = common::post_json(
+            &format!("{base}/v2/models/{model}/infer"),
+            &json!({"inputs": [{"name": "features", "datatype": "FP32",
+                                "shape": [1, 16], "data": vec![0.5; 16]}]}),
+        )
+        .await;
+        assert_ne!(status, 200, "{model}: {answer}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(!error.contains(SECRET), "{model}: {error}");
+        assert!(!error.contains(&server_path), "{model}: {error}");
+    }
+
+    // The poll goes on: a change after all that still applies.
+    common::deploy_version(repo, "tick_000", 2, "tick_002");
+    common::until("tick_000 version 2 serves", || async {
+        let listed = common::repository_index(&base).await;
+        listed
+            .iter()
+            .any(|(n, v, s, _)| n == "tick_000" && v == "2" && s == "READY")
+            .then_some(())
+    })
+    .await;
+    server.shutdown().await.expect("clean shutdown");
+}
+
+/// The `signal` a one-row request to `model` answers.
+async fn signal(base: &str, model: &str) -> Vec<Value> {
+    let (status, answer) = common::post_json(
+        &format!("{base}/v2/models/{model}/infer"),
+        &json!({"inputs": [{"name": "features", "datatype": "FP32",
+                            "shape": [1, 16], "data": vec![0.25; 16]}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    answer["outputs"][0]["data"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_version_is_one_directory() {
+    let scratch = tempfile::tempdir().unwrap();
+    let repo = scratch.path();
+    common::deploy_version(repo, "reference", 1, "tick_000");
+    let server = common::start(&common::poll_config(repo, Duration::from_millis(100))).await;
+    let base = format!("http://{}", server.http_addr);
+    // `1` is version 1; `01` and `+1` name no version (else they would load
+    // as replicas of version 1 with other weights).
+    let model = repo.join("versions");
+    for (dir, from) in [("01", "tick_001"), ("+1", "tick_002"), ("1", "tick_000")] {
+        let hidden = model.join(format!(".{dir}"));
+        std::fs::create_dir_all(&hidden).unwrap();
+        std::fs::copy(
+            common::root().join(format!("config/models/{from}/1/model.onnx")),
+            hidden.join("model.onnx"),
+        )
+        .unwrap();
+        std::fs::rename(&hidden, model.join(dir)).unwrap();
+    }
+    common::until("versions/1 serves", || async {
+        let listed = common::repository_index(&base).await;
+        listed
+            .iter()
+            .any(|(n, v, s, _)| n == "versions" && v == "1" && s == "READY")
+            .then_some(())
+    })
+    .await;
+    let listed: Vec<_> = common::repository_index(&base)
+        .await
+        .into_iter()
+        .filter(|(n, ..)| n == "versions")
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let expected = signal(&base, "reference").await;
+    for _ in 0..30 {
+        let answered = signal(&base, "versions").await;
+        assert_eq!(answered, expected, "another graph answered");
+    }
+    server.shutdown().await.expect("clean shutdown");
 }

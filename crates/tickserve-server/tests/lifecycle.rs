@@ -10,13 +10,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use tickserve_core::config::ModelControlMode;
 use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tickserve_proto::tensorflow as pb;
 use tickserve_proto::tensorflow::serving::model_spec::VersionChoice;
@@ -25,39 +23,11 @@ use tickserve_proto::tensorflow::serving::{ModelSpec, PredictRequest};
 
 use common::deploy_version as deploy;
 
-/// The longest any condition below may take to come true.
-const BOUND: Duration = Duration::from_secs(30);
-
 fn source(model: &str) -> std::path::PathBuf {
     common::root().join("config/models").join(model)
 }
 
-fn poll_config(repository: &Path, interval: Duration) -> tickserve_core::config::ServerConfig {
-    let mut config = common::config(repository);
-    config.security.model_control_mode = ModelControlMode::Poll;
-    config.repository.poll_interval = interval;
-    config
-}
-
-fn tick_row() -> Value {
-    json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": vec![0.25; 16]}]})
-}
-
-/// Waits until `check` gives `Some`, at most [`BOUND`]; fails naming `what`.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(started.elapsed() < BOUND, "{what}: not within {BOUND:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use common::{poll_config, repository_index as index, until};
 
 /// The version that answers a one-row request to `path`, or the refusal.
 async fn version_at(base: &str, path: &str) -> Result<String, (u16, Value)> {
@@ -68,18 +38,8 @@ async fn version_at(base: &str, path: &str) -> Result<String, (u16, Value)> {
     }
 }
 
-/// The repository index: (name, version) → (state, reason).
-async fn index(base: &str) -> Vec<(String, String, String, String)> {
-    let (_, answer) = common::post_json(&format!("{base}/v2/repository/index"), &json!({})).await;
-    answer
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let text = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-            (text("name"), text("version"), text("state"), text("reason"))
-        })
-        .collect()
+fn tick_row() -> Value {
+    json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": vec![0.25; 16]}]})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,7 +365,7 @@ async fn a_bad_initial_file_is_named_as_model_toml_writes_it_never_by_the_server
     for answer in [&index, &status] {
         assert!(!answer.contains(&server_path), "{answer}");
     }
-    assert!(index.contains("'h0.bin': cannot read it"), "{index}");
+    assert!(index.contains("'h0.bin': no such file"), "{index}");
     assert!(index.contains("'h0.bin' holds 3 bytes"), "{index}");
     assert!(status.contains("'h0.bin' holds 3 bytes"), "{status}");
     server.shutdown().await.unwrap();

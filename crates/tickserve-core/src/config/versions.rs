@@ -178,15 +178,18 @@ pub fn check_shadows(shadows: &[ShadowConfig]) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a model's `labels.toml` (`stable = 3` lines); no file is no labels.
-pub fn load_labels(path: &Path) -> Result<Labels, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Labels::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+/// Reads `labels.toml` of the model directory `dir` (`stable = 3` lines;
+/// no file is no labels), as [`crate::files::read`] reads; errors name the
+/// file as `shown`.
+pub fn load_labels(dir: &Path, shown: &str) -> Result<Labels, String> {
+    let Some(text) =
+        crate::files::read_text(dir, "labels.toml", shown, crate::files::MAX_CONFIG_BYTES)?
+    else {
+        return Ok(Labels::new());
     };
-    let labels: Labels = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    check_labels(&labels).map_err(|e| format!("{}: {e}", path.display()))?;
+    let labels: Labels =
+        toml::from_str(&text).map_err(|e| crate::files::toml_error(shown, &text, &e))?;
+    check_labels(&labels).map_err(|e| format!("{shown}: {e}"))?;
     Ok(labels)
 }
 
@@ -262,11 +265,12 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("labels.toml");
-        assert_eq!(load_labels(&path), Ok(Labels::new()));
+        let load = || load_labels(dir.path(), "m/labels.toml");
+        assert_eq!(load(), Ok(Labels::new()));
         std::fs::write(&path, "stable = 3\ncanary = 4\n").unwrap();
-        assert_eq!(load_labels(&path).unwrap().get("canary"), Some(&4));
+        assert_eq!(load().unwrap().get("canary"), Some(&4));
         std::fs::write(&path, "\"9\" = 3\n").unwrap();
-        assert!(load_labels(&path).unwrap_err().contains("label \"9\""));
+        assert!(load().unwrap_err().contains("m/labels.toml: label \"9\""));
     }
 
     #[test]

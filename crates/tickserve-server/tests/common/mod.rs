@@ -330,3 +330,54 @@ impl tonic::codec::Codec for RawCodec {
         >::default())
     }
 }
+
+/// The longest a condition awaited with [`until`] may take to come true.
+pub const BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// [`config`] in `poll` mode, reading the repository every `interval`.
+pub fn poll_config(repository: &Path, interval: std::time::Duration) -> ServerConfig {
+    let mut config = config(repository);
+    config.security.model_control_mode = tickserve_core::config::ModelControlMode::Poll;
+    config.repository.poll_interval = interval;
+    config
+}
+
+/// Waits until `check` gives `Some`, at most [`BOUND`]; fails naming `what`.
+pub async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < BOUND, "{what}: not within {BOUND:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The repository index of the server at `base`: (name, version, state,
+/// reason) for each entry.
+pub async fn repository_index(base: &str) -> Vec<(String, String, String, String)> {
+    let (_, answer) = post_json(
+        &format!("{base}/v2/repository/index"),
+        &serde_json::json!({}),
+    )
+    .await;
+    answer
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let text = |k: &str| {
+                m.get(k)
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            (text("name"), text("version"), text("state"), text("reason"))
+        })
+        .collect()
+}
