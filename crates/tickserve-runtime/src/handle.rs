@@ -22,7 +22,7 @@ use crate::admission::ModelQueue;
 use crate::family::{Family, Submission};
 use crate::member::Member;
 use crate::monte_carlo::{self, Plan};
-use crate::sequences::{Entry, Purpose, Sequences, take_state, tick_row_of, with_state};
+use crate::sequences::{Entry, Purpose, Sequences, Turn, take_state, tick_row_of, with_state};
 use crate::settings::ModelSettings;
 use crate::stats::ModelStats;
 
@@ -89,6 +89,27 @@ pub struct ModelHandle {
 /// Monte Carlo runs whose noise has more elements than this draw it on a
 /// blocking thread, not on the async worker that serves connections.
 const NOISE_IN_PLACE_ELEMENTS: usize = 64 * 1024;
+
+/// A sequence tick's new state, not yet kept ([`ModelHandle::run_held`]):
+/// [`HeldState::apply`] keeps it; dropped, the sequence stays as it was
+/// before the tick (a start leaves no sequence behind). It holds the
+/// sequence's turn until then.
+#[derive(Debug)]
+pub struct HeldState {
+    turn: Turn,
+    control: SequenceControl,
+    next: Vec<bytes::Bytes>,
+    window_ticks: u64,
+}
+
+impl HeldState {
+    /// Keeps the tick's new state (or ends the sequence, for its last tick)
+    /// and passes the turn on.
+    pub fn apply(self) {
+        self.turn
+            .finish(&self.control, self.next, self.window_ticks);
+    }
+}
 
 /// A request validated and placed, waiting to run ([`ModelHandle::prepare`]).
 #[derive(Debug)]
@@ -379,6 +400,22 @@ impl ModelHandle {
     /// sequence's turn (a stateful model), runs the request on the replica
     /// with the shortest queue, keeps the new state, summarizes Monte Carlo.
     pub async fn run(&self, prepared: Prepared) -> Result<InferResponse, Error> {
+        let (answer, held) = self.run_held(prepared).await?;
+        if let Some(held) = held {
+            held.apply();
+        }
+        Ok(answer)
+    }
+
+    /// [`ModelHandle::run`], but a sequence's tick hands back its new state
+    /// instead of keeping it: the caller [applies](HeldState::apply) it once
+    /// the answer may go (its record written, its outputs checked), or drops
+    /// it, and the sequence stays as it was before the tick. The sequence's
+    /// turn is held until then: its next tick waits.
+    pub async fn run_held(
+        &self,
+        prepared: Prepared,
+    ) -> Result<(InferResponse, Option<HeldState>), Error> {
         let Prepared {
             mut submission,
             monte_carlo,
@@ -395,7 +432,7 @@ impl ModelHandle {
                 clean = Some(valid.inputs);
             }
         }
-        let (answer, restarted, state_read) = match (sequence, &self.sequences) {
+        let (answer, restarted, state_read, held) = match (sequence, &self.sequences) {
             (Some(tick), Some(sequences)) => {
                 let turn = tick.entry.turn(&self.name, submission.deadline).await?;
                 let start = turn.begin(&tick.control)?;
@@ -418,12 +455,17 @@ impl ModelHandle {
                     (answer, next)
                 };
                 next.extend(windows);
-                turn.finish(&tick.control, next, seen.unwrap_or(0));
                 answer.window_ticks = seen;
                 let read = if keep_state { start.state } else { Vec::new() };
-                (answer, start.restarted, read)
+                let held = HeldState {
+                    turn,
+                    control: tick.control,
+                    next,
+                    window_ticks: seen.unwrap_or(0),
+                };
+                (answer, start.restarted, read, Some(held))
             }
-            _ => (self.submit(submission).await?, false, Vec::new()),
+            _ => (self.submit(submission).await?, false, Vec::new(), None),
         };
         let mut answer = match monte_carlo {
             // A warming-up tick has no outputs to summarize.
@@ -432,7 +474,7 @@ impl ModelHandle {
         };
         answer.sequence_restarted = restarted;
         answer.state_read = state_read;
-        Ok(answer)
+        Ok((answer, held))
     }
 
     /// The answer of a tick that did not run (a window warming up with

@@ -83,7 +83,7 @@ use tickserve_core::config::{Labels, ModelConfig, ServerConfig};
 use tickserve_core::{Error, InferRequest, InferResponse};
 
 use crate::family::Family;
-pub use crate::handle::{Loaded, ModelHandle, Prepared, ReplicaInfo};
+pub use crate::handle::{HeldState, Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
 pub use crate::registry::{IndexEntry, ModelVersions, Models, Routed, Split, VersionState};
 pub use crate::settings::ModelSettings;

@@ -287,6 +287,66 @@ async fn a_journal_that_cannot_write_refuses_with_503_in_refuse_mode_and_answers
     assert_eq!(report.records(), 2, "{}", report.text());
 }
 
+/// A tick of `seq_lstm_step`'s sequence 7 (8 features of `value`).
+fn seq_tick(start: bool, value: f32) -> serde_json::Value {
+    serde_json::json!({
+        "parameters": {"sequence_id": 7, "sequence_start": start},
+        "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": vec![value; 8]}]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_refused_for_its_record_leaves_its_sequence_as_it_was() {
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    config.journal.when_full = WhenFull::Refuse;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let step = format!("{base}/v2/models/seq_lstm_step/infer");
+    let read = || async {
+        let url = format!("{base}/v2/models/seq_lstm_step/sequences/read");
+        let body = serde_json::json!({"parameters": {"sequence_id": 7}});
+        let (status, state) = common::post_json(&url, &body).await;
+        assert_eq!(status, 200, "{state}");
+        (
+            state["outputs"].clone(),
+            state["parameters"]["ticks"].clone(),
+        )
+    };
+    let (status, answer) = common::post_json(&step, &seq_tick(true, 0.5)).await;
+    assert_eq!(status, 200, "{answer}");
+    let before = read().await;
+    assert_eq!(before.1, serde_json::json!(1));
+
+    // The journal fails: a tick that runs is answered 503 for its record,
+    // and the sequence has not moved (a client may retry it).
+    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+    handle.fail_writes(true);
+    let (status, answer) = common::post_json(&step, &seq_tick(false, 0.25)).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(
+        read().await,
+        before,
+        "a tick answered 503 moved its sequence"
+    );
+    // Once the journal writes again, the retried tick applies once.
+    handle.fail_writes(false);
+    let mut applied = None;
+    for _ in 0..40 {
+        let (status, answer) = common::post_json(&step, &seq_tick(false, 0.25)).await;
+        if status == 200 {
+            applied = Some(answer);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(applied.is_some(), "serving did not resume");
+    let after = read().await;
+    assert_eq!(after.1, serde_json::json!(2));
+    assert_ne!(after.0, before.0);
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_opt_out_and_the_sample_fraction_is_exact() {
     // Every model out by default: nothing is recorded.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::{Prepared, ShadowPlan};
+use tickserve_runtime::{HeldState, Prepared, ShadowPlan};
 
 use super::Edge;
 use super::admission::{BodyBytes, HeldBytes, Slot};
@@ -514,8 +514,10 @@ impl<E> Admitted<E> {
     /// to keep until the answer is sent.
     pub async fn run_kept(self) -> (Result<Answer<E>, Error>, Kept) {
         let Admitted { prepared, after } = self;
-        let result = after.handle.run(prepared).await;
-        after.conclude(result).await
+        match after.handle.run_held(prepared).await {
+            Ok((response, held)) => after.conclude(Ok(response), held).await,
+            Err(error) => after.conclude(Err(error), None).await,
+        }
     }
 
     /// [`Admitted::run`] without waiting, where it would not wait anyway:
@@ -536,16 +538,23 @@ impl<E> Admitted<E> {
 
 impl<E> AfterRun<E> {
     /// The shadows' copy sent, the journal's record written (it waits for
-    /// room), the outcome recorded: the answer, and what the request held.
+    /// room), a sequence tick's new state kept only if the answer goes (not
+    /// when the journal refuses it: a tick answered "not answered" has not
+    /// moved its sequence), the outcome recorded: the answer, and what the
+    /// request held.
     async fn conclude(
         mut self,
         result: Result<InferResponse, Error>,
+        held: Option<HeldState>,
     ) -> (Result<Answer<E>, Error>, Kept) {
         self.mirror_answer(&result);
         let result = match self.journal.take() {
             Some(pending) => (*pending).answered(result).await,
             None => result,
         };
+        if let (Ok(_), Some(held)) = (&result, held) {
+            held.apply();
+        }
         let AfterRun {
             handle,
             encoding,
