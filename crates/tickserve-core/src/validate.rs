@@ -127,7 +127,10 @@ pub fn validate_for(
     }
 
     let outputs = match &request.outputs {
+        // An empty list asks for every output, as no list does (Triton's
+        // reading; gRPC cannot tell the two apart).
         None => (0..signature.outputs.len()).collect(),
+        Some(asked) if asked.is_empty() => (0..signature.outputs.len()).collect(),
         Some(asked) => {
             let mut outputs = Vec::with_capacity(asked.len());
             for name in asked {

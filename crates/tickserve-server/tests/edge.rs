@@ -342,6 +342,22 @@ async fn timeout_zero_is_no_timeout_over_http_and_grpc() {
     server.shutdown().await.unwrap();
 }
 
+/// `"outputs": []` asks for every output (Triton's reading), as gRPC's
+/// empty list (which it cannot tell from none) does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_outputs_list_asks_for_every_output() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    let mut body: serde_json::Value = serde_json::from_str(&alpha_row(json!({}))).unwrap();
+    body["outputs"] = json!([]);
+    let (status, answer) = common::post_json(&url, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let outputs = answer["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "{answer}");
+    assert_eq!(outputs[0]["name"], json!("probabilities"), "{answer}");
+    server.shutdown().await.unwrap();
+}
+
 /// One `alpha_mlp` row over HTTP with `client`, answered 200.
 async fn alpha_answer(
     client: &reqwest::Client,

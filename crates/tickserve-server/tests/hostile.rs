@@ -7,6 +7,10 @@
 //! with an absurd `max_queue_delay` or `timeout` fails that model's load with
 //! a message naming the key and the limit, and the other models serve.
 //!
+//! A unary gRPC call that ends before its message is INVALID_ARGUMENT, on
+//! the v2 inference (served from the message's bytes), another v2 method and
+//! TF Serving's Predict.
+//!
 //! A hostile repository, in `poll` mode: no file outside a model's directory
 //! reaches a client (a `model.toml` or an initial file that links or points
 //! out), no file stops the poll or the server (a FIFO, a device, a huge
@@ -477,4 +481,37 @@ async fn one_version_is_one_directory() {
         assert_eq!(answered, expected, "another graph answered");
     }
     server.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_call_without_its_message_is_invalid_argument() {
+    let server = common::start(&common::config(&common::root().join("config/models"))).await;
+    let channel = common::grpc_channel(&server).await;
+    for method in [
+        common::MODEL_INFER,
+        "/inference.GRPCInferenceService/ModelReady",
+        "/tensorflow.serving.PredictionService/Predict",
+    ] {
+        let mut raw = tonic::client::Grpc::new(channel.clone());
+        raw.ready().await.unwrap();
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+        // A client stream of no messages: the call's body ends at once.
+        let nothing = tokio_stream::iter(Vec::<bytes::Bytes>::new());
+        let status = raw
+            .client_streaming(tonic::Request::new(nothing), path, common::RawCodec)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{method}: {status:?}");
+        assert!(
+            status.message().contains("no request message"),
+            "{method}: {status:?}"
+        );
+    }
+    // The server serves on.
+    common::grpc_client(&server)
+        .await
+        .model_infer(common::grpc_alpha_row())
+        .await
+        .unwrap();
+    server.shutdown().await.unwrap();
 }

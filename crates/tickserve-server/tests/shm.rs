@@ -174,7 +174,8 @@ fn step_tick(t: usize) -> Vec<f32> {
 /// The same ticks of one sequence over shared memory (with its parameters
 /// in the block) and over HTTP give the same answers: the server kept the
 /// sequence's state between shared-memory requests. `priority` rides along;
-/// a parameter of the wrong type is INVALID_ARGUMENT naming it.
+/// a parameter of the wrong type is INVALID_ARGUMENT naming it; of a
+/// parameter given twice, the last counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequence_and_priority_parameters_ride_in_the_parameter_block() {
     let (server, service) = server("parameters").await;
@@ -239,6 +240,27 @@ async fn sequence_and_priority_parameters_ride_in_the_parameter_block() {
             assert_eq!(code, "INVALID_ARGUMENT", "{name}: {message}");
             assert!(message.contains(words), "{name}: {message}");
         }
+        // A parameter given twice: the last counts, as over HTTP and gRPC.
+        let twice = [
+            Parameter {
+                name: "sequence_id",
+                value: ParamValue::Str("AAPL"),
+            },
+            Parameter {
+                name: "priority",
+                value: ParamValue::Uint(1),
+            },
+            Parameter {
+                name: "priority",
+                value: ParamValue::Str("high"),
+            },
+        ];
+        let refused = client.infer_with("seq_lstm_step", std::slice::from_ref(&tick), &twice);
+        let Err(ClientError::Server { code, message }) = refused else {
+            panic!("the first of two priorities counted: {refused:?}");
+        };
+        assert_eq!(code, "INVALID_ARGUMENT", "{message}");
+        assert!(message.contains("parameter priority must be"), "{message}");
         answers
     })
     .await

@@ -203,6 +203,43 @@ pub fn grpc_oversized_is_invalid_argument<B>(mut response: http::Response<B>) ->
     response
 }
 
+/// tonic answers a unary call whose body ended before its message with
+/// INTERNAL "Missing request message." before any handler runs: it is the
+/// client's mistake, so it becomes INVALID_ARGUMENT saying what was missing,
+/// counted among `method`'s requests as refused for a bad request. Other
+/// answers are returned as they are.
+pub fn grpc_missing_message_is_invalid_argument(
+    response: http::Response<axum::body::Body>,
+    method: &str,
+) -> http::Response<axum::body::Body> {
+    let headers = response.headers();
+    let code = headers
+        .get(&GRPC_STATUS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok());
+    let missing = code == Some(tonic::Code::Internal as i32)
+        && headers
+            .get("grpc-message")
+            .is_some_and(|m| m.as_bytes() == b"Missing%20request%20message.");
+    if !missing {
+        return response;
+    }
+    let error = Error::request(
+        "_unknown",
+        format!("the call carried no request message; {method} takes one"),
+    );
+    let protocol = if method.starts_with("/tensorflow.") {
+        crate::observe::Protocol::TfServingGrpc
+    } else {
+        crate::observe::Protocol::Grpc
+    };
+    // Refused before anything ran: its duration is nothing worth a clock read
+    // on every call's way.
+    let now = std::time::Instant::now();
+    crate::observe::record_request(protocol, "_unknown", now, Some(&error));
+    grpc(&error).into_http::<axum::body::Body>()
+}
+
 /// `grpc-status`, parsed once: every gRPC answer is looked at.
 static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 

@@ -106,7 +106,8 @@ async fn guard(State(guard): State<Arc<Guard>>, mut request: Request, next: Next
         Ok(None) => {}
     }
     if path != WATCH_METHOD {
-        return next.run(request).await;
+        let response = next.run(request).await;
+        return status::grpc_missing_message_is_invalid_argument(response, &path);
     }
     let Ok(permit) = Arc::clone(&guard.watches).try_acquire_owned() else {
         let message = "the server has server.max_health_watches health Watch streams open; \

@@ -58,7 +58,14 @@ pub fn decode(model: &str, signature: &Signature, body: &[u8]) -> Result<Predict
     let text = quote_non_finite(text).map_err(|message| Error::request(model, message))?;
     let parsed: PredictJson = serde_json::from_str(&text)
         .map_err(|e| Error::request(model, format!("JSON parse error: {e}")))?;
-    check_signature(model, parsed.signature_name.as_deref().unwrap_or_default())?;
+    let signature_name = parsed.signature_name.as_deref().unwrap_or_default();
+    if marked_non_finite(signature_name).is_some() {
+        return Err(Error::request(
+            model,
+            "JSON parse error: 'signature_name' must be a string",
+        ));
+    }
+    check_signature(model, signature_name)?;
     match (parsed.instances, parsed.inputs) {
         (Some(_), Some(_)) => Err(Error::request(
             model,
@@ -581,11 +588,31 @@ fn marked_non_finite(text: &str) -> Option<(&'static str, f64)> {
     NON_FINITE.into_iter().find(|(t, _)| *t == token)
 }
 
-/// Turns the bare tokens `NaN`, `Infinity` and `-Infinity` (outside strings)
-/// into marked strings (`"\u0000NaN"`, see [`MARK`]), which the decoder reads
-/// as floats; the text is copied only when it has such a token. A string of
-/// the client's that holds U+0000 (`\u0000`) is refused: it could pass for
-/// a marked token.
+/// The bytes [`quote_non_finite`] adds for each token it quotes: `"\u0000`
+/// before it and `"` after.
+const GROWTH_PER_TOKEN: usize = 8;
+
+/// The most bytes reading `body` with [`decode`] copies beyond it: the
+/// rewritten copy [`quote_non_finite`] makes when the body has bare
+/// non-finite tokens, bounded from above by counting `NaN` and `Infinity`
+/// wherever they appear (a fast search, no parse). 0 for a body without.
+pub fn expansion(body: &[u8]) -> usize {
+    let count = |word: &[u8]| memchr::memmem::find_iter(body, word).count();
+    let tokens = count(b"NaN").saturating_add(count(b"Infinity"));
+    if tokens == 0 {
+        return 0;
+    }
+    body.len()
+        .saturating_add(tokens.saturating_mul(GROWTH_PER_TOKEN))
+}
+
+/// Turns the bare tokens `NaN`, `Infinity` and `-Infinity` where a value
+/// stands (after `[`, `:` or an array's `,`; outside strings) into marked
+/// strings (`"\u0000NaN"`, see [`MARK`]), which the decoder reads as floats;
+/// the text is copied only when it has such a token. Where an object's key
+/// stands (after `{` or an object's `,`) a bare token is left as it is, and
+/// the JSON reader refuses it as TF Serving does. A string of the client's
+/// that holds U+0000 (`\u0000`) is refused: it could pass for a marked token.
 fn quote_non_finite(text: &str) -> Result<Cow<'_, str>, String> {
     let bytes = text.as_bytes();
     let token_at = |i: usize| -> Option<&'static str> {
@@ -597,6 +624,10 @@ fn quote_non_finite(text: &str) -> Result<Cow<'_, str>, String> {
     let mut out: Option<String> = None;
     let mut copied = 0;
     let mut in_string = false;
+    // Whether each open container is an object (a key comes after its `{`
+    // and `,`), innermost last; and whether a key stands next.
+    let mut objects: Vec<bool> = Vec::new();
+    let mut key_next = false;
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
@@ -618,22 +649,34 @@ fn quote_non_finite(text: &str) -> Result<Cow<'_, str>, String> {
             i += 1;
             continue;
         }
-        if b == b'"' {
-            in_string = true;
-            i += 1;
-            continue;
-        }
-        if (b == b'N' || b == b'I' || b == b'-')
-            && let Some(token) = token_at(i)
-        {
-            let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 64));
-            o.push_str(&text[copied..i]);
-            o.push_str("\"\\u0000");
-            o.push_str(token);
-            o.push('"');
-            i += token.len();
-            copied = i;
-            continue;
+        match b {
+            b'"' => {
+                in_string = true;
+                key_next = false;
+            }
+            b'{' => {
+                objects.push(true);
+                key_next = true;
+            }
+            b'[' => objects.push(false),
+            b']' | b'}' => {
+                objects.pop();
+            }
+            b',' => key_next = objects.last() == Some(&true),
+            b':' => key_next = false,
+            b'N' | b'I' | b'-' if !key_next => {
+                if let Some(token) = token_at(i) {
+                    let o = out.get_or_insert_with(|| String::with_capacity(text.len() + 64));
+                    o.push_str(&text[copied..i]);
+                    o.push_str("\"\\u0000");
+                    o.push_str(token);
+                    o.push('"');
+                    i += token.len();
+                    copied = i;
+                    continue;
+                }
+            }
+            _ => {}
         }
         i += 1;
     }
@@ -1051,6 +1094,50 @@ mod tests {
         .unwrap();
         let v = floats(&p.inputs[0]);
         assert!(v[0].is_nan() && v[1] == 2.0, "{v:?}");
+    }
+
+    /// A bare token where an object's key stands is not a key: the body is
+    /// not JSON, as for TF Serving, and no message shows the decoder's
+    /// marker; nor is one a string where a string is read.
+    #[test]
+    fn bare_tokens_are_values_only() {
+        for (text, quoted) in [
+            (r#"{NaN: 1}"#, r#"{NaN: 1}"#),
+            (
+                r#"{"a": [1, {Infinity: NaN}]}"#,
+                r#"{"a": [1, {Infinity: "\u0000NaN"}]}"#,
+            ),
+            (r#"{"a": 1, NaN: 2}"#, r#"{"a": 1, NaN: 2}"#),
+            (
+                r#"[{"a": NaN}, NaN]"#,
+                r#"[{"a": "\u0000NaN"}, "\u0000NaN"]"#,
+            ),
+        ] {
+            assert_eq!(quote_non_finite(text).unwrap(), quoted, "{text}");
+        }
+        let s = one_input();
+        for body in [
+            r#"{"inputs": {NaN: [1.0]}}"#,
+            r#"{NaN: 1, "instances": [1.0]}"#,
+            r#"{"signature_name": NaN, "instances": [1.0]}"#,
+        ] {
+            let e = decode("m", &s, body.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("JSON parse error"), "{body}: {e}");
+            assert!(!e.contains("u0000") && !e.contains('\0'), "{body}: {e}");
+        }
+    }
+
+    /// The copy the quoting makes is counted from above, without a parse.
+    #[test]
+    fn the_expansion_bounds_the_copy() {
+        assert_eq!(expansion(br#"{"instances": [1.0, 2.0]}"#), 0);
+        for body in [
+            r#"{"instances": [NaN, -Infinity, Infinity]}"#,
+            r#"{"instances": [NaN], "note": "NaN"}"#,
+        ] {
+            let copy = quote_non_finite(body).unwrap();
+            assert!(copy.len() <= expansion(body.as_bytes()), "{body}");
+        }
     }
 
     /// TF Serving reads the bare tokens as floats, and refuses the quoted

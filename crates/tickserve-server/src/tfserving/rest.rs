@@ -110,6 +110,11 @@ impl Payload for PredictBody {
         self.0.len()
     }
 
+    /// The copy the reading of bare `NaN`/`Infinity` tokens makes.
+    fn expansion(&self, _: &ModelHandle) -> Result<usize, Error> {
+        Ok(tfjson::expansion(&self.0))
+    }
+
     fn decode(self, handle: &ModelHandle) -> Result<Decoded<Format>, Error> {
         let predict = tfjson::decode(&handle.name, &handle.signature, &self.0)?;
         // TF Serving's API has no request parameters: a request gets the
