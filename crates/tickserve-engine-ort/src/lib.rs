@@ -169,6 +169,7 @@ impl OrtEngine {
             signature,
             buckets: request.buckets.clone(),
             sessions,
+            takes_weights: request.weights.is_some(),
             weight_specs,
             members: HashMap::new(),
         };
@@ -395,6 +396,10 @@ pub struct OrtModel {
     signature: Signature,
     buckets: Buckets,
     sessions: Vec<BucketSession>,
+    /// Compiled with its weights as inputs (members may join), even when it
+    /// has none: a graph whose values are all `Constant` nodes (the family
+    /// key hashes them) is shared by the models of the same graph.
+    takes_weights: bool,
     /// The weights the graph takes as inputs; empty when they are constants.
     weight_specs: Vec<WeightSpec>,
     /// Each member's bindings, one per bucket; each holds the member's weight
@@ -488,7 +493,7 @@ impl CompiledModel for OrtModel {
     }
 
     fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
-        if self.weight_specs.is_empty() {
+        if !self.takes_weights {
             return Err(EngineError::InvalidModel(
                 "this model was compiled with its weights as constants".to_string(),
             ));

@@ -540,3 +540,51 @@ async fn a_request_that_expires_in_the_queue_is_refused_and_never_computed() {
     finish(runtime, busy).await;
     assert_eq!(seq_lstm_runs(&handle) - before, (BUSY_ROWS / 64) as u64);
 }
+
+/// Writes `repository/name/1/model.onnx`: `y = features · W`, `W` (4 × 2) a
+/// `Constant` node of `w` (no initializer: the graph holds every value).
+fn weightless_model(repository: &std::path::Path, name: &str, w: [f32; 8]) {
+    let dir = repository.join(name).join("1");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "import onnx, sys\n\
+         from onnx import helper as h, TensorProto as T\n\
+         w = h.make_tensor('w', T.FLOAT, [4, 2], {w:?})\n\
+         g = h.make_graph([h.make_node('Constant', [], ['W'], value=w),\n\
+                           h.make_node('MatMul', ['features', 'W'], ['y'])], 'g',\n\
+             [h.make_tensor_value_info('features', T.FLOAT, ['N', 4])],\n\
+             [h.make_tensor_value_info('y', T.FLOAT, ['N', 2])])\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 17)])\n\
+         m.ir_version = 8\n\
+         onnx.save(m, sys.argv[1])\n"
+    );
+    let status = std::process::Command::new(root().join(".venv/bin/python"))
+        .args(["-c", &script])
+        .arg(dir.join("model.onnx"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "writing {name} failed (run scripts/setup.sh)");
+}
+
+/// Models whose graphs hold all their values (`Constant` nodes) share a
+/// compiled graph only with models of the same values, and each loads.
+#[tokio::test]
+async fn models_of_one_weightless_graph_each_load() {
+    let repository = tempfile::tempdir().unwrap();
+    let ones = [1.0; 8];
+    weightless_model(repository.path(), "const_a", ones);
+    weightless_model(repository.path(), "const_b", ones);
+    weightless_model(repository.path(), "const_c", [2.0; 8]);
+    let mut config = ServerConfig::default();
+    config.repository.path = repository.path().to_path_buf();
+    config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
+    let runtime = Runtime::load(&config).unwrap();
+    let x = [1.0, 2.0, 3.0, 4.0];
+    for (model, expected) in [("const_a", 10.0), ("const_b", 10.0), ("const_c", 20.0)] {
+        let answer = runtime
+            .infer(request(model, "features", vec![1, 4], &x))
+            .await
+            .unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(floats(&answer.outputs[0].data), vec![expected; 2], "{model}");
+    }
+}
