@@ -559,9 +559,7 @@ impl ServerConfig {
         if self.server.max_request_bytes < 1024 {
             return Err("server.max_request_bytes must be at least 1024".into());
         }
-        use crate::durations::{
-            MAX_INLINE_BUDGET, MAX_KEEP_WARM, MAX_QUEUE_DELAY, MAX_TIMEOUT, check,
-        };
+        use crate::durations::{MAX_INLINE_BUDGET, MAX_QUEUE_DELAY, MAX_TIMEOUT, check};
         let listen = &self.server;
         if d.max_queue_bytes == 0 || listen.max_inflight_bytes < listen.max_request_bytes {
             return Err(
@@ -604,7 +602,7 @@ impl ServerConfig {
             d.max_queue_delay,
             MAX_QUEUE_DELAY,
         )?;
-        check("model_defaults.keep_warm", d.keep_warm, MAX_KEEP_WARM)?;
+        crate::durations::check_keep_warm("model_defaults.keep_warm", d.keep_warm)?;
         check(
             "runtime.inline_budget",
             self.runtime.inline_budget,

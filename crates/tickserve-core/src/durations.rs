@@ -22,6 +22,11 @@ pub const MAX_QUEUE_DELAY: Duration = Duration::from_secs(1);
 /// nothing warm.
 pub const MAX_KEEP_WARM: Duration = Duration::from_secs(60);
 
+/// The shortest `keep_warm` interval other than 0 (off): a warm run takes
+/// the executor for one smallest-bucket run, and one every millisecond is
+/// already more than any model needs to stay warm.
+pub const MIN_KEEP_WARM: Duration = Duration::from_millis(1);
+
 /// The longest `runtime.inline_budget`.
 pub const MAX_INLINE_BUDGET: Duration = Duration::from_secs(1);
 
@@ -43,6 +48,19 @@ pub fn check(key: &str, value: Duration, limit: Duration) -> Result<(), String> 
         ));
     }
     Ok(())
+}
+
+/// Checks a configured `keep_warm` (`key`): 0 (off), or from
+/// [`MIN_KEEP_WARM`] to [`MAX_KEEP_WARM`].
+pub fn check_keep_warm(key: &str, value: Duration) -> Result<(), String> {
+    if !value.is_zero() && value < MIN_KEEP_WARM {
+        return Err(format!(
+            "{key} is {}; it is \"0s\" (off) or at least {}",
+            humantime::format_duration(value),
+            humantime::format_duration(MIN_KEEP_WARM)
+        ));
+    }
+    check(key, value, MAX_KEEP_WARM)
 }
 
 #[cfg(test)]
@@ -68,5 +86,19 @@ mod tests {
         let error = check("max_queue_delay", Duration::from_secs(5), MAX_QUEUE_DELAY).unwrap_err();
         assert_eq!(error, "max_queue_delay is 5s; the most it may be is 1s");
         assert_eq!(check("timeout", MAX_TIMEOUT, MAX_TIMEOUT), Ok(()));
+    }
+
+    #[test]
+    fn keep_warm_is_off_or_within_its_floor_and_ceiling() {
+        let ms = Duration::from_millis;
+        assert!(check_keep_warm("keep_warm", Duration::ZERO).is_ok());
+        assert!(check_keep_warm("keep_warm", ms(1)).is_ok());
+        assert!(check_keep_warm("keep_warm", ms(60_000)).is_ok());
+        let error = check_keep_warm("keep_warm", Duration::from_nanos(1)).unwrap_err();
+        assert!(
+            error.contains("keep_warm is 1ns; it is \"0s\" (off) or at least 1ms"),
+            "{error}"
+        );
+        assert!(check_keep_warm("keep_warm", ms(60_001)).is_err());
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
-use tickserve_core::durations::{self, MAX_KEEP_WARM, MAX_QUEUE_DELAY, MAX_TIMEOUT};
+use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::monte_carlo::MonteCarloSettings;
 use tickserve_core::priority::Priorities;
 use tickserve_core::sequence::SequenceSpec;
@@ -94,7 +94,7 @@ impl ModelSettings {
         let max_queue_delay = config.max_queue_delay.unwrap_or(defaults.max_queue_delay);
         durations::check("max_queue_delay", max_queue_delay, MAX_QUEUE_DELAY)?;
         let keep_warm = config.keep_warm.unwrap_or(defaults.keep_warm);
-        durations::check("keep_warm", keep_warm, MAX_KEEP_WARM)?;
+        durations::check_keep_warm("keep_warm", keep_warm)?;
         if let Some(timeout) = config.timeout {
             durations::check("timeout", timeout, MAX_TIMEOUT)?;
         }

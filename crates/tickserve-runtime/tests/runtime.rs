@@ -563,7 +563,10 @@ fn weightless_model(repository: &std::path::Path, name: &str, w: [f32; 8]) {
         .arg(dir.join("model.onnx"))
         .status()
         .unwrap();
-    assert!(status.success(), "writing {name} failed (run scripts/setup.sh)");
+    assert!(
+        status.success(),
+        "writing {name} failed (run scripts/setup.sh)"
+    );
 }
 
 /// Models whose graphs hold all their values (`Constant` nodes) share a
@@ -585,6 +588,10 @@ async fn models_of_one_weightless_graph_each_load() {
             .infer(request(model, "features", vec![1, 4], &x))
             .await
             .unwrap_or_else(|e| panic!("{model}: {e}"));
-        assert_eq!(floats(&answer.outputs[0].data), vec![expected; 2], "{model}");
+        assert_eq!(
+            floats(&answer.outputs[0].data),
+            vec![expected; 2],
+            "{model}"
+        );
     }
 }
