@@ -112,6 +112,11 @@ pub struct ListenConfig {
     pub max_inflight_bytes: usize,
     /// Open connections, both front ends together; one more is closed at once.
     pub max_connections: usize,
+    /// Open connections from one source address, both front ends together
+    /// (more than `max_connections` is `max_connections`); one more from that
+    /// address is closed at once, so that one address never holds them all. Behind a proxy or
+    /// load balancer, whose address every connection comes from, raise it.
+    pub max_connections_per_peer: usize,
     /// The longest a client may take to send a request's headers (HTTP/1),
     /// including the wait for the next request on a kept-alive connection:
     /// slow and idle clients are closed after it.
@@ -165,6 +170,7 @@ impl Default for ListenConfig {
             strict_readiness: true,
             max_inflight_bytes: 1024 * 1024 * 1024,
             max_connections: 4096,
+            max_connections_per_peer: 1024,
             header_read_timeout: Duration::from_secs(5),
             body_read_timeout: Duration::from_secs(10),
             send_timeout: Duration::from_secs(10),
@@ -579,6 +585,9 @@ impl ServerConfig {
                 "server.max_connection_bytes ({}) must be at least server.max_request_bytes ({})",
                 listen.max_connection_bytes, listen.max_request_bytes
             ));
+        }
+        if listen.max_connections_per_peer == 0 {
+            return Err("server.max_connections_per_peer must be positive".into());
         }
         if listen.max_connections == 0 || listen.max_concurrent_streams == 0 {
             return Err(

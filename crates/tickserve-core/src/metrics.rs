@@ -26,7 +26,9 @@ pub const QUEUE_ROWS: &str = "tickserve_queue_rows";
 /// (`queue_full`, `deadline_exceeded`, `inflight_limit`).
 pub const REJECTIONS: &str = "tickserve_rejections_total";
 /// Connections closed at once because `server.max_connections` were open,
-/// labelled `protocol`.
+/// or `server.max_connections_per_peer` from the connection's address,
+/// labelled `protocol`, `reason` (`max_connections`,
+/// `max_connections_per_peer`).
 pub const CONNECTIONS_REFUSED: &str = "tickserve_connections_refused_total";
 /// Requests refused before any handler ran, labelled `protocol`, `group`
 /// (the endpoint group) and `reason` (`missing_key`, `wrong_key`).

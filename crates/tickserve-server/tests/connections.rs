@@ -1,7 +1,9 @@
 //! Connection limits against hostile clients on loopback (raw TCP sockets
 //! beside a normal client): slow headers, idle keep-alive connections, idle
 //! HTTP/2 connections, silent connections, stalled bodies and a connection
-//! flood are each cut off, while the normal client keeps being served.
+//! flood are each cut off, while the normal client keeps being served; one
+//! address holds at most its share of the connections, and another address
+//! is served at once.
 
 #![allow(clippy::unwrap_used)]
 
@@ -149,6 +151,72 @@ async fn a_connection_flood_is_capped_at_max_connections() {
         "refusals counted"
     );
     drop(held);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_share_and_another_is_served_at_once() {
+    let mut config = common::config(&repository());
+    config.server.max_connections = 8;
+    config.server.max_connections_per_peer = 4;
+    config.server.header_read_timeout = Duration::from_secs(30);
+    let server = common::start(&config).await;
+    let http = server.http_addr;
+
+    // 127.0.0.1 holds its four, over both front ends, and never reads.
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let addr = if i % 2 == 0 { http } else { server.grpc_addr };
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"G").await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its fifth is closed at once, on either front end...
+    for addr in [http, server.grpc_addr] {
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let (sent, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
+        assert!(closed && sent.is_empty(), "over its share: {closed} {sent}");
+    }
+    // ...while another address (loopback has many) is served at once.
+    let other = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let answer = other
+        .post(format!("http://{http}/v2/models/alpha_mlp/infer"))
+        .body(ROW)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let metrics = other
+        .get(format!("http://{http}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("reason=\"max_connections_per_peer\""),
+        "refusals counted by reason"
+    );
+    drop(held);
+    // Its connections closed, the first address is served again.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match reqwest::Client::new()
+            .post(format!("http://{http}/v2/models/alpha_mlp/infer"))
+            .body(ROW)
+            .send()
+            .await
+        {
+            Ok(r) => break assert_eq!(r.status(), 200),
+            Err(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("not served after its connections closed: {e}"),
+        }
+    }
     server.shutdown().await.unwrap();
 }
 

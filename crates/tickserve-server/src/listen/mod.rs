@@ -1,6 +1,6 @@
 //! Serving a front end's routes on its listener, with the connection limits
 //! a server reachable by other teams needs: a cap on open connections (both
-//! front ends together), a time limit on reading each request's headers (which
+//! front ends together) and on those of one source address, a time limit on reading each request's headers (which
 //! also closes a kept-alive HTTP/1 connection left idle that long), one
 //! deadline for each request body however it is split ([`budget`]), every
 //! body's bytes counted as they arrive against the server's budget and its
@@ -20,6 +20,8 @@ mod activity;
 pub mod budget;
 mod stall;
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +51,12 @@ pub struct ConnectionLimits {
     /// Open connections, both front ends together: a permit per connection.
     open: Arc<Semaphore>,
     max_connections: usize,
+    /// Open connections by source address, both front ends together (an
+    /// address leaves the map with its last connection), and the most one
+    /// address may hold. Locked once as a connection opens and once as it
+    /// closes.
+    peers: std::sync::Mutex<HashMap<IpAddr, usize>>,
+    max_per_peer: usize,
     header_read_timeout: Duration,
     body_read_timeout: Duration,
     send_timeout: Duration,
@@ -68,6 +76,8 @@ impl ConnectionLimits {
                 config.max_connections.min(Semaphore::MAX_PERMITS),
             )),
             max_connections: config.max_connections,
+            peers: std::sync::Mutex::new(HashMap::new()),
+            max_per_peer: config.max_connections_per_peer.min(config.max_connections),
             header_read_timeout: config.header_read_timeout,
             body_read_timeout: config.body_read_timeout,
             send_timeout: config.send_timeout,
@@ -75,6 +85,42 @@ impl ConnectionLimits {
             max_concurrent_streams: config.max_concurrent_streams,
             http2_keep_alive: config.http2_keep_alive,
             idle_timeout: config.idle_timeout,
+        }
+    }
+}
+
+impl ConnectionLimits {
+    /// A place for one more connection from `peer`, or `None` when it holds
+    /// `max_connections_per_peer` already.
+    fn admit_peer(self: &Arc<Self>, peer: IpAddr) -> Option<PeerSlot> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let open = peers.entry(peer).or_insert(0);
+        if *open >= self.max_per_peer {
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot {
+            limits: Arc::clone(self),
+            peer,
+        })
+    }
+}
+
+/// One open connection's place in its address's count; given back when
+/// dropped (the connection closed).
+struct PeerSlot {
+    limits: Arc<ConnectionLimits>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut peers = self.limits.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = peers.get_mut(&self.peer) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                peers.remove(&self.peer);
+            }
         }
     }
 }
@@ -122,7 +168,10 @@ pub async fn serve(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .keep_alive_interval(limits.http2_keep_alive)
         .keep_alive_timeout(limits.http2_keep_alive);
-    let refused = metrics::counter!(names::CONNECTIONS_REFUSED, "protocol" => protocol);
+    let refused = metrics::counter!(names::CONNECTIONS_REFUSED, "protocol" => protocol,
+        "reason" => "max_connections");
+    let refused_per_peer = metrics::counter!(names::CONNECTIONS_REFUSED, "protocol" => protocol,
+        "reason" => "max_connections_per_peer");
     let handshake_failed = metrics::counter!(names::TLS_HANDSHAKE_FAILURES, "protocol" => protocol);
     let send_timeouts = metrics::counter!(names::SEND_TIMEOUTS, "protocol" => protocol);
     let mut connections = JoinSet::new();
@@ -133,8 +182,8 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stopped| *stopped) => break,
         };
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
+        let (tcp, peer) = match accepted {
+            Ok((tcp, address)) => (tcp, address.ip().to_canonical()),
             Err(e) => {
                 // Out of file descriptors, most likely: wait for some to close
                 // rather than spin.
@@ -150,6 +199,17 @@ pub async fn serve(
                 protocol,
                 limit = limits.max_connections,
                 "connection refused: server.max_connections open"
+            );
+            drop(tcp);
+            continue;
+        };
+        let Some(peer_slot) = limits.admit_peer(peer) else {
+            // This address holds its share: close at once; others are served.
+            refused_per_peer.increment(1);
+            tracing::debug!(
+                protocol,
+                limit = limits.max_per_peer,
+                "connection refused: server.max_connections_per_peer open from its address"
             );
             drop(tcp);
             continue;
@@ -250,6 +310,7 @@ pub async fn serve(
                     }
                 }
             }
+            drop(peer_slot);
             drop(permit);
         });
     }
