@@ -8,11 +8,13 @@
 //! - [`schema`]: one model version's columns;
 //! - [`batch`]: records into a numbered, chained record batch;
 //! - [`digest`]: the chain;
+//! - [`drops`]: each run's count of records dropped;
 //! - [`writer`]: the request path's [`Journal`] and the writer thread;
 //! - [`read`], [`verify`], [`replay`]: reading a journal back.
 
 pub mod batch;
 pub mod digest;
+pub mod drops;
 pub mod read;
 pub mod record;
 pub mod replay;

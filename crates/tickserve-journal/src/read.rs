@@ -1,10 +1,17 @@
 //! Reading a journal directory back: its files, grouped into streams (one
-//! model version's records in one run), each file's record batches, and
-//! whether it ended cleanly.
+//! model version's records in one run), and each file's record batches, one
+//! at a time.
+//!
+//! Bounded memory: [`scan_dir`] reads each file's header only (its stream and
+//! first record number, and whether it ends with the end marker), and
+//! [`JournalFile::batches`] reads a file's record batches one by one, so that
+//! `verify` and `replay` hold one record batch (at most 4,096 records) at a
+//! time, however large the journal. Each run's count of records dropped after
+//! the last one written is in a file of its own ([`crate::drops`]).
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use arrow_array::RecordBatch;
@@ -15,7 +22,7 @@ use crate::schema::{DIGEST, FIRST_RECORD, MODEL, RUN, VERSION};
 /// The end-of-stream marker a finished file ends with.
 const END_MARKER: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
 
-/// One journal file, read.
+/// One journal file, its header read.
 #[derive(Debug)]
 pub struct JournalFile {
     /// Where it is.
@@ -24,13 +31,8 @@ pub struct JournalFile {
     pub stream: StreamId,
     /// The number of its first record.
     pub first: u64,
-    /// Its whole record batches.
-    pub batches: Vec<RecordBatch>,
     /// It ends with the stream's end marker (closed by its writer).
     pub finished: bool,
-    /// What stopped the reading before its end: a partial record batch (a
-    /// crash, or a failed write).
-    pub damage: Option<String>,
 }
 
 /// Which stream a file belongs to.
@@ -46,16 +48,26 @@ pub struct StreamId {
     pub digest: String,
 }
 
-/// Every `*.arrows` file under `dir`, read, grouped by stream, each stream's
-/// files in record order; files that cannot be read at all in `unreadable`.
-pub fn read_dir(dir: &Path) -> Result<Journal, String> {
+/// A journal directory, its files' headers read.
+#[derive(Debug)]
+pub struct Journal {
+    /// Each stream's files, in record order.
+    pub streams: BTreeMap<StreamId, Vec<JournalFile>>,
+    /// Files that are not journal files, or whose header cannot be read.
+    pub unreadable: Vec<(PathBuf, String)>,
+}
+
+/// Every `*.arrows` file under `dir`, its header read, grouped by stream,
+/// each stream's files in record order; files that cannot be read at all in
+/// `unreadable`.
+pub fn scan_dir(dir: &Path) -> Result<Journal, String> {
     let mut paths = Vec::new();
     walk(dir, &mut paths).map_err(|e| format!("{}: {e}", dir.display()))?;
     paths.sort();
     let mut streams: BTreeMap<StreamId, Vec<JournalFile>> = BTreeMap::new();
     let mut unreadable = Vec::new();
     for path in paths {
-        match read_file(&path) {
+        match JournalFile::open(&path) {
             Ok(file) => streams.entry(file.stream.clone()).or_default().push(file),
             Err(e) => unreadable.push((path, e)),
         }
@@ -67,15 +79,6 @@ pub fn read_dir(dir: &Path) -> Result<Journal, String> {
         streams,
         unreadable,
     })
-}
-
-/// A journal directory, read.
-#[derive(Debug)]
-pub struct Journal {
-    /// Each stream's files, in record order.
-    pub streams: BTreeMap<StreamId, Vec<JournalFile>>,
-    /// Files that are not journal files, or whose header cannot be read.
-    pub unreadable: Vec<(PathBuf, String)>,
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -92,47 +95,101 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads one file: its header, then record batches until its end or the
-/// first that cannot be read.
-pub fn read_file(path: &Path) -> Result<JournalFile, String> {
+impl JournalFile {
+    /// Reads `path`'s header: its stream, its first record's number, and
+    /// whether it ends with the end marker.
+    pub fn open(path: &Path) -> Result<JournalFile, String> {
+        let (reader, finished) = stream_reader(path)?;
+        let schema = reader.schema();
+        let meta = schema.metadata();
+        let get = |key: &str| {
+            meta.get(key)
+                .cloned()
+                .ok_or_else(|| format!("not a journal file: its schema has no {key}"))
+        };
+        let stream = StreamId {
+            run: get(RUN)?,
+            model: get(MODEL)?,
+            version: get(VERSION)?,
+            digest: get(DIGEST)?,
+        };
+        let first = get(FIRST_RECORD)?
+            .parse()
+            .map_err(|e| format!("{FIRST_RECORD}: {e}"))?;
+        Ok(JournalFile {
+            path: path.to_path_buf(),
+            stream,
+            first,
+            finished,
+        })
+    }
+
+    /// Its record batches, read one at a time: each whole batch, then, if
+    /// the file ends in a partial one (a crash, or a failed write), one
+    /// `Err` saying what the reader found, and nothing after it.
+    pub fn batches(&self) -> Result<Batches, String> {
+        let (reader, _) = stream_reader(&self.path)?;
+        Ok(Batches {
+            reader: Some(reader),
+        })
+    }
+}
+
+/// A file's record batches, one at a time ([`JournalFile::batches`]).
+pub struct Batches {
+    reader: Option<StreamReader<BufReader<File>>>,
+}
+
+impl Iterator for Batches {
+    type Item = Result<RecordBatch, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = self.reader.as_mut()?.next()?;
+        if next.is_err() {
+            self.reader = None;
+        }
+        Some(next.map_err(|e| e.to_string()))
+    }
+}
+
+/// A reader of `path`'s record stream, past its schema, and whether the file
+/// ends with the end marker.
+fn stream_reader(path: &Path) -> Result<(StreamReader<BufReader<File>>, bool), String> {
     let mut file = File::open(path).map_err(|e| e.to_string())?;
     let finished = ends_with_marker(&mut file).map_err(|e| e.to_string())?;
     file.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-    let reader = StreamReader::try_new(std::io::BufReader::new(file), None)
+    let reader = StreamReader::try_new(BufReader::new(file), None)
         .map_err(|e| format!("not a journal file: {e}"))?;
-    let schema = reader.schema();
-    let meta = schema.metadata();
-    let get = |key: &str| {
-        meta.get(key)
-            .cloned()
-            .ok_or_else(|| format!("not a journal file: its schema has no {key}"))
-    };
-    let stream = StreamId {
-        run: get(RUN)?,
-        model: get(MODEL)?,
-        version: get(VERSION)?,
-        digest: get(DIGEST)?,
-    };
-    let first = get(FIRST_RECORD)?
-        .parse()
-        .map_err(|e| format!("{FIRST_RECORD}: {e}"))?;
+    Ok((reader, finished))
+}
+
+/// One journal file read whole (a file is at most `journal.rotate_bytes`):
+/// its header, its whole record batches, and what stopped the reading before
+/// its end, if anything.
+#[derive(Debug)]
+pub struct ReadFile {
+    /// The header.
+    pub file: JournalFile,
+    /// Its whole record batches.
+    pub batches: Vec<RecordBatch>,
+    /// A partial record batch at its end: what the reader said.
+    pub damage: Option<String>,
+}
+
+/// Reads one file whole.
+pub fn read_file(path: &Path) -> Result<ReadFile, String> {
+    let file = JournalFile::open(path)?;
     let mut batches = Vec::new();
     let mut damage = None;
-    for batch in reader {
+    for batch in file.batches()? {
         match batch {
             Ok(batch) => batches.push(batch),
-            Err(e) => {
-                damage = Some(e.to_string());
-                break;
-            }
+            Err(e) => damage = Some(e),
         }
     }
-    Ok(JournalFile {
-        path: path.to_path_buf(),
-        stream,
-        first,
+    Ok(ReadFile {
+        file,
         batches,
-        finished: finished && damage.is_none(),
         damage,
     })
 }

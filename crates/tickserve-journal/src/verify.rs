@@ -2,7 +2,9 @@
 //! records in one run), how many records, whether any is missing (a gap in
 //! the numbers), whether any was changed (a broken chain), and whether the
 //! stream ends in a partial record batch (a crash: every record before it is
-//! whole).
+//! whole); for each run, how many records it dropped after its last written
+//! one ([`crate::drops`]), or that this is unknown. Reads one record batch
+//! at a time: its memory does not grow with the journal.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -12,7 +14,7 @@ use arrow_array::types::UInt64Type;
 use serde::Serialize;
 
 use crate::digest::{Columns, genesis};
-use crate::read::{JournalFile, read_dir};
+use crate::read::{JournalFile, scan_dir};
 use crate::schema::CHAIN;
 
 /// What `verify` found.
@@ -20,8 +22,26 @@ use crate::schema::CHAIN;
 pub struct Report {
     /// Every stream.
     pub streams: Vec<StreamReport>,
+    /// Every run, with its drop count.
+    pub runs: Vec<RunReport>,
     /// Files that are not journal files.
     pub unreadable: Vec<String>,
+}
+
+/// One run's drop count.
+#[derive(Debug, Default, Serialize)]
+pub struct RunReport {
+    /// The run.
+    pub run: String,
+    /// Records the run dropped in all, as its drop-count file says; `None`
+    /// without one (a journal written before the file, or a damaged one).
+    pub dropped: Option<u64>,
+    /// The file was written as the journal closed (else at most a second
+    /// before the run ended).
+    pub final_count: bool,
+    /// Of those, dropped after the run's last written record: the records'
+    /// own counts cannot show them. `None` when `dropped` is unknown.
+    pub dropped_after_last_record: Option<u64>,
 }
 
 /// One stream's findings.
@@ -108,6 +128,25 @@ impl Report {
                 );
             }
         }
+        for r in &self.runs {
+            let _ = match (r.dropped, r.dropped_after_last_record) {
+                (Some(all), Some(after)) => writeln!(
+                    out,
+                    "run {}: {all} records dropped in all, {after} of them after its last record{}",
+                    r.run,
+                    if r.final_count {
+                        ""
+                    } else {
+                        " (a count from while it ran: it did not close its journal)"
+                    }
+                ),
+                _ => writeln!(
+                    out,
+                    "run {}: records dropped after its last record: unknown (no drop-count file)",
+                    r.run
+                ),
+            };
+        }
         for u in &self.unreadable {
             let _ = writeln!(out, "UNREADABLE: {u}");
         }
@@ -141,9 +180,9 @@ fn more(out: &mut String, total: usize, what: &str) {
     }
 }
 
-/// Verifies every stream under `dir`.
+/// Verifies every stream under `dir`, one record batch at a time.
 pub fn verify(dir: &Path) -> Result<Report, String> {
-    let journal = read_dir(dir)?;
+    let journal = scan_dir(dir)?;
     let mut report = Report {
         unreadable: journal
             .unreadable
@@ -164,8 +203,8 @@ pub fn verify(dir: &Path) -> Result<Report, String> {
         let mut expected = 0u64;
         let mut chain = genesis(&id.run, &id.model, &id.version, &id.digest);
         for (i, file) in files.iter().enumerate() {
-            check_file(file, &mut s, &mut expected, &mut chain);
-            if let Some(damage) = &file.damage {
+            let damage = check_file(file, &mut s, &mut expected, &mut chain);
+            if let Some(damage) = damage {
                 if i + 1 == files.len() {
                     s.truncated_tail = Some(format!("{}: {damage}", file.path.display()));
                 } else {
@@ -176,16 +215,57 @@ pub fn verify(dir: &Path) -> Result<Report, String> {
         }
         report.streams.push(s);
     }
+    report.runs = runs(dir, &report.streams);
     Ok(report)
 }
 
+/// Every run of `streams` and of the drop-count files: how many records it
+/// dropped, and how many of those after its last record (the most any of
+/// its records counted before it).
+fn runs(dir: &Path, streams: &[StreamReport]) -> Vec<RunReport> {
+    let counts = crate::drops::read_all(dir);
+    let mut names: Vec<&str> = streams.iter().map(|s| s.run.as_str()).collect();
+    names.extend(counts.iter().map(|d| d.run.as_str()));
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|run| {
+            let counted = streams
+                .iter()
+                .filter(|s| s.run == run)
+                .map(|s| s.dropped_so_far)
+                .max()
+                .unwrap_or(0);
+            let file = counts.iter().find(|d| d.run == run);
+            RunReport {
+                run: run.to_string(),
+                dropped: file.map(|d| d.dropped),
+                final_count: file.is_some_and(|d| d.last),
+                dropped_after_last_record: file.map(|d| d.dropped.saturating_sub(counted)),
+            }
+        })
+        .collect()
+}
+
+/// Checks `file`'s records, one record batch at a time; what stopped the
+/// reading before the file's end, if anything.
 fn check_file(
     file: &JournalFile,
     s: &mut StreamReport,
     expected: &mut u64,
     chain: &mut crate::digest::ChainDigest,
-) {
-    for batch in &file.batches {
+) -> Option<String> {
+    let batches = match file.batches() {
+        Ok(batches) => batches,
+        Err(e) => return Some(e),
+    };
+    for batch in batches {
+        let batch = match batch {
+            Ok(batch) => batch,
+            Err(e) => return Some(e),
+        };
+        let batch = &batch;
         let (Some(numbers), Some(chains), Some(dropped)) = (
             batch.column_by_name("record"),
             batch.column_by_name(CHAIN),
@@ -195,7 +275,7 @@ fn check_file(
                 "{}: a batch lacks its record, chain or dropped_so_far column",
                 file.path.display()
             ));
-            return;
+            return None;
         };
         let (Some(numbers), Some(chains), Some(dropped)) = (
             numbers.as_primitive_opt::<UInt64Type>(),
@@ -206,7 +286,7 @@ fn check_file(
                 "{}: a batch's record, chain or dropped_so_far column has the wrong type",
                 file.path.display()
             ));
-            return;
+            return None;
         };
         let mut reader = Columns::of(batch);
         for row in 0..batch.num_rows() {
@@ -230,4 +310,5 @@ fn check_file(
             s.dropped_so_far = dropped.value(row);
         }
     }
+    None
 }

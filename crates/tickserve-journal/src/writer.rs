@@ -11,7 +11,8 @@
 //! Files: `DIRECTORY/MODEL/VERSION/RUN-FIRST.arrows`, Arrow IPC streams
 //! (a crash leaves every whole record batch readable), one stream of
 //! records per model version and file digest, numbered from 0 and chained
-//! ([`crate::digest`]) within a run (one server process).
+//! ([`crate::digest`]) within a run (one server process); and
+//! `DIRECTORY/RUN.dropped.json`, the run's drop count ([`crate::drops`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -101,7 +102,9 @@ impl Journal {
                 config.directory.display()
             )
         })?;
-        let run = run_name();
+        // Reserving the run's drop-count file reserves its name.
+        let run = crate::drops::reserve(&config.directory, &run_name())
+            .map_err(|e| format!("journal.directory {}: {e}", config.directory.display()))?;
         let shared = Arc::new(Shared {
             started: Some(Instant::now()),
             ..Shared::default()
@@ -114,6 +117,8 @@ impl Journal {
             streams: HashMap::new(),
             last_log: None,
             last_fsync: Instant::now(),
+            drops_written: 0,
+            drops_at: Instant::now(),
         };
         let thread = std::thread::Builder::new()
             .name("tickserve-journal".into())
@@ -346,7 +351,15 @@ struct Writer {
     streams: HashMap<StreamKey, Stream>,
     last_log: Option<Instant>,
     last_fsync: Instant,
+    /// The drop count the run's drop-count file holds, and when it was
+    /// last written ([`crate::drops`]).
+    drops_written: u64,
+    drops_at: Instant,
 }
+
+/// How often the run's drop-count file is rewritten, at most, while the
+/// count moves.
+const DROPS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One model version's records in this run.
 struct Stream {
@@ -424,6 +437,7 @@ impl Writer {
                 self.sync();
             }
             self.rotate_old();
+            self.write_drops(false);
             let flushed = !flushes.is_empty();
             for done in flushes {
                 let _ = done.send(());
@@ -446,6 +460,28 @@ impl Writer {
             .count();
         if late > 0 {
             self.shared.drop_records(late as u64, "stopped");
+        }
+        self.write_drops(true);
+    }
+
+    /// Rewrites the run's drop-count file: the last time (`last`), or when
+    /// the count moved and [`DROPS_INTERVAL`] has passed since the last
+    /// write. A failed write is tried again at the next.
+    fn write_drops(&mut self, last: bool) {
+        let dropped = self.shared.dropped.load(Ordering::Relaxed);
+        let due = dropped != self.drops_written && self.drops_at.elapsed() >= DROPS_INTERVAL;
+        if !(last || due) {
+            return;
+        }
+        self.drops_at = Instant::now();
+        let drops = crate::drops::Drops {
+            run: self.run.clone(),
+            dropped,
+            last,
+        };
+        match crate::drops::write(&self.config.directory, &drops) {
+            Ok(()) => self.drops_written = dropped,
+            Err(e) => tracing::warn!(error = %e, "the run's drop count could not be written"),
         }
     }
 
@@ -695,6 +731,21 @@ mod tests {
             );
         }
         assert!((0..1000).all(|n| !sampled(n, 0.0)));
+    }
+
+    /// Two journals started in one process within one second (the same
+    /// date and pid: a container's pid 1 restarted at once) are two runs.
+    #[test]
+    fn runs_of_the_same_second_and_pid_get_names_of_their_own() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = JournalConfig {
+            enabled: true,
+            directory: dir.path().to_path_buf(),
+            ..JournalConfig::default()
+        };
+        let first = Journal::start(&config).expect("the first journal starts");
+        let second = Journal::start(&config).expect("the second journal starts");
+        assert_ne!(first.run(), second.run());
     }
 
     #[test]

@@ -143,6 +143,55 @@ fn edit_a_record(path: &Path) {
     writer.finish().unwrap();
 }
 
+/// A record that holds no output (its client asked for none: older servers
+/// answered `"outputs": []` so) is rerun with nothing to compare, not a
+/// mismatch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_reruns_a_record_without_outputs_and_finds_nothing_to_compare() {
+    use arrow_array::{ArrayRef, RecordBatch};
+    let journal = tempfile::tempdir().unwrap();
+    let config = journaled(&common::root().join("config/models"), journal.path());
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    for n in 0..3 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    flush(&server).await;
+    // The first record's outputs as such a record holds them: none.
+    let files = walk(journal.path());
+    let file = read_file(&files[0]).unwrap();
+    let batch = &file.batches[0];
+    let index = batch.schema().index_of("output.probabilities").unwrap();
+    use arrow_array::cast::AsArray;
+    let (field, offsets, values, _) = batch.column(index).as_list::<i32>().clone().into_parts();
+    let kept = (0..batch.num_rows()).map(|r| r != 0).collect::<Vec<_>>();
+    let nulls = arrow_buffer::NullBuffer::from(kept);
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns[index] = Arc::new(arrow_array::ListArray::new(
+        field,
+        offsets,
+        values,
+        Some(nulls),
+    ));
+    let edited = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    let out = std::fs::File::create(&files[0]).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &batch.schema()).unwrap();
+    writer.write(&edited).unwrap();
+    for batch in &file.batches[1..] {
+        writer.write(batch).unwrap();
+    }
+    writer.finish().unwrap();
+    let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
+        .await
+        .unwrap();
+    print!("{}", replay.text());
+    assert_eq!(replay.replayed, 3, "{}", replay.text());
+    assert_eq!(replay.nothing_to_compare, 1, "{}", replay.text());
+    assert_eq!(replay.identical, 2, "{}", replay.text());
+    assert!(replay.mismatches.is_empty(), "{}", replay.text());
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
     let journal = tempfile::tempdir().unwrap();
@@ -192,13 +241,14 @@ async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
     assert_eq!(report.streams[0].gaps.len(), 1, "{}", report.text());
 }
 
+/// The record files (`*.arrows`) under `dir`.
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
             out.extend(walk(&path));
-        } else {
+        } else if path.extension().is_some_and(|e| e == "arrows") {
             out.push(path);
         }
     }
@@ -233,6 +283,43 @@ async fn a_journal_that_cannot_write_drops_and_counts_in_drop_mode() {
     assert!(report.sound(), "{}", report.text());
     assert_eq!(report.records(), 10);
     assert_eq!(report.streams[0].dropped_so_far, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_dropped_after_the_last_written_one_are_counted_in_the_journal() {
+    let journal = tempfile::tempdir().unwrap();
+    let config = journaled(&common::root().join("config/models"), journal.path());
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    for n in 0..5 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    flush(&server).await;
+    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+    handle.fail_writes(true);
+    for n in 5..25 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    flush(&server).await;
+    assert_eq!(handle.dropped(), 20);
+    server.shutdown().await.unwrap();
+    handle.fail_writes(false);
+    drop(handle);
+    let report = verify(journal.path()).unwrap();
+    print!("{}", report.text());
+    assert!(report.sound(), "{}", report.text());
+    assert_eq!(report.records(), 5);
+    // The records' own count stops at their last: 0.
+    assert_eq!(report.streams[0].dropped_so_far, 0);
+    let run = &report.runs[0];
+    assert_eq!(run.dropped, Some(20), "{}", report.text());
+    assert_eq!(run.dropped_after_last_record, Some(20));
+    assert!(run.final_count, "{}", report.text());
+    assert!(
+        report
+            .text()
+            .contains("20 records dropped in all, 20 of them after its last record")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,10 +160,13 @@ async fn shadows_see_copies_of_their_primarys_requests_and_report_how_they_diffe
     tokio::task::spawn_blocking(move || writer.flush())
         .await
         .unwrap();
-    let read = tickserve_journal::read::read_dir(journal.path()).unwrap();
+    let read = tickserve_journal::read::scan_dir(journal.path()).unwrap();
     let mut by_version = std::collections::BTreeMap::<String, (usize, usize)>::new();
     for (stream, files) in &read.streams {
-        for batch in files.iter().flat_map(|f| &f.batches) {
+        let batches = files
+            .iter()
+            .flat_map(|f| f.batches().unwrap().map(Result::unwrap));
+        for batch in batches {
             let protocols = batch
                 .column_by_name("protocol")
                 .unwrap()
