@@ -379,7 +379,7 @@ impl Family {
         member: &Member,
         submission: &Submission,
     ) -> Option<Result<InferResponse, Error>> {
-        if self.queued_rows() > 0 || self.device != Device::Cpu {
+        if !shadow_may_run(self.queued_rows(), self.device) {
             return None;
         }
         for executor in &self.executors[..self.shared] {
@@ -417,5 +417,25 @@ impl Family {
     pub fn close(&self) {
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
         self.lane.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+/// Whether a shadow may take an idle executor of a family on `device` that
+/// has `queued_rows` waiting: only on the CPU (a GPU family's runs stay on its
+/// executor threads), and only when no row waits, for a queued request may be
+/// about to take that executor.
+fn shadow_may_run(queued_rows: usize, device: Device) -> bool {
+    queued_rows == 0 && device == Device::Cpu
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Device, shadow_may_run};
+
+    #[test]
+    fn a_shadow_never_takes_an_executor_a_queued_row_waits_for() {
+        assert!(shadow_may_run(0, Device::Cpu));
+        assert!(!shadow_may_run(1, Device::Cpu), "a row waits");
+        assert!(!shadow_may_run(0, Device::Gpu(0)), "a GPU family");
     }
 }

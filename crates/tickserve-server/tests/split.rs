@@ -73,6 +73,29 @@ async fn a_95_5_split_holds_over_10000_requests_and_is_counted() {
     server.shutdown().await.expect("clean shutdown");
 }
 
+/// A version whose inputs differ from the default version's is left out of
+/// the split: a request read against the default's signature never goes to
+/// a version that would refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_of_another_signature_is_left_out_of_the_split() {
+    let scratch = tempfile::tempdir().unwrap();
+    version(scratch.path(), "mixed", 1, "tick_000");
+    version(scratch.path(), "mixed", 2, "alpha_mlp");
+    std::fs::write(
+        scratch.path().join("mixed/model.toml"),
+        "version_policy = \"all\"\n\n[split]\n1 = 50\n2 = 50\n",
+    )
+    .unwrap();
+    let server = common::start(&common::config(scratch.path())).await;
+    let url = format!("http://{}/v2/models/mixed/infer", server.http_addr);
+    // The default (highest) version is alpha_mlp's: 50 features.
+    let row = json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 50], "data": vec![0.25; 50]}]});
+    for _ in 0..40 {
+        assert_eq!(common::answered_version(&url, &row).await, "2");
+    }
+    server.shutdown().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_never_changes_version_mid_way_even_when_the_split_moves() {
     let scratch = tempfile::tempdir().unwrap();
