@@ -113,38 +113,12 @@ async fn a_connection_flood_is_capped_at_max_connections() {
     let server = common::start(&config).await;
     let http = server.http_addr;
 
-    // Eight connections, half of them on each front end, hold every slot.
-    let mut held = Vec::new();
-    for i in 0..8 {
-        let addr = if i % 2 == 0 { http } else { server.grpc_addr };
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        // A byte, so the server has read from it and counts it as open.
-        stream.write_all(b"G").await.unwrap();
-        held.push(stream);
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // The ninth is closed at once, on either front end.
-    for addr in [http, server.grpc_addr] {
-        let mut extra = TcpStream::connect(addr).await.unwrap();
-        let (sent, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
-        assert!(closed && sent.is_empty(), "over the limit: {closed} {sent}");
-    }
+    // Eight connections, half of them on each front end, hold every slot;
+    // the ninth is closed at once, on either front end.
+    let mut held = hold_every_slot(&server, 8, "over the limit").await;
     // Once some leave, a normal client is served again.
     held.truncate(5);
-    let until = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        match reqwest::Client::new()
-            .post(format!("http://{http}/v2/models/alpha_mlp/infer"))
-            .body(ROW)
-            .send()
-            .await
-        {
-            Ok(r) => break r.status().as_u16(),
-            Err(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("not served after connections closed: {e}"),
-        }
-    };
-    assert_eq!(status, 200);
+    served_again(http).await;
     let metrics = common::metrics_text(&format!("http://{http}")).await;
     assert!(
         common::counter_total(&metrics, "tickserve_connections_refused_total") >= 2.0,
@@ -163,21 +137,9 @@ async fn one_address_holds_at_most_its_share_and_another_is_served_at_once() {
     let server = common::start(&config).await;
     let http = server.http_addr;
 
-    // 127.0.0.1 holds its four, over both front ends, and never reads.
-    let mut held = Vec::new();
-    for i in 0..4 {
-        let addr = if i % 2 == 0 { http } else { server.grpc_addr };
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        stream.write_all(b"G").await.unwrap();
-        held.push(stream);
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // Its fifth is closed at once, on either front end...
-    for addr in [http, server.grpc_addr] {
-        let mut extra = TcpStream::connect(addr).await.unwrap();
-        let (sent, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
-        assert!(closed && sent.is_empty(), "over its share: {closed} {sent}");
-    }
+    // 127.0.0.1 holds its four, over both front ends, and never reads; its
+    // fifth is closed at once, on either front end...
+    let held = hold_every_slot(&server, 4, "over its share").await;
     // ...while another address (loopback has many) is served at once.
     let other = reqwest::Client::builder()
         .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
@@ -204,6 +166,41 @@ async fn one_address_holds_at_most_its_share_and_another_is_served_at_once() {
     );
     drop(held);
     // Its connections closed, the first address is served again.
+    served_again(http).await;
+    server.shutdown().await.unwrap();
+}
+
+/// `count` silent connections from 127.0.0.1, alternating between the two
+/// front ends, each having sent a byte (so the server has counted it open);
+/// then one more on each front end must be closed at once (`why` says why).
+async fn hold_every_slot(
+    server: &tickserve_server::Server,
+    count: usize,
+    why: &str,
+) -> Vec<TcpStream> {
+    let mut held = Vec::new();
+    for i in 0..count {
+        let addr = if i % 2 == 0 {
+            server.http_addr
+        } else {
+            server.grpc_addr
+        };
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"G").await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for addr in [server.http_addr, server.grpc_addr] {
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let (sent, closed) = read_until_closed(&mut extra, Duration::from_secs(5)).await;
+        assert!(closed && sent.is_empty(), "{why}: {closed} {sent}");
+    }
+    held
+}
+
+/// Waits (at most 5 s) until a normal client from 127.0.0.1 is served at
+/// `http`, and asserts it is answered 200.
+async fn served_again(http: std::net::SocketAddr) {
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         match reqwest::Client::new()
@@ -214,10 +211,9 @@ async fn one_address_holds_at_most_its_share_and_another_is_served_at_once() {
         {
             Ok(r) => break assert_eq!(r.status(), 200),
             Err(_) if Instant::now() < until => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("not served after its connections closed: {e}"),
+            Err(e) => panic!("not served after connections closed: {e}"),
         }
     }
-    server.shutdown().await.unwrap();
 }
 
 /// The HTTP/2 frames in `bytes` (a server's side of a connection), whole

@@ -54,8 +54,10 @@ pub struct ConnectionLimits {
     /// Open connections by source address, both front ends together (an
     /// address leaves the map with its last connection), and the most one
     /// address may hold. Locked once as a connection opens and once as it
-    /// closes.
-    peers: std::sync::Mutex<HashMap<IpAddr, usize>>,
+    /// closes; hashed with FxHash: it holds at most `max_connections`
+    /// addresses, so even addresses chosen to collide cost a connection no
+    /// more than that many comparisons.
+    peers: std::sync::Mutex<HashMap<IpAddr, usize, rustc_hash::FxBuildHasher>>,
     max_per_peer: usize,
     header_read_timeout: Duration,
     body_read_timeout: Duration,
@@ -76,7 +78,7 @@ impl ConnectionLimits {
                 config.max_connections.min(Semaphore::MAX_PERMITS),
             )),
             max_connections: config.max_connections,
-            peers: std::sync::Mutex::new(HashMap::new()),
+            peers: std::sync::Mutex::new(HashMap::default()),
             max_per_peer: config.max_connections_per_peer.min(config.max_connections),
             header_read_timeout: config.header_read_timeout,
             body_read_timeout: config.body_read_timeout,

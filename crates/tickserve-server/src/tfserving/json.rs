@@ -595,8 +595,14 @@ const GROWTH_PER_TOKEN: usize = 8;
 /// The most bytes reading `body` with [`decode`] copies beyond it: the
 /// rewritten copy [`quote_non_finite`] makes when the body has bare
 /// non-finite tokens, bounded from above by counting `NaN` and `Infinity`
-/// wherever they appear (a fast search, no parse). 0 for a body without.
+/// wherever they appear (a fast search, no parse). 0 for a body without
+/// (found in one pass for a body with no capital `N` or `I`).
 pub fn expansion(body: &[u8]) -> usize {
+    // Most bodies hold no capital N or I at all (numbers never do, and
+    // TF Serving's keys are lower case): one pass of memchr2 says so.
+    if memchr::memchr2(b'N', b'I', body).is_none() {
+        return 0;
+    }
     let count = |word: &[u8]| memchr::memmem::find_iter(body, word).count();
     let tokens = count(b"NaN").saturating_add(count(b"Infinity"));
     if tokens == 0 {
@@ -615,6 +621,12 @@ pub fn expansion(body: &[u8]) -> usize {
 /// that holds U+0000 (`\u0000`) is refused: it could pass for a marked token.
 fn quote_non_finite(text: &str) -> Result<Cow<'_, str>, String> {
     let bytes = text.as_bytes();
+    // Without a capital N or I the body holds no token, and no string that
+    // could pass for a marked one: nothing to quote or refuse (one pass of
+    // memchr2, the common body's whole cost here).
+    if memchr::memchr2(b'N', b'I', bytes).is_none() {
+        return Ok(Cow::Borrowed(text));
+    }
     let token_at = |i: usize| -> Option<&'static str> {
         NON_FINITE
             .into_iter()
