@@ -141,4 +141,32 @@ mod tests {
         write(dir.path(), &last).unwrap();
         assert!(read_all(dir.path()).contains(&last));
     }
+
+    #[test]
+    fn a_directory_that_cannot_hold_the_file_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let error = reserve(&file, "run").unwrap_err();
+        assert!(
+            error.starts_with("creating the run's drop count file:"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_drop_count_file_of_4096_bytes_or_more_is_no_drop_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let drops = Drops {
+            run: "big".into(),
+            dropped: 1,
+            last: true,
+        };
+        let text = serde_json::to_string(&drops).unwrap();
+        let padded = format!("{text:<4096}");
+        std::fs::write(path(dir.path(), "big"), &padded).unwrap();
+        assert!(read_all(dir.path()).is_empty());
+        std::fs::write(path(dir.path(), "big"), &padded[..4095]).unwrap();
+        assert_eq!(read_all(dir.path()), vec![drops]);
+    }
 }

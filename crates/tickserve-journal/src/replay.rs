@@ -386,3 +386,36 @@ fn primitive_bytes(array: &dyn Array) -> Option<Bytes> {
         .get(from..from + data.len() * width)
         .map(Bytes::copy_from_slice)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le<T: Copy, const N: usize>(values: &[T], bytes: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+        values.iter().flat_map(|&v| bytes(v)).collect()
+    }
+
+    #[test]
+    fn the_largest_difference_is_that_of_floats_and_infinite_otherwise() {
+        let f32s = |v: &[f32]| le(v, f32::to_le_bytes);
+        let f64s = |v: &[f64]| le(v, f64::to_le_bytes);
+        let a = f32s(&[1.0, 2.0, -3.0]);
+        assert_eq!(max_difference(DataType::Fp32, &a, &a), 0.0);
+        assert_eq!(
+            max_difference(DataType::Fp32, &a, &f32s(&[1.5, 2.0, -3.25])),
+            0.5
+        );
+        assert_eq!(
+            max_difference(DataType::Fp32, &a, &f32s(&[1.0, 2.0])),
+            f64::INFINITY
+        );
+        let b = f64s(&[4.0, -1.0]);
+        assert_eq!(
+            max_difference(DataType::Fp64, &b, &f64s(&[4.0, -1.125])),
+            0.125
+        );
+        assert_eq!(max_difference(DataType::Fp64, &b, &b), 0.0);
+        let ints = le(&[1i32, 2], i32::to_le_bytes);
+        assert_eq!(max_difference(DataType::Int32, &ints, &ints), f64::INFINITY);
+    }
+}

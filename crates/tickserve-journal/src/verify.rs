@@ -73,6 +73,11 @@ pub struct StreamReport {
     /// Files other than the last that end in a partial record batch (a
     /// failed write: the records after it continue in the next file).
     pub damaged_files: Vec<String>,
+    /// Its last file ends with the stream's end marker: the server closed
+    /// it (at shutdown, or rotating). False while the server still writes
+    /// it, after a write to it failed, or when the server stopped without
+    /// closing it (a crash).
+    pub closed: bool,
 }
 
 impl Report {
@@ -121,6 +126,12 @@ impl Report {
                 let _ = writeln!(out, "  damaged file: {f}");
             }
             more(&mut out, s.damaged_files.len(), "damaged files");
+            if !s.closed {
+                let _ = writeln!(
+                    out,
+                    "  its last file is not closed: the server still writes it, a write to it failed, or the server stopped without closing it"
+                );
+            }
             if let Some(t) = &s.truncated_tail {
                 let _ = writeln!(
                     out,
@@ -213,6 +224,7 @@ pub fn verify(dir: &Path) -> Result<Report, String> {
                 }
             }
         }
+        s.closed = files.last().is_some_and(|f| f.finished);
         report.streams.push(s);
     }
     report.runs = runs(dir, &report.streams);
@@ -311,4 +323,18 @@ fn check_file(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_past_its_listed_length_says_how_many_more() {
+        let mut out = String::new();
+        more(&mut out, LISTED, "gaps");
+        assert_eq!(out, "");
+        more(&mut out, LISTED + 3, "gaps");
+        assert_eq!(out, "  ... and 3 more gaps (--json lists them all)\n");
+    }
 }

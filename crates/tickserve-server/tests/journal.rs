@@ -192,6 +192,126 @@ async fn replay_reruns_a_record_without_outputs_and_finds_nothing_to_compare() {
     server.shutdown().await.unwrap();
 }
 
+/// `post_alpha`'s request `n` with Monte Carlo `parameters`.
+fn alpha_mc(n: usize, parameters: serde_json::Value) -> serde_json::Value {
+    let mut body = alpha_body(n);
+    body["parameters"] = parameters;
+    body
+}
+
+/// Replay reruns each Monte Carlo summary as it was asked, counts a record
+/// that failed at first, reports an output changed since (and by how much),
+/// and refuses records made by another model file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_reruns_every_summary_counts_failures_and_finds_changed_outputs() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Float32Type;
+    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, ListArray, RecordBatch};
+    let journal = tempfile::tempdir().unwrap();
+    let config = journaled(&common::root().join("config/models"), journal.path());
+    let server = common::start(&config).await;
+    let url = format!("http://{}/v2/models/alpha_mlp/infer", server.http_addr);
+    let plain = alpha_body(0);
+    let quantiles = alpha_mc(
+        1,
+        serde_json::json!({"mc_samples": 8, "mc_seed": 7, "mc_noise_sigma": 0.05,
+        "mc_output": "quantiles", "mc_quantiles": "0.1,0.9"}),
+    );
+    let samples = alpha_mc(
+        2,
+        serde_json::json!({"mc_samples": 4, "mc_seed": 7, "mc_noise_sigma": 0.05,
+        "mc_output": "samples"}),
+    );
+    let moments = alpha_mc(
+        3,
+        serde_json::json!({"mc_samples": 8, "mc_seed": 7, "mc_noise_sigma": 0.05}),
+    );
+    for body in [&plain, &quantiles, &samples, &moments] {
+        let (status, answer) = common::post_json(&url, body).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    // A request refused after its model was found is recorded, as failed.
+    let mut wrong = alpha_body(4);
+    wrong["inputs"][0]["shape"] = serde_json::json!([1, 49]);
+    wrong["inputs"][0]["data"] = serde_json::json!(vec![0.5; 49]);
+    let (status, _) = common::post_json(&url, &wrong).await;
+    assert_eq!(status, 400);
+    flush(&server).await;
+
+    let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
+        .await
+        .unwrap();
+    print!("{}", replay.text());
+    assert_eq!(replay.records, 5, "{}", replay.text());
+    assert_eq!(replay.identical, 4, "{}", replay.text());
+    assert_eq!(replay.failed_originally, 1, "{}", replay.text());
+    assert!(
+        replay.text().contains(
+            "5 records: 4 replayed, 4 bit-identical, 0 with no output to compare, 0 mismatched"
+        ),
+        "{}",
+        replay.text()
+    );
+
+    // The plain record's first probability, changed by 0.5 after the fact.
+    let files = walk(journal.path());
+    let file = read_file(&files[0]).unwrap();
+    let batch = &file.batches[0];
+    let index = batch.schema().index_of("output.probabilities").unwrap();
+    let (field, offsets, rows, nulls) = batch.column(index).as_list::<i32>().clone().into_parts();
+    let (row_field, size, values, row_nulls) = rows.as_fixed_size_list().clone().into_parts();
+    let mut floats = values.as_primitive::<Float32Type>().values().to_vec();
+    floats[0] += 0.5;
+    let rows = FixedSizeListArray::new(
+        row_field,
+        size,
+        Arc::new(Float32Array::from(floats)),
+        row_nulls,
+    );
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns[index] = Arc::new(ListArray::new(field, offsets, Arc::new(rows), nulls));
+    let edited = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    let out = std::fs::File::create(&files[0]).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &batch.schema()).unwrap();
+    writer.write(&edited).unwrap();
+    for batch in &file.batches[1..] {
+        writer.write(batch).unwrap();
+    }
+    writer.finish().unwrap();
+    let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
+        .await
+        .unwrap();
+    assert_eq!(replay.mismatches.len(), 1, "{}", replay.text());
+    assert!(
+        replay.mismatches[0].contains("probabilities: differs"),
+        "{}",
+        replay.text()
+    );
+    assert!(
+        (replay.worst_difference - 0.5).abs() < 1e-6,
+        "{}",
+        replay.text()
+    );
+    server.shutdown().await.unwrap();
+
+    // Another alpha_mlp/1/model.onnx: its records are not rerun on it.
+    let other = tempfile::tempdir().unwrap();
+    common::deploy_version(other.path(), "alpha_mlp", 1, "tick_000");
+    let mut config = common::config(other.path());
+    config.journal.enabled = false;
+    let runtime = tickserve_runtime::Runtime::load(&config).unwrap();
+    let replay = tickserve_journal::replay::replay(journal.path(), &runtime)
+        .await
+        .unwrap();
+    assert_eq!(replay.replayed, 0, "{}", replay.text());
+    assert!(
+        replay.not_replayed[0].contains("the records were made by"),
+        "{}",
+        replay.text()
+    );
+    runtime.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
     let journal = tempfile::tempdir().unwrap();
@@ -211,6 +331,7 @@ async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
     let report = verify(journal.path()).unwrap();
     assert!(report.sound(), "{}", report.text());
     assert_eq!(report.records(), 600);
+    assert!(report.streams[0].closed, "{}", report.text());
     let mut files: Vec<_> = walk(journal.path());
     files.sort();
     assert!(files.len() >= 3, "{} files", files.len());
@@ -224,6 +345,8 @@ async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
     print!("{}", report.text());
     assert!(report.sound(), "{}", report.text());
     assert!(report.streams[0].truncated_tail.is_some());
+    assert!(!report.streams[0].closed, "{}", report.text());
+    assert!(report.text().contains("its last file is not closed"));
     assert!(report.records() < 600);
 
     // An edited record breaks the chain there.
@@ -309,8 +432,25 @@ async fn records_dropped_after_the_last_written_one_are_counted_in_the_journal()
     print!("{}", report.text());
     assert!(report.sound(), "{}", report.text());
     assert_eq!(report.records(), 5);
+    let stream = &report.streams[0];
+    assert_eq!(
+        (stream.model.as_str(), stream.version.as_str()),
+        ("alpha_mlp", "1")
+    );
+    assert_eq!(stream.model_digest.len(), 64, "{}", stream.model_digest);
     // The records' own count stops at their last: 0.
     assert_eq!(report.streams[0].dropped_so_far, 0);
+    // A file that is no journal file is named, and the rest still verified.
+    std::fs::write(journal.path().join("stray.arrows"), b"not arrow").unwrap();
+    let report = verify(journal.path()).unwrap();
+    assert_eq!(report.unreadable.len(), 1, "{}", report.text());
+    assert!(
+        report.unreadable[0].contains("stray.arrows"),
+        "{}",
+        report.text()
+    );
+    assert_eq!(report.records(), 5);
+    std::fs::remove_file(journal.path().join("stray.arrows")).unwrap();
     let run = &report.runs[0];
     assert_eq!(run.dropped, Some(20), "{}", report.text());
     assert_eq!(run.dropped_after_last_record, Some(20));
