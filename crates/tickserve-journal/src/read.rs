@@ -195,11 +195,14 @@ pub fn read_file(path: &Path) -> Result<ReadFile, String> {
 }
 
 fn ends_with_marker(file: &mut File) -> std::io::Result<bool> {
-    let len = file.seek(SeekFrom::End(0))?;
-    if len < END_MARKER.len() as u64 {
+    // A file shorter than the marker cannot end with it: the seek before
+    // its start fails.
+    if file
+        .seek(SeekFrom::End(-(END_MARKER.len() as i64)))
+        .is_err()
+    {
         return Ok(false);
     }
-    file.seek(SeekFrom::End(-(END_MARKER.len() as i64)))?;
     let mut tail = [0u8; 8];
     file.read_exact(&mut tail)?;
     Ok(tail == END_MARKER)
