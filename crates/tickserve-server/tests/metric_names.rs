@@ -18,7 +18,7 @@ const PINNED: &[(&str, &str, &[&str])] = &[
     (
         "tickserve_connections_refused_total",
         "counter",
-        &["protocol"],
+        &["protocol", "reason"],
     ),
     (
         "tickserve_graph_compilations_total",
