@@ -406,6 +406,9 @@ async fn a_journal_that_cannot_write_drops_and_counts_in_drop_mode() {
     assert!(report.sound(), "{}", report.text());
     assert_eq!(report.records(), 10);
     assert_eq!(report.streams[0].dropped_so_far, 20);
+    // Every drop came before a written record: none after the last.
+    assert_eq!(report.runs[0].dropped, Some(20), "{}", report.text());
+    assert_eq!(report.runs[0].dropped_after_last_record, Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
