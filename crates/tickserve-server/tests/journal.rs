@@ -118,7 +118,7 @@ async fn every_front_end_is_journaled_bit_for_bit_verified_and_replayed() {
 /// Rewrites `path` with one value of its first batch's `request_id` column
 /// changed, as an editor of the file would.
 fn edit_a_record(path: &Path) {
-    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use arrow_array::StringArray;
     let file = read_file(path).unwrap();
     let batch = &file.batches[0];
     let index = batch.schema().index_of("request_id").unwrap();
@@ -131,9 +131,21 @@ fn edit_a_record(path: &Path) {
         .map(|s| s.unwrap().to_string())
         .collect();
     ids[0] = "edited".into();
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    columns[index] = Arc::new(StringArray::from(ids));
-    let edited = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    replace_column(path, &file, index, Arc::new(StringArray::from(ids)));
+}
+
+/// Rewrites `path` (read as `file`) with column `index` of its first record
+/// batch replaced by `column`, every other batch as it was.
+fn replace_column(
+    path: &Path,
+    file: &tickserve_journal::read::ReadFile,
+    index: usize,
+    column: arrow_array::ArrayRef,
+) {
+    let batch = &file.batches[0];
+    let mut columns = batch.columns().to_vec();
+    columns[index] = column;
+    let edited = arrow_array::RecordBatch::try_new(batch.schema(), columns).unwrap();
     let out = std::fs::File::create(path).unwrap();
     let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &batch.schema()).unwrap();
     writer.write(&edited).unwrap();
@@ -148,7 +160,6 @@ fn edit_a_record(path: &Path) {
 /// mismatch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_reruns_a_record_without_outputs_and_finds_nothing_to_compare() {
-    use arrow_array::{ArrayRef, RecordBatch};
     let journal = tempfile::tempdir().unwrap();
     let config = journaled(&common::root().join("config/models"), journal.path());
     let server = common::start(&config).await;
@@ -166,21 +177,8 @@ async fn replay_reruns_a_record_without_outputs_and_finds_nothing_to_compare() {
     let (field, offsets, values, _) = batch.column(index).as_list::<i32>().clone().into_parts();
     let kept = (0..batch.num_rows()).map(|r| r != 0).collect::<Vec<_>>();
     let nulls = arrow_buffer::NullBuffer::from(kept);
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    columns[index] = Arc::new(arrow_array::ListArray::new(
-        field,
-        offsets,
-        values,
-        Some(nulls),
-    ));
-    let edited = RecordBatch::try_new(batch.schema(), columns).unwrap();
-    let out = std::fs::File::create(&files[0]).unwrap();
-    let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &batch.schema()).unwrap();
-    writer.write(&edited).unwrap();
-    for batch in &file.batches[1..] {
-        writer.write(batch).unwrap();
-    }
-    writer.finish().unwrap();
+    let column = arrow_array::ListArray::new(field, offsets, values, Some(nulls));
+    replace_column(&files[0], &file, index, Arc::new(column));
     let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
         .await
         .unwrap();
@@ -206,7 +204,7 @@ fn alpha_mc(n: usize, parameters: serde_json::Value) -> serde_json::Value {
 async fn replay_reruns_every_summary_counts_failures_and_finds_changed_outputs() {
     use arrow_array::cast::AsArray;
     use arrow_array::types::Float32Type;
-    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, ListArray, RecordBatch};
+    use arrow_array::{FixedSizeListArray, Float32Array, ListArray};
     let journal = tempfile::tempdir().unwrap();
     let config = journaled(&common::root().join("config/models"), journal.path());
     let server = common::start(&config).await;
@@ -268,16 +266,8 @@ async fn replay_reruns_every_summary_counts_failures_and_finds_changed_outputs()
         Arc::new(Float32Array::from(floats)),
         row_nulls,
     );
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    columns[index] = Arc::new(ListArray::new(field, offsets, Arc::new(rows), nulls));
-    let edited = RecordBatch::try_new(batch.schema(), columns).unwrap();
-    let out = std::fs::File::create(&files[0]).unwrap();
-    let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &batch.schema()).unwrap();
-    writer.write(&edited).unwrap();
-    for batch in &file.batches[1..] {
-        writer.write(batch).unwrap();
-    }
-    writer.finish().unwrap();
+    let column = ListArray::new(field, offsets, Arc::new(rows), nulls);
+    replace_column(&files[0], &file, index, Arc::new(column));
     let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
         .await
         .unwrap();
