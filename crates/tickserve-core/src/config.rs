@@ -197,6 +197,10 @@ pub struct RuntimeConfig {
     /// Let the CUDA engine's fp32 products use TF32 tensor cores (faster,
     /// about 1e-3 relative error). Off: results match the CPU within 1e-5.
     pub cuda_tf32: bool,
+    /// Run the CUDA engine's buckets without CUDA graphs: the same recorded
+    /// products, kernels and copies issued on the stream run by run (more
+    /// launch overhead; for a driver where graph capture fails).
+    pub cuda_eager: bool,
     /// The longest bucket run that a request may make on its caller's thread
     /// (an async worker, serving other connections meanwhile) when it finds
     /// an executor idle; requests whose bucket ran longer at load go to the
@@ -237,6 +241,7 @@ impl Default for RuntimeConfig {
             onnxruntime_library: PathBuf::from(".local/lib/libonnxruntime.so.1.31.1"),
             intra_op_threads: 1,
             cuda_tf32: false,
+            cuda_eager: false,
             inline_budget: Duration::from_micros(100),
             sequence_snapshot: None,
             spin: Duration::ZERO,

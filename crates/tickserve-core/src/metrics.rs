@@ -111,6 +111,11 @@ pub const DEVICE_COMPUTE_DURATION: &str = "tickserve_device_compute_duration_sec
 /// Device memory tickserve holds (weights, bucket buffers, workspaces),
 /// labelled `device` (`gpu:N`).
 pub const DEVICE_MEMORY: &str = "tickserve_device_memory_bytes";
+/// Device memory in use on the whole device as the driver reports it
+/// (`cuMemGetInfo`: every process and context, tickserve's included),
+/// labelled `device` (`gpu:N`), sampled whenever tickserve allocates or
+/// frees device memory.
+pub const DEVICE_MEMORY_USED: &str = "tickserve_device_memory_used_bytes";
 
 /// Connections closed because their peer left an answer untaken for
 /// `server.send_timeout`, labelled `protocol`.
@@ -376,6 +381,11 @@ pub fn describe() {
         DEVICE_MEMORY,
         Unit::Bytes,
         "Device memory held by tickserve, by device."
+    );
+    describe_gauge!(
+        DEVICE_MEMORY_USED,
+        Unit::Bytes,
+        "Device memory in use on the whole device (the driver's count, every process), by device."
     );
     describe_gauge!(
         MODEL_READY,

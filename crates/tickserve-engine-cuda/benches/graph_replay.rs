@@ -1,7 +1,8 @@
 //! Graph replay time per bucket on the GPU, from CUDA events: the median and
 //! p99 of 1000 runs after 100 warm-up runs, for `alpha_mlp` and a `tick_*`
 //! family member, plus the host-side time of a whole run (stage, launch,
-//! wait). Prints the device's name; says so and exits without a GPU.
+//! wait); then the same sequence issued eagerly (`runtime.cuda_eager`), the
+//! graph's gain. Prints the device's name; says so and exits without a GPU.
 //!
 //!     cargo bench -p tickserve-engine-cuda --bench graph_replay
 
@@ -28,8 +29,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
     let buckets = Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None)?;
-    let engine = CudaEngine::new(CudaOptions::default());
-    for name in ["alpha_mlp", "tick_000"] {
+    for (name, eager) in [
+        ("alpha_mlp", false),
+        ("tick_000", false),
+        ("alpha_mlp", true),
+        ("tick_000", true),
+    ] {
+        let engine = CudaEngine::new(CudaOptions { tf32: false, eager });
+        let mode = if eager { "eager" } else { "graph" };
         let bytes = std::fs::read(root.join(format!("config/models/{name}/1/model.onnx")))
             .map_err(|e| e.to_string())?;
         let model = OnnxModel::parse(&bytes)?;
@@ -46,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             first_member: SOLE_MEMBER,
         })?;
         println!(
-            "{name}: bucket, graph replay median / p99 (µs, CUDA events), whole run median / p99 (µs, host)"
+            "{name} ({mode}): bucket, device median / p99 (µs, CUDA events), whole run median / p99 (µs, host)"
         );
         for (bucket, size) in buckets.sizes().iter().enumerate() {
             let mut device = Vec::with_capacity(1000);

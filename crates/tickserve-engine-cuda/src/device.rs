@@ -16,6 +16,8 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys};
 use tickserve_core::{EngineError, metrics as names};
 
+use crate::kernels::Compiled;
+
 /// A driver error as an [`EngineError`] the runtime can act on: out of
 /// memory, a device that is lost (a kernel fault, an uncorrectable ECC error,
 /// a destroyed context: nothing more runs on it until it is reset), or
@@ -49,7 +51,15 @@ fn account(ordinal: usize, add: usize, remove: usize) {
         .entry(ordinal)
         .or_default();
     *bytes = (*bytes + add).saturating_sub(remove);
-    metrics::gauge!(names::DEVICE_MEMORY, "device" => format!("gpu:{ordinal}")).set(*bytes as f64);
+    let device = format!("gpu:{ordinal}");
+    metrics::gauge!(names::DEVICE_MEMORY, "device" => device.clone()).set(*bytes as f64);
+    // The device's own count, beside ours: it sees the driver's and cuBLAS's
+    // allocations and other processes. Needs the owning context current, as
+    // every allocation and free here has.
+    if let Ok((free, total)) = result::mem_get_info() {
+        metrics::gauge!(names::DEVICE_MEMORY_USED, "device" => device)
+            .set(total.saturating_sub(free) as f64);
+    }
 }
 
 /// Device memory, zeroed at allocation.
@@ -251,13 +261,25 @@ impl Drop for GraphExec {
 pub struct Module(sys::CUmodule);
 
 impl Module {
-    /// Loads PTX text (the driver compiles it for the device).
-    pub fn load(ptx: &str) -> Result<Module, EngineError> {
-        let image = CString::new(ptx)
+    /// Loads the family's kernels: the CUBIN (machine code for this device),
+    /// else the PTX (the driver compiles it). Says which it loaded, and why
+    /// not the CUBIN.
+    pub fn load(compiled: &Compiled) -> Result<(Module, String), EngineError> {
+        let refused = match &compiled.cubin {
+            Some(cubin) => {
+                // SAFETY: `cubin` is an ELF image NVRTC wrote and outlives the call.
+                match unsafe { result::module::load_data(cubin.as_ptr().cast()) } {
+                    Ok(module) => return Ok((Module(module), "CUBIN".to_string())),
+                    Err(e) => format!("the driver refused the CUBIN ({e:?})"),
+                }
+            }
+            None => "NVRTC wrote no CUBIN".to_string(),
+        };
+        let image = CString::new(compiled.ptx.as_str())
             .map_err(|_| EngineError::Internal("PTX holds a NUL byte".to_string()))?;
         // SAFETY: `image` is NUL-terminated PTX and outlives the call.
         unsafe { result::module::load_data(image.as_ptr().cast()) }
-            .map(Module)
+            .map(|module| (Module(module), format!("PTX: {refused}")))
             .map_err(driver("loading the kernels"))
     }
 
@@ -302,7 +324,20 @@ impl Blas {
                 }
             }
         };
-        let handle = blas::create_handle().map_err(blas_error("cuBLAS handle"))?;
+        // SAFETY: only tries to dlopen libcublas; no symbol is called.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Err(EngineError::Unsupported(
+                "cuBLAS (libcublas.so.13) cannot be loaded: put the CUDA toolkit's lib64, or the \
+                 nvidia wheels' cu13/lib, on LD_LIBRARY_PATH"
+                    .to_string(),
+            ));
+        }
+        // cudarc panics when a symbol is missing (a cuBLAS older than its bindings).
+        let handle = std::panic::catch_unwind(blas::create_handle)
+            .map_err(|_| {
+                EngineError::Unsupported("cuBLAS loads but lacks what the engine calls".to_string())
+            })?
+            .map_err(blas_error("cuBLAS handle"))?;
         let workspace = DeviceMemory::zeroed(WORKSPACE_BYTES, ordinal)?;
         let blas = Blas {
             handle,

@@ -42,6 +42,11 @@ pub struct CudaOptions {
     /// Let cuBLAS use TF32 tensor cores for fp32 products (faster, about
     /// 1e-3 relative error); off by default.
     pub tf32: bool,
+    /// Run each bucket's recorded sequence directly on the stream, run by
+    /// run, instead of as a captured CUDA graph: the same products, kernels
+    /// and copies, with more launch overhead. For a driver where capture
+    /// fails; off by default.
+    pub eager: bool,
 }
 
 /// Compiles families for GPUs.
@@ -78,6 +83,15 @@ impl CudaEngine {
     pub fn compile(&self, request: &CudaCompileRequest<'_>) -> Result<CudaModel, EngineError> {
         let plan = &request.imported.plan;
         let device = format!("gpu:{}", request.ordinal);
+        // SAFETY: only tries to dlopen the driver; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(EngineError::Unsupported(format!(
+                "{device}: no CUDA driver (libcuda.so cannot be loaded)"
+            )));
+        }
+        if let Some(missing) = crate::probe::missing_libraries() {
+            return Err(EngineError::Unsupported(format!("{device}: {missing}")));
+        }
         let ctx = std::panic::catch_unwind(|| CudaContext::new(request.ordinal))
             .map_err(|_| {
                 EngineError::DeviceLost(format!("{device}: the CUDA driver could not be loaded"))
@@ -89,8 +103,9 @@ impl CudaEngine {
             .compute_capability()
             .map_err(driver("compute capability"))?;
         let (source, kernel_list) = kernels::module_source(plan);
-        let ptx = kernels::compile(&source, &format!("sm_{major}{minor}"))?;
-        let module = Module::load(&ptx)?;
+        let compiled = kernels::compile(&source, &format!("sm_{major}{minor}"))?;
+        let (module, loaded) = Module::load(&compiled)?;
+        tracing::debug!(family = request.family, %device, "kernels loaded as {loaded}");
         let functions = kernel_list
             .iter()
             .map(|k| module.function(&k.name))
@@ -125,31 +140,45 @@ impl CudaEngine {
             _module: module,
             ctx,
         };
+        // The first member's weights come first: the uncaptured warm-up run
+        // of each bucket reads them through the table.
+        model.add_weights(
+            request.first_member,
+            &request.imported.weights,
+            request.ordinal,
+        )?;
         for &size in request.buckets.sizes() {
-            let bucket = model.capture(size, request.ordinal)?;
+            let bucket = model
+                .bucket(
+                    size,
+                    request.ordinal,
+                    request.first_member,
+                    self.options.eager,
+                )
+                .map_err(|e| within(e, &format!("bucket {size}")))?;
             model.buckets_graphs.push(bucket);
             metrics::counter!(names::GRAPH_COMPILATIONS,
                 "family" => request.family.to_string(), "bucket" => size.to_string(),
                 "device" => model.device.clone())
             .increment(1);
         }
-        model.add_weights(
-            request.first_member,
-            &request.imported.weights,
-            request.ordinal,
-        )?;
         for bucket in 0..model.buckets_graphs.len() {
             model.run(bucket, request.first_member).map_err(|e| {
                 let size = request.buckets.sizes()[bucket];
-                match e {
-                    EngineError::Internal(m) => {
-                        EngineError::Internal(format!("warm-up of bucket {size}: {m}"))
-                    }
-                    other => other,
-                }
+                within(e, &format!("warm-up of bucket {size}"))
             })?;
         }
         Ok(model)
+    }
+}
+
+/// `e` with `context` before its message, of the same kind.
+fn within(e: EngineError, context: &str) -> EngineError {
+    match e {
+        EngineError::Internal(m) => EngineError::Internal(format!("{context}: {m}")),
+        EngineError::OutOfMemory(m) => EngineError::OutOfMemory(format!("{context}: {m}")),
+        EngineError::DeviceLost(m) => EngineError::DeviceLost(format!("{context}: {m}")),
+        other => other,
     }
 }
 
@@ -203,8 +232,12 @@ struct MemberWeights {
     pointers: Vec<u64>,
 }
 
-/// One bucket: its buffers and its captured graph.
+/// One bucket: its buffers and its captured graph (none when eager).
 struct BucketGraph {
+    /// Its batch rows.
+    rows: usize,
+    /// Where each value lives in the arena.
+    layout: Layout,
     /// Pinned mirror of the staging area: pointer table, then the inputs.
     staging: PinnedMemory,
     /// Pinned mirror of the outputs.
@@ -213,11 +246,12 @@ struct BucketGraph {
     inputs_at: Vec<(usize, usize)>,
     /// (offset, bytes) of each output in `outputs`.
     outputs_at: Vec<(usize, usize)>,
-    exec: GraphExec,
+    /// The captured graph; `None` runs the sequence on the stream each time.
+    exec: Option<GraphExec>,
     start: Event,
     end: Event,
     /// Freed after the graph (declared last).
-    _arena: DeviceMemory,
+    arena: DeviceMemory,
 }
 
 /// A family compiled on one GPU, owned by one executor thread.
@@ -258,6 +292,26 @@ impl Drop for CudaModel {
         // The fields free themselves in the context.
         let _ = self.ctx.bind_to_thread();
     }
+}
+
+/// Writes `member`'s row of weight pointers (from `members`, on `device`)
+/// into the head of `staging`, the pointer table.
+fn write_table(
+    members: &HashMap<MemberId, MemberWeights>,
+    device: &str,
+    staging: &mut PinnedMemory,
+    member: MemberId,
+) -> Result<(), EngineError> {
+    let pointers = &members
+        .get(&member)
+        .ok_or_else(|| {
+            EngineError::Internal(format!("member {member} has no weights on {device}"))
+        })?
+        .pointers;
+    for (entry, pointer) in staging.as_mut_slice().chunks_exact_mut(8).zip(pointers) {
+        entry.copy_from_slice(&pointer.to_le_bytes());
+    }
+    Ok(())
 }
 
 /// Where each value lives in a bucket's arena.
@@ -313,8 +367,16 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
 }
 
 impl CudaModel {
-    /// Allocates bucket `rows`' buffers and captures its graph.
-    fn capture(&mut self, rows: usize, ordinal: usize) -> Result<BucketGraph, EngineError> {
+    /// Allocates bucket `rows`' buffers, runs its sequence once uncaptured
+    /// with `member`'s weights (cuBLAS and the kernels initialise here, not
+    /// inside a capture) and, unless `eager`, captures it as a graph.
+    fn bucket(
+        &mut self,
+        rows: usize,
+        ordinal: usize,
+        member: MemberId,
+        eager: bool,
+    ) -> Result<BucketGraph, EngineError> {
         let plan = &self.plan;
         let layout = layout(plan, rows);
         let arena = DeviceMemory::zeroed(layout.total, ordinal)?;
@@ -325,8 +387,9 @@ impl CudaModel {
                 arena.write(offset, &[address(input), address(plan.steps[step].output)])?;
             }
         }
-        let staging = PinnedMemory::zeroed(layout.staging, true)?;
+        let mut staging = PinnedMemory::zeroed(layout.staging, true)?;
         let outputs = PinnedMemory::zeroed(layout.outputs.1, false)?;
+        write_table(&self.members, &self.device, &mut staging, member)?;
         let inputs_at = plan
             .inputs
             .iter()
@@ -343,6 +406,39 @@ impl CudaModel {
             })
             .collect();
 
+        self.record(&layout, base, &staging, &outputs, rows)
+            .map_err(|e| within(e, "the uncaptured run"))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| within(e, "the uncaptured run"))?;
+        let exec = if eager {
+            None
+        } else {
+            Some(self.capture(&layout, base, &staging, &outputs, rows)?)
+        };
+        Ok(BucketGraph {
+            rows,
+            layout,
+            staging,
+            outputs,
+            inputs_at,
+            outputs_at,
+            exec,
+            start: Event::new()?,
+            end: Event::new()?,
+            arena,
+        })
+    }
+
+    /// Captures the recorded sequence as a graph.
+    fn capture(
+        &self,
+        layout: &Layout,
+        base: sys::CUdeviceptr,
+        staging: &PinnedMemory,
+        outputs: &PinnedMemory,
+        rows: usize,
+    ) -> Result<GraphExec, EngineError> {
         let stream = &self.stream;
         // SAFETY: the stream is alive and idle; everything captured refers to
         // the arena and the pinned buffers, which live as long as the graph.
@@ -353,23 +449,15 @@ impl CudaModel {
             )
         }
         .map_err(driver("beginning the graph capture"))?;
-        let captured = self.record(&layout, base, &staging, &outputs, rows);
+        let captured = self.record(layout, base, staging, outputs, rows);
         // End the capture even when recording failed, so the stream is usable.
         let exec = GraphExec::end_capture(stream);
         captured?;
-        Ok(BucketGraph {
-            staging,
-            outputs,
-            inputs_at,
-            outputs_at,
-            exec: exec?,
-            start: Event::new()?,
-            end: Event::new()?,
-            _arena: arena,
-        })
+        exec
     }
 
-    /// Records one bucket's forward pass on the capturing stream.
+    /// Records one bucket's forward pass on the stream (capturing, or not:
+    /// then it runs).
     fn record(
         &self,
         layout: &Layout,
@@ -546,19 +634,14 @@ impl CompiledModel for CudaModel {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
-        let pointers = &self
-            .members
-            .get(&member)
-            .ok_or_else(|| {
-                EngineError::Internal(format!("member {member} has no weights on {}", self.device))
-            })?
-            .pointers;
         let b = &mut self.buckets_graphs[bucket];
-        for (entry, pointer) in b.staging.as_mut_slice().chunks_exact_mut(8).zip(pointers) {
-            entry.copy_from_slice(&pointer.to_le_bytes());
-        }
+        write_table(&self.members, &self.device, &mut b.staging, member)?;
+        let b = &self.buckets_graphs[bucket];
         b.start.record(&self.stream)?;
-        b.exec.launch(&self.stream)?;
+        match &b.exec {
+            Some(exec) => exec.launch(&self.stream)?,
+            None => self.record(&b.layout, b.arena.ptr, &b.staging, &b.outputs, b.rows)?,
+        }
         b.end.record(&self.stream)?;
         b.end.synchronize()?;
         let ms = b.start.elapsed_ms(&b.end)?;

@@ -254,32 +254,116 @@ pub fn module_source(plan: &Plan) -> (String, Vec<Kernel>) {
     (source, kernels)
 }
 
-/// Compiles `source` to PTX with NVRTC for `arch` (`sm_90`); fails with
-/// NVRTC's log, or if NVRTC cannot be loaded.
-pub fn compile(source: &str, arch: &str) -> Result<String, EngineError> {
+/// A family's kernels as NVRTC compiled them.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// Machine code for the device's architecture (an ELF CUBIN): loaded
+    /// first, so the driver has nothing to compile (no PTX JIT at load, no
+    /// dependence on the driver's PTX version).
+    pub cubin: Option<Vec<u8>>,
+    /// The PTX: loaded where the CUBIN is missing or refused.
+    pub ptx: String,
+}
+
+/// The options every kernel compiles with: accuracy as ONNX Runtime's (no
+/// fast math, no flush to zero, IEEE division and square root).
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--ftz=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--prec-sqrt=true".to_string(),
+        "--fmad=true".to_string(),
+    ]
+}
+
+/// Compiles `source` with NVRTC for `arch` (a real architecture, `sm_90`):
+/// its CUBIN and its PTX. Fails with NVRTC's log, or if NVRTC cannot be
+/// loaded.
+pub fn compile(source: &str, arch: &str) -> Result<Compiled, EngineError> {
+    use cudarc::nvrtc::{result as nvrtc, sys};
     // SAFETY: only tries to dlopen libnvrtc; no symbol is called.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if !unsafe { sys::is_culib_present() } {
         return Err(EngineError::Internal(
             "NVRTC (libnvrtc.so) cannot be loaded: install the CUDA toolkit's NVRTC or put \
              its directory on LD_LIBRARY_PATH"
                 .to_string(),
         ));
     }
-    let options = cudarc::nvrtc::CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}")],
-        // Accuracy as ONNX Runtime's: no fast math, no flush to zero.
-        use_fast_math: Some(false),
-        ftz: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        fmad: Some(true),
-        ..Default::default()
+    let failed = |what: &str, e: nvrtc::NvrtcError| {
+        EngineError::Internal(format!(
+            "NVRTC failed to {what} the family's kernels: {e:?}"
+        ))
     };
-    cudarc::nvrtc::compile_ptx_with_opts(source, options)
-        .map(|ptx| ptx.to_src())
-        .map_err(|e| {
-            EngineError::Internal(format!(
-                "NVRTC failed to compile the family's kernels: {e:?}"
-            ))
-        })
+    let text = std::ffi::CString::new(source)
+        .map_err(|_| EngineError::Internal("kernel source holds a NUL byte".to_string()))?;
+    let program = nvrtc::create_program(&text, None).map_err(|e| failed("create", e))?;
+    // SAFETY: `program` was created just above and is destroyed once below;
+    // `text` outlives it.
+    let compiled = unsafe {
+        let result = compile_program(program, arch);
+        let _ = nvrtc::destroy_program(program);
+        result
+    };
+    compiled.map_err(|(what, e, log)| {
+        EngineError::Internal(format!(
+            "NVRTC failed to {what} the family's kernels: {e:?}{}{log}",
+            if log.is_empty() { "" } else { "\n" }
+        ))
+    })
+}
+
+/// Compiles `program` and takes its PTX and CUBIN.
+///
+/// # Safety
+///
+/// `program` must be a live NVRTC program.
+unsafe fn compile_program(
+    program: cudarc::nvrtc::sys::nvrtcProgram,
+    arch: &str,
+) -> Result<Compiled, (&'static str, cudarc::nvrtc::result::NvrtcError, String)> {
+    use cudarc::nvrtc::{result as nvrtc, sys};
+    let log = || {
+        // SAFETY: the caller's program is live.
+        unsafe { nvrtc::get_program_log(program) }
+            .map(|raw| {
+                let bytes: Vec<u8> = raw
+                    .iter()
+                    .map(|&c| c as u8)
+                    .take_while(|&b| b != 0)
+                    .collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default()
+    };
+    // SAFETY: the caller's program is live.
+    unsafe { nvrtc::compile_program(program, &options(arch)) }
+        .map_err(|e| ("compile", e, log()))?;
+    // SAFETY: compiled just above.
+    let raw = unsafe { nvrtc::get_ptx(program) }.map_err(|e| ("take the PTX of", e, log()))?;
+    let bytes: Vec<u8> = raw
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    let ptx = String::from_utf8_lossy(&bytes).into_owned();
+    let mut size = 0usize;
+    // SAFETY: compiled just above; `cubin` is as long as NVRTC says.
+    let cubin = unsafe {
+        sys::nvrtcGetCUBINSize(program, &mut size)
+            .result()
+            .ok()
+            .and_then(|()| {
+                let mut cubin = vec![0u8; size];
+                (size > 0)
+                    .then_some(())
+                    .and_then(|()| {
+                        sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast())
+                            .result()
+                            .ok()
+                    })
+                    .map(|()| cubin)
+            })
+    };
+    Ok(Compiled { cubin, ptx })
 }

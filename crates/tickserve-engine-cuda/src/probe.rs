@@ -1,9 +1,12 @@
 //! What CUDA this machine has, found once at startup without panicking.
 //!
-//! cudarc loads `libcuda` lazily and panics when it is missing, so the probe
-//! first asks whether the library can be loaded at all
-//! (`is_culib_present`), and only then counts the devices. The server logs
-//! the result in one line and places `auto` models accordingly.
+//! cudarc loads its libraries lazily and panics when one is missing, so the
+//! probe first asks whether each can be loaded at all (`is_culib_present`):
+//! the driver (`libcuda`), then the two the engine compiles with (cuBLAS and
+//! NVRTC), and only then counts the devices. A machine whose driver works but
+//! lacks cuBLAS or NVRTC has no usable GPU: `auto` models run on the CPU and
+//! a model placed on `gpu:N` stops the start, each saying which library is
+//! missing. The server logs the result in one line.
 
 /// One CUDA device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +34,9 @@ impl Gpus {
         // SAFETY: only tries to dlopen the driver library; no symbol is called.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Gpus::Absent("no CUDA driver (libcuda.so cannot be loaded)".to_string());
+        }
+        if let Some(missing) = missing_libraries() {
+            return Gpus::Absent(missing);
         }
         match std::panic::catch_unwind(list_devices) {
             Ok(Ok(devices)) if devices.is_empty() => {
@@ -61,6 +67,36 @@ impl Gpus {
                 .join(", "),
         }
     }
+}
+
+/// The libraries the engine needs beside the driver that cannot be loaded,
+/// as one sentence; `None` when both load.
+pub fn missing_libraries() -> Option<String> {
+    // SAFETY: each only tries to dlopen its library; no symbol is called.
+    let found = unsafe {
+        [
+            (
+                "cuBLAS (libcublas.so.13)",
+                cudarc::cublas::sys::is_culib_present(),
+            ),
+            (
+                "NVRTC (libnvrtc.so.13)",
+                cudarc::nvrtc::sys::is_culib_present(),
+            ),
+        ]
+    };
+    let missing: Vec<&str> = found
+        .iter()
+        .filter(|(_, present)| !present)
+        .map(|(name, _)| *name)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "the CUDA driver loads but {} cannot be loaded (put the CUDA toolkit's lib64, or the \
+             nvidia wheels' cu13/lib, on LD_LIBRARY_PATH)",
+            missing.join(" and ")
+        )
+    })
 }
 
 fn list_devices() -> Result<Vec<GpuInfo>, cudarc::driver::DriverError> {
@@ -95,6 +131,24 @@ mod tests {
                 assert!(gpus.describe().contains("CPU"));
             }
             Gpus::Present(devices) => assert!(!devices.is_empty()),
+        }
+    }
+
+    /// This machine has NVRTC (`.local/lib`, from scripts/setup.sh) and no
+    /// cuBLAS: the probe's sentence names what is missing and where to put it.
+    #[test]
+    fn a_missing_cublas_is_named_not_a_panic() {
+        // SAFETY: only tries to dlopen the library.
+        let cublas = unsafe { cudarc::cublas::sys::is_culib_present() };
+        match missing_libraries() {
+            Some(reason) => {
+                assert!(!cublas || reason.contains("NVRTC"), "{reason}");
+                if !cublas {
+                    assert!(reason.contains("libcublas.so.13"), "{reason}");
+                }
+                assert!(reason.contains("LD_LIBRARY_PATH"), "{reason}");
+            }
+            None => assert!(cublas),
         }
     }
 }

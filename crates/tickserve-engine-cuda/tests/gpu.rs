@@ -2,8 +2,9 @@
 //! docs/cuda.md): every bucket of `alpha_mlp`, the `cuda_ops`
 //! fixture and every `tick_*` member (one family graph, members swapped by
 //! pointer, run by run) gives what ONNX Runtime gives on the CPU within 1e-5
-//! relative, on fresh random inputs; compiling made one graph per bucket and
-//! running made none.
+//! relative, on fresh random inputs, with CUDA graphs and eagerly; the
+//! compilations counter moved once per bucket at compile and never while
+//! running.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -15,7 +16,9 @@ use tickserve_onnx::OnnxModel;
 
 mod common;
 
-use common::{read, root, try_fixtures};
+use common::{fixtures, read, root};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tickserve_core::metrics as names;
 
 fn buckets() -> Buckets {
     Buckets::new(&[1, 2, 4, 8, 16, 32, 64], None).unwrap()
@@ -90,13 +93,27 @@ fn compare(
     }
 }
 
-fn gpu_engine() -> CudaEngine {
+fn gpu_engine(eager: bool) -> CudaEngine {
     assert!(
         !Gpus::probe().devices().is_empty(),
         "no GPU: {}",
         Gpus::probe().describe()
     );
-    CudaEngine::new(CudaOptions::default())
+    CudaEngine::new(CudaOptions { tf32: false, eager })
+}
+
+/// The graph compilations counted so far, every label together.
+fn compilations(snapshotter: &Snapshotter) -> u64 {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .iter()
+        .filter(|(key, ..)| key.key().name() == names::GRAPH_COMPILATIONS)
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
 }
 
 fn ort_engine() -> OrtEngine {
@@ -109,47 +126,67 @@ fn ort_engine() -> OrtEngine {
     .unwrap()
 }
 
+/// `alpha_mlp` and the every-op fixture, compiled with CUDA graphs or
+/// `eager`, against ONNX Runtime in every bucket; compilations counted once
+/// per bucket at compile, none while running.
+fn alpha_mlp_and_every_op(eager: bool) {
+    let cuda = gpu_engine(eager);
+    let ort = ort_engine();
+    let dir = fixtures();
+    let paths = [
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        dir.path().join("cuda_ops/1/model.onnx"),
+    ];
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut seed = 1;
+    metrics::with_local_recorder(&recorder, || {
+        for path in paths {
+            let model = read(&path);
+            let signature = model.signature(&ModelConfig::default()).unwrap();
+            let imported = import(&model, &signature.inputs, None).unwrap();
+            let before = compilations(&snapshotter);
+            let mut gpu = cuda
+                .compile(&CudaCompileRequest {
+                    family: "test",
+                    imported: &imported,
+                    signature: &signature,
+                    buckets: &buckets(),
+                    ordinal: 0,
+                    first_member: SOLE_MEMBER,
+                })
+                .unwrap();
+            let compiled = compilations(&snapshotter);
+            assert_eq!(compiled - before, buckets().sizes().len() as u64);
+            let mut cpu = ort_model(&ort, &model);
+            compare(
+                &mut gpu,
+                SOLE_MEMBER,
+                &mut cpu,
+                &format!("{} (eager: {eager})", path.display()),
+                &mut seed,
+            );
+            assert_eq!(compilations(&snapshotter), compiled, "running compiled");
+        }
+    });
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn alpha_mlp_and_every_op_match_onnx_runtime_in_every_bucket() {
-    let cuda = gpu_engine();
-    let ort = ort_engine();
-    let mut paths = vec![root().join("config/models/alpha_mlp/1/model.onnx")];
-    // The fixture needs Python with onnx; the GPU machine may have none.
-    let dir = try_fixtures();
-    if let Some(dir) = &dir {
-        paths.push(dir.path().join("cuda_ops/1/model.onnx"));
-    }
-    let mut seed = 1;
-    for path in paths {
-        let model = read(&path);
-        let signature = model.signature(&ModelConfig::default()).unwrap();
-        let imported = import(&model, &signature.inputs, None).unwrap();
-        let mut gpu = cuda
-            .compile(&CudaCompileRequest {
-                family: "test",
-                imported: &imported,
-                signature: &signature,
-                buckets: &buckets(),
-                ordinal: 0,
-                first_member: SOLE_MEMBER,
-            })
-            .unwrap();
-        let mut cpu = ort_model(&ort, &model);
-        compare(
-            &mut gpu,
-            SOLE_MEMBER,
-            &mut cpu,
-            &path.display().to_string(),
-            &mut seed,
-        );
-    }
+    alpha_mlp_and_every_op(false);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn eagerly_too() {
+    alpha_mlp_and_every_op(true);
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn every_tick_member_through_one_family_graph_matches_onnx_runtime() {
-    let cuda = gpu_engine();
+    let cuda = gpu_engine(false);
     let ort = ort_engine();
     let path = |m: usize| root().join(format!("config/models/tick_{m:03}/1/model.onnx"));
     let first = read(&path(0));

@@ -6,37 +6,17 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel};
 use tickserve_engine_cuda::plan::Op;
 use tickserve_engine_cuda::{arrange, import, reference};
 use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
-use tickserve_onnx::OnnxModel;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
-fn read(path: &Path) -> OnnxModel {
-    OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap()
-}
-
-fn fixtures() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(root().join(".venv/bin/python"))
-        .arg(root().join("scripts/make_models.py"))
-        .arg("--fixtures")
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "make_models.py --fixtures (run scripts/setup.sh first)"
-    );
-    dir
-}
+use common::{fixtures, read, root};
 
 /// Deterministic pseudo-random floats in [-2, 2).
 fn random_rows(seed: u64, len: usize) -> Vec<f32> {

@@ -31,6 +31,17 @@ pub struct Engines {
     gpus: Arc<Gpus>,
 }
 
+/// One replica's place: its device, and whether `auto` chose it (a GPU that
+/// `auto` chose gives way to the CPU when the model fails to compile there;
+/// a GPU the configuration names does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    /// The device.
+    pub device: Device,
+    /// Chosen by `auto`.
+    pub auto: bool,
+}
+
 /// Where a replica compiles: its device and the engine for it.
 #[derive(Debug, Clone)]
 pub struct Choice {
@@ -59,6 +70,7 @@ impl Engines {
             cpu: Arc::new(ort),
             gpu: Arc::new(CudaEngine::new(CudaOptions {
                 tf32: config.runtime.cuda_tf32,
+                eager: config.runtime.cuda_eager,
             })),
             gpus: Arc::new(gpus),
         })
@@ -76,7 +88,7 @@ impl Engines {
 
     /// The devices of a model placed on `placements` (its `devices`, or the
     /// server's), one per replica; see [`replicas`].
-    pub fn replicas(&self, placements: &[Placement]) -> Result<Vec<Device>, String> {
+    pub fn replicas(&self, placements: &[Placement]) -> Result<Vec<Placed>, String> {
         replicas(placements, &self.gpus)
     }
 
@@ -117,21 +129,29 @@ impl Engines {
 /// The replicas of a model placed on `placements` on a machine with `gpus`:
 /// `auto` is a replica on every GPU, or the CPU where there is none; an entry
 /// twice is two replicas; a GPU that is not there is an error saying why.
-pub fn replicas(placements: &[Placement], gpus: &Gpus) -> Result<Vec<Device>, String> {
+pub fn replicas(placements: &[Placement], gpus: &Gpus) -> Result<Vec<Placed>, String> {
     if placements.is_empty() {
         return Err("devices must name at least one device".to_string());
     }
+    let named = |device| Placed {
+        device,
+        auto: false,
+    };
     let mut devices = Vec::new();
     for placement in placements {
         match placement {
-            Placement::Cpu => devices.push(Device::Cpu),
-            Placement::Auto if gpus.devices().is_empty() => devices.push(Device::Cpu),
-            Placement::Auto => {
-                devices.extend(gpus.devices().iter().map(|g| Device::Gpu(g.ordinal)))
-            }
+            Placement::Cpu => devices.push(named(Device::Cpu)),
+            Placement::Auto if gpus.devices().is_empty() => devices.push(Placed {
+                device: Device::Cpu,
+                auto: true,
+            }),
+            Placement::Auto => devices.extend(gpus.devices().iter().map(|g| Placed {
+                device: Device::Gpu(g.ordinal),
+                auto: true,
+            })),
             Placement::Gpu(n) => match gpus {
                 Gpus::Present(found) if found.iter().any(|g| g.ordinal == *n) => {
-                    devices.push(Device::Gpu(*n));
+                    devices.push(named(Device::Gpu(*n)));
                 }
                 Gpus::Present(found) => {
                     return Err(format!(
@@ -166,13 +186,20 @@ mod tests {
         )
     }
 
+    fn devices(placements: &[Placement], gpus: &Gpus) -> Result<Vec<(Device, bool)>, String> {
+        replicas(placements, gpus).map(|r| r.iter().map(|p| (p.device, p.auto)).collect())
+    }
+
     #[test]
     fn auto_is_every_gpu_or_the_cpu() {
         let none = Gpus::Absent("no CUDA driver".into());
-        assert_eq!(replicas(&[Placement::Auto], &none), Ok(vec![Device::Cpu]));
         assert_eq!(
-            replicas(&[Placement::Auto], &two_gpus()),
-            Ok(vec![Device::Gpu(0), Device::Gpu(1)])
+            devices(&[Placement::Auto], &none),
+            Ok(vec![(Device::Cpu, true)])
+        );
+        assert_eq!(
+            devices(&[Placement::Auto], &two_gpus()),
+            Ok(vec![(Device::Gpu(0), true), (Device::Gpu(1), true)])
         );
     }
 
@@ -180,8 +207,12 @@ mod tests {
     fn an_entry_twice_is_two_replicas_on_that_device() {
         let placements = [Placement::Gpu(1), Placement::Gpu(1), Placement::Cpu];
         assert_eq!(
-            replicas(&placements, &two_gpus()),
-            Ok(vec![Device::Gpu(1), Device::Gpu(1), Device::Cpu])
+            devices(&placements, &two_gpus()),
+            Ok(vec![
+                (Device::Gpu(1), false),
+                (Device::Gpu(1), false),
+                (Device::Cpu, false)
+            ])
         );
     }
 

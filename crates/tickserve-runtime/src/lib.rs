@@ -399,7 +399,7 @@ impl Runtime {
         let mut candidates = Vec::with_capacity(versions.len() * devices.len());
         for (version, onnx_path) in versions {
             let shared_by_replicas = Arc::new(OnceLock::new());
-            for (replica, &device) in devices.iter().enumerate() {
+            for (replica, placed) in devices.iter().enumerate() {
                 candidates.push(Candidate {
                     name: name.to_string(),
                     version,
@@ -407,7 +407,8 @@ impl Runtime {
                     onnx_path: onnx_path.clone(),
                     config: config.clone(),
                     replica,
-                    device,
+                    device: placed.device,
+                    auto: placed.auto,
                     shared_by_replicas: Arc::clone(&shared_by_replicas),
                 });
             }

@@ -54,6 +54,9 @@ pub struct Candidate {
     /// Where this replica is placed (it runs on the CPU instead when its
     /// GPU's engine lacks an op).
     pub device: Device,
+    /// `auto` placed it: where its GPU fails to compile it, it runs on the
+    /// CPU instead (a GPU the configuration names fails the load).
+    pub auto: bool,
     /// The version's statistics and queue count, shared by its replicas
     /// (made by the first replica to load).
     pub shared_by_replicas: Arc<OnceLock<Version>>,
@@ -129,6 +132,9 @@ struct Founding {
     links: FamilyLinks,
     reports: Vec<LoadReport>,
     spawn_error: Option<String>,
+    /// What the executors compile: kept to compile again on the CPU when a
+    /// GPU that `auto` chose fails.
+    input: Arc<CompileInput>,
 }
 
 /// Loads versions into the runtime's families.
@@ -352,6 +358,7 @@ impl Loader<'_> {
             links,
             reports,
             spawn_error,
+            input,
         };
         let first = First {
             candidate: first.candidate,
@@ -410,10 +417,51 @@ impl Loader<'_> {
                     digest: first.digest,
                 })
             }
+            (Some(reason), _) if first.candidate.auto && f.device != Device::Cpu => {
+                return self.fall_back(f.input, f.group, f.family, first, &reason);
+            }
             (Some(reason), _) => Err(reason),
             (None, None) => Err("no executor compiled".to_string()),
         };
         (first.candidate, outcome)
+    }
+
+    /// Founds the family again on the CPU, after the GPU that `auto` chose
+    /// failed to compile it with `reason`.
+    fn fall_back(
+        &self,
+        input: Arc<CompileInput>,
+        group: String,
+        family: String,
+        mut first: First,
+        reason: &str,
+    ) -> Outcome {
+        tracing::warn!(
+            model = %first.candidate.name,
+            device = %first.candidate.device,
+            "runs on ONNX Runtime on the CPU instead: compiling on the GPU failed: {reason}"
+        );
+        first.candidate.device = Device::Cpu;
+        let input = Arc::try_unwrap(input).unwrap_or_else(|shared| CompileInput {
+            family_key: shared.family_key.clone(),
+            graph: shared.graph.clone(),
+            buckets: shared.buckets.clone(),
+            weights: shared.weights.clone(),
+            device: shared.device,
+            engine: Arc::clone(&shared.engine),
+        });
+        let parsed = Parsed {
+            candidate: first.candidate,
+            started: first.started,
+            settings: first.settings,
+            family,
+            group,
+            graph: input.graph,
+            weights: input.weights,
+            digest: first.digest,
+        };
+        let (founding, first) = self.found(parsed);
+        self.finish(founding, first)
     }
 }
 

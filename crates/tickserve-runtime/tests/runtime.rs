@@ -401,7 +401,9 @@ async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
     let gpu = std::sync::Arc::new(runtime_with(|c| {
         c.model_defaults.devices = vec![Placement::Gpu(0), Placement::Gpu(0)];
     }));
-    let cpu = sample_runtime();
+    // The reference runs on the CPU by name: `auto` is the GPU on this machine.
+    let cpu = runtime_with(|c| c.model_defaults.devices = vec![Placement::Cpu]);
+    assert_eq!(cpu.model("alpha_mlp", None).unwrap().device, "cpu");
     assert!(gpu.all_ready());
     assert_eq!(gpu.model("alpha_mlp", None).unwrap().device, "gpu:0,gpu:0");
     assert_eq!(gpu.model("seq_lstm", None).unwrap().device, "cpu,cpu");

@@ -20,19 +20,43 @@ pub fn read(path: &Path) -> OnnxModel {
     OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap()
 }
 
-/// `scripts/make_models.py --fixtures` into a temporary directory; `None`
-/// where Python with onnx is missing (the GPU machine).
-pub fn try_fixtures() -> Option<tempfile::TempDir> {
+/// The Python that writes the fixtures: `TICKSERVE_PYTHON`, else the
+/// project's `.venv` (scripts/setup.sh), else `python3` (the GPU machine's,
+/// which has onnx and numpy).
+pub fn python() -> PathBuf {
+    if let Some(python) = std::env::var_os("TICKSERVE_PYTHON") {
+        return python.into();
+    }
+    let venv = root().join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// `scripts/make_models.py --fixtures` into a temporary directory; fails the
+/// test, saying which Python it ran, where that Python lacks onnx or numpy
+/// (run scripts/setup.sh, or set `TICKSERVE_PYTHON`).
+pub fn fixtures() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(root().join(".venv/bin/python"))
+    let python = python();
+    let output = std::process::Command::new(&python)
         .arg(root().join("scripts/make_models.py"))
         .arg("--fixtures")
         .arg(dir.path())
-        .status();
-    status.is_ok_and(|s| s.success()).then_some(dir)
-}
-
-/// The fixtures; fails the test without them (run scripts/setup.sh first).
-pub fn fixtures() -> tempfile::TempDir {
-    try_fixtures().expect("make_models.py --fixtures (run scripts/setup.sh first)")
+        .output();
+    match output {
+        Ok(out) if out.status.success() => dir,
+        Ok(out) => panic!(
+            "{} scripts/make_models.py --fixtures failed (run scripts/setup.sh, or set \
+             TICKSERVE_PYTHON to a Python with onnx and numpy): {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!(
+            "{} cannot run (run scripts/setup.sh, or set TICKSERVE_PYTHON): {e}",
+            python.display()
+        ),
+    }
 }
