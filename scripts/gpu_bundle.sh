@@ -1,25 +1,49 @@
 #!/usr/bin/env bash
 # Builds what the GPU machine runs (it has no Rust toolchain and no network)
 # into .gpu/ (git-ignored, stripped, under the device tool's 64 MiB carry):
-#   .gpu/tickserve                 the server (release)
+#   .gpu/tickserve                      the server (release)
 #   .gpu/gpu-engine, .gpu/gpu-runtime   the --ignored GPU tests (release)
-#   .gpu/graph_replay              the graph replay benchmark
-# Carry .gpu and .local/lib/libonnxruntime.so.1.31.1, then run scripts/gpu_run.sh there.
+#   .gpu/graph_replay                   the graph replay benchmark
+#   .gpu/perf_analyzer-*.whl            Triton's perf_analyzer (manylinux_2_38: runs natively there)
+#   .gpu/BUILD                          the commit built, whether the tree was clean, the highest
+#                                       glibc symbol the binaries need
+# Then carry .gpu and .local/lib/libonnxruntime.so.1.31.1 and run scripts/gpu_check.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .gpu
-exe() { # the test/bench executable cargo reports for a target
+
+# The executable of one test or bench target, picked by its name from cargo's
+# artifact messages (a package builds several; the last line is not the one).
+exe() { # NAME CARGO-ARGS...
+  local name=$1
+  shift
   cargo "$@" --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] is not None:
-        print(m["executable"])' | tail -1
+    python3 -c 'import json, sys
+name = sys.argv[1]
+found = [m["executable"] for m in map(json.loads, sys.stdin)
+         if m.get("reason") == "compiler-artifact" and m.get("executable")
+         and m["target"]["name"] == name]
+if len(found) != 1:
+    sys.exit(f"{name}: {len(found)} executables built")
+print(found[0])' "$name"
 }
+
 cargo build --release -p tickserve-server
 cp target/release/tickserve .gpu/tickserve
-cp "$(exe test --release -p tickserve-engine-cuda --test gpu)" .gpu/gpu-engine
-cp "$(exe test --release -p tickserve-runtime --test runtime)" .gpu/gpu-runtime
-cp "$(exe bench -p tickserve-engine-cuda --bench graph_replay)" .gpu/graph_replay
-strip .gpu/*
+cp "$(exe gpu test --release -p tickserve-engine-cuda --test gpu)" .gpu/gpu-engine
+cp "$(exe runtime test --release -p tickserve-runtime --test runtime)" .gpu/gpu-runtime
+cp "$(exe graph_replay bench -p tickserve-engine-cuda --bench graph_replay)" .gpu/graph_replay
+strip .gpu/tickserve .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay
+if ! ls .gpu/perf_analyzer-*.whl >/dev/null 2>&1; then
+  .venv/bin/pip download --quiet --no-deps --only-binary=:all: \
+    --platform manylinux_2_38_x86_64 perf-analyzer==2.60.0 -d .gpu
+fi
+
+glibc=$(for f in .gpu/tickserve .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay; do
+  objdump -T "$f" | grep -o 'GLIBC_[0-9.]*'
+done | sort -t. -k1,1 -k2,2n -u | tail -1)
+dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with uncommitted changes)" || true)
+printf 'commit %s%s\nbuilt %s\nglibc needed %s\n' \
+  "$(git rev-parse HEAD)" "$dirty" "$(date -u +%Y-%m-%dT%H:%MZ)" "$glibc" >.gpu/BUILD
+cat .gpu/BUILD
 du -ch .gpu/* .local/lib/libonnxruntime.so.1.31.1 | tail -1

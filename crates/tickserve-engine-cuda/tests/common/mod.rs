@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tickserve_onnx::OnnxModel;
 
-/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
+/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_check.sh, where
 /// the test executables run from another checkout), else this checkout.
 pub fn root() -> PathBuf {
     std::env::var_os("TICKSERVE_ROOT")

@@ -16,7 +16,7 @@ use tickserve_core::{
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tickserve_onnx::ModelGraph;
 
-/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_run.sh, where
+/// The repository root: `TICKSERVE_ROOT` (set by scripts/gpu_check.sh, where
 /// the test executables run from another checkout), else this checkout.
 pub fn root() -> PathBuf {
     std::env::var_os("TICKSERVE_ROOT")

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The GPU check: one command on the GPU machine that returns every figure the GPU half
+# of tickserve needs, each step under its own timeout, the whole under GPU_CHECK_SECONDS
+# (450), a partial run still leaving its figures. Everything it writes is under $OUT
+# (8 files): summary.md, env.log, engine.log, replay.log, e2e.log, families.log, lstm.log,
+# mem.csv.
+#
+# Here, first (builds .gpu/, then a dry run: the GPU steps fail fast, the server phases
+# run on the CPU):
+#   scripts/gpu_bundle.sh && OUT=/tmp/dry bash scripts/gpu_check.sh
+# There (the device tool; carry .gpu and .local/lib/libonnxruntime.so.1.31.1, never .local):
+#   bash scripts/gpu_check.sh
+#
+# Steps: 1 machine and libraries, 2 `tickserve check`, 3 correctness against ONNX Runtime
+# on the CPU (engine tests, then every GPU model through the server at 1..64 and 3, 5, 13,
+# 33, 65 rows), 4 graph replay per bucket, 5 perf_analyzer gRPC and HTTP at c1 and c16 on
+# gpu:0 and on the CPU, 6 a family of 128 members under 16 clients, 7 two replicas on
+# gpu:0, 8 an LSTM step in a CUDA graph (PyTorch) beside ONNX Runtime on the CPU.
+# Needs Python 3 with numpy and onnx (torch and onnxruntime for step 8): TICKSERVE_PYTHON,
+# else /opt/torch/.venv/bin/python, else .venv/bin/python, else python3.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+cap=${GPU_CHECK_SECONDS:-450}
+start=$SECONDS
+work=$(mktemp -d /tmp/gpu-check-work.XXXXXX)
+smi_pid=
+cleanup() {
+  [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+steps="$work/steps.md"
+figures="$work/figures.md"
+: >"$steps"
+: >"$figures"
+bin=.gpu
+[ -x "$bin/tickserve" ] || chmod +x "$bin"/* 2>/dev/null
+export TICKSERVE_ROOT=$root
+export TICKSERVE_ONNXRUNTIME_LIBRARY=$root/.local/lib/libonnxruntime.so.1.31.1
+export TICKSERVE_BIN=$root/$bin/tickserve
+export RUST_LOG=${RUST_LOG:-info}
+
+write_summary() {
+  {
+    echo "# GPU check"
+    echo
+    echo "Device: ${device_name:-none}; driver ${driver:-none}; build: $(head -1 $bin/BUILD 2>/dev/null || echo 'no .gpu/BUILD')"
+    echo "Run $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - start)) s of $cap s; mode: $mode"
+    echo
+    cat "$work/env.txt" 2>/dev/null
+    echo
+    echo "| step | status | time | log |"
+    echo "| --- | --- | --- | --- |"
+    cat "$steps"
+    echo
+    echo "| figure | value | against | result |"
+    echo "| --- | --- | --- | --- |"
+    cat "$figures"
+    if [ -s "$OUT/replay.log" ]; then
+      echo
+      echo '```'
+      grep -E '^(device|  |[a-z_0-9]+ \()' "$OUT/replay.log"
+      echo '```'
+    fi
+  } >"$OUT/summary.md"
+}
+
+# step NAME SECONDS LOG COMMAND...: COMMAND under `timeout` (SECONDS, or what is left of
+# the check), its output appended to LOG, its status in the steps table and its SUMMARY
+# lines in the figures table; summary.md rewritten after every step.
+step() {
+  local name=$1 limit=$2 logname=$3 log=$OUT/$3
+  shift 3
+  local left=$((cap - (SECONDS - start) - 5))
+  if [ "$left" -lt 10 ]; then
+    echo "| $name | skipped: the check's $cap s were spent | | |" >>"$steps"
+    write_summary
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s, $(date -u +%T))" >>"$log"
+  timeout -k 5 "$limit" "$@" >"$work/step.out" 2>&1
+  local rc=$?
+  cat "$work/step.out" >>"$log"
+  sed -n 's/^SUMMARY //p' "$work/step.out" >>"$figures"
+  local status=ok
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && status="TIMED OUT after ${limit}s"
+  [ "$rc" -ne 0 ] && [ "$status" = ok ] && status="FAILED (exit $rc)"
+  echo "| $name | $status | $((SECONDS - t0)) s | $logname |" >>"$steps"
+  write_summary
+}
+
+# 1. The machine and its libraries, in the main shell (the loader path it sets is used
+#    by every later step).
+mode="GPU"
+{
+  echo "=== 1. machine and libraries ($(date -u +%T))"
+  cat $bin/BUILD 2>/dev/null || echo "no $bin/BUILD: run scripts/gpu_bundle.sh first"
+  ldd --version 2>&1 | head -1
+  if command -v nvidia-smi >/dev/null && timeout 15 nvidia-smi -L; then
+    IFS=, read -r device_name driver <<<"$(timeout 10 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+    driver=${driver# }
+  else
+    echo "no GPU (nvidia-smi missing or failing): a dry run, the server phases on the CPU"
+    mode="dry run (no GPU): server phases on the CPU"
+  fi
+  # cuBLAS and NVRTC 13: the toolkit's folders, then any Python's nvidia wheels.
+  libdirs=$(timeout 20 find /usr/local /usr/lib /opt /root/.local /usr/lib64 -xdev \
+    \( -name 'libcublas.so.13' -o -name 'libnvrtc.so.13' -o -name 'libcublasLt.so.13' \) \
+    -not -path '*/stubs/*' -printf '%h\n' 2>/dev/null | sort -u)
+  echo "found cuBLAS/NVRTC 13 in: ${libdirs:-nowhere}"
+  clean=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep -v -e stubs -e '^$' | paste -sd:)
+  export LD_LIBRARY_PATH=$(printf '%s\n' $libdirs | paste -sd:)${clean:+:$clean}:$root/.local/lib
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for lib in libcuda.so.1 libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13; do
+    python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2>/dev/null &&
+      echo "loads: $lib" || echo "MISSING: $lib"
+  done
+  python3 - <<'EOF'
+import ctypes
+try:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    ctypes.CDLL("libnvrtc.so.13").nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    nvrtc = major.value * 1000 + minor.value * 10
+    print(f"NVRTC {major.value}.{minor.value}")
+    version = ctypes.c_int()
+    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+    print(f"driver CUDA {version.value // 1000}.{version.value % 1000 // 10}: NVRTC "
+          + ("is not newer, PTX loads" if nvrtc <= version.value else "is NEWER (the engine loads CUBIN, not PTX)"))
+except OSError as e:
+    print(f"version check: {e}")
+EOF
+  for f in $bin/tickserve $bin/gpu-engine $bin/gpu-runtime $bin/graph_replay; do
+    missing=$(ldd "$f" 2>&1 | grep 'not found')
+    echo "$f: ${missing:-every library found}"
+  done
+  py=${TICKSERVE_PYTHON:-}
+  for candidate in /opt/torch/.venv/bin/python "$root/.venv/bin/python" python3; do
+    [ -z "$py" ] && "$candidate" -c 'import numpy, onnx' 2>/dev/null && py=$candidate
+  done
+  echo "python: ${py:-none with numpy and onnx} ($("${py:-python3}" --version 2>&1))"
+  "${py:-python3}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1
+  # perf_analyzer: the carried wheel's binary where it runs, else this machine's wrapper.
+  pa=
+  wheel=$(ls $bin/perf_analyzer-*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("perf_analyzer/bin/perf_analyzer", sys.argv[2])' "$wheel" "$work/pa"
+    chmod +x "$work/pa/perf_analyzer/bin/perf_analyzer"
+    "$work/pa/perf_analyzer/bin/perf_analyzer" --help >/dev/null 2>&1 && pa="$work/pa/perf_analyzer/bin/perf_analyzer"
+  fi
+  [ -z "$pa" ] && [ -x "$root/../shared/tools/perf_analyzer" ] && pa="$root/../shared/tools/perf_analyzer"
+  echo "perf_analyzer: ${pa:-none runs here}"
+} >"$OUT/env.log" 2>&1
+echo "| 1. machine and libraries | ok | $((SECONDS - start)) s | env.log |" >>"$steps"
+grep -E '^(MISSING|.*not found|NVRTC|driver CUDA|found|python|perf_analyzer)' "$OUT/env.log" | sed 's/^/    /' >"$work/env.txt"
+write_summary
+
+if [ "$mode" = GPU ]; then
+  timeout $((cap + 30)) nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -lms 500 >"$OUT/mem.csv" 2>&1 &
+  smi_pid=$!
+  gpu_devices=gpu:0
+else
+  echo "no GPU: no samples" >"$OUT/mem.csv"
+  gpu_devices=cpu
+fi
+
+step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
+step "3. engine vs ONNX Runtime (alpha_mlp, every op, tick members; graphs and eager)" 90 engine.log \
+  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1
+step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
+step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
+  "$py" scripts/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
+tail -n 30 "$work"/e2e/server-*.log >>"$OUT/e2e.log" 2>/dev/null
+step "6. family of 128 members under 16 clients" 120 families.log \
+  "$py" scripts/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
+tail -n 30 "$work"/families/family-*.log >>"$OUT/families.log" 2>/dev/null
+step "7. two replicas on gpu:0" 60 engine.log $bin/gpu-runtime --ignored two_executors_on_one_gpu
+step "8. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 lstm.log "$py" scripts/gpu_check.py lstm
+write_summary
+cat "$OUT/summary.md"
