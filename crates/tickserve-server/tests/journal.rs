@@ -346,12 +346,21 @@ async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
     assert!(!report.sound());
     assert_eq!(report.streams[0].broken_chain.len(), 1, "{}", report.text());
     assert!(report.streams[0].gaps.is_empty());
+    let before = report.records();
 
-    // A removed file is a gap.
+    // A removed file is a gap: exactly its records.
     std::fs::remove_file(&files[1]).unwrap();
     let report = verify(journal.path()).unwrap();
     print!("{}", report.text());
     assert_eq!(report.streams[0].gaps.len(), 1, "{}", report.text());
+    let [first, last] = report.streams[0].gaps[0];
+    assert!(first > 0 && first <= last, "{}", report.text());
+    assert_eq!(
+        last - first + 1,
+        before - report.records(),
+        "{}",
+        report.text()
+    );
 }
 
 /// The record files (`*.arrows`) under `dir`.
