@@ -78,6 +78,7 @@ fn code_name(code: tonic::Code) -> &'static str {
         tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
         tonic::Code::Internal => "INTERNAL",
         tonic::Code::FailedPrecondition => "FAILED_PRECONDITION",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
         tonic::Code::PermissionDenied => "PERMISSION_DENIED",
         tonic::Code::Unauthenticated => "UNAUTHENTICATED",
         _ => "UNKNOWN",

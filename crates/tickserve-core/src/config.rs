@@ -486,6 +486,9 @@ pub struct ModelConfig {
     /// Shadow versions: each gets a copy of (a fraction of) another's
     /// requests, and its answers are compared with the primary's.
     pub shadow: Vec<ShadowConfig>,
+    /// Output guards (`[[guard]]`): bounds every answer's output must keep,
+    /// else the answer is withheld ([`crate::guard`]).
+    pub guard: Vec<crate::guard::GuardConfig>,
 }
 
 impl ModelConfig {

@@ -239,6 +239,33 @@ pub enum Error {
         /// The engine's message.
         message: String,
     },
+    /// The model's answer broke one of its output guards: it is withheld.
+    /// Neither the client's mistake nor the server's fault (see
+    /// [`ErrorKind::Withheld`]).
+    /// Boxed: the other errors stay small on every path that returns one.
+    #[error("{0}")]
+    GuardTripped(Box<Withheld>),
+}
+
+/// What a guard withheld: the model, the output, the bound and the element.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "model '{model}' version {version}: guard on output '{output}' tripped: element {position:?} \
+     is {value}, outside {bound}; the answer is withheld"
+)]
+pub struct Withheld {
+    /// The model.
+    pub model: String,
+    /// Its version.
+    pub version: String,
+    /// The output.
+    pub output: String,
+    /// The bound it broke (`max = 1`, `finite`).
+    pub bound: String,
+    /// The element's position, batch first.
+    pub position: Vec<usize>,
+    /// The element's value, as written (`NaN`, `1.5`).
+    pub value: String,
 }
 
 fn version_label(version: &Option<String>) -> String {
@@ -275,11 +302,15 @@ pub enum ErrorKind {
     Internal,
     /// The server's settings do not allow the operation; no credential helps.
     FailedPrecondition,
+    /// The model answered, and its answer broke a guard of its
+    /// `model.toml`: withheld. Not the client's mistake and no fault of the
+    /// server; sending it again gets the same answer (OUT_OF_RANGE, 422).
+    Withheld,
 }
 
 impl ErrorKind {
     /// Every kind, for the tables that map them.
-    pub const ALL: [ErrorKind; 8] = [
+    pub const ALL: [ErrorKind; 9] = [
         ErrorKind::InvalidArgument,
         ErrorKind::NotFound,
         ErrorKind::PayloadTooLarge,
@@ -288,6 +319,7 @@ impl ErrorKind {
         ErrorKind::DeadlineExceeded,
         ErrorKind::Internal,
         ErrorKind::FailedPrecondition,
+        ErrorKind::Withheld,
     ];
 
     /// A short label for metrics (`invalid_argument`).
@@ -301,6 +333,7 @@ impl ErrorKind {
             ErrorKind::DeadlineExceeded => "deadline_exceeded",
             ErrorKind::Internal => "internal",
             ErrorKind::FailedPrecondition => "failed_precondition",
+            ErrorKind::Withheld => "withheld",
         }
     }
 }
@@ -332,6 +365,7 @@ impl Error {
             Error::ModelControlOff { .. } | Error::ModelControlPolled { .. } => {
                 ErrorKind::FailedPrecondition
             }
+            Error::GuardTripped(_) => ErrorKind::Withheld,
         }
     }
 

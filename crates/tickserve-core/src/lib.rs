@@ -13,6 +13,7 @@ pub mod durations;
 pub mod engine;
 pub mod error;
 pub mod files;
+pub mod guard;
 pub mod metrics;
 pub mod monte_carlo;
 pub mod name;

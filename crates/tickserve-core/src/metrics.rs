@@ -117,6 +117,10 @@ pub const DEVICE_MEMORY: &str = "tickserve_device_memory_bytes";
 /// frees device memory.
 pub const DEVICE_MEMORY_USED: &str = "tickserve_device_memory_used_bytes";
 
+/// Answers withheld because an output broke a guard, labelled `model`,
+/// `version`, `output` and `guard` (`min`, `max`, `finite`).
+pub const GUARD_TRIPS: &str = "tickserve_guard_trips_total";
+
 /// Connections closed because their peer left an answer untaken for
 /// `server.send_timeout`, labelled `protocol`.
 pub const SEND_TIMEOUTS: &str = "tickserve_send_timeouts_total";
@@ -381,6 +385,12 @@ pub fn describe() {
         DEVICE_MEMORY,
         Unit::Bytes,
         "Device memory held by tickserve, by device."
+    );
+    describe_counter!(
+        GUARD_TRIPS,
+        Unit::Count,
+        "Answers withheld because an output broke a guard of its model.toml, by model, version, \
+         output and guard (min, max, finite)."
     );
     describe_gauge!(
         DEVICE_MEMORY_USED,

@@ -506,12 +506,18 @@ fn parse(
         let digest = hex(&Sha256::digest(&bytes));
         let onnx = OnnxModel::parse(&bytes)?;
         let signature = onnx.signature(&candidate.config)?;
+        let outputs: Vec<(&str, tickserve_core::DataType)> = signature
+            .outputs
+            .iter()
+            .map(|(name, datatype, _)| (name.as_str(), *datatype))
+            .collect();
         let settings = ModelSettings::resolve(
             &candidate.config,
             defaults,
             &signature.inputs,
             onnx.is_tree_ensemble(),
-        )?;
+        )?
+        .with_guards(&candidate.config, &outputs)?;
         let family = onnx.family_key();
         let share = candidate
             .config

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
+use tickserve_core::guard::Guards;
 use tickserve_core::monte_carlo::MonteCarloSettings;
 use tickserve_core::priority::Priorities;
 use tickserve_core::sequence::SequenceSpec;
 use tickserve_core::validate::Limits;
-use tickserve_core::{Buckets, TensorSpec};
+use tickserve_core::{Buckets, DataType, TensorSpec};
 
 /// Settings of one model, fixed at load.
 #[derive(Debug, Clone)]
@@ -45,6 +46,9 @@ pub struct ModelSettings {
     /// Whether its predictions are journaled when the server's journal is
     /// on (`journal` in `model.toml`, else `model_defaults.journal`).
     pub journal: bool,
+    /// Its output guards, checked on every answer before it goes
+    /// ([`ModelSettings::with_guards`]: they need the graph's outputs).
+    pub guards: Guards,
 }
 
 impl ModelSettings {
@@ -129,7 +133,19 @@ impl ModelSettings {
             priorities,
             sequence: None,
             journal: config.journal.unwrap_or(defaults.journal),
+            guards: Guards::default(),
         })
+    }
+
+    /// These settings with `config`'s guards resolved against the graph's
+    /// `outputs` (name and datatype).
+    pub fn with_guards(
+        mut self,
+        config: &ModelConfig,
+        outputs: &[(&str, DataType)],
+    ) -> Result<ModelSettings, String> {
+        self.guards = Guards::resolve(&config.guard, outputs)?;
+        Ok(self)
     }
 }
 

@@ -550,6 +550,7 @@ mod tests {
                 priorities: Default::default(),
                 sequence: None,
                 journal: true,
+                guards: Default::default(),
             },
             family_key: "f00d".into(),
             shares_graph: true,

@@ -207,6 +207,9 @@ pub enum ErrorCode {
     Internal = 7,
     /// The server's settings do not allow it (FAILED_PRECONDITION, 403).
     FailedPrecondition = 8,
+    /// The model's answer broke one of its guards and is withheld
+    /// (OUT_OF_RANGE, 422).
+    Withheld = 9,
 }
 
 impl ErrorCode {
@@ -221,6 +224,7 @@ impl ErrorCode {
             6 => ErrorCode::DeadlineExceeded,
             7 => ErrorCode::Internal,
             8 => ErrorCode::FailedPrecondition,
+            9 => ErrorCode::Withheld,
             _ => return None,
         })
     }
@@ -236,6 +240,7 @@ impl ErrorCode {
             ErrorCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::FailedPrecondition => "FAILED_PRECONDITION",
+            ErrorCode::Withheld => "OUT_OF_RANGE",
         }
     }
 }
@@ -1164,6 +1169,7 @@ mod tests {
             (ErrorCode::DeadlineExceeded, "DEADLINE_EXCEEDED"),
             (ErrorCode::Internal, "INTERNAL"),
             (ErrorCode::FailedPrecondition, "FAILED_PRECONDITION"),
+            (ErrorCode::Withheld, "OUT_OF_RANGE"),
         ];
         for (code, name) in names {
             assert_eq!(code.as_str(), name);
@@ -1179,7 +1185,8 @@ mod tests {
             );
         }
         assert_eq!(ErrorCode::from_byte(0), None);
-        assert_eq!(ErrorCode::from_byte(9), None);
+        assert_eq!(ErrorCode::from_byte(9), Some(ErrorCode::Withheld));
+        assert_eq!(ErrorCode::from_byte(10), None);
     }
 
     /// An infer request with `parameters` and `inputs`, written.

@@ -548,8 +548,9 @@ impl<E> AfterRun<E> {
         held: Option<HeldState>,
     ) -> (Result<Answer<E>, Error>, Kept) {
         self.mirror_answer(&result);
+        let (result, withheld) = guard(&self.handle, result);
         let result = match self.journal.take() {
-            Some(pending) => (*pending).answered(result).await,
+            Some(pending) => (*pending).answered(result, withheld.as_ref()).await,
             None => result,
         };
         if let (Ok(_), Some(held)) = (&result, held) {
@@ -573,6 +574,7 @@ impl<E> AfterRun<E> {
     /// before its slot and bytes go.
     fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
         self.mirror_answer(&result);
+        let (result, _) = guard(&self.handle, result);
         conclude(result, self.handle, self.encoding, &self.record)
     }
 
@@ -582,6 +584,40 @@ impl<E> AfterRun<E> {
             mirror.send(response);
         }
     }
+}
+
+/// A run's outcome with the model's output guards applied: an answer that
+/// breaks one becomes [`Error::GuardTripped`] (counted and logged), and the
+/// answer it withheld comes back beside it, for the journal. A sequence's
+/// tick that trips leaves its state as it was ([`AfterRun::conclude`] keeps
+/// the new state only with an answer).
+fn guard(
+    handle: &ModelHandle,
+    result: Result<InferResponse, Error>,
+) -> (Result<InferResponse, Error>, Option<InferResponse>) {
+    let guards = &handle.settings.guards;
+    let trip = match &result {
+        Ok(response) if !guards.is_empty() => guards.check(response),
+        _ => None,
+    };
+    let (Some(trip), Ok(response)) = (trip, &result) else {
+        return (result, None);
+    };
+    metrics::counter!(tickserve_core::metrics::GUARD_TRIPS,
+        "model" => handle.name.clone(), "version" => handle.version.clone(),
+        "output" => trip.output.clone(), "guard" => trip.guard)
+    .increment(1);
+    let error = Error::GuardTripped(Box::new(tickserve_core::error::Withheld {
+        model: handle.name.clone(),
+        version: handle.version.clone(),
+        output: trip.output,
+        bound: trip.bound,
+        position: trip.position,
+        value: trip.value.to_string(),
+    }));
+    tracing::warn!(model = %handle.name, version = %handle.version, "{error}");
+    let withheld = response.clone();
+    (Err(error), Some(withheld))
 }
 
 /// A run's outcome recorded under `record`, and its answer.

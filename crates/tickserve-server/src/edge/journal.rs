@@ -192,51 +192,21 @@ impl Pending {
 
     /// Hands the record of an answered request to the journal; in `refuse`
     /// mode waits until it is written, and turns the answer into an error if
-    /// it could not be.
+    /// it could not be. `withheld` is the answer a guard withheld (`result`
+    /// is then its error): the record holds what the model said, and why it
+    /// went no further.
     pub async fn answered(
         mut self,
         result: Result<InferResponse, Error>,
+        withheld: Option<&InferResponse>,
     ) -> Result<InferResponse, Error> {
-        match &result {
-            Ok(response) => {
-                self.record.answered = SystemTime::now();
-                self.record.queue = response.timing.queue;
-                self.record.compute = response.timing.compute;
-                self.record.bucket = u32::try_from(response.bucket).ok();
-                self.record.outputs = if self.record.parameters.monte_carlo.is_some() {
-                    Outputs::MonteCarlo(
-                        response
-                            .outputs
-                            .iter()
-                            .map(|o| Tensor {
-                                name: o.name.to_string(),
-                                datatype: o.datatype,
-                                shape: o.shape.clone(),
-                                data: o.data.clone(),
-                            })
-                            .collect(),
-                    )
-                } else {
-                    // The model's own outputs, by their place in its
-                    // signature: the data is shared, nothing else is copied.
-                    let signature = &self.record.handle.signature.outputs;
-                    Outputs::Model(
-                        response
-                            .outputs
-                            .iter()
-                            .filter_map(|o| {
-                                let index = signature.iter().position(|s| s.name == o.name)?;
-                                Some((index, o.data.clone()))
-                            })
-                            .collect(),
-                    )
-                };
-                self.record.state = response.state_read.clone();
-                self.record.window_ticks = response
-                    .window_ticks
-                    .map(|t| u32::try_from(t).unwrap_or(u32::MAX));
+        match (&result, withheld) {
+            (Ok(response), _) => self.took(response),
+            (Err(error), Some(response)) => {
+                self.took(response);
+                self.failed(error);
             }
-            Err(error) => self.failed(error),
+            (Err(error), None) => self.failed(error),
         }
         let handle = Arc::clone(&self.record.handle);
         match self.journal.submit(self.record) {
@@ -254,5 +224,45 @@ impl Pending {
                 }
             },
         }
+    }
+
+    /// What the model answered, into the record.
+    fn took(&mut self, response: &InferResponse) {
+        self.record.answered = SystemTime::now();
+        self.record.queue = response.timing.queue;
+        self.record.compute = response.timing.compute;
+        self.record.bucket = u32::try_from(response.bucket).ok();
+        self.record.outputs = if self.record.parameters.monte_carlo.is_some() {
+            Outputs::MonteCarlo(
+                response
+                    .outputs
+                    .iter()
+                    .map(|o| Tensor {
+                        name: o.name.to_string(),
+                        datatype: o.datatype,
+                        shape: o.shape.clone(),
+                        data: o.data.clone(),
+                    })
+                    .collect(),
+            )
+        } else {
+            // The model's own outputs, by their place in its
+            // signature: the data is shared, nothing else is copied.
+            let signature = &self.record.handle.signature.outputs;
+            Outputs::Model(
+                response
+                    .outputs
+                    .iter()
+                    .filter_map(|o| {
+                        let index = signature.iter().position(|s| s.name == o.name)?;
+                        Some((index, o.data.clone()))
+                    })
+                    .collect(),
+            )
+        };
+        self.record.state = response.state_read.clone();
+        self.record.window_ticks = response
+            .window_ticks
+            .map(|t| u32::try_from(t).unwrap_or(u32::MAX));
     }
 }

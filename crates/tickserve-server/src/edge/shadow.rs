@@ -84,7 +84,7 @@ impl Mirror {
                 let outcome = plan.run(request.clone(), &primary).await;
                 match (records.next().flatten(), outcome) {
                     (Some(record), Some(Ok(answer))) => {
-                        let _ = record.answered(Ok(answer)).await;
+                        let _ = record.answered(Ok(answer), None).await;
                     }
                     (Some(record), Some(Err(error))) => record.refused(&error),
                     _ => {}

@@ -12,6 +12,7 @@
 //! | deadline exceeded | DEADLINE_EXCEEDED | 504 | 6 |
 //! | internal | INTERNAL | 500 | 7 |
 //! | failed precondition | FAILED_PRECONDITION | 403 | 8 |
+//! | withheld (a guard tripped) | OUT_OF_RANGE | 422 | 9 |
 //!
 //! The edge's own refusals: no key UNAUTHENTICATED / 401 (with
 //! `WWW-Authenticate`), a wrong key PERMISSION_DENIED / 403, no such endpoint
@@ -36,6 +37,7 @@ pub const fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::FailedPrecondition => StatusCode::FORBIDDEN,
+        ErrorKind::Withheld => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
 
@@ -49,6 +51,7 @@ pub const fn grpc_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
         ErrorKind::Internal => tonic::Code::Internal,
         ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
+        ErrorKind::Withheld => tonic::Code::OutOfRange,
     }
 }
 
@@ -63,12 +66,24 @@ pub const fn shm_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::DeadlineExceeded => ErrorCode::DeadlineExceeded,
         ErrorKind::Internal => ErrorCode::Internal,
         ErrorKind::FailedPrecondition => ErrorCode::FailedPrecondition,
+        ErrorKind::Withheld => ErrorCode::Withheld,
     }
 }
 
-/// An error as a gRPC status: its kind's code and its message.
+/// An error as a gRPC status: its kind's code and its message. A withheld
+/// answer's status also carries `tickserve-withheld: guard` (the one
+/// OUT_OF_RANGE tickserve answers; see
+/// [`grpc_oversized_is_invalid_argument`]).
 pub fn grpc(error: &Error) -> tonic::Status {
-    tonic::Status::new(grpc_code(error.kind()), error.client_message())
+    let kind = error.kind();
+    let mut status = tonic::Status::new(grpc_code(kind), error.client_message());
+    if kind == ErrorKind::Withheld {
+        status.metadata_mut().insert(
+            WITHHELD.as_str(),
+            tonic::metadata::MetadataValue::from_static("guard"),
+        );
+    }
+    status
 }
 
 /// An HTTP error answer: `status` with the JSON body `{"error": message}`.
@@ -183,17 +198,20 @@ impl Refusal {
     }
 }
 
-/// tonic refuses a message over `max_decoding_message_size` with OUT_OF_RANGE
-/// before any handler runs; tickserve answers every bad request with
-/// INVALID_ARGUMENT, so that status is rewritten (its message, which names the
-/// size and the limit, is kept). tickserve itself never answers OUT_OF_RANGE.
+/// tonic refuses a message over `max_decoding_message_size` (and a body that
+/// ends inside a message) with OUT_OF_RANGE before any handler runs;
+/// tickserve answers every bad request with INVALID_ARGUMENT, so that status
+/// is rewritten (its message, which names the size and the limit, is kept).
+/// The one OUT_OF_RANGE tickserve answers itself, a withheld answer, carries
+/// `tickserve-withheld` and is left as it is.
 pub fn grpc_oversized_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
     let out_of_range = headers
         .get(&GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i32>().ok())
-        == Some(tonic::Code::OutOfRange as i32);
+        == Some(tonic::Code::OutOfRange as i32)
+        && !headers.contains_key(&WITHHELD);
     if out_of_range {
         headers.insert(
             GRPC_STATUS.clone(),
@@ -243,6 +261,9 @@ pub fn grpc_missing_message_is_invalid_argument(
 /// `grpc-status`, parsed once: every gRPC answer is looked at.
 static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
+/// The metadata key of a withheld answer's status.
+static WITHHELD: http::HeaderName = http::HeaderName::from_static("tickserve-withheld");
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +281,7 @@ mod tests {
             (ErrorKind::DeadlineExceeded, 4, 504, 6),
             (ErrorKind::Internal, 13, 500, 7),
             (ErrorKind::FailedPrecondition, 9, 403, 8),
+            (ErrorKind::Withheld, 11, 422, 9),
         ];
         assert_eq!(table.len(), ErrorKind::ALL.len());
         for (kind, grpc, http, shm) in table {
