@@ -1,5 +1,5 @@
 //! Generates the gRPC servers and clients from `proto/`, once for the whole
-//! workspace: the v2 inference protocol, the sequence-state service, and TF
+//! workspace: the v2 inference protocol, the sequence-state and risk services, and TF
 //! Serving's PredictionService and ModelService.
 
 /// TF Serving's protos (wire-compatible subsets), relative to `proto/`.
@@ -36,6 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut protos = vec![
         format!("{proto_dir}/grpc_service.proto"),
         format!("{proto_dir}/tickserve_sequence.proto"),
+        format!("{proto_dir}/tickserve_risk.proto"),
     ];
     protos.extend(TF_SERVING.iter().map(|p| format!("{proto_dir}/{p}")));
     tonic_prost_build::configure()

@@ -46,6 +46,18 @@ pub struct ServerConfig {
     pub shm: ShmConfig,
     /// The prediction journal (off unless enabled).
     pub journal: JournalConfig,
+    /// Risk controls that outlive a model's load: where halts are kept.
+    pub risk: RiskConfig,
+}
+
+/// `[risk]`: where the kill switch keeps its halts (docs/risk.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RiskConfig {
+    /// The file halted versions are kept in, rewritten (write, then rename)
+    /// at every halt and resume and read at start, so a halt outlives a
+    /// restart. Unset: halts last as long as the process.
+    pub halts_file: Option<PathBuf>,
 }
 
 /// The shared-memory front end (`[shm]`): co-located clients send requests
@@ -489,6 +501,9 @@ pub struct ModelConfig {
     /// Output guards (`[[guard]]`): bounds every answer's output must keep,
     /// else the answer is withheld ([`crate::guard`]).
     pub guard: Vec<crate::guard::GuardConfig>,
+    /// The circuit breaker: guard trips that halt the version, and who
+    /// answers then ([`crate::breaker`]).
+    pub breaker: Option<crate::breaker::BreakerConfig>,
 }
 
 impl ModelConfig {
@@ -508,6 +523,7 @@ impl ModelConfig {
         check_labels(&config.labels)
             .and_then(|()| check_split(&config.split))
             .and_then(|()| check_shadows(&config.shadow))
+            .and_then(|()| config.breaker.as_ref().map_or(Ok(()), |b| b.check()))
             .map_err(|e| format!("{shown}: {e}"))?;
         Ok(config)
     }
@@ -517,7 +533,7 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
     duration(d).map(Some)
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
         .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))

@@ -245,6 +245,17 @@ pub enum Error {
     /// Boxed: the other errors stay small on every path that returns one.
     #[error("{0}")]
     GuardTripped(Box<Withheld>),
+    /// The version is halted (the kill switch, or its breaker): it answers
+    /// nothing until resumed.
+    #[error("model '{model}' version {version} is halted: {reason}")]
+    Halted {
+        /// The model.
+        model: String,
+        /// The version.
+        version: String,
+        /// Why, and by whom (`by the API: ...`, `by its breaker: ...`).
+        reason: String,
+    },
 }
 
 /// What a guard withheld: the model, the output, the bound and the element.
@@ -344,6 +355,7 @@ impl Error {
         match self {
             Error::ModelNotFound { .. } => ErrorKind::NotFound,
             Error::ModelNotReady { .. }
+            | Error::Halted { .. }
             | Error::ShuttingDown
             | Error::JournalUnavailable { .. } => ErrorKind::Unavailable,
             Error::InvalidInput { .. }

@@ -6,6 +6,7 @@
 //! ([`Engine`] compiles, [`CompiledModel`] runs), and the metric names.
 //! Nothing here knows a front end (axum, tonic, prost) or an engine (ort, CUDA).
 
+pub mod breaker;
 pub mod buckets;
 pub mod config;
 pub mod datatype;

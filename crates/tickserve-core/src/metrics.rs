@@ -121,6 +121,10 @@ pub const DEVICE_MEMORY_USED: &str = "tickserve_device_memory_used_bytes";
 /// `version`, `output` and `guard` (`min`, `max`, `finite`).
 pub const GUARD_TRIPS: &str = "tickserve_guard_trips_total";
 
+/// 1 while a model version is halted (the kill switch or its breaker),
+/// labelled `model` and `version`; 0 once resumed.
+pub const MODEL_HALTED: &str = "tickserve_model_halted";
+
 /// Connections closed because their peer left an answer untaken for
 /// `server.send_timeout`, labelled `protocol`.
 pub const SEND_TIMEOUTS: &str = "tickserve_send_timeouts_total";
@@ -385,6 +389,11 @@ pub fn describe() {
         DEVICE_MEMORY,
         Unit::Bytes,
         "Device memory held by tickserve, by device."
+    );
+    describe_gauge!(
+        MODEL_HALTED,
+        Unit::Count,
+        "1 while a model version is halted (kill switch or breaker), by model and version."
     );
     describe_counter!(
         GUARD_TRIPS,

@@ -194,7 +194,8 @@ pub struct IndexEntry {
     pub name: String,
     /// The version, empty for a model with no loaded or failed version.
     pub version: String,
-    /// `READY`, or `UNAVAILABLE` (with `reason`).
+    /// `READY`, or `UNAVAILABLE` (with `reason`); the server shows a halted
+    /// version as `HALTED`.
     pub state: &'static str,
     /// Why it is unavailable (`unloaded`, or its load failure).
     pub reason: String,

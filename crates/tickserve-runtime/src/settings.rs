@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tickserve_core::breaker::BreakerConfig;
 use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::guard::Guards;
@@ -49,6 +50,8 @@ pub struct ModelSettings {
     /// Its output guards, checked on every answer before it goes
     /// ([`ModelSettings::with_guards`]: they need the graph's outputs).
     pub guards: Guards,
+    /// Its circuit breaker, if it has one.
+    pub breaker: Option<BreakerConfig>,
 }
 
 impl ModelSettings {
@@ -134,6 +137,7 @@ impl ModelSettings {
             sequence: None,
             journal: config.journal.unwrap_or(defaults.journal),
             guards: Guards::default(),
+            breaker: config.breaker.clone(),
         })
     }
 

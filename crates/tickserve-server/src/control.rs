@@ -75,8 +75,8 @@ pub async fn change(
 
 /// The repository index; with `ready_only`, only the versions that serve.
 pub async fn index(shared: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntry>, Error> {
-    let shared = Arc::clone(shared);
-    let entries = tokio::task::spawn_blocking(move || shared.runtime.index())
+    let edge = Arc::clone(shared);
+    let entries = tokio::task::spawn_blocking(move || edge.runtime.index())
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r)
@@ -84,6 +84,16 @@ pub async fn index(shared: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntr
             model: "_repository".to_string(),
             message,
         })?;
+    // A halted version is loaded and warm, and answers nothing.
+    let mut entries = entries;
+    for entry in &mut entries {
+        if entry.state == "READY"
+            && let Some(halt) = shared.halts.check(&entry.name, &entry.version)
+        {
+            entry.state = "HALTED";
+            entry.reason = format!("halted {}", halt.words());
+        }
+    }
     Ok(entries
         .into_iter()
         .filter(|e| !ready_only || e.state == "READY")

@@ -123,6 +123,10 @@ impl Server {
         if config.runtime.mlockall {
             lock_memory()?;
         }
+        // Before the models: a halts file that cannot be read stops the start
+        // at once (a halt an operator set must not be dropped).
+        let halts =
+            edge::halts::Halts::open(config.risk.halts_file.clone()).map_err(anyhow::Error::msg)?;
         let runtime = {
             let owned = config.clone();
             tokio::task::spawn_blocking(move || Runtime::load(&owned))
@@ -140,7 +144,11 @@ impl Server {
         } else {
             None
         };
-        let edge = Arc::new(Edge::new(runtime, config).with_journal(journal));
+        let edge = Arc::new(
+            Edge::new(runtime, config)
+                .with_journal(journal)
+                .with_halts(halts),
+        );
         // Before anyone can reach a port: every thread that may run a
         // request at once has run each model.
         warm::workers(&edge).await;

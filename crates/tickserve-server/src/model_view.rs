@@ -551,6 +551,7 @@ mod tests {
                 sequence: None,
                 journal: true,
                 guards: Default::default(),
+                breaker: None,
             },
             family_key: "f00d".into(),
             shares_graph: true,

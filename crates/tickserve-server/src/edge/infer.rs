@@ -21,6 +21,7 @@ use tickserve_runtime::{HeldState, Prepared, ShadowPlan};
 
 use super::Edge;
 use super::admission::{BodyBytes, HeldBytes, Slot};
+use super::breaker::Breakers;
 use super::journal::Pending;
 use super::params::Parameters;
 use super::shadow::Mirror;
@@ -182,6 +183,8 @@ struct AfterRun<E> {
     encoding: E,
     record: Record,
     journal: Option<Box<Pending>>,
+    /// Where a guard trip is counted, for a model with a breaker.
+    breakers: Option<Arc<Breakers>>,
     slot: Slot,
     bytes: HeldBytes,
 }
@@ -321,7 +324,20 @@ impl Edge {
             RequestBytes::Held(held) => held,
             RequestBytes::Count(len) => self.admit_bytes(len)?,
         };
-        let handle = handle?;
+        let mut handle = handle?;
+        if let Some(halt) = self.halts.check(&handle.name, &handle.version) {
+            let Some(fallback) = self.fallback(&handle) else {
+                return Err(Error::Halted {
+                    model: handle.name.clone(),
+                    version: handle.version.clone(),
+                    reason: halt.words(),
+                });
+            };
+            handle = fallback;
+            if let Some(pending) = journal.as_mut() {
+                pending.served_by(&handle);
+            }
+        }
         let transport_timeout = call
             .timeout
             .map_err(|message| Error::request(&handle.name, message))?;
@@ -336,6 +352,21 @@ impl Edge {
             bytes,
         };
         Ok((held, work))
+    }
+
+    /// What answers a halted version's requests: its breaker's `fallback`
+    /// (a label or version of the same model), when it is there, has the
+    /// same signature and is not halted itself.
+    fn fallback(&self, halted: &Arc<ModelHandle>) -> Option<Arc<ModelHandle>> {
+        let name = halted.settings.breaker.as_ref()?.fallback.as_deref()?;
+        self.runtime
+            .model(&halted.name, Some(name))
+            .ok()
+            .filter(|f| {
+                !Arc::ptr_eq(f, halted)
+                    && f.signature == halted.signature
+                    && self.halts.check(&f.name, &f.version).is_none()
+            })
     }
 
     /// The admission's steps after decoding (see [`Edge::prepare`]); a
@@ -370,6 +401,11 @@ impl Edge {
                     mirror: shadows
                         .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_deref()))
                         .map(Box::new),
+                    breakers: handle
+                        .settings
+                        .breaker
+                        .is_some()
+                        .then(|| Arc::clone(&self.breakers)),
                     handle,
                     encoding,
                     record,
@@ -548,7 +584,7 @@ impl<E> AfterRun<E> {
         held: Option<HeldState>,
     ) -> (Result<Answer<E>, Error>, Kept) {
         self.mirror_answer(&result);
-        let (result, withheld) = guard(&self.handle, result);
+        let (result, withheld) = guard(&self.handle, result, self.breakers.as_deref());
         let result = match self.journal.take() {
             Some(pending) => (*pending).answered(result, withheld.as_ref()).await,
             None => result,
@@ -574,7 +610,7 @@ impl<E> AfterRun<E> {
     /// before its slot and bytes go.
     fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
         self.mirror_answer(&result);
-        let (result, _) = guard(&self.handle, result);
+        let (result, _) = guard(&self.handle, result, self.breakers.as_deref());
         conclude(result, self.handle, self.encoding, &self.record)
     }
 
@@ -588,12 +624,14 @@ impl<E> AfterRun<E> {
 
 /// A run's outcome with the model's output guards applied: an answer that
 /// breaks one becomes [`Error::GuardTripped`] (counted and logged), and the
-/// answer it withheld comes back beside it, for the journal. A sequence's
-/// tick that trips leaves its state as it was ([`AfterRun::conclude`] keeps
-/// the new state only with an answer).
+/// answer it withheld comes back beside it, for the journal; the trip counts
+/// toward the model's breaker, if it has one. A sequence's tick that trips
+/// leaves its state as it was ([`AfterRun::conclude`] keeps the new state
+/// only with an answer).
 fn guard(
     handle: &ModelHandle,
     result: Result<InferResponse, Error>,
+    breakers: Option<&Breakers>,
 ) -> (Result<InferResponse, Error>, Option<InferResponse>) {
     let guards = &handle.settings.guards;
     let trip = match &result {
@@ -616,6 +654,9 @@ fn guard(
         value: trip.value.to_string(),
     }));
     tracing::warn!(model = %handle.name, version = %handle.version, "{error}");
+    if let Some(breakers) = breakers {
+        breakers.tripped(handle);
+    }
     let withheld = response.clone();
     (Err(error), Some(withheld))
 }

@@ -27,7 +27,9 @@
 pub mod access;
 pub mod admission;
 pub mod body;
+pub mod breaker;
 pub mod deadline;
+pub mod halts;
 pub mod headers;
 pub mod infer;
 pub mod journal;
@@ -82,11 +84,16 @@ pub struct Edge {
     threads_down: AtomicUsize,
     /// The prediction journal, when `[journal]` is on.
     pub journal: Option<Arc<Journal>>,
+    /// Halted versions (the kill switch and the breakers).
+    pub halts: Arc<halts::Halts>,
+    /// The breakers' trip counts; they halt through `halts`.
+    pub breakers: Arc<breaker::Breakers>,
 }
 
 impl Edge {
     /// The edge over `runtime`, with `config`'s limits, accepting requests.
     pub fn new(runtime: Runtime, config: &ServerConfig) -> Edge {
+        let halts = Arc::new(halts::Halts::in_memory());
         Edge {
             runtime,
             accepting: AtomicBool::new(true),
@@ -100,7 +107,24 @@ impl Edge {
             model_control_mode: config.security.model_control_mode,
             threads_down: AtomicUsize::new(0),
             journal: None,
+            halts: Arc::clone(&halts),
+            breakers: Arc::new(breaker::Breakers::new(halts)),
         }
+    }
+
+    /// Whether `handle`'s version serves: the server is ready, the version
+    /// is, and it is not halted.
+    pub fn model_ready(&self, handle: &tickserve_runtime::ModelHandle) -> bool {
+        self.ready()
+            && handle.is_ready()
+            && self.halts.check(&handle.name, &handle.version).is_none()
+    }
+
+    /// The edge, with `halts` (read from `[risk] halts_file`).
+    pub fn with_halts(mut self, halts: halts::Halts) -> Edge {
+        self.halts = Arc::new(halts);
+        self.breakers = Arc::new(breaker::Breakers::new(Arc::clone(&self.halts)));
+        self
     }
 
     /// The edge, recording predictions in `journal`.

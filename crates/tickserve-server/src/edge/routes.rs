@@ -46,6 +46,10 @@ pub enum ModelEndpoint {
     SequenceWrite,
     /// `POST .../sequences/drop`.
     SequenceDrop,
+    /// `POST .../versions/V/halt`: the kill switch.
+    Halt,
+    /// `POST .../versions/V/resume`.
+    Resume,
 }
 
 /// What a TF Serving path under `/v1/models/` asks for.
@@ -199,7 +203,9 @@ impl HttpRoute {
                 ModelEndpoint::Sequences
                 | ModelEndpoint::SequenceRead
                 | ModelEndpoint::SequenceWrite
-                | ModelEndpoint::SequenceDrop => EndpointGroup::ModelRepository,
+                | ModelEndpoint::SequenceDrop
+                | ModelEndpoint::Halt
+                | ModelEndpoint::Resume => EndpointGroup::ModelRepository,
             },
             HttpRoute::TfServing(route) if route.verb.is_some() => EndpointGroup::Inference,
             HttpRoute::TfServing(route) if route.metadata => EndpointGroup::Metadata,
@@ -230,7 +236,9 @@ impl HttpRoute {
                 ModelEndpoint::Infer
                 | ModelEndpoint::SequenceRead
                 | ModelEndpoint::SequenceWrite
-                | ModelEndpoint::SequenceDrop => Method::Post,
+                | ModelEndpoint::SequenceDrop
+                | ModelEndpoint::Halt
+                | ModelEndpoint::Resume => Method::Post,
             },
             HttpRoute::TfServing(_) | HttpRoute::TfMalformed(_) => Method::Any,
         }
@@ -249,6 +257,8 @@ fn model_endpoint(tail: &[&str]) -> Option<ModelEndpoint> {
         ["sequences", "read"] => ModelEndpoint::SequenceRead,
         ["sequences", "write"] => ModelEndpoint::SequenceWrite,
         ["sequences", "drop"] => ModelEndpoint::SequenceDrop,
+        ["halt"] => ModelEndpoint::Halt,
+        ["resume"] => ModelEndpoint::Resume,
         _ => return None,
     })
 }
@@ -298,7 +308,7 @@ pub fn parse_tf(path: &str) -> Result<TfRoute, String> {
 
 /// Every gRPC method the gRPC port serves, with its key group: the port's
 /// one table. `grpc.health.v1.Health` is matched by its service.
-const GRPC_METHODS: [(&str, EndpointGroup); 19] = [
+const GRPC_METHODS: [(&str, EndpointGroup); 21] = [
     (
         "/inference.GRPCInferenceService/ServerLive",
         EndpointGroup::Health,
@@ -361,6 +371,14 @@ const GRPC_METHODS: [(&str, EndpointGroup); 19] = [
     ),
     (
         "/tickserve.SequenceService/SequenceList",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/tickserve.RiskService/ModelHalt",
+        EndpointGroup::ModelRepository,
+    ),
+    (
+        "/tickserve.RiskService/ModelResume",
         EndpointGroup::ModelRepository,
     ),
     (

@@ -7,6 +7,7 @@
 
 pub mod answer;
 pub mod convert;
+pub mod risk;
 pub mod sequences;
 pub mod stream;
 pub mod unary;
@@ -341,7 +342,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = request.into_inner();
         let ready = match self.shared.runtime.model(&r.name, optional(&r.version)) {
-            Ok(handle) => self.shared.ready() && handle.is_ready(),
+            Ok(handle) => self.shared.model_ready(&handle),
             Err(e @ Error::ModelNotFound { .. }) => return Err(status(&e)),
             Err(_) => false,
         };

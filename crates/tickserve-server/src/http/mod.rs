@@ -12,6 +12,7 @@ pub mod codec;
 mod plain;
 mod reply;
 mod request_header;
+pub mod risk;
 pub mod sequences;
 
 use std::sync::Arc;
@@ -78,7 +79,7 @@ pub fn model_metadata(edge: &Edge, model: &ModelRef) -> Result<Response, HttpErr
 /// `GET .../ready`.
 pub fn model_ready(edge: &Edge, model: &ModelRef) -> Result<StatusCode, HttpError> {
     let handle = lookup(edge, model)?;
-    Ok(if edge.ready() && handle.is_ready() {
+    Ok(if edge.model_ready(&handle) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

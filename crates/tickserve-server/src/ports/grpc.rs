@@ -46,6 +46,7 @@ pub async fn serve(
         .add_service(predictions)
         .add_service(model_status)
         .add_service(grpc::sequences::Sequence::service(Arc::clone(&edge)))
+        .add_service(grpc::risk::Risk::service(Arc::clone(&edge)))
         .into_axum_router()
         // The unary inference, served from its message's bytes.
         .route_service(

@@ -122,6 +122,8 @@ async fn dispatch(State(port): State<Arc<Port>>, request: Request) -> Response {
             ModelEndpoint::SequenceDrop => {
                 into(http::sequences::drop_sequence(edge, &model, key, body).await)
             }
+            ModelEndpoint::Halt => into(http::risk::halt(edge, &model, body).await),
+            ModelEndpoint::Resume => into(http::risk::resume(edge, &model, body).await),
         },
         HttpRoute::TfServing(route) => {
             let request = (&parts.method, headers, &parts.extensions);

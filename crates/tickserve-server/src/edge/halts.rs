@@ -1,0 +1,287 @@
+//! The kill switch: model versions halted by an operator (`POST
+//! .../versions/V/halt`) or by their breaker, answered by nothing until
+//! resumed. The table is checked on every request, after the model lookup
+//! (one relaxed atomic load while nothing is halted), and kept in
+//! `[risk] halts_file` when set: rewritten at every change (written beside
+//! it, then renamed over it) and read at start, so a halt outlives a restart
+//! and a reload (a reload replaces the version's handle, not its halt).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// The longest reason kept, in bytes (a longer one is cut at a character).
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// The largest halts file read at start.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// One halted version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Halt {
+    /// Why (the operator's words, or the breaker's count).
+    pub reason: String,
+    /// Who halted it: `api` or `breaker`.
+    pub by: String,
+    /// When, RFC 3339 UTC.
+    pub since: String,
+}
+
+impl Halt {
+    /// The words a refused request gets.
+    pub fn words(&self) -> String {
+        let by = if self.by == "breaker" {
+            "by its breaker"
+        } else {
+            "by the API"
+        };
+        format!("{by} since {}: {}", self.since, self.reason)
+    }
+}
+
+/// The halted versions, by `(model, version)`.
+#[derive(Debug)]
+pub struct Halts {
+    file: Option<PathBuf>,
+    any: AtomicBool,
+    table: RwLock<BTreeMap<(String, String), Halt>>,
+}
+
+/// The file's form: `{"model/version": Halt}`.
+type Stored = BTreeMap<String, Halt>;
+
+impl Halts {
+    /// No halt, none kept beyond the process.
+    pub fn in_memory() -> Halts {
+        Halts {
+            file: None,
+            any: AtomicBool::new(false),
+            table: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The halts kept in `file` (none when it does not exist yet); a file
+    /// that cannot be read or parsed stops the start, naming it (a halt an
+    /// operator set must not be dropped silently).
+    pub fn open(file: Option<PathBuf>) -> Result<Halts, String> {
+        let table = match &file {
+            Some(path) => read(path)?,
+            None => BTreeMap::new(),
+        };
+        let halts = Halts {
+            file,
+            any: AtomicBool::new(!table.is_empty()),
+            table: RwLock::new(table),
+        };
+        for ((model, version), _) in halts.all() {
+            gauge(&model, &version, true);
+        }
+        Ok(halts)
+    }
+
+    /// `model` `version`'s halt, if it is halted.
+    pub fn check(&self, model: &str, version: &str) -> Option<Halt> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        table
+            .get(&(model.to_string(), version.to_string()))
+            .cloned()
+    }
+
+    /// Halts `model` `version` (`by`: `api` or `breaker`); a version halted
+    /// already keeps its first halt. The halt and whether it was kept in the
+    /// halts file (`Err` with why not: it applies all the same).
+    pub fn halt(
+        &self,
+        model: &str,
+        version: &str,
+        reason: &str,
+        by: &str,
+    ) -> (Halt, Result<(), String>) {
+        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let halt = table
+            .entry((model.to_string(), version.to_string()))
+            .or_insert_with(|| Halt {
+                reason: clip(reason),
+                by: by.to_string(),
+                since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            })
+            .clone();
+        self.any.store(true, Ordering::Relaxed);
+        gauge(model, version, true);
+        tracing::warn!(model, version, by, reason = %halt.reason, "version halted");
+        let kept = self.keep(&table);
+        (halt, kept)
+    }
+
+    /// Resumes `model` `version`: its halt, if it had one, and whether the
+    /// halts file was rewritten.
+    pub fn resume(&self, model: &str, version: &str) -> (Option<Halt>, Result<(), String>) {
+        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let halt = table.remove(&(model.to_string(), version.to_string()));
+        self.any.store(!table.is_empty(), Ordering::Relaxed);
+        if halt.is_some() {
+            gauge(model, version, false);
+            tracing::warn!(model, version, "version resumed");
+        }
+        let kept = if halt.is_some() {
+            self.keep(&table)
+        } else {
+            Ok(())
+        };
+        (halt, kept)
+    }
+
+    /// Every halt.
+    pub fn all(&self) -> Vec<((String, String), Halt)> {
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        table.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Rewrites the halts file with `table`.
+    fn keep(&self, table: &BTreeMap<(String, String), Halt>) -> Result<(), String> {
+        let Some(path) = &self.file else {
+            return Ok(());
+        };
+        let stored: Stored = table
+            .iter()
+            .map(|((model, version), halt)| (format!("{model}/{version}"), halt.clone()))
+            .collect();
+        let text = serde_json::to_string_pretty(&stored).map_err(|e| e.to_string())?;
+        let beside = path.with_extension("writing");
+        path.parent()
+            .filter(|dir| !dir.as_os_str().is_empty())
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&beside, text))
+            .and_then(|()| std::fs::rename(&beside, path))
+            .map_err(|e| {
+                let message = format!("{}: {e}", path.display());
+                tracing::error!("the halts file cannot be written: {message}");
+                message
+            })
+    }
+}
+
+/// The model and version a halt or resume names: the version must be given
+/// (a halt is of one version, never "whichever is the default now") and be
+/// one the server has (a label names its version).
+pub fn version_of(
+    edge: &super::Edge,
+    model: &str,
+    version: Option<&str>,
+) -> Result<(String, String), tickserve_core::Error> {
+    let Some(version) = version.filter(|v| !v.is_empty()) else {
+        return Err(tickserve_core::Error::request(
+            model,
+            "a halt or resume names its version: POST /v2/models/MODEL/versions/VERSION/halt",
+        ));
+    };
+    let handle = edge.runtime.model(model, Some(version))?;
+    Ok((handle.name.clone(), handle.version.clone()))
+}
+
+/// The halts in `path`; none when it does not exist.
+fn read(path: &Path) -> Result<BTreeMap<(String, String), Halt>, String> {
+    let shown = path.display();
+    let bytes = match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => return Err(format!("risk.halts_file {shown}: {e}")),
+        Ok(meta) if !meta.is_file() => {
+            return Err(format!("risk.halts_file {shown}: not a regular file"));
+        }
+        Ok(meta) if meta.len() > MAX_FILE_BYTES => {
+            return Err(format!(
+                "risk.halts_file {shown}: {} bytes, over the {MAX_FILE_BYTES} read",
+                meta.len()
+            ));
+        }
+        Ok(_) => std::fs::read(path).map_err(|e| format!("risk.halts_file {shown}: {e}"))?,
+    };
+    let stored: Stored = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("risk.halts_file {shown}: not a halts file: {e}"))?;
+    stored
+        .into_iter()
+        .map(|(key, halt)| match key.rsplit_once('/') {
+            Some((model, version)) => Ok(((model.to_string(), version.to_string()), halt)),
+            None => Err(format!(
+                "risk.halts_file {shown}: '{key}' is not MODEL/VERSION"
+            )),
+        })
+        .collect()
+}
+
+/// `reason` cut to [`MAX_REASON_BYTES`] at a character.
+fn clip(reason: &str) -> String {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return "no reason given".to_string();
+    }
+    let mut end = reason.len().min(MAX_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_string()
+}
+
+fn gauge(model: &str, version: &str, halted: bool) {
+    metrics::gauge!(tickserve_core::metrics::MODEL_HALTED,
+        "model" => model.to_string(), "version" => version.to_string())
+    .set(if halted { 1.0 } else { 0.0 });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_halt_is_kept_in_its_file_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("halts.json");
+        let halts = Halts::open(Some(file.clone())).unwrap();
+        assert_eq!(halts.check("m", "1"), None);
+        let (halt, kept) = halts.halt("m", "1", "  bad fills  ", "api");
+        assert!(kept.is_ok());
+        assert_eq!(
+            (halt.reason.as_str(), halt.by.as_str()),
+            ("bad fills", "api")
+        );
+        // A second halt keeps the first.
+        let (again, _) = halts.halt("m", "1", "other", "breaker");
+        assert_eq!(again, halt);
+        let reopened = Halts::open(Some(file.clone())).unwrap();
+        assert_eq!(reopened.check("m", "1"), Some(halt.clone()));
+        assert_eq!(reopened.check("m", "2"), None);
+        let (resumed, kept) = reopened.resume("m", "1");
+        assert_eq!(resumed, Some(halt));
+        assert!(kept.is_ok());
+        assert_eq!(Halts::open(Some(file)).unwrap().all(), Vec::new());
+    }
+
+    #[test]
+    fn a_bad_halts_file_stops_the_start_and_reasons_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("halts.json");
+        std::fs::write(&file, "not json").unwrap();
+        let error = Halts::open(Some(file.clone())).unwrap_err();
+        assert!(error.contains("not a halts file"), "{error}");
+        std::fs::write(
+            &file,
+            r#"{"noversion": {"reason": "r", "by": "api", "since": "s"}}"#,
+        )
+        .unwrap();
+        assert!(
+            Halts::open(Some(file))
+                .unwrap_err()
+                .contains("MODEL/VERSION")
+        );
+        assert_eq!(clip(""), "no reason given");
+        assert_eq!(clip(&"é".repeat(400)).len(), MAX_REASON_BYTES);
+    }
+}

@@ -1,0 +1,68 @@
+//! The kill switch over gRPC (`tickserve.RiskService`,
+//! `proto/tickserve_risk.proto`): halt and resume one model version, as
+//! HTTP's `.../versions/V/halt` and `.../resume` do, in the
+//! `model_repository` key group.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::status;
+use crate::edge::Edge;
+use crate::edge::halts::{self, MAX_REASON_BYTES};
+
+use tickserve_proto::tickserve as pb;
+
+use pb::risk_service_server::{RiskService, RiskServiceServer};
+
+/// The largest message the service decodes: a name, a version, a reason.
+const MAX_MESSAGE_BYTES: usize = 4 * MAX_REASON_BYTES + 4096;
+
+/// The risk service over the edge's halts.
+pub struct Risk {
+    shared: Arc<Edge>,
+}
+
+impl Risk {
+    /// The service, ready to add to a router.
+    pub fn service(shared: Arc<Edge>) -> RiskServiceServer<Risk> {
+        RiskServiceServer::new(Risk { shared }).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+#[tonic::async_trait]
+impl RiskService for Risk {
+    async fn model_halt(
+        &self,
+        request: Request<pb::ModelHaltRequest>,
+    ) -> Result<Response<pb::ModelHaltResponse>, Status> {
+        let r = request.into_inner();
+        let (model, version) =
+            halts::version_of(&self.shared, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
+        let (halt, kept) = self.shared.halts.halt(&model, &version, &r.reason, "api");
+        Ok(Response::new(pb::ModelHaltResponse {
+            model_name: model,
+            model_version: version,
+            reason: halt.reason,
+            by: halt.by,
+            since: halt.since,
+            kept: kept.is_ok(),
+        }))
+    }
+
+    async fn model_resume(
+        &self,
+        request: Request<pb::ModelResumeRequest>,
+    ) -> Result<Response<pb::ModelResumeResponse>, Status> {
+        let r = request.into_inner();
+        let (model, version) =
+            halts::version_of(&self.shared, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
+        let (halt, kept) = self.shared.halts.resume(&model, &version);
+        Ok(Response::new(pb::ModelResumeResponse {
+            model_name: model,
+            model_version: version,
+            resumed: halt.is_some(),
+            kept: kept.is_ok(),
+        }))
+    }
+}

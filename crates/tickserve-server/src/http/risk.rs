@@ -1,0 +1,63 @@
+//! The kill switch over HTTP: `POST /v2/models/M/versions/V/halt` (body
+//! `{"reason": "..."}`, optional) and `.../resume`, in the
+//! `model-repository` key group. The gRPC side is `grpc::risk`.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tickserve_core::Error;
+
+use super::{HttpError, SMALL_BODY_BYTES};
+use crate::edge::Edge;
+use crate::edge::body;
+use crate::edge::routes::ModelRef;
+
+/// `POST .../versions/V/halt`.
+pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
+    let (model, version) =
+        crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let body = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
+    let reason = if body.is_empty() {
+        String::new()
+    } else {
+        let value: Value = serde_json::from_slice(&body)
+            .map_err(|e| Error::request(&model, format!("the body is not JSON: {e}")))?;
+        match value.get("reason") {
+            None => String::new(),
+            Some(Value::String(reason)) => reason.clone(),
+            Some(other) => {
+                return Err(Error::request(
+                    &model,
+                    format!("reason must be a string; got {other}"),
+                )
+                .into());
+            }
+        }
+    };
+    let (halt, kept) = edge.halts.halt(&model, &version, &reason, "api");
+    Ok(axum::Json(json!({
+        "model_name": model,
+        "model_version": version,
+        "halted": true,
+        "reason": halt.reason,
+        "by": halt.by,
+        "since": halt.since,
+        "kept": kept.is_ok(),
+    }))
+    .into_response())
+}
+
+/// `POST .../versions/V/resume`.
+pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
+    let (model, version) =
+        crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let _ = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
+    let (halt, kept) = edge.halts.resume(&model, &version);
+    Ok(axum::Json(json!({
+        "model_name": model,
+        "model_version": version,
+        "resumed": halt.is_some(),
+        "kept": kept.is_ok(),
+    }))
+    .into_response())
+}
