@@ -68,7 +68,18 @@ pub struct OrtCompileRequest<'a> {
     /// weights, added as [`SOLE_MEMBER`] and used for the warm-up runs.
     pub weights: Option<&'a [Weight]>,
 }
+/// The file name of the ONNX Runtime library this process loaded.
+static LOADED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 impl OrtEngine {
+    /// The loaded ONNX Runtime: its library's file name (which carries the
+    /// version: `libonnxruntime.so.1.31.1`) and its build as the library
+    /// reports it (git commit, build type).
+    pub fn build_info(&self) -> String {
+        let library = LOADED.get().map_or("?", String::as_str);
+        format!("{library} ({})", ort::info().trim())
+    }
+
     /// Loads ONNX Runtime from `library` and creates its environment, once per
     /// process: ONNX Runtime allows one environment per process, so later calls
     /// (a second server in a test, a benchmark with other options) share the
@@ -103,6 +114,10 @@ impl OrtEngine {
             .build()
             .map_err(|e| format!("could not create the ONNX Runtime environment: {e}"))?;
         *shared = Some(environment.clone());
+        let _ = LOADED.set(library.file_name().map_or_else(
+            || library.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ));
         Ok(OrtEngine {
             environment,
             options,

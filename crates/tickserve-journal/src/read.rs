@@ -33,6 +33,9 @@ pub struct JournalFile {
     pub first: u64,
     /// It ends with the stream's end marker (closed by its writer).
     pub finished: bool,
+    /// What its predictions were computed on (`name → value`); empty for a
+    /// file of a server that did not say.
+    pub machine: std::collections::BTreeMap<String, String>,
 }
 
 /// Which stream a file belongs to.
@@ -116,11 +119,16 @@ impl JournalFile {
         let first = get(FIRST_RECORD)?
             .parse()
             .map_err(|e| format!("{FIRST_RECORD}: {e}"))?;
+        let machine = meta
+            .get(crate::schema::MACHINE)
+            .and_then(|m| serde_json::from_str(m).ok())
+            .unwrap_or_default();
         Ok(JournalFile {
             path: path.to_path_buf(),
             stream,
             first,
             finished,
+            machine,
         })
     }
 

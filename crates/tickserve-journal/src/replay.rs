@@ -42,12 +42,19 @@ pub struct ReplayReport {
     pub mismatches: Vec<String>,
     /// The largest absolute difference seen in any float output.
     pub worst_difference: f64,
+    /// How the machine the records were computed on differs from this one
+    /// (`cpu_isa: recorded '...', here '...'`), each once: a reason bits may
+    /// differ, said before any comparison.
+    pub machine_differences: Vec<String>,
 }
 
 impl ReplayReport {
     /// The report for people.
     pub fn text(&self) -> String {
         let mut out = String::new();
+        for m in &self.machine_differences {
+            let _ = writeln!(out, "MACHINE DIFFERS: {m}");
+        }
         for m in self.not_replayed.iter().take(50) {
             let _ = writeln!(out, "NOT REPLAYED: {m}");
         }
@@ -76,6 +83,14 @@ impl ReplayReport {
 pub async fn replay(dir: &Path, runtime: &Runtime) -> Result<ReplayReport, String> {
     let journal = scan_dir(dir)?;
     let mut report = ReplayReport::default();
+    let here = runtime.machine();
+    for file in journal.streams.values().flatten() {
+        for difference in machine_differences(&file.machine, &here) {
+            if !report.machine_differences.contains(&difference) {
+                report.machine_differences.push(difference);
+            }
+        }
+    }
     let mut replay_id = 0u64;
     for (id, files) in &journal.streams {
         let handle = match runtime.model(&id.model, Some(&id.version)) {
@@ -267,6 +282,21 @@ fn compare(
     } else {
         Err(differences.join("; "))
     }
+}
+
+/// Each name whose value differs between the machine that `recorded` and
+/// this one (`here`), as words; nothing for a file that named no machine.
+pub fn machine_differences(
+    recorded: &std::collections::BTreeMap<String, String>,
+    here: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    recorded
+        .iter()
+        .filter_map(|(name, then)| {
+            let now = here.get(name).map_or("(not known here)", String::as_str);
+            (then != now).then(|| format!("{name}: recorded '{then}', here '{now}'"))
+        })
+        .collect()
 }
 
 /// The outputs a record holds: its model outputs, or its Monte Carlo ones.

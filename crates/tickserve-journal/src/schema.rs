@@ -29,6 +29,10 @@ pub const MODEL: &str = "tickserve.model";
 pub const VERSION: &str = "tickserve.version";
 /// Schema metadata: the SHA-256 of the `model.onnx` that answered.
 pub const DIGEST: &str = "tickserve.model_digest";
+/// Schema metadata: what the predictions were computed on (JSON: the
+/// server's version, the engine's build, the CPU and its instruction-set
+/// extensions, the GPUs, the OS), for `journal replay` to compare.
+pub const MACHINE: &str = "tickserve.machine";
 /// Schema metadata: the number of the file's first record.
 pub const FIRST_RECORD: &str = "tickserve.first_record";
 /// Field metadata: a tensor column's datatype (`FP32`).
@@ -78,13 +82,13 @@ impl Layout {
     }
 
     /// The schema of a file of `model` version `version` (file digest
-    /// `digest`) written by `run`, whose first record is `first`.
+    /// `digest`) written by `run` on `machine` (JSON), whose first record is
+    /// `first`.
     pub fn schema(
         &self,
         run: &str,
-        model: &str,
-        version: &str,
-        digest: &str,
+        (model, version, digest): (&str, &str, &str),
+        machine: &str,
         first: u64,
     ) -> SchemaRef {
         let mut fields = vec![
@@ -149,6 +153,7 @@ impl Layout {
             (MODEL.to_string(), model.to_string()),
             (VERSION.to_string(), version.to_string()),
             (DIGEST.to_string(), digest.to_string()),
+            (MACHINE.to_string(), machine.to_string()),
             (FIRST_RECORD.to_string(), first.to_string()),
         ]);
         Arc::new(Schema::new_with_metadata(fields, metadata))

@@ -94,8 +94,12 @@ enum Message {
 
 impl Journal {
     /// Starts the journal's writer over `config.directory` (made if missing);
-    /// the files of this run are named after `run`.
-    pub fn start(config: &JournalConfig) -> Result<Arc<Journal>, String> {
+    /// every file it writes names `machine` (what the predictions are
+    /// computed on: `Runtime::machine`).
+    pub fn start(
+        config: &JournalConfig,
+        machine: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Arc<Journal>, String> {
         private_dir(&config.directory).map_err(|e| {
             format!(
                 "journal.directory {}: cannot create it: {e}",
@@ -113,6 +117,7 @@ impl Journal {
         let writer = Writer {
             config: config.clone(),
             run: run.clone(),
+            machine: serde_json::to_string(machine).unwrap_or_default(),
             shared: Arc::clone(&shared),
             streams: HashMap::new(),
             last_log: None,
@@ -347,6 +352,8 @@ type StreamKey = (String, String, String);
 struct Writer {
     config: JournalConfig,
     run: String,
+    /// What this process computes on, as JSON, for every file's schema.
+    machine: String,
     shared: Arc<Shared>,
     streams: HashMap<StreamKey, Stream>,
     last_log: Option<Instant>,
@@ -566,10 +573,12 @@ impl Writer {
         let schema = match &stream.file {
             Some(file) => Arc::clone(&file.schema),
             None => {
-                let schema =
-                    stream
-                        .layout
-                        .schema(&run, &key.0, &key.1, &key.2, stream.position.next);
+                let schema = stream.layout.schema(
+                    &run,
+                    (&key.0, &key.1, &key.2),
+                    &self.machine,
+                    stream.position.next,
+                );
                 let path = file_path(&self.config.directory, key, &run, stream.position.next);
                 stream.file = Some(open(&path, &schema, &self.shared.fail_writes)?);
                 schema
@@ -743,8 +752,9 @@ mod tests {
             directory: dir.path().to_path_buf(),
             ..JournalConfig::default()
         };
-        let first = Journal::start(&config).expect("the first journal starts");
-        let second = Journal::start(&config).expect("the second journal starts");
+        let machine = Default::default();
+        let first = Journal::start(&config, &machine).expect("the first journal starts");
+        let second = Journal::start(&config, &machine).expect("the second journal starts");
         assert_ne!(first.run(), second.run());
     }
 

@@ -20,6 +20,27 @@ use tickserve_engine_cuda::{CudaEngine, CudaOptions, Gpus};
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tickserve_onnx::ModelGraph;
 
+/// The CPU instruction-set extensions ONNX Runtime's kernels choose among:
+/// a prediction computed with one set may differ in its last bits from one
+/// computed with another.
+const ISA_FLAGS: &[&str] = &[
+    "sse4_1",
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+];
+
 /// An engine as the runtime holds it: compiles ONNX graphs.
 pub type SharedEngine = Arc<dyn Engine<ModelGraph>>;
 
@@ -29,6 +50,8 @@ pub struct Engines {
     cpu: SharedEngine,
     gpu: SharedEngine,
     gpus: Arc<Gpus>,
+    /// ONNX Runtime's build, where this process loaded it.
+    onnxruntime: Option<String>,
 }
 
 /// One replica's place: its device, and whether `auto` chose it (a GPU that
@@ -67,6 +90,7 @@ impl Engines {
         let gpus = Gpus::probe();
         tracing::info!("devices: {}", gpus.describe());
         Ok(Engines {
+            onnxruntime: Some(ort.build_info()),
             cpu: Arc::new(ort),
             gpu: Arc::new(CudaEngine::new(CudaOptions {
                 tf32: config.runtime.cuda_tf32,
@@ -83,7 +107,50 @@ impl Engines {
             cpu,
             gpu,
             gpus: Arc::new(gpus),
+            onnxruntime: None,
         }
+    }
+
+    /// What predictions here are computed on, as `name → value`: the server's
+    /// version, ONNX Runtime's build and its thread setting, the CPU and the
+    /// instruction-set extensions it has that ONNX Runtime's kernels choose
+    /// among, the GPUs, the OS kernel. The journal keeps it with every file,
+    /// and `journal replay` compares it with the machine it runs on.
+    pub fn machine(&self, intra_op_threads: usize) -> std::collections::BTreeMap<String, String> {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpuinfo
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let flags = field("flags");
+        let present: Vec<&str> = ISA_FLAGS
+            .iter()
+            .copied()
+            .filter(|f| flags.split_whitespace().any(|have| have == *f))
+            .collect();
+        let os = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        [
+            ("server", env!("CARGO_PKG_VERSION").to_string()),
+            (
+                "onnxruntime",
+                self.onnxruntime
+                    .clone()
+                    .unwrap_or_else(|| "not loaded".into()),
+            ),
+            ("onnxruntime_intra_op_threads", intra_op_threads.to_string()),
+            ("arch", std::env::consts::ARCH.to_string()),
+            ("cpu", field("model name")),
+            ("cpu_isa", present.join(" ")),
+            ("gpus", self.gpus.describe()),
+            ("os", format!("Linux {}", os.trim())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
     }
 
     /// The devices of a model placed on `placements` (its `devices`, or the

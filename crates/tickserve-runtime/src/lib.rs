@@ -368,6 +368,11 @@ impl Runtime {
         }
     }
 
+    /// What this process computes predictions on ([`Engines::machine`]).
+    pub fn machine(&self) -> std::collections::BTreeMap<String, String> {
+        self.engines.machine(self.config.runtime.intra_op_threads)
+    }
+
     /// Stops every executor after it finishes its queue, and waits for them.
     /// Handles still held elsewhere answer UNAVAILABLE from then on.
     pub fn shutdown(self) {

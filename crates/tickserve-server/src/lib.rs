@@ -140,7 +140,10 @@ impl Server {
                 })?
         };
         let journal = if config.journal.enabled {
-            Some(tickserve_journal::Journal::start(&config.journal).map_err(anyhow::Error::msg)?)
+            Some(
+                tickserve_journal::Journal::start(&config.journal, &runtime.machine())
+                    .map_err(anyhow::Error::msg)?,
+            )
         } else {
             None
         };

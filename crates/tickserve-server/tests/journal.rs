@@ -190,6 +190,111 @@ async fn replay_reruns_a_record_without_outputs_and_finds_nothing_to_compare() {
     server.shutdown().await.unwrap();
 }
 
+/// Every file names what its predictions were computed on; replay says
+/// which of it differs on the machine it runs on before it compares bits
+/// (here: a file rewritten as if made on a CPU with other extensions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_file_names_its_machine_and_replay_says_what_differs_here() {
+    let journal = tempfile::tempdir().unwrap();
+    let config = journaled(&common::root().join("config/models"), journal.path());
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    for n in 0..2 {
+        assert_eq!(post_alpha(&base, n).await, reqwest::StatusCode::OK);
+    }
+    flush(&server).await;
+    let files = walk(journal.path());
+    let header = tickserve_journal::read::JournalFile::open(&files[0]).unwrap();
+    for name in [
+        "server",
+        "onnxruntime",
+        "cpu",
+        "cpu_isa",
+        "gpus",
+        "os",
+        "arch",
+    ] {
+        assert!(
+            header.machine.contains_key(name),
+            "{name}: {:?}",
+            header.machine
+        );
+    }
+    assert!(
+        header.machine["onnxruntime"].contains("1.31"),
+        "{:?}",
+        header.machine
+    );
+    assert_eq!(header.machine["onnxruntime_intra_op_threads"], "1");
+    let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
+        .await
+        .unwrap();
+    assert!(replay.machine_differences.is_empty(), "{}", replay.text());
+
+    // The same records, as if computed where the CPU had AVX-512.
+    let file = read_file(&files[0]).unwrap();
+    let batch = &file.batches[0];
+    let schema = batch.schema();
+    let mut meta = schema.metadata().clone();
+    let mut machine = header.machine.clone();
+    machine.insert("cpu_isa".into(), "sse4_2 avx2 avx512f".into());
+    meta.insert(
+        "tickserve.machine".to_string(),
+        serde_json::to_string(&machine).unwrap(),
+    );
+    let schema = Arc::new(schema.as_ref().clone().with_metadata(meta));
+    let out = std::fs::File::create(&files[0]).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(out, &schema).unwrap();
+    for batch in &file.batches {
+        let batch =
+            arrow_array::RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
+                .unwrap();
+        writer.write(&batch).unwrap();
+    }
+    writer.finish().unwrap();
+    let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
+        .await
+        .unwrap();
+    let text = replay.text();
+    assert_eq!(replay.machine_differences.len(), 1, "{text}");
+    assert!(
+        text.starts_with("MACHINE DIFFERS: cpu_isa: recorded 'sse4_2 avx2 avx512f', here '"),
+        "{text}"
+    );
+    // The bits still compare (here they are the same).
+    assert_eq!(replay.identical, 2, "{text}");
+    server.shutdown().await.unwrap();
+}
+
+/// An answer a guard withheld is recorded with what the model said, status
+/// `withheld` and the message naming the guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withheld_answer_is_recorded_with_its_outputs_and_the_guard() {
+    use arrow_array::cast::AsArray;
+    let repository = tempfile::tempdir().unwrap();
+    common::deploy_version(repository.path(), "alpha_mlp", 1, "alpha_mlp");
+    std::fs::write(
+        repository.path().join("alpha_mlp/model.toml"),
+        "[[guard]]\noutput = \"probabilities\"\nmax = 0.0\n",
+    )
+    .unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let server = common::start(&journaled(repository.path(), journal.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    assert_eq!(post_alpha(&base, 0).await.as_u16(), 422);
+    flush(&server).await;
+    let file = read_file(&walk(journal.path())[0]).unwrap();
+    let batch = &file.batches[0];
+    let column = |name: &str| batch.column(batch.schema().index_of(name).unwrap()).clone();
+    assert_eq!(column("status").as_string::<i32>().value(0), "withheld");
+    let error = column("error");
+    let error = error.as_string::<i32>().value(0);
+    assert!(error.contains("guard on output 'probabilities'"), "{error}");
+    let outputs = column("output.probabilities");
+    assert!(outputs.is_valid(0), "the model's outputs are kept");
+    server.shutdown().await.unwrap();
+}
+
 /// `post_alpha`'s request `n` with Monte Carlo `parameters`.
 fn alpha_mc(n: usize, parameters: serde_json::Value) -> serde_json::Value {
     let mut body = alpha_body(n);
