@@ -295,6 +295,77 @@ async fn a_withheld_answer_is_recorded_with_its_outputs_and_the_guard() {
     server.shutdown().await.unwrap();
 }
 
+/// A halt and a resume are records of the version's stream, between its
+/// predictions: status `halted` / `resumed`, the reason in `error`, the
+/// front end they came over; a refused request while halted is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halts_and_resumes_are_records_between_the_predictions() {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    let journal = tempfile::tempdir().unwrap();
+    let server = common::start(&journaled(
+        &common::root().join("config/models"),
+        journal.path(),
+    ))
+    .await;
+    let base = format!("http://{}", server.http_addr);
+    let control = |verb: &'static str| {
+        let url = format!("{base}/v2/models/alpha_mlp/versions/1/{verb}");
+        async move {
+            let answer = reqwest::Client::new()
+                .post(url)
+                .json(&serde_json::json!({"reason": "limits breached"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status().as_u16(), 200);
+        }
+    };
+    assert_eq!(post_alpha(&base, 0).await.as_u16(), 200);
+    control("halt").await;
+    assert_eq!(post_alpha(&base, 1).await.as_u16(), 503);
+    control("resume").await;
+    assert_eq!(post_alpha(&base, 2).await.as_u16(), 200);
+    flush(&server).await;
+    let mut statuses = Vec::new();
+    for path in walk(journal.path()) {
+        for batch in &read_file(&path).unwrap().batches {
+            let column = |name: &str| batch.column(batch.schema().index_of(name).unwrap()).clone();
+            let (status, error, protocol) = (column("status"), column("error"), column("protocol"));
+            for row in 0..batch.num_rows() {
+                let error = error.as_string::<i32>();
+                statuses.push((
+                    status.as_string::<i32>().value(row).to_string(),
+                    protocol.as_string::<i32>().value(row).to_string(),
+                    error.is_valid(row).then(|| error.value(row).to_string()),
+                ));
+            }
+        }
+    }
+    let kinds: Vec<&str> = statuses.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["ok", "halted", "unavailable", "resumed", "ok"],
+        "{statuses:?}"
+    );
+    assert_eq!(statuses[1].1, "http");
+    assert!(
+        statuses[1]
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("limits breached"),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses[3].2.as_deref().unwrap().starts_with("resumed"),
+        "{statuses:?}"
+    );
+    server.shutdown().await.unwrap();
+    let report = verify(journal.path()).unwrap();
+    assert!(report.sound(), "{}", report.text());
+}
+
 /// `post_alpha`'s request `n` with Monte Carlo `parameters`.
 fn alpha_mc(n: usize, parameters: serde_json::Value) -> serde_json::Value {
     let mut body = alpha_body(n);

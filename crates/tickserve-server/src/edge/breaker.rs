@@ -30,7 +30,7 @@ impl Breakers {
 
     /// Counts a guard trip of `handle`'s version; at its breaker's `trips`
     /// within its `window`, halts the version.
-    pub fn tripped(&self, handle: &ModelHandle) {
+    pub fn tripped(&self, handle: &Arc<ModelHandle>) {
         let Some(breaker) = &handle.settings.breaker else {
             return;
         };
@@ -59,9 +59,7 @@ impl Breakers {
                 "{count} guard trips within {}",
                 humantime::format_duration(breaker.window)
             );
-            let _ = self
-                .halts
-                .halt(&handle.name, &handle.version, &reason, "breaker");
+            let _ = self.halts.halt(handle, &reason, "breaker");
         }
     }
 }

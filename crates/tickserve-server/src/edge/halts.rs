@@ -8,10 +8,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
+use tickserve_journal::Journal;
+use tickserve_runtime::ModelHandle;
 
 /// The longest reason kept, in bytes (a longer one is cut at a character).
 pub const MAX_REASON_BYTES: usize = 512;
@@ -43,11 +45,22 @@ impl Halt {
 }
 
 /// The halted versions, by `(model, version)`.
-#[derive(Debug)]
 pub struct Halts {
     file: Option<PathBuf>,
     any: AtomicBool,
     table: RwLock<BTreeMap<(String, String), Halt>>,
+    /// Where halts and resumes are recorded, beside the version's
+    /// predictions (status `halted` or `resumed`, the words as the error).
+    journal: Option<Arc<Journal>>,
+}
+
+impl std::fmt::Debug for Halts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Halts")
+            .field("file", &self.file)
+            .field("table", &self.all())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The file's form: `{"model/version": Halt}`.
@@ -60,7 +73,14 @@ impl Halts {
             file: None,
             any: AtomicBool::new(false),
             table: RwLock::new(BTreeMap::new()),
+            journal: None,
         }
+    }
+
+    /// These halts, recording each halt and resume in `journal`.
+    pub fn with_journal(mut self, journal: Option<Arc<Journal>>) -> Halts {
+        self.journal = journal;
+        self
     }
 
     /// The halts kept in `file` (none when it does not exist yet); a file
@@ -75,6 +95,7 @@ impl Halts {
             file,
             any: AtomicBool::new(!table.is_empty()),
             table: RwLock::new(table),
+            journal: None,
         };
         for ((model, version), _) in halts.all() {
             gauge(&model, &version, true);
@@ -93,48 +114,96 @@ impl Halts {
             .cloned()
     }
 
-    /// Halts `model` `version` (`by`: `api` or `breaker`); a version halted
-    /// already keeps its first halt. The halt and whether it was kept in the
-    /// halts file (`Err` with why not: it applies all the same).
+    /// Halts `handle`'s version, asked over `via` (`http`, `grpc`, or
+    /// `breaker`); a version halted already keeps its first halt. The halt
+    /// and whether it was kept in the halts file (`Err` with why not: it
+    /// applies all the same). A new halt is journaled when the journal takes
+    /// the model.
     pub fn halt(
+        &self,
+        handle: &Arc<ModelHandle>,
+        reason: &str,
+        via: &'static str,
+    ) -> (Halt, Result<(), String>) {
+        let by = if via == "breaker" { "breaker" } else { "api" };
+        let (halt, new, kept) = self.set(&handle.name, &handle.version, reason, by);
+        if new {
+            self.record(handle, via, "halted", halt.words());
+        }
+        (halt, kept)
+    }
+
+    /// Resumes `handle`'s version, asked over `via`: its halt, if it had
+    /// one, and whether the halts file was rewritten.
+    pub fn resume(
+        &self,
+        handle: &Arc<ModelHandle>,
+        via: &'static str,
+    ) -> (Option<Halt>, Result<(), String>) {
+        let (halt, kept) = self.clear(&handle.name, &handle.version);
+        if let Some(halt) = &halt {
+            let words = format!("resumed; it was halted {}", halt.words());
+            self.record(handle, via, "resumed", words);
+        }
+        (halt, kept)
+    }
+
+    /// Halts `model` `version` (`by`: `api` or `breaker`): the halt in
+    /// force, whether it is new, and whether the file was rewritten.
+    fn set(
         &self,
         model: &str,
         version: &str,
         reason: &str,
         by: &str,
-    ) -> (Halt, Result<(), String>) {
+    ) -> (Halt, bool, Result<(), String>) {
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        let halt = table
-            .entry((model.to_string(), version.to_string()))
-            .or_insert_with(|| Halt {
-                reason: clip(reason),
-                by: by.to_string(),
-                since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            })
-            .clone();
+        let key = (model.to_string(), version.to_string());
+        if let Some(halt) = table.get(&key) {
+            return (halt.clone(), false, Ok(()));
+        }
+        let halt = Halt {
+            reason: clip(reason),
+            by: by.to_string(),
+            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        table.insert(key, halt.clone());
         self.any.store(true, Ordering::Relaxed);
         gauge(model, version, true);
         tracing::warn!(model, version, by, reason = %halt.reason, "version halted");
         let kept = self.keep(&table);
-        (halt, kept)
+        (halt, true, kept)
     }
 
     /// Resumes `model` `version`: its halt, if it had one, and whether the
-    /// halts file was rewritten.
-    pub fn resume(&self, model: &str, version: &str) -> (Option<Halt>, Result<(), String>) {
+    /// file was rewritten.
+    fn clear(&self, model: &str, version: &str) -> (Option<Halt>, Result<(), String>) {
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
         let halt = table.remove(&(model.to_string(), version.to_string()));
         self.any.store(!table.is_empty(), Ordering::Relaxed);
-        if halt.is_some() {
-            gauge(model, version, false);
-            tracing::warn!(model, version, "version resumed");
-        }
-        let kept = if halt.is_some() {
-            self.keep(&table)
-        } else {
-            Ok(())
+        let kept = match &halt {
+            Some(_) => {
+                gauge(model, version, false);
+                tracing::warn!(model, version, "version resumed");
+                self.keep(&table)
+            }
+            None => Ok(()),
         };
         (halt, kept)
+    }
+
+    /// A halt or resume of `handle`'s version as a journal record: status
+    /// `status`, `words` as its error, the front end it came over.
+    fn record(
+        &self,
+        handle: &Arc<ModelHandle>,
+        via: &'static str,
+        status: &'static str,
+        words: String,
+    ) {
+        if let Some(journal) = self.journal.as_ref().filter(|j| j.wants(handle)) {
+            super::journal::event(journal, handle, via, status, words);
+        }
     }
 
     /// Every halt.
@@ -167,22 +236,21 @@ impl Halts {
     }
 }
 
-/// The model and version a halt or resume names: the version must be given
-/// (a halt is of one version, never "whichever is the default now") and be
-/// one the server has (a label names its version).
+/// The version a halt or resume names: it must be given (a halt is of one
+/// version, never "whichever is the default now") and be one the server has
+/// (a label names its version).
 pub fn version_of(
     edge: &super::Edge,
     model: &str,
     version: Option<&str>,
-) -> Result<(String, String), tickserve_core::Error> {
+) -> Result<Arc<ModelHandle>, tickserve_core::Error> {
     let Some(version) = version.filter(|v| !v.is_empty()) else {
         return Err(tickserve_core::Error::request(
             model,
             "a halt or resume names its version: POST /v2/models/MODEL/versions/VERSION/halt",
         ));
     };
-    let handle = edge.runtime.model(model, Some(version))?;
-    Ok((handle.name.clone(), handle.version.clone()))
+    edge.runtime.model(model, Some(version))
 }
 
 /// The halts in `path`; none when it does not exist.
@@ -246,19 +314,19 @@ mod tests {
         let file = dir.path().join("halts.json");
         let halts = Halts::open(Some(file.clone())).unwrap();
         assert_eq!(halts.check("m", "1"), None);
-        let (halt, kept) = halts.halt("m", "1", "  bad fills  ", "api");
-        assert!(kept.is_ok());
+        let (halt, new, kept) = halts.set("m", "1", "  bad fills  ", "api");
+        assert!(new && kept.is_ok());
         assert_eq!(
             (halt.reason.as_str(), halt.by.as_str()),
             ("bad fills", "api")
         );
         // A second halt keeps the first.
-        let (again, _) = halts.halt("m", "1", "other", "breaker");
-        assert_eq!(again, halt);
+        let (again, new, _) = halts.set("m", "1", "other", "breaker");
+        assert_eq!((again, new), (halt.clone(), false));
         let reopened = Halts::open(Some(file.clone())).unwrap();
         assert_eq!(reopened.check("m", "1"), Some(halt.clone()));
         assert_eq!(reopened.check("m", "2"), None);
-        let (resumed, kept) = reopened.resume("m", "1");
+        let (resumed, kept) = reopened.clear("m", "1");
         assert_eq!(resumed, Some(halt));
         assert!(kept.is_ok());
         assert_eq!(Halts::open(Some(file)).unwrap().all(), Vec::new());

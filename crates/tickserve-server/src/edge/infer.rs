@@ -629,7 +629,7 @@ impl<E> AfterRun<E> {
 /// leaves its state as it was ([`AfterRun::conclude`] keeps the new state
 /// only with an answer).
 fn guard(
-    handle: &ModelHandle,
+    handle: &Arc<ModelHandle>,
     result: Result<InferResponse, Error>,
     breakers: Option<&Breakers>,
 ) -> (Result<InferResponse, Error>, Option<InferResponse>) {

@@ -266,3 +266,19 @@ impl Pending {
             .map(|t| u32::try_from(t).unwrap_or(u32::MAX));
     }
 }
+
+/// A halt or resume of `handle`'s version as a record of its stream, over
+/// `protocol` (`http`, `grpc`, `breaker`): status `status` (`halted`,
+/// `resumed`), `words` as its error, no inputs or outputs. Not waited for.
+pub fn event(
+    journal: &Arc<Journal>,
+    handle: &Arc<ModelHandle>,
+    protocol: &'static str,
+    status: &'static str,
+    words: String,
+) {
+    let mut pending = Pending::new(journal, handle, protocol, Instant::now(), None, None);
+    pending.record.status = status;
+    pending.record.error = Some(words);
+    let _ = pending.journal.submit(pending.record);
+}

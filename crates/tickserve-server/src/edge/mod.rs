@@ -120,9 +120,10 @@ impl Edge {
             && self.halts.check(&handle.name, &handle.version).is_none()
     }
 
-    /// The edge, with `halts` (read from `[risk] halts_file`).
+    /// The edge, with `halts` (read from `[risk] halts_file`), journaled in
+    /// the edge's journal (call after [`Edge::with_journal`]).
     pub fn with_halts(mut self, halts: halts::Halts) -> Edge {
-        self.halts = Arc::new(halts);
+        self.halts = Arc::new(halts.with_journal(self.journal.clone()));
         self.breakers = Arc::new(breaker::Breakers::new(Arc::clone(&self.halts)));
         self
     }

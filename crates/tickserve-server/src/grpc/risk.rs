@@ -37,9 +37,10 @@ impl RiskService for Risk {
         request: Request<pb::ModelHaltRequest>,
     ) -> Result<Response<pb::ModelHaltResponse>, Status> {
         let r = request.into_inner();
-        let (model, version) =
+        let handle =
             halts::version_of(&self.shared, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
-        let (halt, kept) = self.shared.halts.halt(&model, &version, &r.reason, "api");
+        let (model, version) = (handle.name.clone(), handle.version.clone());
+        let (halt, kept) = self.shared.halts.halt(&handle, &r.reason, "grpc");
         Ok(Response::new(pb::ModelHaltResponse {
             model_name: model,
             model_version: version,
@@ -55,9 +56,10 @@ impl RiskService for Risk {
         request: Request<pb::ModelResumeRequest>,
     ) -> Result<Response<pb::ModelResumeResponse>, Status> {
         let r = request.into_inner();
-        let (model, version) =
+        let handle =
             halts::version_of(&self.shared, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
-        let (halt, kept) = self.shared.halts.resume(&model, &version);
+        let (model, version) = (handle.name.clone(), handle.version.clone());
+        let (halt, kept) = self.shared.halts.resume(&handle, "grpc");
         Ok(Response::new(pb::ModelResumeResponse {
             model_name: model,
             model_version: version,

@@ -14,8 +14,8 @@ use crate::edge::routes::ModelRef;
 
 /// `POST .../versions/V/halt`.
 pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
-    let (model, version) =
-        crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let handle = crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let (model, version) = (handle.name.clone(), handle.version.clone());
     let body = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
     let reason = if body.is_empty() {
         String::new()
@@ -34,7 +34,7 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
             }
         }
     };
-    let (halt, kept) = edge.halts.halt(&model, &version, &reason, "api");
+    let (halt, kept) = edge.halts.halt(&handle, &reason, "http");
     Ok(axum::Json(json!({
         "model_name": model,
         "model_version": version,
@@ -49,10 +49,10 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
 
 /// `POST .../versions/V/resume`.
 pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
-    let (model, version) =
-        crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let handle = crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let (model, version) = (handle.name.clone(), handle.version.clone());
     let _ = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
-    let (halt, kept) = edge.halts.resume(&model, &version);
+    let (halt, kept) = edge.halts.resume(&handle, "http");
     Ok(axum::Json(json!({
         "model_name": model,
         "model_version": version,
