@@ -1,7 +1,8 @@
 //! Output guards: bounds a model's answer must keep before it reaches a
 //! client (`[[guard]]` in `model.toml`). A guard names an output and
-//! optional `min` and `max` on every element; a non-finite element always
-//! trips. A tripped answer is withheld: the request gets
+//! optional `min` and `max` on every element, and for a sequence model
+//! `max_step`, the most an element may move from the sequence's last
+//! answered value; a non-finite element always trips. A tripped answer is withheld: the request gets
 //! [`crate::Error::GuardTripped`], naming the output, the bound and the
 //! element's position.
 //!
@@ -26,6 +27,9 @@ pub struct GuardConfig {
     pub min: Option<f64>,
     /// The greatest value an element may take.
     pub max: Option<f64>,
+    /// Sequence models: the most an element may differ from the same
+    /// element of the sequence's last answered value.
+    pub max_step: Option<f64>,
 }
 
 /// A guard, checked against a model's outputs.
@@ -37,6 +41,8 @@ pub struct Guard {
     pub min: Option<f64>,
     /// The greatest value an element may take.
     pub max: Option<f64>,
+    /// The most an element may move from the sequence's last answer.
+    pub max_step: Option<f64>,
 }
 
 /// What tripped a guard: which output, which bound, where and what.
@@ -44,7 +50,8 @@ pub struct Guard {
 pub struct Trip {
     /// The output.
     pub output: String,
-    /// The bound it broke: `finite`, `min` or `max` (the metric's label).
+    /// The bound it broke: `finite`, `min`, `max` or `max_step` (the
+    /// metric's label).
     pub guard: &'static str,
     /// The bound's words (`max = 1`, `finite`).
     pub bound: String,
@@ -60,7 +67,9 @@ pub struct Guards(Vec<Guard>);
 
 impl Guards {
     /// Checks `configs` against the model's `outputs` (name and datatype):
-    /// each names a numeric output, its bounds are finite and `min <= max`.
+    /// each names a numeric output, its bounds are finite, `min <= max` and
+    /// `max_step` is not negative (the caller checks that a `max_step` is on
+    /// a sequence model).
     pub fn resolve(
         configs: &[GuardConfig],
         outputs: &[(&str, DataType)],
@@ -80,7 +89,11 @@ impl Guards {
             if *datatype == DataType::Bool {
                 return Err(format!("{}: a BOOL output has no bounds", at()));
             }
-            for (name, bound) in [("min", config.min), ("max", config.max)] {
+            for (name, bound) in [
+                ("min", config.min),
+                ("max", config.max),
+                ("max_step", config.max_step),
+            ] {
                 if bound.is_some_and(|b| !b.is_finite()) {
                     return Err(format!("{}: {name} must be a finite number", at()));
                 }
@@ -90,10 +103,14 @@ impl Guards {
             {
                 return Err(format!("{}: min ({min}) is above max ({max})", at()));
             }
+            if config.max_step.is_some_and(|step| step < 0.0) {
+                return Err(format!("{}: max_step must not be negative", at()));
+            }
             guards.push(Guard {
                 output: config.output.clone(),
                 min: config.min,
                 max: config.max,
+                max_step: config.max_step,
             });
         }
         Ok(Guards(guards))
@@ -104,28 +121,63 @@ impl Guards {
         self.0.is_empty()
     }
 
-    /// The first element of `response` that trips a guard, if any.
-    pub fn check(&self, response: &InferResponse) -> Option<Trip> {
+    /// The outputs a `max_step` guard watches: a sequence keeps their last
+    /// answered values.
+    pub fn step_outputs(&self) -> impl Iterator<Item = &str> {
+        self.0
+            .iter()
+            .filter(|g| g.max_step.is_some())
+            .map(|g| g.output.as_str())
+    }
+
+    /// The first element of `response` that trips a guard, if any;
+    /// `previous` gives a sequence's last answered values of an output (for
+    /// `max_step`).
+    pub fn check<'p>(
+        &self,
+        response: &InferResponse,
+        previous: impl Fn(&str) -> Option<&'p [u8]>,
+    ) -> Option<Trip> {
         self.0.iter().find_map(|guard| {
             response
                 .outputs
                 .iter()
                 .filter(|o| carries(&o.name, &guard.output))
-                .find_map(|output| guard.check(output))
+                .find_map(|output| {
+                    // A step compares the output itself, not a Monte Carlo summary.
+                    let last = (*output.name == *guard.output)
+                        .then(|| previous(&guard.output))
+                        .flatten();
+                    guard.check(output, last)
+                })
         })
     }
 }
 
 impl Guard {
-    /// The first element of `output` outside this guard's bounds.
-    fn check(&self, output: &OutputTensor) -> Option<Trip> {
+    /// The first element of `output` outside this guard's bounds; `last`
+    /// is the sequence's last answered values of the output, for `max_step`
+    /// (compared element by element when it holds as many).
+    fn check(&self, output: &OutputTensor, last: Option<&[u8]>) -> Option<Trip> {
         let width = output.datatype.size();
+        let last = last.filter(|l| l.len() == output.data.len());
         output
             .data
             .chunks_exact(width)
             .enumerate()
             .find_map(|(index, bytes)| {
                 let value = element(output.datatype, bytes)?;
+                let step = |step: f64| {
+                    let before = last
+                        .and_then(|l| l.get(index * width..(index + 1) * width))
+                        .and_then(|b| element(output.datatype, b))?;
+                    ((value - before).abs() > step).then(|| {
+                        (
+                            "max_step",
+                            format!("max_step = {step} of the last answer, {before}"),
+                        )
+                    })
+                };
                 let broke = if !value.is_finite() {
                     Some(("finite", "finite".to_string()))
                 } else if self.min.is_some_and(|min| value < min) {
@@ -133,7 +185,7 @@ impl Guard {
                 } else if self.max.is_some_and(|max| value > max) {
                     self.max.map(|max| ("max", format!("max = {max}")))
                 } else {
-                    None
+                    self.max_step.and_then(step)
                 };
                 broke.map(|(guard, bound)| Trip {
                     output: self.output.clone(),
@@ -219,26 +271,84 @@ mod tests {
             output: "signal".into(),
             min,
             max,
+            max_step: None,
         };
         Guards::resolve(&[config], &[("signal", DataType::Fp32)]).unwrap()
+    }
+
+    impl Guards {
+        /// `check` with no sequence behind the answer.
+        fn check_now(&self, response: &InferResponse) -> Option<Trip> {
+            self.check(response, |_| None)
+        }
+    }
+
+    #[test]
+    fn a_step_compares_each_element_with_the_last_answer_and_only_the_output_itself() {
+        let config = GuardConfig {
+            output: "signal".into(),
+            min: None,
+            max: None,
+            max_step: Some(0.25),
+        };
+        let g = Guards::resolve(&[config], &[("signal", DataType::Fp32)]).unwrap();
+        assert_eq!(g.step_outputs().collect::<Vec<_>>(), ["signal"]);
+        let last: Vec<u8> = [0.5f32, -0.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let previous = |name: &str| (name == "signal").then_some(last.as_slice());
+        // Within the step (0.25 exactly passes), then past it.
+        assert_eq!(g.check(&answer(&[0.75, -0.3], vec![1, 2]), previous), None);
+        let trip = g
+            .check(&answer(&[0.75, -0.8], vec![1, 2]), previous)
+            .unwrap();
+        assert_eq!((trip.guard, trip.position), ("max_step", vec![0, 1]));
+        assert!(
+            trip.bound
+                .contains("max_step = 0.25 of the last answer, -0.5"),
+            "{}",
+            trip.bound
+        );
+        // No last answer (a sequence's first tick), or one of another size: no step.
+        assert_eq!(g.check_now(&answer(&[9.0, 9.0], vec![1, 2])), None);
+        let short = |_: &str| Some(&last[..4]);
+        assert_eq!(g.check(&answer(&[9.0, 9.0], vec![1, 2]), short), None);
+        // A Monte Carlo summary is not stepped.
+        let mut mean = answer(&[9.0, 9.0], vec![1, 2]);
+        mean.outputs[0].name = "signal_mean".into();
+        assert_eq!(g.check(&mean, previous), None);
+        let negative = GuardConfig {
+            output: "signal".into(),
+            min: None,
+            max: None,
+            max_step: Some(-1.0),
+        };
+        let error = Guards::resolve(&[negative], &[("signal", DataType::Fp32)]).unwrap_err();
+        assert!(error.contains("max_step must not be negative"), "{error}");
     }
 
     #[test]
     fn each_bound_trips_naming_where_and_a_value_at_a_bound_passes() {
         let g = guards(Some(-1.0), Some(1.0));
-        assert_eq!(g.check(&answer(&[-1.0, 0.0, 1.0, 0.5], vec![2, 2])), None);
-        let trip = g.check(&answer(&[0.0, 0.0, 0.0, 1.5], vec![2, 2])).unwrap();
+        assert_eq!(
+            g.check_now(&answer(&[-1.0, 0.0, 1.0, 0.5], vec![2, 2])),
+            None
+        );
+        let trip = g
+            .check_now(&answer(&[0.0, 0.0, 0.0, 1.5], vec![2, 2]))
+            .unwrap();
         assert_eq!(
             (trip.guard, trip.bound.as_str(), trip.position, trip.value),
             ("max", "max = 1", vec![1, 1], 1.5)
         );
-        let trip = g.check(&answer(&[0.0, -2.0], vec![2, 1])).unwrap();
+        let trip = g.check_now(&answer(&[0.0, -2.0], vec![2, 1])).unwrap();
         assert_eq!((trip.guard, trip.position), ("min", vec![1, 0]));
         // Non-finite trips whatever the bounds, and with none.
         for g in [g, guards(None, None)] {
-            let trip = g.check(&answer(&[0.0, f32::NAN], vec![1, 2])).unwrap();
+            let trip = g.check_now(&answer(&[0.0, f32::NAN], vec![1, 2])).unwrap();
             assert_eq!((trip.guard, trip.position), ("finite", vec![0, 1]));
-            assert!(g.check(&answer(&[f32::INFINITY], vec![1, 1])).is_some());
+            assert!(g.check_now(&answer(&[f32::INFINITY], vec![1, 1])).is_some());
         }
     }
 
@@ -258,7 +368,7 @@ mod tests {
         ] {
             let mut high = answer(&[5.0], vec![1, 1]);
             high.outputs[0].name = name.into();
-            assert_eq!(g.check(&high).is_some(), checked, "{name}");
+            assert_eq!(g.check_now(&high).is_some(), checked, "{name}");
         }
     }
 
@@ -269,6 +379,7 @@ mod tests {
                 output: output.into(),
                 min,
                 max,
+                max_step: None,
             };
             Guards::resolve(
                 &[config],

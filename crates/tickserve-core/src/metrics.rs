@@ -118,7 +118,7 @@ pub const DEVICE_MEMORY: &str = "tickserve_device_memory_bytes";
 pub const DEVICE_MEMORY_USED: &str = "tickserve_device_memory_used_bytes";
 
 /// Answers withheld because an output broke a guard, labelled `model`,
-/// `version`, `output` and `guard` (`min`, `max`, `finite`).
+/// `version`, `output` and `guard` (`min`, `max`, `max_step`, `finite`).
 pub const GUARD_TRIPS: &str = "tickserve_guard_trips_total";
 
 /// 1 while a model version is halted (the kill switch or its breaker),

@@ -100,14 +100,29 @@ pub struct HeldState {
     control: SequenceControl,
     next: Vec<bytes::Bytes>,
     window_ticks: u64,
+    /// The sequence's last answered values of the outputs `max_step`
+    /// guards watch, before this tick.
+    previous: Vec<(String, bytes::Bytes)>,
+    /// This tick's values of those outputs.
+    answered: Vec<(String, bytes::Bytes)>,
 }
 
 impl HeldState {
     /// Keeps the tick's new state (or ends the sequence, for its last tick)
-    /// and passes the turn on.
+    /// and its answered values for the `max_step` guards, and passes the
+    /// turn on.
     pub fn apply(self) {
         self.turn
-            .finish(&self.control, self.next, self.window_ticks);
+            .finish(&self.control, self.next, self.window_ticks, self.answered);
+    }
+
+    /// The sequence's last answered values of `output` before this tick
+    /// (kept for an output a `max_step` guard watches), if it has any.
+    pub fn previous(&self, output: &str) -> Option<&[u8]> {
+        self.previous
+            .iter()
+            .find(|(name, _)| name == output)
+            .map(|(_, values)| values.as_ref())
     }
 }
 
@@ -432,7 +447,7 @@ impl ModelHandle {
                 clean = Some(valid.inputs);
             }
         }
-        let (answer, restarted, state_read, held) = match (sequence, &self.sequences) {
+        let (answer, restarted, state_read, mut held) = match (sequence, &self.sequences) {
             (Some(tick), Some(sequences)) => {
                 let turn = tick.entry.turn(&self.name, submission.deadline).await?;
                 let start = turn.begin(&tick.control)?;
@@ -462,6 +477,8 @@ impl ModelHandle {
                     control: tick.control,
                     next,
                     window_ticks: seen.unwrap_or(0),
+                    previous: start.last_answer,
+                    answered: Vec::new(),
                 };
                 (answer, start.restarted, read, Some(held))
             }
@@ -474,6 +491,18 @@ impl ModelHandle {
         };
         answer.sequence_restarted = restarted;
         answer.state_read = state_read;
+        // What a `max_step` guard compares the next tick with.
+        if let Some(held) = held.as_mut() {
+            held.answered = self
+                .settings
+                .guards
+                .step_outputs()
+                .filter_map(|output| {
+                    let tensor = answer.outputs.iter().find(|o| *o.name == *output)?;
+                    Some((output.to_string(), tensor.data.clone()))
+                })
+                .collect();
+        }
         Ok((answer, held))
     }
 

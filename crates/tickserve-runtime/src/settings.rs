@@ -149,6 +149,17 @@ impl ModelSettings {
         outputs: &[(&str, DataType)],
     ) -> Result<ModelSettings, String> {
         self.guards = Guards::resolve(&config.guard, outputs)?;
+        let sequence = &config.sequence;
+        if self.guards.step_outputs().next().is_some()
+            && sequence.state.is_empty()
+            && sequence.window.is_empty()
+        {
+            return Err(
+                "a guard's max_step needs a sequence model ([[sequence.state]] or \
+                 [[sequence.window]]): it bounds a sequence's move from its last answer"
+                    .to_string(),
+            );
+        }
         Ok(self)
     }
 }

@@ -55,6 +55,12 @@ fn repository() -> tempfile::TempDir {
         format!("{sample}\n[[guard]]\noutput = \"prediction\"\nmin = -0.35\n"),
     )
     .unwrap();
+    common::deploy_version(path, "stepped", 1, "seq_lstm_step");
+    std::fs::write(
+        path.join("stepped/model.toml"),
+        format!("{sample}\n[[guard]]\noutput = \"prediction\"\nmax_step = 0.05\n"),
+    )
+    .unwrap();
     dir
 }
 
@@ -250,5 +256,38 @@ async fn a_tripped_tick_leaves_its_sequence_as_it_was() {
     let prediction = answer["outputs"][0]["data"][0].as_f64().unwrap();
     assert!((prediction + 0.29582).abs() < 1e-4, "{answer}");
     assert_eq!(read().await.1, serde_json::json!(2));
+    server.shutdown().await.unwrap();
+}
+
+/// `max_step`: a tick whose prediction moves more than the step from the
+/// sequence's last answered one is withheld (the sequence stays as it was);
+/// the next tick is compared with the same last answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_guard_bounds_a_sequences_move_from_its_last_answer() {
+    let repository = repository();
+    let server = common::start(&common::config(repository.path())).await;
+    let infer = format!("http://{}/v2/models/stepped/infer", server.http_addr);
+    let tick = |start: bool, value: f32| {
+        serde_json::json!({
+            "parameters": {"sequence_id": 3, "sequence_start": start},
+            "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": vec![value; 8]}]
+        })
+    };
+    // -0.286: the first tick has nothing to step from.
+    let (status, answer) = common::post_json(&infer, &tick(true, 0.5)).await;
+    assert_eq!(status, 200, "{answer}");
+    // -0.362 moves 0.076 from -0.286: withheld.
+    let (status, answer) = common::post_json(&infer, &tick(false, 5.0)).await;
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"].as_str().unwrap();
+    assert!(
+        message.contains("max_step = 0.05 of the last answer, -0.286"),
+        "{message}"
+    );
+    // -0.296 moves 0.010 from -0.286 (the state is the first tick's): answered.
+    let (status, answer) = common::post_json(&infer, &tick(false, 0.25)).await;
+    assert_eq!(status, 200, "{answer}");
+    let prediction = answer["outputs"][0]["data"][0].as_f64().unwrap();
+    assert!((prediction + 0.29582).abs() < 1e-4, "{answer}");
     server.shutdown().await.unwrap();
 }

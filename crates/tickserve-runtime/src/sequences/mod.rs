@@ -113,6 +113,9 @@ struct SlotState {
     waiters: VecDeque<oneshot::Sender<Turn>>,
     /// Its next start is a restart after expiry (`idle_action = "restart"`).
     restart_pending: bool,
+    /// The last answered values of the outputs a `max_step` guard watches
+    /// (by name); not kept in snapshots.
+    last_answer: Vec<(String, Bytes)>,
 }
 
 impl Slot {
@@ -378,6 +381,7 @@ impl Sequences {
                 busy: true,
                 waiters: VecDeque::new(),
                 restart_pending: restarts,
+                last_answer: Vec::new(),
             }),
         });
         table.active.insert(id.clone(), Arc::clone(&slot));
@@ -607,6 +611,7 @@ impl Sequences {
                     busy: false,
                     waiters: VecDeque::new(),
                     restart_pending: false,
+                    last_answer: Vec::new(),
                 }),
             };
             table.active.insert(id, Arc::new(slot));
@@ -687,7 +692,7 @@ mod tests {
             panic!("no one else holds the turn");
         };
         let started = turn.begin(c)?;
-        turn.finish(c, row(next), 0);
+        turn.finish(c, row(next), 0, Vec::new());
         Ok(value(&started.state))
     }
 
@@ -838,7 +843,7 @@ mod tests {
             let started = turn.begin(&c).unwrap();
             assert!(started.restarted, "sequence {id}");
             assert_eq!(value(&started.state), 0.0);
-            turn.finish(&c, row(3.0), 0);
+            turn.finish(&c, row(3.0), 0, Vec::new());
         }
         assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 3.0);
     }

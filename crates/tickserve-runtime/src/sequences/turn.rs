@@ -67,6 +67,9 @@ pub struct TickStart {
     pub window_ticks: u64,
     /// The sequence expired and restarted (`idle_action = "restart"`).
     pub restarted: bool,
+    /// The last answered values of the outputs a `max_step` guard watches;
+    /// none for a start.
+    pub last_answer: Vec<(String, Bytes)>,
 }
 
 impl Turn {
@@ -79,6 +82,7 @@ impl Turn {
             state: spec.initial_state(),
             window_ticks: 0,
             restarted,
+            last_answer: Vec::new(),
         };
         let mut state = self.slot.lock();
         if control.start {
@@ -100,15 +104,23 @@ impl Turn {
                 state: rows.clone(),
                 window_ticks: state.window_ticks,
                 restarted: false,
+                last_answer: state.last_answer.clone(),
             }),
             Err(_) => Err(sequences.not_active(&control.id)),
         }
     }
 
     /// Records a tick's answer: `next` is the new state (the tick was
-    /// answered) with its windows holding `window_ticks`, and `end` ends the
-    /// sequence after it.
-    pub fn finish(&self, control: &SequenceControl, next: Vec<Bytes>, window_ticks: u64) {
+    /// answered) with its windows holding `window_ticks`, `answered` the
+    /// values it answered of the outputs a `max_step` guard watches, and
+    /// `end` ends the sequence after it.
+    pub fn finish(
+        &self,
+        control: &SequenceControl,
+        next: Vec<Bytes>,
+        window_ticks: u64,
+        answered: Vec<(String, Bytes)>,
+    ) {
         let sequences = &self.sequences;
         let mut state = self.slot.lock();
         let started = control.start || state.restart_pending;
@@ -116,6 +128,13 @@ impl Turn {
             sequences.metrics.starts.increment(1);
             state.ticks = 0;
             state.restart_pending = false;
+            state.last_answer.clear();
+        }
+        for (name, values) in answered {
+            match state.last_answer.iter_mut().find(|(n, _)| *n == name) {
+                Some(kept) => kept.1 = values,
+                None => state.last_answer.push((name, values)),
+            }
         }
         let had_state = state.state.is_ok();
         state.ticks = state.ticks.saturating_add(1);

@@ -584,7 +584,12 @@ impl<E> AfterRun<E> {
         held: Option<HeldState>,
     ) -> (Result<Answer<E>, Error>, Kept) {
         self.mirror_answer(&result);
-        let (result, withheld) = guard(&self.handle, result, self.breakers.as_deref());
+        let (result, withheld) = guard(
+            &self.handle,
+            result,
+            self.breakers.as_deref(),
+            held.as_ref(),
+        );
         let result = match self.journal.take() {
             Some(pending) => (*pending).answered(result, withheld.as_ref()).await,
             None => result,
@@ -610,7 +615,7 @@ impl<E> AfterRun<E> {
     /// before its slot and bytes go.
     fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
         self.mirror_answer(&result);
-        let (result, _) = guard(&self.handle, result, self.breakers.as_deref());
+        let (result, _) = guard(&self.handle, result, self.breakers.as_deref(), None);
         conclude(result, self.handle, self.encoding, &self.record)
     }
 
@@ -632,10 +637,13 @@ fn guard(
     handle: &Arc<ModelHandle>,
     result: Result<InferResponse, Error>,
     breakers: Option<&Breakers>,
+    held: Option<&HeldState>,
 ) -> (Result<InferResponse, Error>, Option<InferResponse>) {
     let guards = &handle.settings.guards;
     let trip = match &result {
-        Ok(response) if !guards.is_empty() => guards.check(response),
+        Ok(response) if !guards.is_empty() => {
+            guards.check(response, |output| held.and_then(|h| h.previous(output)))
+        }
         _ => None,
     };
     let (Some(trip), Ok(response)) = (trip, &result) else {
