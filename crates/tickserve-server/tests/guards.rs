@@ -116,6 +116,10 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
         other => panic!("{other:?}"),
     }
     assert!(grpc.infer("alpha_loose", &[row(0.5)]).await.is_ok());
+    // A gRPC stream: the error in the stream's answer.
+    let answer = common::stream_once(&server, common::grpc_row("alpha_tight", 50, 0.5)).await;
+    names_the_trip(&answer.error_message);
+    assert!(answer.infer_response.is_none());
     // A non-finite output trips a guard with no bounds.
     match grpc.infer("alpha_nan", &[row(f32::NAN)]).await {
         Err(ClientError::Server { code, message }) => {

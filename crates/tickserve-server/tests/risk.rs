@@ -149,6 +149,50 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
         matches!(&shm, Err(ClientError::Server { code, message }) if code == "UNAVAILABLE" && message.contains("halted")),
         "{shm:?}"
     );
+    let answer = common::stream_once(&server, common::grpc_row("alpha", 50, 0.0)).await;
+    assert!(answer.error_message.contains("halted"), "{answer:?}");
+    let mut tf_grpc = tickserve_proto::tensorflow::serving::prediction_service_client::PredictionServiceClient::connect(
+        format!("http://{}", server.grpc_addr),
+    )
+    .await
+    .unwrap();
+    use tickserve_proto::tensorflow as tfpb;
+    let refused = tf_grpc
+        .predict(tfpb::serving::PredictRequest {
+            model_spec: Some(tfpb::serving::ModelSpec {
+                name: "alpha".into(),
+                ..Default::default()
+            }),
+            inputs: [(
+                "features".to_string(),
+                tfpb::TensorProto {
+                    dtype: tfpb::DataType::DtFloat as i32,
+                    tensor_shape: Some(tfpb::TensorShapeProto {
+                        dim: [1, 50]
+                            .iter()
+                            .map(|&size| tfpb::tensor_shape_proto::Dim {
+                                size,
+                                ..Default::default()
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }),
+                    float_val: vec![0.0; 50],
+                    ..Default::default()
+                },
+            )]
+            .into_iter()
+            .collect(),
+            output_filter: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(
+        refused.message().contains("halted"),
+        "{}",
+        refused.message()
+    );
     let tf = reqwest::Client::new()
         .post(format!("{base}/v1/models/alpha:predict"))
         .json(&serde_json::json!({"instances": [vec![0.0; 50]]}))

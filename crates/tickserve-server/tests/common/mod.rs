@@ -381,3 +381,23 @@ pub async fn repository_index(base: &str) -> Vec<(String, String, String, String
         })
         .collect()
 }
+
+/// Sends `request` as the one message of a `ModelStreamInfer` stream to
+/// `server`: the stream's answer (an error is its `error_message`).
+pub async fn stream_once(
+    server: &Server,
+    request: tickserve_proto::inference::ModelInferRequest,
+) -> tickserve_proto::inference::ModelStreamInferResponse {
+    use tokio_stream::StreamExt;
+    let mut client = grpc_client(server).await;
+    let mut answers = client
+        .model_stream_infer(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(std::time::Duration::from_secs(10), answers.next())
+        .await
+        .expect("an answer within 10 s")
+        .expect("the stream answered")
+        .unwrap()
+}
