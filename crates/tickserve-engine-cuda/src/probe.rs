@@ -17,6 +17,10 @@ pub struct GpuInfo {
     pub name: String,
     /// Its memory in bytes.
     pub memory: usize,
+    /// Its compute capability (`(9, 0)` for an H100).
+    pub capability: (i32, i32),
+    /// Its streaming multiprocessors.
+    pub multiprocessors: i32,
 }
 
 /// The CUDA devices found, or why there are none.
@@ -29,6 +33,23 @@ pub enum Gpus {
 }
 
 impl Gpus {
+    /// The CUDA driver's version (`13.0`), where it loads.
+    pub fn driver_version() -> Option<String> {
+        // SAFETY: only tries to dlopen the driver; no symbol is called.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return None;
+        }
+        // SAFETY: the driver loads (checked above); one int written.
+        let (status, version) = std::panic::catch_unwind(|| unsafe {
+            let mut version = 0;
+            let status = cudarc::driver::sys::cuDriverGetVersion(&mut version);
+            (status, version)
+        })
+        .ok()?;
+        (status == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+            .then(|| format!("{}.{}", version / 1000, version % 1000 / 10))
+    }
+
     /// Looks for the CUDA driver and its devices.
     pub fn probe() -> Gpus {
         // SAFETY: only tries to dlopen the driver library; no symbol is called.
@@ -62,7 +83,17 @@ impl Gpus {
             Gpus::Absent(reason) => format!("{reason}: models placed \"auto\" run on the CPU"),
             Gpus::Present(devices) => devices
                 .iter()
-                .map(|d| format!("gpu:{} {} ({} MiB)", d.ordinal, d.name, d.memory >> 20))
+                .map(|d| {
+                    format!(
+                        "gpu:{} {} ({} MiB, sm_{}{}, {} SMs)",
+                        d.ordinal,
+                        d.name,
+                        d.memory >> 20,
+                        d.capability.0,
+                        d.capability.1,
+                        d.multiprocessors
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
         }
@@ -106,11 +137,19 @@ fn list_devices() -> Result<Vec<GpuInfo>, cudarc::driver::DriverError> {
     (0..count)
         .map(|ordinal| {
             let device = result::device::get(ordinal)?;
+            use cudarc::driver::sys::CUdevice_attribute as A;
+            // SAFETY: `device` came from the driver just above.
+            let attribute = |a| unsafe { result::device::get_attribute(device, a) };
             Ok(GpuInfo {
                 ordinal: ordinal as usize,
                 name: result::device::get_name(device)?,
                 // SAFETY: `device` came from the driver just above.
                 memory: unsafe { result::device::total_mem(device)? },
+                capability: (
+                    attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                    attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+                ),
+                multiprocessors: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
             })
         })
         .collect()

@@ -146,6 +146,10 @@ impl Engines {
             ("cpu", field("model name")),
             ("cpu_isa", present.join(" ")),
             ("gpus", self.gpus.describe()),
+            (
+                "cuda_driver",
+                Gpus::driver_version().unwrap_or_else(|| "none".into()),
+            ),
             ("os", format!("Linux {}", os.trim())),
         ]
         .into_iter()
@@ -248,6 +252,8 @@ mod tests {
                     ordinal,
                     name: "test".into(),
                     memory: 1 << 30,
+                    capability: (9, 0),
+                    multiprocessors: 132,
                 })
                 .collect(),
         )

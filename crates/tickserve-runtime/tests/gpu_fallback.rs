@@ -34,6 +34,8 @@ fn runtime(devices: Vec<Placement>, repository: &std::path::Path) -> Runtime {
         ordinal: 0,
         name: "a GPU whose libraries do not load".into(),
         memory: 1 << 30,
+        capability: (9, 0),
+        multiprocessors: 132,
     }]);
     let engines = Engines::new(
         Arc::new(ort),
