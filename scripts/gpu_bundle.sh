@@ -46,4 +46,10 @@ dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with 
 printf 'commit %s%s\nbuilt %s\nglibc needed %s\n' \
   "$(git rev-parse HEAD)" "$dirty" "$(date -u +%Y-%m-%dT%H:%MZ)" "$glibc" >.gpu/BUILD
 cat .gpu/BUILD
-du -ch .gpu/* .local/lib/libonnxruntime.so.1.31.1 | tail -1
+# What the device tool carries besides the tracked tree (64 MiB in all): keep it under 60.
+carried=$(du -cm .gpu/* .local/lib/libonnxruntime.so.1.31.1 | tail -1 | cut -f1)
+echo "carried: ${carried} MiB (.gpu and the ONNX Runtime library)"
+if [ "$carried" -gt 60 ]; then
+  echo "over 60 MiB: the device tool carries at most 64 MiB with the tracked tree" >&2
+  exit 1
+fi
