@@ -50,6 +50,54 @@ impl Gpus {
             .then(|| format!("{}.{}", version / 1000, version % 1000 / 10))
     }
 
+    /// The versions of the libraries the engine compiles with, where they
+    /// load: `cuBLAS 13.0.2, NVRTC 13.0` (`none` for one that does not).
+    pub fn library_versions() -> String {
+        use cudarc::cublas::sys as blas;
+        use cudarc::nvrtc::sys as nvrtc;
+        // SAFETY: each is called only when its library loads; ints written.
+        let cublas = unsafe { blas::is_culib_present() }
+            .then(|| {
+                std::panic::catch_unwind(|| unsafe {
+                    let mut part = [0; 3];
+                    let kinds = [
+                        blas::libraryPropertyType::MAJOR_VERSION,
+                        blas::libraryPropertyType::MINOR_VERSION,
+                        blas::libraryPropertyType::PATCH_LEVEL,
+                    ];
+                    for (value, kind) in part.iter_mut().zip(kinds) {
+                        if blas::cublasGetProperty(kind, value)
+                            != blas::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                        {
+                            return None;
+                        }
+                    }
+                    Some(format!("{}.{}.{}", part[0], part[1], part[2]))
+                })
+                .ok()
+                .flatten()
+            })
+            .flatten();
+        // SAFETY: as above.
+        let nvrtc = unsafe { nvrtc::is_culib_present() }
+            .then(|| {
+                std::panic::catch_unwind(|| unsafe {
+                    let (mut major, mut minor) = (0, 0);
+                    (nvrtc::nvrtcVersion(&mut major, &mut minor)
+                        == nvrtc::nvrtcResult::NVRTC_SUCCESS)
+                        .then(|| format!("{major}.{minor}"))
+                })
+                .ok()
+                .flatten()
+            })
+            .flatten();
+        format!(
+            "cuBLAS {}, NVRTC {}",
+            cublas.as_deref().unwrap_or("none"),
+            nvrtc.as_deref().unwrap_or("none")
+        )
+    }
+
     /// Looks for the CUDA driver and its devices.
     pub fn probe() -> Gpus {
         // SAFETY: only tries to dlopen the driver library; no symbol is called.

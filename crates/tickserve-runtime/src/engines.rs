@@ -150,6 +150,7 @@ impl Engines {
                 "cuda_driver",
                 Gpus::driver_version().unwrap_or_else(|| "none".into()),
             ),
+            ("cuda_libraries", Gpus::library_versions()),
             ("os", format!("Linux {}", os.trim())),
         ]
         .into_iter()
