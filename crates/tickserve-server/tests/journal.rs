@@ -211,6 +211,8 @@ async fn each_file_names_its_machine_and_replay_says_what_differs_here() {
         "cpu",
         "cpu_isa",
         "gpus",
+        "cuda_driver",
+        "cuda_libraries",
         "os",
         "arch",
     ] {
@@ -226,6 +228,11 @@ async fn each_file_names_its_machine_and_replay_says_what_differs_here() {
         header.machine
     );
     assert_eq!(header.machine["onnxruntime_intra_op_threads"], "1");
+    assert!(
+        header.machine["cuda_libraries"].starts_with("cuBLAS "),
+        "{:?}",
+        header.machine
+    );
     let replay = tickserve_journal::replay::replay(journal.path(), &server.edge().runtime)
         .await
         .unwrap();
