@@ -17,7 +17,7 @@ pub struct BreakerConfig {
     /// Guard trips that halt the version, counted within `window`.
     pub trips: u32,
     /// How far back trips count (`"10s"`).
-    #[serde(deserialize_with = "crate::config::duration")]
+    #[serde(deserialize_with = "crate::durations::deserialize")]
     pub window: Duration,
     /// The label or version that answers the version's requests while it
     /// is halted; none: they are refused.

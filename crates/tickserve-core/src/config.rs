@@ -533,10 +533,8 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
     duration(d).map(Some)
 }
 
-pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s)
-        .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    crate::durations::deserialize(d)
 }
 
 impl ServerConfig {

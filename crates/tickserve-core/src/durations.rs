@@ -10,6 +10,8 @@
 
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Deserializer};
+
 /// The longest deadline a request can have: a client's longer timeout is
 /// shortened to it; a model's `timeout` may not exceed it.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -61,6 +63,14 @@ pub fn check_keep_warm(key: &str, value: Duration) -> Result<(), String> {
         ));
     }
     check(key, value, MAX_KEEP_WARM)
+}
+
+/// A duration as configuration files write it (`"10s"`, `"250us"`), for
+/// `#[serde(deserialize_with)]`.
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s)
+        .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))
 }
 
 #[cfg(test)]
