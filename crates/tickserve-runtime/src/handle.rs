@@ -137,6 +137,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The sequence a tick continues, if it is one.
+    pub fn sequence(&self) -> Option<&tickserve_core::sequence::SequenceId> {
+        self.sequence.as_ref().map(|tick| &tick.control.id)
+    }
+
     /// A copy of the validated request for a shadow version (inputs shared,
     /// not copied); `None` for a sequence's tick or a Monte Carlo request,
     /// which no shadow mirrors (neither may touch state or draw noise twice).

@@ -517,6 +517,8 @@ fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
             traceparent: None,
             timeout: Ok((timeout_us > 0).then(|| Duration::from_micros(u64::from(timeout_us)))),
             started,
+            // One host, no balancer: the parameter block names the sequence.
+            sequence_key: Ok(None),
         };
         edge.infer(call, inputs).await.map(|answer| answer.response)
     };

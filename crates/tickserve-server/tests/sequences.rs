@@ -818,3 +818,107 @@ async fn sequences_bound_to_keys_are_each_keys_own() {
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     server.shutdown().await.unwrap();
 }
+
+/// The routing header a load balancer hashes on: `tickserve-sequence-id`
+/// agrees with the body's `sequence_id` or the request is refused; alone it
+/// continues the sequence it names; every answer to a tick carries it back;
+/// sent twice, empty or with a space it is refused. Over HTTP and gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routing_header_names_the_sequence_and_comes_back() {
+    let repository = repository(&[]);
+    let server = common::start(&common::config(repository.path())).await;
+    let url = format!("http://{}/v2/models/seq_lstm_step/infer", server.http_addr);
+    let client = reqwest::Client::new();
+    let send = |body: Value, keys: &'static [&'static str]| {
+        let mut request = client.post(&url).json(&body);
+        for key in keys {
+            request = request.header("tickserve-sequence-id", *key);
+        }
+        async move {
+            let answer = request.send().await.unwrap();
+            let echoed = answer
+                .headers()
+                .get("tickserve-sequence-id")
+                .map(|v| v.to_str().unwrap().to_string());
+            (
+                answer.status().as_u16(),
+                echoed,
+                answer.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    // Agreeing: answered, and the header comes back.
+    let (status, echoed, answer) = send(body(json!(41), true, false, &tick(1, 0)), &["41"]).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(echoed.as_deref(), Some("41"));
+    // Without the header, the answer still names its sequence.
+    let (status, echoed, _) = send(body(json!(41), false, false, &tick(1, 1)), &[]).await;
+    assert_eq!((status, echoed.as_deref()), (200, Some("41")));
+    // The header alone continues the sequence: the same answer as the body's id.
+    let alone = json!({"inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, FEATURES], "data": tick(1, 2)}]});
+    let (status, echoed, by_header) = send(alone, &["41"]).await;
+    assert_eq!(
+        (status, echoed.as_deref()),
+        (200, Some("41")),
+        "{by_header}"
+    );
+    let (_, _, again) = send(body(json!(42), true, false, &tick(1, 0)), &[]).await;
+    assert!(again["outputs"].is_array());
+    send(body(json!(42), false, false, &tick(1, 1)), &[]).await;
+    let (_, _, by_body) = send(body(json!(42), false, false, &tick(1, 2)), &[]).await;
+    assert_eq!(prediction(&by_header), prediction(&by_body));
+    // Disagreeing, repeated, malformed: 400 naming the header.
+    for (seq, keys) in [
+        (json!(41), &["43"][..]),
+        (json!("EURUSD"), &["41"][..]),
+        (json!(41), &["41", "41"][..]),
+        (json!(41), &["4 1"][..]),
+    ] {
+        let (status, _, answer) = send(body(seq, false, false, &tick(1, 3)), keys).await;
+        assert_eq!(status, 400, "{keys:?}: {answer}");
+        assert!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .contains("tickserve-sequence-id"),
+            "{answer}"
+        );
+    }
+
+    // gRPC: the metadata, agreeing and disagreeing, echoed.
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let with_key = |request: pb::ModelInferRequest, key: &str| {
+        let mut request = tonic::Request::new(request);
+        request
+            .metadata_mut()
+            .insert("tickserve-sequence-id", key.parse().unwrap());
+        request
+    };
+    let answer = grpc
+        .model_infer(with_key(
+            grpc_tick("seq_lstm_step", 41, false, false, &tick(1, 3)),
+            "41",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.metadata().get("tickserve-sequence-id").unwrap(),
+        "41"
+    );
+    let refused = grpc
+        .model_infer(with_key(
+            grpc_tick("seq_lstm_step", 41, false, false, &tick(1, 4)),
+            "7",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("tickserve-sequence-id"),
+        "{}",
+        refused.message()
+    );
+    server.shutdown().await.unwrap();
+}

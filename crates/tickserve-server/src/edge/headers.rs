@@ -20,6 +20,8 @@ pub struct InferHeaders<'a> {
     pub traceparent: Option<&'a HeaderValue>,
     /// The front end's own header, where it names one.
     pub own: Option<&'a HeaderValue>,
+    /// [`super::sequence_key::NAME`]: every value (a repeated one is refused).
+    pub sequence_key: Vec<&'a HeaderValue>,
 }
 
 impl<'a> InferHeaders<'a> {
@@ -35,6 +37,9 @@ impl<'a> InferHeaders<'a> {
                 &mut found.traceparent
             } else if own.is_some_and(|own| own == name) {
                 &mut found.own
+            } else if *name == super::sequence_key::NAME {
+                found.sequence_key.push(value);
+                continue;
             } else {
                 continue;
             };

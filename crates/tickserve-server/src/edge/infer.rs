@@ -24,6 +24,7 @@ use super::admission::{BodyBytes, HeldBytes, Slot};
 use super::breaker::Breakers;
 use super::journal::Pending;
 use super::params::Parameters;
+use super::sequence_key;
 use super::shadow::Mirror;
 use crate::observe::{self, Protocol};
 
@@ -52,6 +53,9 @@ pub struct Call<'a> {
     pub key: Option<KeyId>,
     /// The W3C `traceparent` it carried ([`super::trace`]), for the journal.
     pub traceparent: Option<String>,
+    /// The `tickserve-sequence-id` header it carried ([`super::sequence_key`]),
+    /// or the words for a malformed one.
+    pub sequence_key: Result<Option<String>, String>,
 }
 
 /// A request's bytes in `server.max_inflight_bytes`.
@@ -157,6 +161,9 @@ impl<E> Decoded<E> {
 pub struct Answer<E> {
     /// The prediction.
     pub response: InferResponse,
+    /// The sequence a tick continued, as the `tickserve-sequence-id` header
+    /// writes it: answers carry it back.
+    pub sequence: Option<String>,
     /// What the front end decoded for the encoding.
     pub encoding: E,
     /// The model version that answered.
@@ -183,6 +190,8 @@ struct AfterRun<E> {
     encoding: E,
     record: Record,
     journal: Option<Box<Pending>>,
+    /// The sequence a tick continues, for its answer's header.
+    sequence: Option<String>,
     /// Where a guard trip is counted, for a model with a breaker.
     breakers: Option<Arc<Breakers>>,
     slot: Slot,
@@ -341,6 +350,9 @@ impl Edge {
         let transport_timeout = call
             .timeout
             .map_err(|message| Error::request(&handle.name, message))?;
+        let sequence_key = call
+            .sequence_key
+            .map_err(|message| Error::request(&handle.name, message))?;
         let expansion = payload.expansion(&handle)?;
         let bytes = bytes.join(self.admit_bytes(expansion)?);
         let work = payload.decode_bytes().saturating_add(expansion);
@@ -348,6 +360,7 @@ impl Edge {
             handle,
             key: call.key,
             transport_timeout,
+            sequence_key,
             slot,
             bytes,
         };
@@ -388,16 +401,19 @@ impl Edge {
             handle,
             key,
             transport_timeout,
+            sequence_key,
             slot,
             bytes,
         } = held;
-        let prepared = decoded.and_then(|decoded| {
+        let prepared = decoded.and_then(|mut decoded| {
+            routing_key(&handle.name, sequence_key, &mut decoded.parameters)?;
             let context = (key, transport_timeout, drawn, sticky);
             self.prepare(handle, context, decoded, &mut journal)
         });
         match prepared {
             Ok((handle, prepared, encoding, more)) => Ok(Admitted {
                 after: AfterRun {
+                    sequence: prepared.sequence().map(sequence_key::text),
                     mirror: shadows
                         .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_deref()))
                         .map(Box::new),
@@ -485,6 +501,8 @@ struct Held {
     handle: Arc<ModelHandle>,
     key: Option<KeyId>,
     transport_timeout: Option<Duration>,
+    /// The `tickserve-sequence-id` header.
+    sequence_key: Option<String>,
     slot: Slot,
     bytes: HeldBytes,
 }
@@ -603,10 +621,11 @@ impl<E> AfterRun<E> {
             record,
             slot,
             bytes,
+            sequence,
             ..
         } = self;
         (
-            conclude(result, handle, encoding, &record),
+            conclude(result, (handle, sequence), encoding, &record),
             Kept { _slot: slot, bytes },
         )
     }
@@ -616,7 +635,12 @@ impl<E> AfterRun<E> {
     fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
         self.mirror_answer(&result);
         let (result, _) = guard(&self.handle, result, self.breakers.as_deref(), None);
-        conclude(result, self.handle, self.encoding, &self.record)
+        conclude(
+            result,
+            (self.handle, self.sequence),
+            self.encoding,
+            &self.record,
+        )
     }
 
     /// Sends the shadows their copy, after a prediction.
@@ -669,17 +693,53 @@ fn guard(
     (Err(error), Some(withheld))
 }
 
-/// A run's outcome recorded under `record`, and its answer.
+/// A run's outcome recorded under `record`, and its answer (from `handle`,
+/// for `sequence`).
 fn conclude<E>(
     result: Result<InferResponse, Error>,
-    handle: Arc<ModelHandle>,
+    (handle, sequence): (Arc<ModelHandle>, Option<String>),
     encoding: E,
     record: &Record,
 ) -> Result<Answer<E>, Error> {
     record.outcome(result.as_ref().err());
     result.map(|response| Answer {
         response,
+        sequence,
         encoding,
         handle,
     })
+}
+
+/// The `tickserve-sequence-id` header `key` against the body's parameters:
+/// both naming a sequence must agree; the header alone names the sequence
+/// the request continues.
+fn routing_key(
+    model: &str,
+    key: Option<String>,
+    parameters: &mut super::params::Parameters,
+) -> Result<(), Error> {
+    let Some(key) = key else {
+        return Ok(());
+    };
+    match &parameters.sequence {
+        Some(named) if !sequence_key::agrees(&key, &named.id) => Err(Error::request(
+            model,
+            format!(
+                "the header {} ({}) and the parameter sequence_id ({}) name different sequences",
+                sequence_key::NAME,
+                tickserve_core::text::quote(&key),
+                named.id
+            ),
+        )),
+        Some(_) => Ok(()),
+        None => {
+            parameters.sequence = Some(tickserve_core::sequence::SequenceControl {
+                id: sequence_key::id(model, &key)?,
+                start: false,
+                end: false,
+                owner: None,
+            });
+            Ok(())
+        }
+    }
 }

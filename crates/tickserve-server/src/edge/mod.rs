@@ -35,6 +35,7 @@ pub mod infer;
 pub mod journal;
 pub mod params;
 pub mod routes;
+pub mod sequence_key;
 pub mod shadow;
 pub mod status;
 pub mod trace;

@@ -144,6 +144,9 @@ async fn start(
         started,
         key,
         traceparent,
+        // A stream is routed once, when it opens: its messages name their
+        // sequences in their parameters.
+        sequence_key: Ok(None),
     };
     let admitted = edge.admit_request(call, convert::Message(message)).await;
     tokio::spawn(async move {

@@ -27,7 +27,9 @@ use super::answer::Answer;
 use super::{convert, optional, pb};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Decoded, Edge, MAX_TENSORS, Payload, RequestBytes, deadline, trace};
+use crate::edge::{
+    Call, Decoded, Edge, MAX_TENSORS, Payload, RequestBytes, deadline, sequence_key, trace,
+};
 use crate::observe::Protocol;
 
 /// A boxed future, as tonic's generated services box theirs.
@@ -138,6 +140,7 @@ struct Unary {
     held: RequestBytes,
     teach: bool,
     key: Option<KeyId>,
+    sequence_key: Result<Option<String>, String>,
 }
 
 impl Unary {
@@ -151,6 +154,13 @@ impl Unary {
             teach: held.first_on_connection(),
             held,
             key: request.extensions().get().copied(),
+            sequence_key: sequence_key::of(
+                request
+                    .metadata()
+                    .as_ref()
+                    .get_all(&sequence_key::NAME)
+                    .iter(),
+            ),
         }
     }
 
@@ -177,9 +187,11 @@ impl Unary {
             started: self.started,
             key: self.key,
             traceparent: self.traceparent,
+            sequence_key: self.sequence_key,
         };
         let answer = edge.infer(call, payload).await.map_err(|e| status(&e))?;
         let timing = answer.response.timing;
+        let sequence = answer.sequence;
         let message = Answer {
             response: answer.response,
             raw: answer.encoding,
@@ -189,6 +201,9 @@ impl Unary {
         let mut headers = http::HeaderMap::with_capacity(4);
         if edge.timing_headers {
             crate::timing::add(&mut headers, &timing, self.teach);
+        }
+        if let Some(value) = sequence.and_then(|s| http::HeaderValue::from_str(&s).ok()) {
+            headers.insert(sequence_key::NAME.clone(), value);
         }
         Ok(Response::from_parts(
             tonic::metadata::MetadataMap::from_headers(headers),

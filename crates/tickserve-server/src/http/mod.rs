@@ -28,7 +28,9 @@ use tickserve_runtime::ModelHandle;
 use crate::edge::headers::InferHeaders;
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline, trace};
+use crate::edge::{
+    Call, Decoded, Edge, Payload, RequestBytes, body, deadline, sequence_key, trace,
+};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::Protocol;
 use crate::{EXTENSIONS, SERVER_NAME, SERVER_VERSION, control};
@@ -168,6 +170,7 @@ pub async fn infer(
         started,
         key: extensions.get().copied(),
         traceparent: trace::of(found.traceparent),
+        sequence_key: sequence_key::of(found.sequence_key.iter().copied()),
     };
     let payload = JsonBody {
         body,
@@ -181,7 +184,13 @@ pub async fn infer(
     let binary = answer.encoding.flags(response.outputs.len());
     let encoded = codec::encode(&response, &binary);
     let timing = edge.timing_headers.then_some((&response.timing, teach));
-    let headers = reply::headers(encoded.body.len(), encoded.header_length, timing);
+    let mut headers = reply::headers(encoded.body.len(), encoded.header_length, timing);
+    if let Some(value) = answer
+        .sequence
+        .and_then(|s| axum::http::HeaderValue::from_str(&s).ok())
+    {
+        headers.insert(sequence_key::NAME.clone(), value);
+    }
     let mut reply = Response::new(Body::from(encoded.body));
     *reply.headers_mut() = headers;
     reply

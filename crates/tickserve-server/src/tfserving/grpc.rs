@@ -243,6 +243,8 @@ impl PredictionService for TfServing {
             started,
             key,
             traceparent,
+            // TF Serving's API names no sequences.
+            sequence_key: Ok(None),
         };
         let payload = Predict {
             request,

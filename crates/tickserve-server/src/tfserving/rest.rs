@@ -155,6 +155,8 @@ pub async fn post(
         started,
         key: extensions.get().copied(),
         traceparent: trace::of(found.traceparent),
+        // TF Serving's API names no sequences.
+        sequence_key: Ok(None),
     };
     match edge.infer(call, PredictBody(body)).await {
         Ok(answer) => {
