@@ -851,6 +851,11 @@ async fn the_routing_header_names_the_sequence_and_comes_back() {
     let (status, echoed, answer) = send(body(json!(41), true, false, &tick(1, 0)), &["41"]).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(echoed.as_deref(), Some("41"));
+    // A model of state pairs, no windows: its answers say nothing of windows.
+    assert!(
+        answer["parameters"].get("sequence_window_ticks").is_none(),
+        "{answer}"
+    );
     // Without the header, the answer still names its sequence.
     let (status, echoed, _) = send(body(json!(41), false, false, &tick(1, 1)), &[]).await;
     assert_eq!((status, echoed.as_deref()), (200, Some("41")));

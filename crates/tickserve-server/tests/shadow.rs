@@ -200,3 +200,83 @@ async fn shadows_see_copies_of_their_primarys_requests_and_report_how_they_diffe
     );
     server.shutdown().await.expect("clean shutdown");
 }
+
+/// A sequence's tick and a Monte Carlo request are never mirrored: neither
+/// may touch a sequence's state or draw noise twice. A plain request of the
+/// same model is (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_ticks_and_monte_carlo_requests_are_not_mirrored() {
+    let scratch = tempfile::tempdir().unwrap();
+    version(scratch.path(), "book", 1, "seq_lstm_step");
+    version(scratch.path(), "book", 2, "seq_lstm_step");
+    let states =
+        std::fs::read_to_string(common::root().join("config/models/seq_lstm_step/model.toml"))
+            .unwrap();
+    std::fs::write(
+        scratch.path().join("book/model.toml"),
+        format!("version_policy = \"all\"\n{states}\n[[shadow]]\nversion = \"2\"\nof = \"1\"\n"),
+    )
+    .unwrap();
+    version(scratch.path(), "desk", 1, "tick_000");
+    version(scratch.path(), "desk", 2, "tick_000");
+    std::fs::write(
+        scratch.path().join("desk/model.toml"),
+        "version_policy = \"all\"\n\n[monte_carlo]\nenabled = true\n\n\
+         [[shadow]]\nversion = \"2\"\nof = \"1\"\n",
+    )
+    .unwrap();
+    let server = common::start(&common::config(scratch.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    for t in 0..3 {
+        let tick = json!({
+            "parameters": {"sequence_id": 5, "sequence_start": t == 0},
+            "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": vec![0.25; 8]}]
+        });
+        let (status, answer) =
+            common::post_json(&format!("{base}/v2/models/book/versions/1/infer"), &tick).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let row = |parameters: serde_json::Value| {
+        json!({"parameters": parameters,
+               "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16], "data": vec![0.5; 16]}]})
+    };
+    let desk = format!("{base}/v2/models/desk/versions/1/infer");
+    for _ in 0..3 {
+        let mc = row(json!({"mc_samples": 8, "mc_seed": 1, "mc_noise_sigma": 0.1}));
+        let (status, answer) = common::post_json(&desk, &mc).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, answer) = common::post_json(&desk, &row(json!({}))).await;
+    assert_eq!(status, 200, "{answer}");
+    // The plain request is accounted for: then every earlier copy would be too.
+    let mirrored = |metrics: &str, model: &str| {
+        ["agree=\"true\"", "agree=\"false\""]
+            .iter()
+            .map(|l| format!("tickserve_shadow_rows_total{{model=\"{model}\",primary=\"1\",shadow=\"2\",{l}}}"))
+            .chain(["busy", "failed"].iter().map(|r| {
+                format!("tickserve_shadow_dropped_total{{model=\"{model}\",primary=\"1\",shadow=\"2\",reason=\"{r}\"}}")
+            }))
+            .map(|s| value(metrics, &s))
+            .sum::<f64>()
+    };
+    let started = Instant::now();
+    let metrics = loop {
+        let metrics = common::metrics_text(&base).await;
+        if mirrored(&metrics, "desk") >= 1.0 {
+            break metrics;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        mirrored(&metrics, "desk"),
+        1.0,
+        "Monte Carlo mirrored:\n{metrics}"
+    );
+    assert_eq!(
+        mirrored(&metrics, "book"),
+        0.0,
+        "sequence ticks mirrored:\n{metrics}"
+    );
+    server.shutdown().await.unwrap();
+}
