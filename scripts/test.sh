@@ -32,5 +32,8 @@ cargo test --workspace --locked
 echo "== deploy/ manifests against the Kubernetes and KServe schemas"
 .venv/bin/python deploy/validate.py
 
+echo "== three replicas behind HAProxy: each sequence on one replica"
+deploy/haproxy/check.sh target/debug/tickserve
+
 echo "== the Grafana dashboard's queries against a real Prometheus"
 deploy/prometheus/check.sh target/debug/tickserve

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Three tickserve replicas behind HAProxy (deploy/haproxy/haproxy.cfg) on loopback:
+every tick of a sequence reaches the replica that holds its state.
+
+    .venv/bin/python deploy/haproxy/check.py [BINARY]     # default: target/debug/tickserve
+
+40 sequences of 20 ticks of `seq_lstm_step`, half over HTTP and half over gRPC
+(tritonclient, the `tickserve-sequence-id` header on every tick), through the balancer.
+Passes when every tick is answered; every answer equals the same sequence's answer from
+one server alone (within 1e-6); each sequence lives on exactly one replica (each
+replica's sequence list); the sequences are spread over more than one replica; and,
+the control, a sequence sent without the header is spread too and fails.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import json
+import time
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import free_port  # noqa: E402
+from server import Server  # noqa: E402
+
+SEQUENCES = 40
+TICKS = 20
+MODEL = "seq_lstm_step"
+
+
+def ticks(sequence):
+    return np.random.default_rng(sequence).uniform(-1, 1, (TICKS, 8)).astype(np.float32)
+
+
+def predict(client, module, sequence, t, tick, header):
+    x = module.InferInput("tick", [1, 8], "FP32")
+    x.set_data_from_numpy(tick.reshape(1, 8))
+    headers = {"tickserve-sequence-id": str(sequence)} if header else None
+    result = client.infer(MODEL, [x], sequence_id=sequence, sequence_start=(t == 0),
+                          headers=headers)
+    return float(result.as_numpy("prediction")[0, 0])
+
+
+def run(http_address, grpc_address, header):
+    """Every sequence's predictions, sequences alternating HTTP and gRPC."""
+    http = httpclient.InferenceServerClient(http_address)
+    grpc = grpcclient.InferenceServerClient(grpc_address)
+    out = {}
+    for sequence in range(1, SEQUENCES + 1):
+        client, module = (http, httpclient) if sequence % 2 else (grpc, grpcclient)
+        out[sequence] = [predict(client, module, sequence, t, tick, header)
+                         for t, tick in enumerate(ticks(sequence))]
+    return out
+
+
+def main():
+    binary = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "target/debug/tickserve")
+    config = ROOT / "config/tickserve.toml"
+    with tempfile.TemporaryDirectory(prefix="tickserve-haproxy-") as work:
+        work = pathlib.Path(work)
+        servers = [Server(config=config, binary=binary, log=work / f"r{i}.log") for i in range(1, 4)]
+        for s in servers:
+            s.start()
+        alone = Server(config=config, binary=binary, log=work / "alone.log")
+        alone.start()
+        lb_http, lb_grpc = free_port(), free_port()
+        env = dict(os.environ, TICKSERVE_LB_HTTP=f"127.0.0.1:{lb_http}",
+                   TICKSERVE_LB_GRPC=f"127.0.0.1:{lb_grpc}")
+        for i, s in enumerate(servers, 1):
+            env.update({f"TICKSERVE_R{i}": "127.0.0.1", f"TICKSERVE_R{i}_HTTP": str(s.http_port),
+                        f"TICKSERVE_R{i}_GRPC": str(s.grpc_port)})
+        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(ROOT / "deploy/haproxy/haproxy.cfg")],
+                                   env=env, stdout=open(work / "haproxy.log", "w"),
+                                   stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{lb_http}/v2/health/ready",
+                                                timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or haproxy.poll() is not None:
+                    sys.exit(f"HAProxy did not become ready:\n{(work / 'haproxy.log').read_text()}")
+                time.sleep(0.2)
+            started = time.monotonic()
+            balanced = run(f"127.0.0.1:{lb_http}", f"127.0.0.1:{lb_grpc}", header=True)
+            elapsed = time.monotonic() - started
+            single = run(f"127.0.0.1:{alone.http_port}", f"127.0.0.1:{alone.grpc_port}",
+                         header=False)
+            worst = max(abs(a - b) for s in balanced for a, b in zip(balanced[s], single[s]))
+            # The control: without the header the balancer spreads a sequence's
+            # ticks, and a tick that reaches a replica without its state fails.
+            lost = None
+            http = httpclient.InferenceServerClient(f"127.0.0.1:{lb_http}")
+            try:
+                for t, tick in enumerate(ticks(SEQUENCES + 1)):
+                    predict(http, httpclient, SEQUENCES + 1, t, tick, header=False)
+            except Exception as e:  # noqa: BLE001  (tritonclient's error type varies)
+                lost = str(e)
+            assert lost and "sequence" in lost, f"without the header every tick was answered: {lost}"
+            held = []
+            for s in servers:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{s.http_port}/v2/models/{MODEL}/sequences", timeout=5) as r:
+                    listed = json.loads(r.read())["sequences"]
+                # The control's sequence, started on whichever replica, is not counted.
+                held.append({int(q["sequence_id"]) for q in listed} - {SEQUENCES + 1})
+            print(f"{SEQUENCES} sequences x {TICKS} ticks through HAProxy in {elapsed:.1f} s; "
+                  f"sequences per replica: {[len(h) for h in held]}; "
+                  f"largest difference from one server alone: {worst:.2e}")
+            everywhere = set().union(*held)
+            assert everywhere == set(range(1, SEQUENCES + 1)), f"sequences held: {sorted(everywhere)}"
+            assert sum(len(h) for h in held) == SEQUENCES, "a sequence lives on two replicas"
+            assert sum(1 for h in held if h) >= 2, "every sequence went to one replica"
+            assert worst <= 1e-6, f"answers differ from one server's by {worst}"
+            print("haproxy check: passed")
+        finally:
+            haproxy.terminate()
+            haproxy.wait(timeout=10)
+            alone.stop()
+            for s in servers:
+                s.stop()
+
+
+if __name__ == "__main__":
+    main()
