@@ -334,3 +334,57 @@ async fn a_breaker_halts_its_version_after_its_trips_and_its_fallback_answers() 
     );
     server.shutdown().await.unwrap();
 }
+
+/// A sequence stays on the version its state lives on; when that version is
+/// halted, its ticks are refused, not answered by another version without
+/// the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_on_a_halted_version_is_refused_not_moved() {
+    let repository = tempfile::tempdir().unwrap();
+    common::deploy_version(repository.path(), "book", 1, "seq_lstm_step");
+    common::deploy_version(repository.path(), "book", 2, "seq_lstm_step");
+    let states =
+        std::fs::read_to_string(common::root().join("config/models/seq_lstm_step/model.toml"))
+            .unwrap();
+    std::fs::write(
+        repository.path().join("book/model.toml"),
+        format!("version_policy = \"all\"\n{states}"),
+    )
+    .unwrap();
+    let server = common::start(&common::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let tick = |start: bool| {
+        serde_json::json!({
+            "parameters": {"sequence_id": 9, "sequence_start": start},
+            "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": vec![0.5; 8]}]
+        })
+    };
+    let (status, answer) = post(
+        &format!("{base}/v2/models/book/versions/1/infer"),
+        &tick(true),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    // Naming no version, the tick goes to the version its sequence lives on.
+    let (status, answer) = post(&format!("{base}/v2/models/book/infer"), &tick(false), None).await;
+    assert_eq!(
+        (status, &answer["model_version"]),
+        (200, &serde_json::json!("1")),
+        "{answer}"
+    );
+    let (status, _) = post(
+        &format!("{base}/v2/models/book/versions/1/halt"),
+        &serde_json::json!({"reason": "test"}),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, answer) = post(&format!("{base}/v2/models/book/infer"), &tick(false), None).await;
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("halted"),
+        "{answer}"
+    );
+    server.shutdown().await.unwrap();
+}

@@ -455,6 +455,15 @@ impl Edge {
                 && !Arc::ptr_eq(&sticky, &handle)
                 && sticky.signature == handle.signature
             {
+                // The version its state lives on answers, or nothing does:
+                // a halted one refuses the tick (no other holds its state).
+                if let Some(halt) = self.halts.check(&sticky.name, &sticky.version) {
+                    return Err(Error::Halted {
+                        model: sticky.name.clone(),
+                        version: sticky.version.clone(),
+                        reason: halt.words(),
+                    });
+                }
                 handle = sticky;
                 if let Some(pending) = journal.as_mut() {
                     pending.served_by(&handle);
