@@ -129,6 +129,24 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
         other => panic!("{other:?}"),
     }
     assert!(grpc.infer("alpha_nan", &[row(0.5)]).await.is_ok());
+    // The same non-finite trip on the front ends that carry NaN: the gRPC
+    // stream, TF Serving REST (its bare NaN token) and shared memory (below).
+    // (v2 HTTP JSON has no NaN to send.)
+    let answer = common::stream_once(&server, common::grpc_row("alpha_nan", 50, f32::NAN)).await;
+    assert!(
+        answer.error_message.contains("outside finite"),
+        "{answer:?}"
+    );
+    let nan_row = format!("[{}]", vec!["NaN"; 50].join(","));
+    let tf_nan = reqwest::Client::new()
+        .post(format!("{base}/v1/models/alpha_nan:predict"))
+        .header("content-type", "application/json")
+        .body(format!("{{\"instances\": [{nan_row}]}}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tf_nan.status().as_u16(), 422);
+    assert!(tf_nan.text().await.unwrap().contains("outside finite"));
 
     // TF Serving REST: 422; TF Serving gRPC: OUT_OF_RANGE.
     let tf_rest = reqwest::Client::new()
@@ -181,6 +199,7 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
         (
             client.infer("alpha_tight", &[row(0.5)]),
             client.infer("alpha_loose", &[row(0.5)]),
+            client.infer("alpha_nan", &[row(f32::NAN)]),
         )
     })
     .await
@@ -193,6 +212,11 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
         other => panic!("{other:?}"),
     }
     assert!(shm.1.is_ok());
+    assert!(
+        matches!(&shm.2, Err(ClientError::Server { code, message }) if code == "OUT_OF_RANGE" && message.contains("outside finite")),
+        "{:?}",
+        shm.2
+    );
 
     // Counted by model, version, output and guard.
     let metrics = common::metrics_text(&base).await;
@@ -293,5 +317,48 @@ async fn a_step_guard_bounds_a_sequences_move_from_its_last_answer() {
     assert_eq!(status, 200, "{answer}");
     let prediction = answer["outputs"][0]["data"][0].as_f64().unwrap();
     assert!((prediction + 0.29582).abs() < 1e-4, "{answer}");
+
+    // The same over gRPC, another sequence: withheld as OUT_OF_RANGE.
+    use tickserve_proto::inference as pb;
+    let grpc_tick = |start: bool, value: f32| {
+        let parameter = |choice| pb::InferParameter {
+            parameter_choice: Some(choice),
+        };
+        pb::ModelInferRequest {
+            model_name: "stepped".into(),
+            parameters: [
+                (
+                    "sequence_id".to_string(),
+                    parameter(pb::infer_parameter::ParameterChoice::Uint64Param(4)),
+                ),
+                (
+                    "sequence_start".to_string(),
+                    parameter(pb::infer_parameter::ParameterChoice::BoolParam(start)),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            inputs: vec![pb::model_infer_request::InferInputTensor {
+                name: "tick".into(),
+                datatype: "FP32".into(),
+                shape: vec![1, 8],
+                contents: Some(pb::InferTensorContents {
+                    fp32_contents: vec![value; 8],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    };
+    let mut grpc = common::grpc_client(&server).await;
+    grpc.model_infer(grpc_tick(true, 0.5)).await.unwrap();
+    let refused = grpc.model_infer(grpc_tick(false, 5.0)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::OutOfRange);
+    assert!(
+        refused.message().contains("max_step"),
+        "{}",
+        refused.message()
+    );
     server.shutdown().await.unwrap();
 }
