@@ -3,6 +3,7 @@
 
     python scripts/make_models.py config/models          # the shipped sample repository
     python scripts/make_models.py --fixtures DIR         # extra models the tests use
+    python scripts/make_models.py --bench DIR            # the per-tick benchmark's models
 
 Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
   alpha_mlp       float32 [batch, 50] -> Gemm 50x64 -> Relu -> Gemm 64x3 -> Softmax -> [batch, 3]
@@ -17,6 +18,15 @@ Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
                   one architecture, eight sets of weights (one per instrument)
 
 Fixtures (--fixtures) include cuda_ops: every op the CUDA engine imports, in one graph.
+
+Benchmark models (--bench), the per-tick workloads trading desks compare servers on:
+  bench_lstm         one tick of a 2-layer LSTM of 128 units on 32 features, stateful:
+                     tick [batch, 32], h1_in, c1_in, h2_in, c2_in [batch, 128]
+                     -> prediction [batch, 1] and the four states out (model.toml pairs them)
+  bench_lstm_window  the same LSTM (the same weights) on a window of the last 100 ticks:
+                     clients send one tick [1, 32], the server keeps the window
+  bench_trees        a tree ensemble (TreeEnsembleRegressor) of 500 trees of depth 6 on
+                     64 features -> score [batch, 1]
 
 Every weight comes from numpy's PCG64 generator with a fixed seed, and the files carry
 no timestamps, so running the script twice writes identical bytes.
@@ -329,14 +339,150 @@ def fixtures(root):
     (bad / "model.onnx").write_bytes(b"this is not an onnx model")
 
 
+def stacked_lstm_weights(rng, features, hidden, layers):
+    """Each layer's input, recurrent and bias weights, then a one-output head."""
+    out = []
+    for layer in range(layers):
+        width = features if layer == 0 else hidden
+        out += [numpy_helper.from_array(weights(rng, 1, 4 * hidden, width), f"w{layer + 1}"),
+                numpy_helper.from_array(weights(rng, 1, 4 * hidden, hidden), f"r{layer + 1}"),
+                numpy_helper.from_array(weights(rng, 1, 8 * hidden, scale=0.1), f"b{layer + 1}")]
+    out += [numpy_helper.from_array(weights(rng, 1, hidden), "head_w"),
+            numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b")]
+    return out
+
+
+def bench_lstm_step(rng, features=32, hidden=128, layers=2):
+    """One tick of a stacked LSTM: each layer's h and c come in and go out."""
+    init = stacked_lstm_weights(rng, features, hidden, layers)
+    init.append(numpy_helper.from_array(np.array([0], dtype=np.int64), "axes"))
+    nodes = [helper.make_node("Unsqueeze", ["tick", "axes"], ["x0"])]
+    inputs = [helper.make_tensor_value_info("tick", TensorProto.FLOAT, ["batch", features])]
+    outputs = []
+    for layer in range(1, layers + 1):
+        nodes += [
+            helper.make_node("Unsqueeze", [f"h{layer}_in", "axes"], [f"h{layer}_0"]),
+            helper.make_node("Unsqueeze", [f"c{layer}_in", "axes"], [f"c{layer}_0"]),
+            helper.make_node("LSTM", [f"x{layer - 1}", f"w{layer}", f"r{layer}", f"b{layer}", "",
+                                      f"h{layer}_0", f"c{layer}_0"],
+                             [f"y{layer}", f"h{layer}_1", f"c{layer}_1"], hidden_size=hidden),
+            # Y is [seq 1, directions 1, batch, hidden]: the next layer's [1, batch, hidden].
+            helper.make_node("Squeeze", [f"y{layer}", "axes"], [f"x{layer}"]),
+            helper.make_node("Squeeze", [f"h{layer}_1", "axes"], [f"h{layer}_out"]),
+            helper.make_node("Squeeze", [f"c{layer}_1", "axes"], [f"c{layer}_out"]),
+        ]
+        for name in (f"h{layer}", f"c{layer}"):
+            inputs.append(helper.make_tensor_value_info(f"{name}_in", TensorProto.FLOAT,
+                                                        ["batch", hidden]))
+            outputs.append(helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT,
+                                                         ["batch", hidden]))
+    nodes.append(helper.make_node("Gemm", [f"h{layers}_out", "head_w", "head_b"], ["prediction"],
+                                  transB=1))
+    outputs.insert(0, helper.make_tensor_value_info("prediction", TensorProto.FLOAT, ["batch", 1]))
+    graph = helper.make_graph(nodes, "bench_lstm", inputs, outputs, init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def bench_lstm_window(rng, seq=100, features=32, hidden=128, layers=2):
+    """The same stacked LSTM (the same weights for the same generator) on a window."""
+    init = stacked_lstm_weights(rng, features, hidden, layers)
+    init.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"))
+    init.append(numpy_helper.from_array(np.array([0], dtype=np.int64), "axis0"))
+    nodes = [helper.make_node("Transpose", ["window"], ["x0"], perm=[1, 0, 2])]
+    for layer in range(1, layers + 1):
+        nodes += [
+            helper.make_node("LSTM", [f"x{layer - 1}", f"w{layer}", f"r{layer}", f"b{layer}"],
+                             [f"y{layer}", f"h{layer}"], hidden_size=hidden),
+            helper.make_node("Squeeze", [f"y{layer}", "axis1"], [f"x{layer}"]),
+        ]
+    nodes += [helper.make_node("Squeeze", [f"h{layers}", "axis0"], ["h_last"]),
+              helper.make_node("Gemm", ["h_last", "head_w", "head_b"], ["prediction"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "bench_lstm_window",
+        [helper.make_tensor_value_info("window", TensorProto.FLOAT, ["batch", seq, features])],
+        [helper.make_tensor_value_info("prediction", TensorProto.FLOAT, ["batch", 1])],
+        init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def bench_trees(rng, trees=500, depth=6, features=64):
+    """A regression tree ensemble: `trees` full binary trees of `depth`, random splits."""
+    attrs = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values",
+                             "nodes_modes", "nodes_truenodeids", "nodes_falsenodeids",
+                             "nodes_missing_value_tracks_true", "target_treeids",
+                             "target_nodeids", "target_ids", "target_weights")}
+    inner = 2 ** depth - 1
+    for tree in range(trees):
+        for node in range(2 * inner + 1):
+            leaf = node >= inner
+            attrs["nodes_treeids"].append(tree)
+            attrs["nodes_nodeids"].append(node)
+            attrs["nodes_featureids"].append(0 if leaf else int(rng.integers(features)))
+            attrs["nodes_values"].append(0.0 if leaf else float(rng.standard_normal()))
+            attrs["nodes_modes"].append("LEAF" if leaf else "BRANCH_LEQ")
+            attrs["nodes_truenodeids"].append(0 if leaf else 2 * node + 1)
+            attrs["nodes_falsenodeids"].append(0 if leaf else 2 * node + 2)
+            attrs["nodes_missing_value_tracks_true"].append(0 if leaf else 1)
+            if leaf:
+                attrs["target_treeids"].append(tree)
+                attrs["target_nodeids"].append(node)
+                attrs["target_ids"].append(0)
+                attrs["target_weights"].append(float(rng.standard_normal() * 0.01))
+    node = helper.make_node("TreeEnsembleRegressor", ["features"], ["score"], domain="ai.onnx.ml",
+                            n_targets=1, aggregate_function="SUM", **attrs)
+    graph = helper.make_graph(
+        [node], "bench_trees",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                   helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+BENCH_LSTM_TOML = """\
+# One tick of a 2-layer LSTM, stateful: clients send only `tick`; the server keeps each
+# layer's h and c per sequence (docs/sequences.md).
+[sequence]
+max_sequence_idle = "0s"
+max_sequences = 65536
+""" + "".join(f'\n[[sequence.state]]\ninput = "{n}_in"\noutput = "{n}_out"\n'
+              for n in ("h1", "c1", "h2", "c2"))
+
+BENCH_LSTM_WINDOW_TOML = """\
+# The same LSTM on each sequence's last 100 ticks, kept by the server (docs/sequences.md).
+[sequence]
+max_sequence_idle = "0s"
+max_sequences = 65536
+window_warmup = "pad"
+
+[[sequence.window]]
+input = "window"
+"""
+
+
+def bench_repository(root):
+    """The per-tick benchmark's models (scripts/make_models.py --bench)."""
+    save(bench_lstm_step(np.random.default_rng(500)), root, "bench_lstm", config=BENCH_LSTM_TOML)
+    save(bench_lstm_window(np.random.default_rng(500)), root, "bench_lstm_window",
+         config=BENCH_LSTM_WINDOW_TOML)
+    save(bench_trees(np.random.default_rng(501)), root, "bench_trees")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=pathlib.Path)
-    parser.add_argument("--fixtures", action="store_true",
-                        help="write the test fixtures instead of the sample repository")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--fixtures", action="store_true",
+                       help="write the test fixtures instead of the sample repository")
+    which.add_argument("--bench", action="store_true",
+                       help="write the per-tick benchmark's models instead")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
-    (fixtures if args.fixtures else sample_repository)(args.root)
+    if args.fixtures:
+        fixtures(args.root)
+    elif args.bench:
+        bench_repository(args.root)
+    else:
+        sample_repository(args.root)
 
 
 if __name__ == "__main__":

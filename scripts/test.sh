@@ -16,6 +16,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 .venv/bin/python scripts/make_models.py "$tmp/models"
 diff -r "$tmp/models" config/models --exclude=model.toml
+echo "== the per-tick benchmark's models are deterministic"
+.venv/bin/python scripts/make_models.py --bench "$tmp/bench"
+.venv/bin/python scripts/make_models.py --bench "$tmp/bench-again"
+diff -r "$tmp/bench" "$tmp/bench-again"
 
 echo "== structure: no import circle, no front end importing another, the edge importing no front end"
 .venv/bin/python scripts/check_layers.py
@@ -31,6 +35,9 @@ cargo test --workspace --locked
 
 echo "== deploy/ manifests against the Kubernetes and KServe schemas"
 .venv/bin/python deploy/validate.py
+
+echo "== the per-tick benchmark's models load"
+target/debug/tickserve check --model-repository "$tmp/bench"
 
 echo "== three replicas behind HAProxy: each sequence on one replica"
 deploy/haproxy/check.sh target/debug/tickserve
