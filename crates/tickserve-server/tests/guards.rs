@@ -129,9 +129,9 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
         other => panic!("{other:?}"),
     }
     assert!(grpc.infer("alpha_nan", &[row(0.5)]).await.is_ok());
-    // The same non-finite trip on the front ends that carry NaN: the gRPC
-    // stream, TF Serving REST (its bare NaN token) and shared memory (below).
-    // (v2 HTTP JSON has no NaN to send.)
+    // The same non-finite trip on every front end that carries NaN: the gRPC
+    // stream, TF Serving REST (its bare NaN token), and below TF Serving gRPC,
+    // v2 HTTP's binary tensors and shared memory (v2 HTTP JSON has no NaN).
     let answer = common::stream_once(&server, common::grpc_row("alpha_nan", 50, f32::NAN)).await;
     assert!(
         answer.error_message.contains("outside finite"),
@@ -160,38 +160,64 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
     let mut predictions = PredictionServiceClient::connect(format!("http://{}", server.grpc_addr))
         .await
         .unwrap();
-    let refused = predictions
-        .predict(PredictRequest {
-            model_spec: Some(ModelSpec {
-                name: "alpha_tight".into(),
-                ..Default::default()
-            }),
-            inputs: [(
-                "features".to_string(),
-                tf::TensorProto {
-                    dtype: tf::DataType::DtFloat as i32,
-                    tensor_shape: Some(tf::TensorShapeProto {
-                        dim: [1, 50]
-                            .iter()
-                            .map(|&size| tf::tensor_shape_proto::Dim {
-                                size,
-                                ..Default::default()
-                            })
-                            .collect(),
-                        ..Default::default()
-                    }),
-                    float_val: vec![0.5; 50],
+    let predict = |model: &str, value: f32| PredictRequest {
+        model_spec: Some(ModelSpec {
+            name: model.into(),
+            ..Default::default()
+        }),
+        inputs: [(
+            "features".to_string(),
+            tf::TensorProto {
+                dtype: tf::DataType::DtFloat as i32,
+                tensor_shape: Some(tf::TensorShapeProto {
+                    dim: [1, 50]
+                        .iter()
+                        .map(|&size| tf::tensor_shape_proto::Dim {
+                            size,
+                            ..Default::default()
+                        })
+                        .collect(),
                     ..Default::default()
-                },
-            )]
-            .into_iter()
-            .collect(),
-            output_filter: Vec::new(),
-        })
+                }),
+                float_val: vec![value; 50],
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        output_filter: Vec::new(),
+    };
+    let refused = predictions
+        .predict(predict("alpha_tight", 0.5))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::OutOfRange);
     names_the_trip(refused.message());
+    let refused = predictions
+        .predict(predict("alpha_nan", f32::NAN))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::OutOfRange);
+    assert!(
+        refused.message().contains("outside finite"),
+        "{}",
+        refused.message()
+    );
+    // v2 HTTP's binary tensors carry NaN too.
+    let header = serde_json::json!({"inputs": [{"name": "features", "datatype": "FP32",
+        "shape": [1, 50], "parameters": {"binary_data_size": 200}}]})
+    .to_string();
+    let mut binary = header.clone().into_bytes();
+    binary.extend(std::iter::repeat_n(f32::NAN.to_le_bytes(), 50).flatten());
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/v2/models/alpha_nan/infer"))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(binary)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 422);
+    assert!(answer.text().await.unwrap().contains("outside finite"));
 
     // Shared memory: OUT_OF_RANGE.
     let shm = tokio::task::spawn_blocking(move || {
