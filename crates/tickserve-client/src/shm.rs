@@ -100,6 +100,8 @@ pub struct ShmClient {
     timeout: Duration,
     /// The deadline sent with each request; `None`: the timeout.
     deadline: Option<Duration>,
+    /// The server's queue and compute time of the last answer.
+    last_timing: Option<(Duration, Duration)>,
 }
 
 impl ShmClient {
@@ -117,7 +119,15 @@ impl ShmClient {
             next_id: 1,
             timeout: DEFAULT_TIMEOUT,
             deadline: None,
+            last_timing: None,
         })
+    }
+
+    /// The server's own time for the last answered request: in the model's
+    /// queue, and computing (copying rows in, running, copying out), as the
+    /// answer's header reports them.
+    pub fn last_timing(&self) -> Option<(Duration, Duration)> {
+        self.last_timing
     }
 
     /// Sets how long a call waits for its answer (and, without
@@ -213,22 +223,33 @@ impl ShmClient {
             wire::write_infer_request(buffer, id, handle, timeout_us, parameters, &tensors);
         })?;
         match wire::parse_answer(&answer).map_err(|e| ClientError::Transport(e.to_string()))? {
-            wire::Answer::Infer { outputs, .. } => outputs
-                .iter()
-                .map(|t| {
-                    let datatype = wire::datatype_name(t.datatype)
-                        .and_then(DataType::parse)
-                        .ok_or_else(|| {
-                            ClientError::Transport(format!("datatype number {}", t.datatype))
-                        })?;
-                    Ok(Tensor {
-                        name: t.name.to_string(),
-                        datatype,
-                        shape: t.dims.clone(),
-                        data: t.data.to_vec(),
+            wire::Answer::Infer {
+                outputs,
+                queue_us,
+                compute_us,
+                ..
+            } => {
+                self.last_timing = Some((
+                    Duration::from_micros(u64::from(queue_us)),
+                    Duration::from_micros(u64::from(compute_us)),
+                ));
+                outputs
+                    .iter()
+                    .map(|t| {
+                        let datatype = wire::datatype_name(t.datatype)
+                            .and_then(DataType::parse)
+                            .ok_or_else(|| {
+                                ClientError::Transport(format!("datatype number {}", t.datatype))
+                            })?;
+                        Ok(Tensor {
+                            name: t.name.to_string(),
+                            datatype,
+                            shape: t.dims.clone(),
+                            data: t.data.to_vec(),
+                        })
                     })
-                })
-                .collect(),
+                    .collect()
+            }
             wire::Answer::Error { code, message, .. } => {
                 if code == wire::ErrorCode::NotFound {
                     // The server may have restarted and its handles with it.
