@@ -25,7 +25,7 @@ impl Percentiles {
                 return 0.0;
             }
             let rank = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len());
-            samples[rank - 1].as_secs_f64() * 1e6
+            samples[rank - 1].as_nanos() as f64 / 1e3
         };
         Percentiles {
             p50: at(0.5),
@@ -41,7 +41,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nearest_rank_of_a_hundred() {
+    fn nearest_rank_of_a_thousand() {
         let mut samples: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
         let p = Percentiles::of(&mut samples);
         assert_eq!((p.p50, p.p99, p.p999, p.max), (500.0, 990.0, 999.0, 1000.0));
