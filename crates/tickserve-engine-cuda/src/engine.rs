@@ -406,39 +406,31 @@ impl CudaModel {
             })
             .collect();
 
-        self.record(&layout, base, &staging, &outputs, rows)
-            .map_err(|e| within(e, "the uncaptured run"))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| within(e, "the uncaptured run"))?;
-        let exec = if eager {
-            None
-        } else {
-            Some(self.capture(&layout, base, &staging, &outputs, rows)?)
-        };
-        Ok(BucketGraph {
+        let mut bucket = BucketGraph {
             rows,
             layout,
             staging,
             outputs,
             inputs_at,
             outputs_at,
-            exec,
+            exec: None,
             start: Event::new()?,
             end: Event::new()?,
             arena,
-        })
+        };
+        self.record(&bucket)
+            .map_err(|e| within(e, "the uncaptured run"))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| within(e, "the uncaptured run"))?;
+        if !eager {
+            bucket.exec = Some(self.capture(&bucket)?);
+        }
+        Ok(bucket)
     }
 
-    /// Captures the recorded sequence as a graph.
-    fn capture(
-        &self,
-        layout: &Layout,
-        base: sys::CUdeviceptr,
-        staging: &PinnedMemory,
-        outputs: &PinnedMemory,
-        rows: usize,
-    ) -> Result<GraphExec, EngineError> {
+    /// Captures `bucket`'s recorded sequence as a graph.
+    fn capture(&self, bucket: &BucketGraph) -> Result<GraphExec, EngineError> {
         let stream = &self.stream;
         // SAFETY: the stream is alive and idle; everything captured refers to
         // the arena and the pinned buffers, which live as long as the graph.
@@ -449,23 +441,23 @@ impl CudaModel {
             )
         }
         .map_err(driver("beginning the graph capture"))?;
-        let captured = self.record(layout, base, staging, outputs, rows);
+        let captured = self.record(bucket);
         // End the capture even when recording failed, so the stream is usable.
         let exec = GraphExec::end_capture(stream);
         captured?;
         exec
     }
 
-    /// Records one bucket's forward pass on the stream (capturing, or not:
+    /// Records `bucket`'s forward pass on the stream (capturing, or not:
     /// then it runs).
-    fn record(
-        &self,
-        layout: &Layout,
-        base: sys::CUdeviceptr,
-        staging: &PinnedMemory,
-        outputs: &PinnedMemory,
-        rows: usize,
-    ) -> Result<(), EngineError> {
+    fn record(&self, bucket: &BucketGraph) -> Result<(), EngineError> {
+        let (layout, base, staging, outputs, rows) = (
+            &bucket.layout,
+            bucket.arena.ptr,
+            &bucket.staging,
+            &bucket.outputs,
+            bucket.rows,
+        );
         let plan = &self.plan;
         let stream = self.stream.0;
         let address = |v: ValueId| base + layout.values[v] as u64;
@@ -640,7 +632,7 @@ impl CompiledModel for CudaModel {
         b.start.record(&self.stream)?;
         match &b.exec {
             Some(exec) => exec.launch(&self.stream)?,
-            None => self.record(&b.layout, b.arena.ptr, &b.staging, &b.outputs, b.rows)?,
+            None => self.record(b)?,
         }
         b.end.record(&self.stream)?;
         b.end.synchronize()?;

@@ -12,9 +12,7 @@ mod common;
 use std::path::Path;
 
 use tickserve_client::{ClientError, GrpcClient, ShmClient, Tensor};
-use tickserve_proto::tensorflow as tf;
 use tickserve_proto::tensorflow::serving::prediction_service_client::PredictionServiceClient;
-use tickserve_proto::tensorflow::serving::{ModelSpec, PredictRequest};
 
 /// `alpha_mlp` under `name`, with `toml` as its `model.toml`.
 fn alpha(repository: &Path, name: &str, toml: &str) {
@@ -160,33 +158,7 @@ async fn a_tripped_guard_withholds_the_answer_alike_on_every_front_end() {
     let mut predictions = PredictionServiceClient::connect(format!("http://{}", server.grpc_addr))
         .await
         .unwrap();
-    let predict = |model: &str, value: f32| PredictRequest {
-        model_spec: Some(ModelSpec {
-            name: model.into(),
-            ..Default::default()
-        }),
-        inputs: [(
-            "features".to_string(),
-            tf::TensorProto {
-                dtype: tf::DataType::DtFloat as i32,
-                tensor_shape: Some(tf::TensorShapeProto {
-                    dim: [1, 50]
-                        .iter()
-                        .map(|&size| tf::tensor_shape_proto::Dim {
-                            size,
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                }),
-                float_val: vec![value; 50],
-                ..Default::default()
-            },
-        )]
-        .into_iter()
-        .collect(),
-        output_filter: Vec::new(),
-    };
+    let predict = |model: &str, value: f32| common::tf_predict(model, &[value; 50]);
     let refused = predictions
         .predict(predict("alpha_tight", 0.5))
         .await

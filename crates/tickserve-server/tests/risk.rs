@@ -156,35 +156,8 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
     )
     .await
     .unwrap();
-    use tickserve_proto::tensorflow as tfpb;
     let refused = tf_grpc
-        .predict(tfpb::serving::PredictRequest {
-            model_spec: Some(tfpb::serving::ModelSpec {
-                name: "alpha".into(),
-                ..Default::default()
-            }),
-            inputs: [(
-                "features".to_string(),
-                tfpb::TensorProto {
-                    dtype: tfpb::DataType::DtFloat as i32,
-                    tensor_shape: Some(tfpb::TensorShapeProto {
-                        dim: [1, 50]
-                            .iter()
-                            .map(|&size| tfpb::tensor_shape_proto::Dim {
-                                size,
-                                ..Default::default()
-                            })
-                            .collect(),
-                        ..Default::default()
-                    }),
-                    float_val: vec![0.0; 50],
-                    ..Default::default()
-                },
-            )]
-            .into_iter()
-            .collect(),
-            output_filter: Vec::new(),
-        })
+        .predict(common::tf_predict("alpha", &[0.0; 50]))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable);

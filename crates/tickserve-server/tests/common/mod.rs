@@ -401,3 +401,39 @@ pub async fn stream_once(
         .expect("the stream answered")
         .unwrap()
 }
+
+/// A TF Serving `PredictRequest` for `model`: one row of `values` under the
+/// input `features`.
+pub fn tf_predict(
+    model: &str,
+    values: &[f32],
+) -> tickserve_proto::tensorflow::serving::PredictRequest {
+    use tickserve_proto::tensorflow as tf;
+    tf::serving::PredictRequest {
+        model_spec: Some(tf::serving::ModelSpec {
+            name: model.into(),
+            ..Default::default()
+        }),
+        inputs: [(
+            "features".to_string(),
+            tf::TensorProto {
+                dtype: tf::DataType::DtFloat as i32,
+                tensor_shape: Some(tf::TensorShapeProto {
+                    dim: [1, values.len() as i64]
+                        .iter()
+                        .map(|&size| tf::tensor_shape_proto::Dim {
+                            size,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                }),
+                float_val: values.to_vec(),
+                ..Default::default()
+            },
+        )]
+        .into_iter()
+        .collect(),
+        output_filter: Vec::new(),
+    }
+}
