@@ -80,12 +80,7 @@ impl ShadowPlan {
         if self.fraction >= 1.0 {
             return true;
         }
-        let n = self.draws.fetch_add(1, Ordering::Relaxed);
-        let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        let unit = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
-        unit < self.fraction
+        drawn(self.draws.fetch_add(1, Ordering::Relaxed), self.fraction)
     }
 
     /// Runs `request` on the shadow (see [`ModelHandle::shadow`]) and
@@ -180,6 +175,16 @@ pub fn compare(primary: &[OutputTensor], shadow: &[OutputTensor]) -> Compared {
     compared
 }
 
+/// Whether draw `n` falls in `fraction`: SplitMix64 of `n` as a number in
+/// [0, 1), below `fraction`, so any run of draws takes its share.
+fn drawn(n: u64, fraction: f64) -> bool {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let unit = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+    unit < fraction
+}
+
 /// A row's top class: its arg-max, or its sign when it has one value.
 fn top(row: &[f64]) -> i64 {
     match row {
@@ -234,6 +239,34 @@ fn values(t: &OutputTensor) -> Option<Vec<f64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Any run of draws takes its fraction, within sampling error, and 0
+    /// takes none.
+    #[test]
+    fn draws_take_their_fraction_of_any_run() {
+        for fraction in [0.1, 0.25, 0.5] {
+            for start in [0u64, 1 << 20, u64::MAX - 10_000] {
+                let taken = (start..start + 10_000)
+                    .filter(|&n| drawn(n, fraction))
+                    .count() as f64;
+                let expected = 10_000.0 * fraction;
+                assert!(
+                    (taken - expected).abs() < 200.0,
+                    "{fraction} from {start}: {taken}"
+                );
+            }
+        }
+        assert!(!(0..1000).any(|n| drawn(n, 0.0)));
+    }
+
+    #[test]
+    fn the_top_class_is_the_arg_max_or_the_sign_of_one_value() {
+        assert_eq!(top(&[0.3]), 1);
+        assert_eq!(top(&[-0.3]), -1);
+        assert_eq!(top(&[0.0]), 0);
+        assert_eq!(top(&[0.1, 0.7, 0.2]), 1);
+        assert_eq!(top(&[0.9, 0.7, 0.2]), 0);
+    }
 
     fn fp32(name: &str, shape: &[i64], v: &[f32]) -> OutputTensor {
         OutputTensor {
