@@ -10,10 +10,5 @@ cd "$(dirname "$0")/../.."
 bin="${1:-target/debug/tickserve}"
 [ -x "$bin" ] || cargo build --locked -p tickserve-server
 scripts/setup.sh
-if ! command -v haproxy >/dev/null; then
-  echo "check: installing HAProxy (Debian package)" >&2
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends haproxy >/dev/null
-fi
+scripts/apt_install.sh haproxy haproxy
 exec .venv/bin/python deploy/haproxy/check.py "$bin"

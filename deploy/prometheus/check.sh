@@ -13,12 +13,7 @@ bin="${1:-target/debug/tickserve}"
 [ -x "$bin" ] || cargo build --locked -p tickserve-server
 scripts/setup.sh
 
-if ! command -v prometheus >/dev/null; then
-  echo "check: installing Prometheus (Debian package)" >&2
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-fi
+scripts/apt_install.sh prometheus prometheus
 
 work=$(mktemp -d)
 pids=()

@@ -103,15 +103,18 @@ impl Halts {
         Ok(halts)
     }
 
-    /// `model` `version`'s halt, if it is halted.
+    /// `model` `version`'s halt, if it is halted. Halts are few (an
+    /// operator's or a breaker's): a walk over them, nothing allocated on the
+    /// request's way.
     pub fn check(&self, model: &str, version: &str) -> Option<Halt> {
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
         table
-            .get(&(model.to_string(), version.to_string()))
-            .cloned()
+            .iter()
+            .find(|((m, v), _)| m == model && v == version)
+            .map(|(_, halt)| halt.clone())
     }
 
     /// Halts `handle`'s version, asked over `via` (`http`, `grpc`, or
