@@ -17,7 +17,11 @@ Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
   tick_000..007   float32 [batch, 16] -> Gemm 16x32 -> Relu -> Gemm 32x1 -> [batch, 1],
                   one architecture, eight sets of weights (one per instrument)
 
-Fixtures (--fixtures) include cuda_ops: every op the CUDA engine imports, in one graph.
+Fixtures (--fixtures) include cuda_ops: every op the CUDA engine imports for dense models, in
+one graph; cuda_sequence_ops: every recurrent and layout op (LSTM in layout 1 with initial
+states and Y, GRU in both reset modes, Transpose, Slice with a step, Gather, Concat, Shape
+arithmetic folded); cuda_lstm_layout0 and cuda_lstm_layout1: one LSTM in both layouts;
+cuda_bidirectional and cuda_peephole: LSTMs the engine refuses by name.
 
 Benchmark models (--bench), the per-tick workloads trading desks compare servers on:
   bench_lstm         one tick of a 2-layer LSTM of 128 units on 32 features, stateful:
@@ -32,6 +36,7 @@ Every weight comes from numpy's PCG64 generator with a fixed seed, and the files
 no timestamps, so running the script twice writes identical bytes.
 """
 import argparse
+import functools
 import pathlib
 
 import numpy as np
@@ -227,6 +232,153 @@ input = "window"
 """
 
 
+def every_sequence_op(rng):
+    """window [batch, 6, 4] and h0 [batch, 5] through every recurrent and layout op the CUDA
+    engine imports; outputs y [batch, 8], gru_seq [batch, 3, 5] and joined [batch, 10]."""
+    seq, features, hidden = 6, 4, 5
+
+    def cell_weights(gates, inputs):
+        return (weights(rng, 1, gates * hidden, inputs), weights(rng, 1, gates * hidden, hidden),
+                weights(rng, 1, 2 * gates * hidden, scale=0.1))
+
+    w_lstm, r_lstm, b_lstm = cell_weights(4, features)
+    gru_weights = functools.partial(cell_weights, 3)
+
+    w_g1, r_g1, b_g1 = gru_weights(hidden)
+    w_g2, r_g2, b_g2 = gru_weights(hidden)
+    init = [
+        numpy_helper.from_array(w_lstm, "w_lstm"), numpy_helper.from_array(r_lstm, "r_lstm"),
+        numpy_helper.from_array(b_lstm, "b_lstm"),
+        numpy_helper.from_array(w_g1, "w_g1"), numpy_helper.from_array(r_g1, "r_g1"),
+        numpy_helper.from_array(b_g1, "b_g1"),
+        numpy_helper.from_array(w_g2, "w_g2"), numpy_helper.from_array(r_g2, "r_g2"),
+        numpy_helper.from_array(b_g2, "b_g2"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "axis0"),
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "last"),
+        numpy_helper.from_array(np.array([-7], dtype=np.int64), "before_first"),
+        numpy_helper.from_array(np.array([-2], dtype=np.int64), "back2"),
+        numpy_helper.from_array(np.array(-1, dtype=np.int64), "last_scalar"),
+        numpy_helper.from_array(np.array([hidden], dtype=np.int64), "hidden"),
+        numpy_helper.from_array(weights(rng, 10, 8), "head_w"),
+    ]
+    nodes = [
+        # An LSTM with its initial h, from window and h0 (ONNX Runtime runs layout 0 only:
+        # see cuda_lstm_layout1 for the batch-first layout).
+        helper.make_node("Transpose", ["window"], ["window_t"], perm=[1, 0, 2]),
+        helper.make_node("Unsqueeze", ["h0", "axis0"], ["h0_3"]),
+        helper.make_node("LSTM", ["window_t", "w_lstm", "r_lstm", "b_lstm", "", "h0_3"],
+                         ["lstm_y", "lstm_h", "lstm_c"], hidden_size=hidden),
+        # Y [6, 1, batch, 5] -> [6, batch, 5] for a GRU, its zeros made from its shape.
+        helper.make_node("Squeeze", ["lstm_y", "axis1"], ["lstm_seq_t"]),
+        helper.make_node("Shape", ["lstm_seq_t"], ["seq_shape"]),
+        helper.make_node("Gather", ["seq_shape", "axis1"], ["batch_dim"], axis=0),
+        helper.make_node("Concat", ["axis1", "batch_dim", "hidden"], ["zeros_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["zeros_shape"], ["zeros"],
+                         value=numpy_helper.from_array(np.array([0.0], dtype=np.float32))),
+        helper.make_node("GRU", ["lstm_seq_t", "w_g1", "r_g1", "b_g1", "", "zeros"],
+                         ["gru_y", "gru_h"], hidden_size=hidden, linear_before_reset=1),
+        # The GRU's every other step, newest first: Y [6, 1, batch, 5] sliced with step -2.
+        helper.make_node("Slice", ["gru_y", "last", "before_first", "axis0", "back2"],
+                         ["gru_every_other"]),
+        helper.make_node("Squeeze", ["gru_every_other", "axis1"], ["gru_picked"]),
+        helper.make_node("Transpose", ["gru_picked"], ["gru_seq"], perm=[1, 0, 2]),
+        # A second GRU (reset before the product) on the LSTM's sequence, its last step.
+        helper.make_node("GRU", ["lstm_seq_t", "w_g2", "r_g2", "b_g2"], ["gru2_y"],
+                         hidden_size=hidden, linear_before_reset=0),
+        helper.make_node("Gather", ["gru2_y", "last_scalar"], ["gru2_last_3"], axis=0),
+        helper.make_node("Squeeze", ["gru2_last_3", "axis0"], ["gru2_last"]),
+        # The LSTM's cell state beside the second GRU's last step, then a product.
+        helper.make_node("Squeeze", ["lstm_c", "axis0"], ["c_last"]),
+        helper.make_node("Concat", ["c_last", "gru2_last"], ["joined"], axis=1),
+        # A transpose of the non-batch axes: [batch, 5, 2] -> [batch, 2, 5], flattened.
+        helper.make_node("Reshape", ["joined", "joined_shape"], ["joined_3"]),
+        helper.make_node("Transpose", ["joined_3"], ["swapped"], perm=[0, 2, 1]),
+        helper.make_node("Flatten", ["swapped"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "head_w"], ["y"]),
+    ]
+    init.append(numpy_helper.from_array(np.array([0, 5, 2], dtype=np.int64), "joined_shape"))
+    graph = helper.make_graph(
+        nodes, "cuda_sequence_ops",
+        [helper.make_tensor_value_info("window", TensorProto.FLOAT, ["batch", seq, features]),
+         helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8]),
+         helper.make_tensor_value_info("gru_seq", TensorProto.FLOAT, ["batch", 3, hidden]),
+         helper.make_tensor_value_info("joined", TensorProto.FLOAT, ["batch", 2 * hidden])],
+        init,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def lstm_layouts(rng):
+    """One LSTM over window [batch, 6, 4] with initial states h0, c0 [batch, 5], written in
+    layout 0 (with Transposes) and in layout 1 (batch first): outputs y [batch, 6, 5], h and c
+    [batch, 5]. ONNX Runtime runs only the first."""
+    w, r, b = weights(rng, 1, 20, 4), weights(rng, 1, 20, 5), weights(rng, 1, 40, scale=0.1)
+    init = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(r, "r"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(np.array([0], dtype=np.int64), "axis0"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2")]
+    io = ([helper.make_tensor_value_info("window", TensorProto.FLOAT, ["batch", 6, 4]),
+           helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["batch", 5]),
+           helper.make_tensor_value_info("c0", TensorProto.FLOAT, ["batch", 5])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 5]),
+           helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", 5]),
+           helper.make_tensor_value_info("c", TensorProto.FLOAT, ["batch", 5])])
+    layout0 = [
+        helper.make_node("Transpose", ["window"], ["window_t"], perm=[1, 0, 2]),
+        helper.make_node("Unsqueeze", ["h0", "axis0"], ["h0_3"]),
+        helper.make_node("Unsqueeze", ["c0", "axis0"], ["c0_3"]),
+        helper.make_node("LSTM", ["window_t", "w", "r", "b", "", "h0_3", "c0_3"],
+                         ["y4", "h3", "c3"], hidden_size=5),
+        helper.make_node("Squeeze", ["y4", "axis1"], ["y_t"]),
+        helper.make_node("Transpose", ["y_t"], ["y"], perm=[1, 0, 2]),
+        helper.make_node("Squeeze", ["h3", "axis0"], ["h"]),
+        helper.make_node("Squeeze", ["c3", "axis0"], ["c"]),
+    ]
+    layout1 = [
+        helper.make_node("Unsqueeze", ["h0", "axis1"], ["h0_3"]),
+        helper.make_node("Unsqueeze", ["c0", "axis1"], ["c0_3"]),
+        helper.make_node("LSTM", ["window", "w", "r", "b", "", "h0_3", "c0_3"],
+                         ["y4", "h3", "c3"], hidden_size=5, layout=1),
+        helper.make_node("Squeeze", ["y4", "axis2"], ["y"]),
+        helper.make_node("Squeeze", ["h3", "axis1"], ["h"]),
+        helper.make_node("Squeeze", ["c3", "axis1"], ["c"]),
+    ]
+    return [helper.make_model(helper.make_graph(nodes, name, *io, init),
+                              opset_imports=[helper.make_opsetid("", OPSET)])
+            for nodes, name in [(layout0, "cuda_lstm_layout0"), (layout1, "cuda_lstm_layout1")]]
+
+
+def refused_lstm(rng, name, **variant):
+    """An LSTM over window [batch, 6, 4] in a variant the CUDA engine refuses."""
+    directions = 2 if variant.get("direction") == "bidirectional" else 1
+    w, r, b = (np.concatenate([m] * directions)
+               for m in (weights(rng, 1, 20, 4), weights(rng, 1, 20, 5),
+                         weights(rng, 1, 40, scale=0.1)))
+    init = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(r, "r"),
+            numpy_helper.from_array(b, "b")]
+    inputs = ["window", "w", "r", "b"]
+    if variant.pop("peepholes", False):
+        init.append(numpy_helper.from_array(weights(rng, 1, 15, scale=0.1), "p"))
+        inputs += ["", "", "", "p"]
+    inputs[0] = "window_t"
+    nodes = [
+        helper.make_node("Transpose", ["window"], ["window_t"], perm=[1, 0, 2]),
+        helper.make_node("LSTM", inputs, ["", "h"], hidden_size=5, **variant),
+        helper.make_node("Transpose", ["h"], ["h_t"], perm=[1, 0, 2]),
+        helper.make_node("Flatten", ["h_t"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("window", TensorProto.FLOAT, ["batch", 6, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5 * directions])],
+        init,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
 def sample_repository(root):
     save(mlp(np.random.default_rng(1), "alpha_mlp", 50, 64, 3, softmax=True,
              out_name="probabilities"), root, "alpha_mlp")
@@ -288,6 +440,13 @@ def fixtures(root):
          root, "tree_gbt")
     # Every op of the CUDA engine's set in one graph, with two outputs.
     save(every_cuda_op(np.random.default_rng(13)), root, "cuda_ops")
+    save(every_sequence_op(np.random.default_rng(14)), root, "cuda_sequence_ops")
+    for model in lstm_layouts(np.random.default_rng(16)):
+        save(model, root, model.graph.name)
+    save(refused_lstm(np.random.default_rng(15), "cuda_bidirectional", direction="bidirectional"),
+         root, "cuda_bidirectional")
+    save(refused_lstm(np.random.default_rng(15), "cuda_peephole", peepholes=True), root,
+         "cuda_peephole")
     # Rows that depend on each other (each row minus the mean over the batch):
     # served without batching requests together, or refused when model.toml says so.
     for name, config in [("batch_mean", None), ("batch_mean_refused", 'mixed_rows = "refuse"\n')]:

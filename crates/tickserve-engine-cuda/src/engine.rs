@@ -82,6 +82,7 @@ impl CudaEngine {
     /// member and runs every bucket once.
     pub fn compile(&self, request: &CudaCompileRequest<'_>) -> Result<CudaModel, EngineError> {
         let plan = &request.imported.plan;
+        kernels::lowerable(plan).map_err(EngineError::Unsupported)?;
         let device = format!("gpu:{}", request.ordinal);
         // SAFETY: only tries to dlopen the driver; no symbol is called.
         if !unsafe { sys::is_culib_present() } {
@@ -194,9 +195,9 @@ impl Engine<ModelGraph> for CudaEngine {
     /// Imports the graph: [`EngineError::Unsupported`] names the first op
     /// (or attribute) the engine lacks.
     fn check(&self, graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<(), EngineError> {
-        crate::import(&graph.onnx, &graph.signature.inputs, weights)
-            .map(drop)
-            .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()))
+        let imported = crate::import(&graph.onnx, &graph.signature.inputs, weights)
+            .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()))?;
+        kernels::lowerable(&imported.plan).map_err(EngineError::Unsupported)
     }
 
     fn compile(
@@ -486,6 +487,16 @@ impl CudaModel {
                     | Op::Softmax { input, .. }
                     | Op::LayerNorm { input, .. } => (address(input), 0),
                     Op::Binary { a, b, .. } => (address(a), address(b)),
+                    Op::Rearrange { input, .. } => (address(input), 0),
+                    Op::Concat { ref inputs, .. } => (
+                        inputs.first().copied().map_or(0, address),
+                        inputs.get(1).copied().map_or(0, address),
+                    ),
+                    Op::Recurrent(_) => {
+                        return Err(EngineError::Unsupported(
+                            "the CUDA engine has no kernel for LSTM and GRU layers".to_string(),
+                        ));
+                    }
                 };
                 let mut out = address(step.output);
                 let mut a = a;

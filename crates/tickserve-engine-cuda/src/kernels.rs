@@ -128,13 +128,38 @@ fn per_element(name: &str, width: usize, load: &str, chain: &[Elementwise]) -> S
         "KERNEL({name}) {{
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * {width}) return;
+    int row = i / {width};
     int col = i % {width};
+    (void)row;
     (void)col;
     float v = {load};
 {}    out[i] = v;
 }}
 ",
         epilogue(chain)
+    )
+}
+
+/// The load of a [`Op::Rearrange`]: output column `col` of `row` reads the
+/// input element the strides name.
+fn rearrange_load(in_width: usize, dims: &[usize], strides: &[isize], offset: usize) -> String {
+    let mut at = format!("{offset}");
+    let mut inner = 1usize;
+    for (&d, &stride) in dims.iter().zip(strides).rev() {
+        let _ = write!(at, " + (col / {inner} % {d}) * {stride}");
+        inner *= d;
+    }
+    format!("a[row * {in_width} + ({at})]")
+}
+
+/// The load of a two-input [`Op::Concat`]: each of a row's blocks is
+/// `first` floats of `a`, then `second` of `b`.
+fn concat_load(outer: usize, first: usize, second: usize) -> String {
+    let block = first + second;
+    format!(
+        "(col % {block} < {first}) \
+         ? a[(row * {outer} + col / {block}) * {first} + col % {block}] \
+         : b[(row * {outer} + col / {block}) * {second} + col % {block} - {first}]"
     )
 }
 
@@ -200,7 +225,8 @@ fn layer_norm(
     )
 }
 
-/// The kernel a step needs, if any (a product with no epilogue needs none).
+/// The kernel a step needs, if any (a product with no epilogue needs none;
+/// [`lowerable`] refuses the steps no kernel here carries out).
 fn kernel_source(plan: &Plan, index: usize, step: &Step) -> Option<(Kernel, String)> {
     let name = format!("step_{index}");
     let width = plan.values[step.output].width;
@@ -229,6 +255,23 @@ fn kernel_source(plan: &Plan, index: usize, step: &Step) -> Option<(Kernel, Stri
             Launch::PerSegment(*segment),
             layer_norm(&name, width, *segment, *scale, *bias, *epsilon, chain),
         ),
+        Op::Rearrange {
+            input,
+            dims,
+            strides,
+            offset,
+        } => {
+            let load = rearrange_load(plan.values[*input].width, dims, strides, *offset);
+            (Launch::PerElement, per_element(&name, width, &load, chain))
+        }
+        Op::Concat { outer, chunks, .. } => {
+            let [first, second] = chunks[..] else {
+                return None;
+            };
+            let load = concat_load(*outer, first, second);
+            (Launch::PerElement, per_element(&name, width, &load, chain))
+        }
+        Op::Recurrent(_) => return None,
     };
     Some((
         Kernel {
@@ -238,6 +281,26 @@ fn kernel_source(plan: &Plan, index: usize, step: &Step) -> Option<(Kernel, Stri
         },
         source,
     ))
+}
+
+/// Whether every step of `plan` has its kernels here: a Concat of more than
+/// two activations and the recurrent layers do not (the model then runs on
+/// ONNX Runtime); the reason names the step's nodes.
+pub fn lowerable(plan: &Plan) -> Result<(), String> {
+    for step in &plan.steps {
+        let missing = match &step.op {
+            Op::Concat { inputs, .. } if inputs.len() != 2 => {
+                format!("a Concat of {} activations (two at most)", inputs.len())
+            }
+            Op::Recurrent(_) => "LSTM and GRU layers".to_string(),
+            _ => continue,
+        };
+        return Err(format!(
+            "the CUDA engine has no kernel for {missing} (nodes {})",
+            step.nodes.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// The CUDA C module for `plan` and the kernels in it, in step order.

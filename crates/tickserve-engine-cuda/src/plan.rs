@@ -178,6 +178,90 @@ pub enum Op {
         /// The activation copied.
         input: ValueId,
     },
+    /// Each row's floats picked by position: element `j` of an output row,
+    /// as the multi-index `(o_0, …)` over `dims`, is input element
+    /// `offset + Σ o_d · strides[d]` of the same row. A transpose of the
+    /// non-batch axes, a slice (steps of any sign) and a gather of one index
+    /// are each one of these.
+    Rearrange {
+        /// The activation read.
+        input: ValueId,
+        /// The output row's dimensions.
+        dims: Vec<usize>,
+        /// Input elements between neighbours along each output dimension.
+        strides: Vec<isize>,
+        /// The input element of output element 0.
+        offset: usize,
+    },
+    /// Rows joined piece by piece: each output row is, for each of `outer`
+    /// blocks, `chunks[i]` floats of input `i` in turn.
+    Concat {
+        /// The activations joined, in order.
+        inputs: Vec<ValueId>,
+        /// Blocks per row (the product of the dimensions before the axis).
+        outer: usize,
+        /// Floats each input adds to a block.
+        chunks: Vec<usize>,
+    },
+    /// A recurrent layer over a window: the step's output is the last
+    /// hidden state.
+    Recurrent(Box<Recurrent>),
+}
+
+/// A recurrent cell, as ONNX defines it (its default activations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cell {
+    /// LSTM, gates `i, o, f, c`: `c_t = f ⊙ c_{t-1} + i ⊙ tanh(·)`,
+    /// `h_t = o ⊙ tanh(c_t)`, `i, o, f` sigmoids.
+    Lstm,
+    /// GRU, gates `z, r, h`: `h_t = (1 - z) ⊙ ĥ + z ⊙ h_{t-1}`, where the
+    /// candidate `ĥ = tanh(x·W_hᵀ + r ⊙ (h_{t-1}·R_hᵀ + Rb_h) + Wb_h)` when
+    /// `linear_before_reset`, else `tanh(x·W_hᵀ + (r ⊙ h_{t-1})·R_hᵀ + Rb_h
+    /// + Wb_h)`.
+    Gru {
+        /// ONNX's `linear_before_reset` (PyTorch's and Keras's default GRU).
+        linear_before_reset: bool,
+    },
+}
+
+impl Cell {
+    /// Gates per hidden unit: 4 (LSTM) or 3 (GRU).
+    pub fn gates(self) -> usize {
+        match self {
+            Cell::Lstm => 4,
+            Cell::Gru { .. } => 3,
+        }
+    }
+}
+
+/// A forward recurrent layer (ONNX LSTM or GRU, one direction) over every
+/// step of each row's window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recurrent {
+    /// The cell.
+    pub cell: Cell,
+    /// The window: `steps × input_size` floats per row, step-major.
+    pub input: ValueId,
+    /// The initial hidden state (`hidden` per row); zeros when absent.
+    pub initial_h: Option<ValueId>,
+    /// The LSTM's initial cell state; zeros when absent.
+    pub initial_c: Option<ValueId>,
+    /// Input weights, `[gates · hidden, input_size]`.
+    pub w: WeightId,
+    /// Recurrent weights, `[gates · hidden, hidden]`.
+    pub r: WeightId,
+    /// Biases, `[2 · gates · hidden]`: the input's then the recurrence's.
+    pub b: Option<WeightId>,
+    /// Window length.
+    pub steps: usize,
+    /// Floats per step of the window.
+    pub input_size: usize,
+    /// Hidden units.
+    pub hidden: usize,
+    /// Every step's hidden state (`steps × hidden` per row), if read.
+    pub sequence: Option<ValueId>,
+    /// The LSTM's last cell state (`hidden` per row), if read.
+    pub last_c: Option<ValueId>,
 }
 
 /// One step: its operation, then its fused elementwise chain, into `output`.

@@ -2,7 +2,7 @@
 //! meaning the importer is tested against (ONNX Runtime on the same model)
 //! and the kernels are tested against (the GPU tests).
 
-use crate::plan::{Elementwise, Op, Plan};
+use crate::plan::{Cell, Elementwise, Op, Plan, Recurrent};
 
 /// Applies `chain` to `x`, the element at `column` of its row.
 pub fn apply(chain: &[Elementwise], weights: &[Vec<f32>], mut x: f32, column: usize) -> f32 {
@@ -93,6 +93,47 @@ pub fn run(plan: &Plan, weights: &[Vec<f32>], inputs: &[&[f32]], rows: usize) ->
                 }
             }
             Op::Copy { input } => out.copy_from_slice(&values[*input]),
+            Op::Rearrange {
+                input,
+                dims,
+                strides,
+                offset,
+            } => {
+                let x = &values[*input];
+                let in_width = plan.values[*input].width;
+                for (row, o) in out.chunks_mut(width.max(1)).enumerate() {
+                    let x = &x[row * in_width..(row + 1) * in_width];
+                    for (j, o) in o.iter_mut().enumerate() {
+                        *o = x[rearranged(j, dims, strides, *offset)];
+                    }
+                }
+            }
+            Op::Concat {
+                inputs,
+                outer,
+                chunks,
+            } => {
+                let mut at = 0;
+                for row in 0..rows {
+                    for block in 0..*outer {
+                        for (input, &chunk) in inputs.iter().zip(chunks) {
+                            let from = (row * outer + block) * chunk;
+                            out[at..at + chunk]
+                                .copy_from_slice(&values[*input][from..from + chunk]);
+                            at += chunk;
+                        }
+                    }
+                }
+            }
+            Op::Recurrent(layer) => {
+                let (sequence, last_c) = recurrent(layer, &values, weights, rows, &mut out);
+                if let Some(v) = layer.sequence {
+                    values[v] = sequence;
+                }
+                if let Some(v) = layer.last_c {
+                    values[v] = last_c;
+                }
+            }
             Op::Softmax { input, segment } => {
                 for (o, x) in out
                     .chunks_mut(*segment)
@@ -136,4 +177,102 @@ pub fn run(plan: &Plan, weights: &[Vec<f32>], inputs: &[&[f32]], rows: usize) ->
         .iter()
         .map(|(_, v)| values[*v].clone())
         .collect()
+}
+
+/// The input element that output element `j` of a [`Op::Rearrange`] reads.
+pub fn rearranged(j: usize, dims: &[usize], strides: &[isize], offset: usize) -> usize {
+    let mut rest = j;
+    let mut at = offset as isize;
+    for (&d, &stride) in dims.iter().zip(strides).rev() {
+        at += (rest % d) as isize * stride;
+        rest /= d;
+    }
+    at as usize
+}
+
+/// `Σ_i x[i] · w[row · len + i]`: one element of `x · Wᵀ`.
+fn dot(x: &[f32], w: &[f32], row: usize) -> f32 {
+    let len = x.len();
+    x.iter()
+        .zip(&w[row * len..(row + 1) * len])
+        .map(|(a, b)| a * b)
+        .sum()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Runs a recurrent layer over `rows` windows: writes the last hidden
+/// states into `last_h`; returns every step's hidden state and the last
+/// cell states (`rows × steps × hidden` and `rows × hidden`).
+fn recurrent(
+    layer: &Recurrent,
+    values: &[Vec<f32>],
+    weights: &[Vec<f32>],
+    rows: usize,
+    last_h: &mut [f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let (steps, size, hidden) = (layer.steps, layer.input_size, layer.hidden);
+    let gates = layer.cell.gates();
+    let (w, r) = (&weights[layer.w], &weights[layer.r]);
+    let zeros = vec![0.0f32; 2 * gates * hidden];
+    let b = layer.b.map_or(&zeros, |b| &weights[b]);
+    let (wb, rb) = b.split_at(gates * hidden);
+    let mut sequence = vec![0.0f32; rows * steps * hidden];
+    let mut cells = vec![0.0f32; rows * hidden];
+    for row in 0..rows {
+        let state = |v: Option<usize>| {
+            v.map_or_else(
+                || vec![0.0f32; hidden],
+                |v| values[v][row * hidden..(row + 1) * hidden].to_vec(),
+            )
+        };
+        let (mut h, mut c) = (state(layer.initial_h), state(layer.initial_c));
+        for t in 0..steps {
+            let x = &values[layer.input][(row * steps + t) * size..(row * steps + t + 1) * size];
+            let xw: Vec<f32> = (0..gates * hidden).map(|g| dot(x, w, g) + wb[g]).collect();
+            h = match layer.cell {
+                Cell::Lstm => {
+                    let gate = |k: usize, u: usize| {
+                        let g = k * hidden + u;
+                        xw[g] + dot(&h, r, g) + rb[g]
+                    };
+                    (0..hidden)
+                        .map(|u| {
+                            let i = sigmoid(gate(0, u));
+                            let o = sigmoid(gate(1, u));
+                            let f = sigmoid(gate(2, u));
+                            c[u] = f * c[u] + i * gate(3, u).tanh();
+                            o * c[u].tanh()
+                        })
+                        .collect()
+                }
+                Cell::Gru {
+                    linear_before_reset,
+                } => {
+                    let sig = |g: usize| sigmoid(xw[g] + dot(&h, r, g) + rb[g]);
+                    let z: Vec<f32> = (0..hidden).map(sig).collect();
+                    let reset: Vec<f32> = (hidden..2 * hidden).map(sig).collect();
+                    let rh: Vec<f32> = h.iter().zip(&reset).map(|(h, r)| h * r).collect();
+                    (0..hidden)
+                        .map(|u| {
+                            let g = 2 * hidden + u;
+                            let candidate = if linear_before_reset {
+                                xw[g] + reset[u] * (dot(&h, r, g) + rb[g])
+                            } else {
+                                xw[g] + dot(&rh, r, g) + rb[g]
+                            };
+                            (1.0 - z[u]) * candidate.tanh() + z[u] * h[u]
+                        })
+                        .collect()
+                }
+            };
+            sequence[(row * steps + t) * hidden..(row * steps + t + 1) * hidden]
+                .copy_from_slice(&h);
+        }
+        last_h[row * hidden..(row + 1) * hidden].copy_from_slice(&h);
+        cells[row * hidden..(row + 1) * hidden].copy_from_slice(&c);
+    }
+    (sequence, cells)
 }

@@ -160,21 +160,120 @@ fn the_weights_as_inputs_graph_imports_to_the_same_plan() {
 }
 
 #[test]
+fn sequence_models_imported_give_what_onnx_runtime_gives() {
+    let engine = engine();
+    let dir = fixtures();
+    let models = root().join("config/models");
+    let paths = [
+        models.join("seq_lstm/1/model.onnx"),
+        models.join("seq_lstm_step/1/model.onnx"),
+        models.join("seq_lstm_window/1/model.onnx"),
+        dir.path().join("cuda_sequence_ops/1/model.onnx"),
+        dir.path().join("cuda_lstm_layout0/1/model.onnx"),
+    ];
+    for (rows, seed) in [(1, 21), (3, 22), (64, 23)] {
+        for path in &paths {
+            matches_onnx_runtime(&engine, path, rows, seed);
+        }
+    }
+}
+
+#[test]
+fn moving_the_batch_costs_no_step() {
+    // Transpose [batch, 30, 8] → [30, batch, 8], the LSTM, Squeeze: one
+    // recurrent step and the head's product; the window is read where it lies.
+    let model = read(&root().join("config/models/seq_lstm/1/model.onnx"));
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let plan = import(&model, &signature.inputs, None).unwrap().plan;
+    assert_eq!(plan.steps.len(), 2, "{plan:#?}");
+    let Op::Recurrent(layer) = &plan.steps[0].op else {
+        panic!("{plan:#?}");
+    };
+    assert_eq!(layer.input, plan.inputs[0].1);
+    assert_eq!((layer.steps, layer.input_size, layer.hidden), (30, 8, 16));
+    assert!(matches!(plan.steps[1].op, Op::MatMul { k: 16, n: 1, .. }));
+    // A transpose of two non-batch axes moves floats: one Rearrange step.
+    let dir = fixtures();
+    let model = read(&dir.path().join("cuda_sequence_ops/1/model.onnx"));
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let plan = import(&model, &signature.inputs, None).unwrap().plan;
+    let kinds: Vec<&str> = plan
+        .steps
+        .iter()
+        .map(|s| match s.op {
+            Op::Recurrent(_) => "recurrent",
+            Op::Rearrange { .. } => "rearrange",
+            Op::Concat { .. } => "concat",
+            Op::MatMul { .. } => "matmul",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "recurrent",
+            "recurrent",
+            "rearrange",
+            "recurrent",
+            "rearrange",
+            "concat",
+            "rearrange",
+            "matmul"
+        ],
+        "{plan:#?}"
+    );
+}
+
+#[test]
+fn both_lstm_layouts_import_to_one_computation() {
+    // ONNX Runtime runs layout 0 only; the batch-first layout is checked
+    // against it through the same LSTM written in layout 0.
+    let dir = fixtures();
+    let plan_of = |name: &str| {
+        let model = read(&dir.path().join(format!("{name}/1/model.onnx")));
+        let signature = model.signature(&ModelConfig::default()).unwrap();
+        import(&model, &signature.inputs, None).unwrap()
+    };
+    let (zero, one) = (plan_of("cuda_lstm_layout0"), plan_of("cuda_lstm_layout1"));
+    let steps = |p: &tickserve_engine_cuda::Imported| -> Vec<Op> {
+        p.plan.steps.iter().map(|s| s.op.clone()).collect()
+    };
+    assert_eq!(steps(&zero), steps(&one));
+    let rows = 5;
+    let inputs: Vec<Vec<f32>> = [24, 5, 5]
+        .iter()
+        .enumerate()
+        .map(|(i, width)| random_rows(40 + i as u64, rows * width))
+        .collect();
+    let slices: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+    let run = |p: &tickserve_engine_cuda::Imported| {
+        let weights = arrange(&p.plan, &p.weights).unwrap();
+        reference::run(&p.plan, &weights, &slices, rows)
+    };
+    assert_eq!(run(&zero), run(&one));
+}
+
+#[test]
 fn a_model_with_another_op_is_refused_naming_the_op() {
     let dir = fixtures();
-    let lstm = read(&root().join("config/models/seq_lstm/1/model.onnx"));
-    let signature = lstm.signature(&ModelConfig::default()).unwrap();
-    let error = import(&lstm, &signature.inputs, None).unwrap_err();
-    assert_eq!(error.op, "Transpose", "{error}");
-    assert!(error.to_string().contains("Transpose"), "{error}");
+    let refused = |name: &str| {
+        let model = read(&dir.path().join(format!("{name}/1/model.onnx")));
+        let signature = model.signature(&ModelConfig::default()).unwrap();
+        import(&model, &signature.inputs, None).unwrap_err()
+    };
+    let error = refused("cuda_bidirectional");
+    assert_eq!(error.op, "LSTM", "{error}");
+    assert!(error.reason.contains("bidirectional"), "{error}");
+    let error = refused("cuda_peephole");
+    assert!(error.reason.contains("peepholes"), "{error}");
 
-    let tree = read(&dir.path().join("tree_gbt/1/model.onnx"));
-    let signature = tree.signature(&ModelConfig::default()).unwrap();
-    let error = import(&tree, &signature.inputs, None).unwrap_err();
+    let error = refused("tree_gbt");
     assert_eq!(error.op, "TreeEnsembleRegressor", "{error}");
+    assert!(
+        error.to_string().contains("TreeEnsembleRegressor"),
+        "{error}"
+    );
 
-    let typed = read(&dir.path().join("typed_io/1/model.onnx"));
-    let signature = typed.signature(&ModelConfig::default()).unwrap();
-    let error = import(&typed, &signature.inputs, None).unwrap_err();
+    let error = refused("typed_io");
     assert!(error.reason.contains("INT64"), "{error}");
 }

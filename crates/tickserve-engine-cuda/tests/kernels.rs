@@ -9,7 +9,7 @@ use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
 use tickserve_engine_cuda::import;
-use tickserve_engine_cuda::kernels::{Launch, compile, module_source};
+use tickserve_engine_cuda::kernels::{Launch, compile, lowerable, module_source};
 
 mod common;
 
@@ -28,6 +28,7 @@ fn generated_kernels_compile_with_nvrtc() {
         root().join("config/models/alpha_mlp/1/model.onnx"),
         root().join("config/models/tick_000/1/model.onnx"),
         dir.path().join("cuda_ops/1/model.onnx"),
+        dir.path().join("cuda_sequence_ops/1/model.onnx"),
     ];
     for path in &models {
         let plan = plan_of(path);
@@ -72,4 +73,27 @@ fn softmax_and_layer_norm_run_a_warp_per_segment() {
     // A bad kernel is a clear error, not a panic.
     let error = compile("this is not CUDA", "sm_90").unwrap_err();
     assert!(error.to_string().contains("NVRTC"), "{error}");
+}
+
+#[test]
+fn rearrange_and_concat_run_one_thread_per_element_and_recurrent_layers_are_not_lowered() {
+    let dir = fixtures();
+    let plan = plan_of(&dir.path().join("cuda_sequence_ops/1/model.onnx"));
+    let (source, kernels) = module_source(&plan);
+    // Three rearrangements, one concat: each one thread per element.
+    assert_eq!(kernels.len(), 4, "{source}");
+    assert!(kernels.iter().all(|k| k.launch == Launch::PerElement));
+    // The Transpose of [batch, 5, 2] to [batch, 2, 5] reads column (c / 5, c % 5)
+    // from (c % 5) * 2 + c / 5.
+    assert!(
+        source.contains("a[row * 10 + (0 + (col / 1 % 5) * 2 + (col / 5 % 2) * 1)]"),
+        "{source}"
+    );
+    let error = lowerable(&plan).unwrap_err();
+    assert!(error.contains("LSTM and GRU"), "{error}");
+    // A dense plan is lowered whole.
+    lowerable(&plan_of(
+        &root().join("config/models/alpha_mlp/1/model.onnx"),
+    ))
+    .unwrap();
 }

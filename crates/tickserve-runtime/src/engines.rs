@@ -74,19 +74,25 @@ pub struct Choice {
     pub engine: SharedEngine,
 }
 
+/// ONNX Runtime, loaded from `TICKSERVE_ONNXRUNTIME_LIBRARY`, else
+/// `runtime.onnxruntime_library`.
+pub(crate) fn onnxruntime(config: &ServerConfig) -> Result<OrtEngine, String> {
+    let library = std::env::var_os("TICKSERVE_ONNXRUNTIME_LIBRARY")
+        .map(Into::into)
+        .unwrap_or_else(|| config.runtime.onnxruntime_library.clone());
+    OrtEngine::new(
+        &library,
+        OrtOptions {
+            intra_op_threads: config.runtime.intra_op_threads,
+        },
+    )
+}
+
 impl Engines {
     /// Loads ONNX Runtime (from `TICKSERVE_ONNXRUNTIME_LIBRARY`, else
     /// `runtime.onnxruntime_library`), probes the GPUs and logs what it found.
     pub fn start(config: &ServerConfig) -> Result<Engines, String> {
-        let library = std::env::var_os("TICKSERVE_ONNXRUNTIME_LIBRARY")
-            .map(Into::into)
-            .unwrap_or_else(|| config.runtime.onnxruntime_library.clone());
-        let ort = OrtEngine::new(
-            &library,
-            OrtOptions {
-                intra_op_threads: config.runtime.intra_op_threads,
-            },
-        )?;
+        let ort = onnxruntime(config)?;
         let gpus = Gpus::probe();
         tracing::info!("devices: {}", gpus.describe());
         Ok(Engines {

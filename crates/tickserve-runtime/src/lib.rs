@@ -26,6 +26,7 @@
 //! | `loader` | loading many versions into families in parallel |
 //! | `poll` | the repository poll: what changed on disk, once two reads agree |
 //! | `update` | changing a model while it serves: load and warm, switch, retire; its labels |
+//! | `cuda_reference` | `tickserve check --cuda-reference`: the CUDA importer's plan against ONNX Runtime, model by model |
 //! | this file | the [`Runtime`] facade |
 //!
 //! A request's way: the edge looks its model up once ([`Runtime::model`]),
@@ -38,6 +39,7 @@
 mod admission;
 mod affinity;
 mod batcher;
+pub mod cuda_reference;
 mod engines;
 mod executor;
 mod family;

@@ -25,8 +25,9 @@ enum Command {
     /// Load every model, then serve HTTP and gRPC until SIGTERM or Ctrl-C.
     Serve(ServeArgs),
     /// Load, compile and warm up every model, print a table, and exit non-zero
-    /// naming every model that failed.
-    Check(CommonArgs),
+    /// naming every model that failed; or, with --cuda-reference, compare the
+    /// CUDA engine's import of every model with ONNX Runtime.
+    Check(CheckArgs),
     /// Read a prediction journal: verify it, or replay it.
     #[command(subcommand)]
     Journal(crate::journal_cli::JournalCommand),
@@ -45,6 +46,25 @@ struct CommonArgs {
     /// repository.model_name; KServe: `--model-name={{.Name}}`).
     #[arg(long)]
     model_name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Instead of loading: import every model (its highest version) with the
+    /// CUDA engine's importer, evaluate the plan on the CPU and compare it with
+    /// ONNX Runtime on seeded random inputs (1 row, 3 rows, the largest
+    /// bucket; a stateful model over several ticks). One line per model:
+    /// `MODEL cuda-reference ok|unsupported: REASON|mismatch|error: REASON`;
+    /// exits non-zero on a mismatch or an error, not on unsupported. Needs
+    /// no GPU.
+    #[arg(long)]
+    cuda_reference: bool,
+    /// The largest relative difference `--cuda-reference` accepts
+    /// (`|plan − onnxruntime| / max(|onnxruntime|, 1)`).
+    #[arg(long, default_value_t = 1e-5)]
+    tolerance: f64,
 }
 
 #[derive(Debug, Args)]
@@ -145,7 +165,8 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Check(args) => check(args),
+        Command::Check(args) if args.cuda_reference => cuda_reference(args),
+        Command::Check(args) => check(args.common),
         Command::Journal(command) => crate::journal_cli::run(command),
     };
     match result {
@@ -263,6 +284,28 @@ fn log_models(runtime: &Runtime) {
             }
         }
     }
+}
+
+fn cuda_reference(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    use tickserve_runtime::cuda_reference::{Verdict, check_repository};
+    let config = args.common.config()?;
+    let verdicts = check_repository(&config, args.tolerance).map_err(anyhow::Error::msg)?;
+    let mut failed = 0;
+    for (name, verdict) in &verdicts {
+        println!("{name} {verdict}");
+        if let Verdict::Mismatch { at, .. } = verdict {
+            eprintln!("{name}: the largest difference: {at}");
+        }
+        failed += usize::from(matches!(
+            verdict,
+            Verdict::Mismatch { .. } | Verdict::Error(_)
+        ));
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {

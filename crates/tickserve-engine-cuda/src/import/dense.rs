@@ -1,0 +1,418 @@
+//! The ops of dense (MLP-style) models: products, elementwise arithmetic
+//! and activations, softmax and the normalizations, and Reshape.
+
+use tickserve_core::{DataType, Weight};
+use tickserve_onnx::proto::NodeProto;
+
+use super::{Dim, Importer, Tensor, View, float_attribute, int_attribute, node_name, significant};
+use crate::plan::{BinaryOp, Elementwise, Op};
+
+impl Importer<'_> {
+    /// Relu, LeakyRelu, Tanh or Sigmoid.
+    pub(super) fn activation(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let e = match node.op_type() {
+            "Relu" => Elementwise::Relu,
+            "LeakyRelu" => Elementwise::LeakyRelu(float_attribute(node, "alpha", 0.01)),
+            "Tanh" => Elementwise::Tanh,
+            _ => Elementwise::Sigmoid,
+        };
+        self.elementwise(node, 0, e)
+    }
+
+    /// Applies `e` to activation `input` (node input `index`): fused into
+    /// the step that made it when nothing else reads it, else a new step.
+    pub(super) fn elementwise(
+        &mut self,
+        node: &NodeProto,
+        index: usize,
+        e: Elementwise,
+    ) -> Result<(), super::Unsupported> {
+        let view = self.view(node, index)?;
+        let input_name = node.input[index].as_str();
+        let output_name = self.output_name(node)?.to_string();
+        let fusable = self
+            .plan
+            .steps
+            .iter()
+            .rposition(|s| s.output == view.value)
+            .filter(|&at| {
+                self.produced[at] == input_name
+                    && self.readers.get(input_name).copied().unwrap_or(0) == 1
+            });
+        match fusable {
+            Some(at) => {
+                let step = &mut self.plan.steps[at];
+                step.epilogue.push(e);
+                step.nodes.push(node_name(node));
+                self.produced[at] = output_name.clone();
+                self.names.insert(output_name, Tensor::Dynamic(view));
+            }
+            None => {
+                let (dims, batch) = (view.dims.clone(), view.batch);
+                self.step_seen(node, Op::Copy { input: view.value }, dims, batch)?;
+                if let Some(step) = self.plan.steps.last_mut() {
+                    step.epilogue.push(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn reshape(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let view = self.dynamic(node, 0)?;
+        let target: Vec<i64> = match self.input(node, 1)?.clone() {
+            Tensor::Shape(shape) => {
+                let mut target = Vec::with_capacity(shape.len());
+                for (i, d) in shape.iter().enumerate() {
+                    target.push(match d {
+                        // The batch stays where it is: the first axis.
+                        Dim::Batch | Dim::Same if i == 0 => 0,
+                        Dim::Batch => {
+                            return Err(
+                                self.unsupported(node, "the batch moves from the first axis")
+                            );
+                        }
+                        Dim::Infer => -1,
+                        Dim::Same => 0,
+                        Dim::Fixed(n) => *n as i64,
+                    });
+                }
+                target
+            }
+            Tensor::Constant(shape) => {
+                if shape.datatype != DataType::Int64 {
+                    return Err(self.unsupported(node, "the shape must be INT64"));
+                }
+                self.baked_integers(node, 1)?
+            }
+            _ => return Err(self.unsupported(node, "the shape must be a constant")),
+        };
+        let width: usize = view.dims.iter().product();
+        let old = view.dims.clone();
+        let allow_zero = int_attribute(node, "allowzero", 0) != 0;
+        // The batch must stay first: shape[0] is 0 (copy) or -1 with the rest fixed.
+        let mut dims = Vec::with_capacity(target.len().saturating_sub(1));
+        match target.first() {
+            Some(0) if !allow_zero => {}
+            Some(-1) if !target[1..].contains(&-1) => {}
+            _ => {
+                return Err(self.unsupported(
+                    node,
+                    format!(
+                        "shape {target:?} does not keep the batch as the first dimension (0 or -1)"
+                    ),
+                ));
+            }
+        }
+        let mut unknown = None;
+        for (i, &d) in target.iter().enumerate().skip(1) {
+            match d {
+                0 if !allow_zero => dims.push(old.get(i - 1).copied().ok_or_else(|| {
+                    self.unsupported(
+                        node,
+                        format!("shape {target:?} copies a dimension the input lacks"),
+                    )
+                })?),
+                -1 => {
+                    unknown = Some(dims.len());
+                    dims.push(1);
+                }
+                d if d > 0 => dims.push(d as usize),
+                _ => return Err(self.unsupported(node, format!("shape {target:?} is not static"))),
+            }
+        }
+        let known: usize = dims.iter().product();
+        if let Some(at) = unknown {
+            if known == 0 || !width.is_multiple_of(known) {
+                return Err(
+                    self.unsupported(node, format!("shape {target:?} does not divide the row"))
+                );
+            }
+            dims[at] = width / known;
+        }
+        if dims.iter().product::<usize>() != width {
+            return Err(self.unsupported(node, "the element count per row changes"));
+        }
+        self.alias(node, View::first(view.value, dims))
+    }
+
+    fn product(
+        &mut self,
+        node: &NodeProto,
+        input: &View,
+        weight: &Weight,
+        transposed: bool,
+    ) -> Result<usize, super::Unsupported> {
+        if weight.dims.len() != 2 {
+            return Err(self.unsupported(node, format!("the weight '{}' must be 2-D", weight.name)));
+        }
+        let (k, n) = if transposed {
+            (weight.dims[1], weight.dims[0])
+        } else {
+            (weight.dims[0], weight.dims[1])
+        };
+        if input.batch == input.dims.len() || input.dims.last() != Some(&k) {
+            return Err(self.unsupported(
+                node,
+                format!(
+                    "activation {:?} does not end in the weight's inner dimension {k}",
+                    input.shape()
+                ),
+            ));
+        }
+        let slot = self.slot(node, weight)?;
+        let groups = input.dims.iter().product::<usize>() / k;
+        let mut out = input.dims.clone();
+        if let Some(last) = out.last_mut() {
+            *last = n;
+        }
+        self.step_seen(
+            node,
+            Op::MatMul {
+                input: input.value,
+                weight: slot,
+                transposed,
+                groups,
+                k,
+                n,
+            },
+            out,
+            input.batch,
+        )?;
+        Ok(n)
+    }
+
+    pub(super) fn gemm(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let input = self.dynamic(node, 0)?;
+        if input.dims.len() != 1 {
+            return Err(self.unsupported(node, "A must be 2-D [batch, k]"));
+        }
+        if int_attribute(node, "transA", 0) != 0 {
+            return Err(self.unsupported(node, "transA = 1 would move the batch"));
+        }
+        let weight = self.constant(node, 1)?;
+        let transposed = int_attribute(node, "transB", 0) != 0;
+        let alpha = float_attribute(node, "alpha", 1.0);
+        let beta = float_attribute(node, "beta", 1.0);
+        let n = self.product(node, &input, &weight, transposed)?;
+        let name = self.output_name(node)?.to_string();
+        let at = self.plan.steps.len() - 1;
+        if alpha != 1.0 {
+            self.plan.steps[at].epilogue.push(Elementwise::Scale(alpha));
+        }
+        if Self::has_input(node, 2) && beta != 0.0 {
+            let bias = self.constant(node, 2)?;
+            let period = significant(&bias.dims).iter().product::<usize>();
+            if significant(&bias.dims).len() > 1 || !(period == 1 || period == n) {
+                return Err(self.unsupported(
+                    node,
+                    format!(
+                        "C {:?} does not broadcast along the rows of [batch, {n}]",
+                        bias.dims
+                    ),
+                ));
+            }
+            let slot = self.slot(node, &bias)?;
+            self.plan.steps[at].epilogue.push(Elementwise::Weight {
+                op: BinaryOp::Add,
+                weight: slot,
+                period,
+                reversed: false,
+                coef: beta,
+            });
+        }
+        self.produced[at] = name;
+        Ok(())
+    }
+
+    pub(super) fn matmul(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let input = self.view(node, 0)?;
+        let weight = self.constant(node, 1)?;
+        self.product(node, &input, &weight, false).map(|_| ())
+    }
+
+    pub(super) fn binary(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let op = match node.op_type() {
+            "Add" => BinaryOp::Add,
+            "Sub" => BinaryOp::Sub,
+            "Mul" => BinaryOp::Mul,
+            _ => BinaryOp::Div,
+        };
+        match (self.input(node, 0)?.clone(), self.input(node, 1)?.clone()) {
+            (Tensor::Dynamic(a), Tensor::Dynamic(b)) => {
+                if a.shape() != b.shape() {
+                    return Err(self.unsupported(
+                        node,
+                        format!(
+                            "activations {:?} and {:?} differ in shape (no broadcasting between activations)",
+                            a.shape(),
+                            b.shape()
+                        ),
+                    ));
+                }
+                let (a, b, dims, batch) = (a.value, b.value, a.dims, a.batch);
+                self.step_seen(node, Op::Binary { a, b, op }, dims, batch)
+            }
+            (Tensor::Dynamic(_), Tensor::Constant(w)) => self.with_weight(node, 0, op, &w, false),
+            (Tensor::Constant(w), Tensor::Dynamic(_)) => self.with_weight(node, 1, op, &w, true),
+            _ => Err(self.unsupported(
+                node,
+                "its operands are not an activation and a weight, or two activations",
+            )),
+        }
+    }
+
+    fn with_weight(
+        &mut self,
+        node: &NodeProto,
+        index: usize,
+        op: BinaryOp,
+        weight: &Weight,
+        reversed: bool,
+    ) -> Result<(), super::Unsupported> {
+        let view = self.view(node, index)?;
+        // After the batch's axis, the stored dimensions are the tensor's.
+        let after = &view.dims[view.batch..];
+        let w = significant(&weight.dims);
+        // A weight broadcasts along the row when its dimensions are a suffix
+        // of the activation's after the batch (leading ones aside).
+        if w.len() > after.len() || after[after.len() - w.len()..] != *w {
+            return Err(self.unsupported(
+                node,
+                format!(
+                    "weight '{}' {:?} does not broadcast along rows of {:?}",
+                    weight.name,
+                    weight.dims,
+                    view.shape()
+                ),
+            ));
+        }
+        let period = w.iter().product();
+        let slot = self.slot(node, weight)?;
+        self.elementwise(
+            node,
+            index,
+            Elementwise::Weight {
+                op,
+                weight: slot,
+                period,
+                reversed,
+                coef: 1.0,
+            },
+        )
+    }
+
+    pub(super) fn softmax(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let view = self.view(node, 0)?;
+        let rank = view.dims.len() as i64 + 1;
+        let default_axis = if self.opset >= 13 { -1 } else { 1 };
+        let mut axis = int_attribute(node, "axis", default_axis);
+        if axis < 0 {
+            axis += rank;
+        }
+        let segment = if axis == rank - 1 && view.batch as i64 != axis {
+            view.dims.last().copied().unwrap_or(1)
+        } else if self.opset < 13 && axis == 1 && view.batch == 0 {
+            // Before opset 13, Softmax flattens from `axis` on.
+            view.dims.iter().product()
+        } else {
+            return Err(self.unsupported(
+                node,
+                format!("axis {axis} (only the last axis, not the batch, is supported)"),
+            ));
+        };
+        let (input, dims, batch) = (view.value, view.dims, view.batch);
+        self.step_seen(node, Op::Softmax { input, segment }, dims, batch)
+    }
+
+    pub(super) fn layer_norm(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let view = self.view(node, 0)?;
+        let rank = view.dims.len() as i64 + 1;
+        let mut axis = int_attribute(node, "axis", -1);
+        if axis < 0 {
+            axis += rank;
+        }
+        if axis <= view.batch as i64 || axis >= rank {
+            return Err(self.unsupported(
+                node,
+                format!("axis {axis} would normalise across the batch"),
+            ));
+        }
+        let normalised = view.dims[axis as usize - 1..].to_vec();
+        let segment: usize = normalised.iter().product();
+        let scale = self.constant(node, 1)?;
+        if significant(&scale.dims).iter().product::<usize>() != segment {
+            return Err(self.unsupported(
+                node,
+                format!("scale {:?} does not match {normalised:?}", scale.dims),
+            ));
+        }
+        let scale = self.slot(node, &scale)?;
+        let bias = if Self::has_input(node, 2) {
+            let bias = self.constant(node, 2)?;
+            if significant(&bias.dims).iter().product::<usize>() != segment {
+                return Err(self.unsupported(
+                    node,
+                    format!("bias {:?} does not match {normalised:?}", bias.dims),
+                ));
+            }
+            Some(self.slot(node, &bias)?)
+        } else {
+            None
+        };
+        let epsilon = float_attribute(node, "epsilon", 1e-5);
+        let (input, dims, batch) = (view.value, view.dims, view.batch);
+        self.step_seen(
+            node,
+            Op::LayerNorm {
+                input,
+                scale,
+                bias,
+                epsilon,
+                segment,
+            },
+            dims,
+            batch,
+        )
+    }
+
+    pub(super) fn batch_norm(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        if int_attribute(node, "training_mode", 0) != 0 {
+            return Err(self.unsupported(node, "training mode"));
+        }
+        let view = self.dynamic(node, 0)?;
+        let Some(&channels) = view.dims.first() else {
+            return Err(self.unsupported(node, "the input has no channel dimension"));
+        };
+        let inner = view.dims[1..].iter().product();
+        let mut slots = [0; 4];
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let w = self.constant(node, i + 1)?;
+            if w.dims.iter().product::<usize>() != channels {
+                return Err(self.unsupported(
+                    node,
+                    format!(
+                        "'{}' {:?} is not one value per channel ({channels})",
+                        w.name, w.dims
+                    ),
+                ));
+            }
+            *slot = self.slot(node, &w)?;
+        }
+        let [scale, bias, mean, var] = slots;
+        let epsilon = float_attribute(node, "epsilon", 1e-5);
+        self.elementwise(
+            node,
+            0,
+            Elementwise::BatchNorm {
+                scale,
+                bias,
+                mean,
+                var,
+                epsilon,
+                channels,
+                inner,
+            },
+        )
+    }
+}

@@ -1,0 +1,104 @@
+//! `tickserve check --cuda-reference`, run as a user runs it: one line per
+//! model in the documented form, exit 0 when every model matches ONNX
+//! Runtime or is refused by name, non-zero on a mismatch.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+mod common;
+
+fn cuda_reference(repository: &Path, extra: &[&str]) -> (Output, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args([
+            "check",
+            "--cuda-reference",
+            "--config",
+            "config/tickserve.toml",
+        ])
+        .arg("--model-repository")
+        .arg(repository)
+        .args(extra)
+        .current_dir(common::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            common::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    (output, stdout)
+}
+
+/// The `max_rel` of `line`, which must read `MODEL cuda-reference ok max_rel=R`.
+fn ok_within(line: &str, model: &str) -> f64 {
+    let rest = line
+        .strip_prefix(&format!("{model} cuda-reference ok max_rel="))
+        .unwrap_or_else(|| panic!("not an ok line for {model}: {line}"));
+    rest.parse().unwrap()
+}
+
+#[test]
+fn every_sample_model_matches_onnx_runtime() {
+    let (output, stdout) = cuda_reference(&common::root().join("config/models"), &[]);
+    assert!(output.status.success());
+    let lines: Vec<&str> = stdout.lines().collect();
+    let models = [
+        "alpha_mlp",
+        "seq_lstm",
+        "seq_lstm_step",
+        "seq_lstm_window",
+        "tick_000",
+        "tick_001",
+        "tick_002",
+        "tick_003",
+        "tick_004",
+        "tick_005",
+        "tick_006",
+        "tick_007",
+    ];
+    assert_eq!(lines.len(), models.len(), "{stdout}");
+    for (line, model) in lines.iter().zip(models) {
+        assert!(ok_within(line, model) <= 1e-5, "{line}");
+    }
+}
+
+#[test]
+fn a_refused_model_is_named_and_a_mismatch_fails_the_command() {
+    let fixtures = common::fixture_repository();
+    let repository = tempfile::tempdir().unwrap();
+    for model in ["cuda_sequence_ops", "cuda_bidirectional"] {
+        let dir = repository.path().join(model).join("1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            fixtures.path().join(model).join("1/model.onnx"),
+            dir.join("model.onnx"),
+        )
+        .unwrap();
+    }
+    let (output, stdout) = cuda_reference(repository.path(), &[]);
+    assert!(output.status.success(), "unsupported is not a failure");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "cuda_bidirectional cuda-reference unsupported: op LSTM (node 'h'): direction \
+         'bidirectional' (only forward is supported)"
+    );
+    assert!(ok_within(lines[1], "cuda_sequence_ops") <= 1e-5);
+
+    // No tolerance at all: float rounding alone is a mismatch, and the
+    // command fails, saying where the largest difference was.
+    let (output, stdout) = cuda_reference(repository.path(), &["--tolerance", "0"]);
+    assert!(!output.status.success());
+    assert!(
+        stdout.contains("cuda_sequence_ops cuda-reference mismatch max_rel="),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cuda_sequence_ops: the largest difference: "),
+        "{stderr}"
+    );
+}
