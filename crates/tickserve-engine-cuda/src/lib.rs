@@ -1,6 +1,7 @@
-//! The CUDA engine: MLP-style ONNX models imported op by op into a
-//! [`plan::Plan`], lowered to cuBLAS products and NVRTC-compiled fused
-//! kernels, and captured as one CUDA graph per bucket at load. A run is one
+//! The CUDA engine: MLP-style and recurrent (LSTM, GRU) ONNX models
+//! imported op by op into a [`plan::Plan`], lowered to cuBLAS products and
+//! NVRTC-compiled fused kernels, and captured as one CUDA graph per bucket at
+//! load. A run is one
 //! graph launch: copy in from pinned memory, the forward pass, copy out.
 //! Members of a family keep their own weights in device memory; a run reaches
 //! them through a device-side pointer table written with the batch, so a

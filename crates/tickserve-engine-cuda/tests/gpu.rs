@@ -1,10 +1,12 @@
 //! On a GPU (ignored elsewhere; run with `--ignored` on the GPU machine, see
-//! docs/cuda.md): every bucket of `alpha_mlp`, the `cuda_ops`
-//! fixture and every `tick_*` member (one family graph, members swapped by
+//! docs/cuda.md): every bucket of `alpha_mlp`, `seq_lstm`, the `cuda_ops` and
+//! `cuda_sequence_ops` fixtures (LSTM, GRU in both reset modes, the layout
+//! ops) and every `tick_*` member (one family graph, members swapped by
 //! pointer, run by run) gives what ONNX Runtime gives on the CPU within 1e-5
 //! relative, on fresh random inputs, with CUDA graphs and eagerly; the
 //! compilations counter moved once per bucket at compile and never while
-//! running.
+//! running; `seq_lstm_step` carries its state through 100 ticks, each side
+//! its own, and stays within 1e-5 of ONNX Runtime at every tick.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -126,7 +128,7 @@ fn ort_engine() -> OrtEngine {
     .unwrap()
 }
 
-/// `alpha_mlp` and the every-op fixture, compiled with CUDA graphs or
+/// `alpha_mlp`, `seq_lstm` and the every-op fixtures, compiled with CUDA graphs or
 /// `eager`, against ONNX Runtime in every bucket; compilations counted once
 /// per bucket at compile, none while running.
 fn alpha_mlp_and_every_op(eager: bool) {
@@ -135,7 +137,9 @@ fn alpha_mlp_and_every_op(eager: bool) {
     let dir = fixtures();
     let paths = [
         root().join("config/models/alpha_mlp/1/model.onnx"),
+        root().join("config/models/seq_lstm/1/model.onnx"),
         dir.path().join("cuda_ops/1/model.onnx"),
+        dir.path().join("cuda_sequence_ops/1/model.onnx"),
     ];
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -227,4 +231,52 @@ fn every_tick_member_through_one_family_graph_matches_onnx_runtime() {
     }
     gpu.remove_member(3);
     assert!(gpu.run(0, 3).is_err(), "a removed member no longer runs");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn the_lstm_step_carries_its_state_through_100_ticks() {
+    let cuda = gpu_engine(false);
+    let ort = ort_engine();
+    let model = read(&root().join("config/models/seq_lstm_step/1/model.onnx"));
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let imported = import(&model, &signature.inputs, None).unwrap();
+    let mut gpu = cuda
+        .compile(&CudaCompileRequest {
+            family: "seq_lstm_step",
+            imported: &imported,
+            signature: &signature,
+            buckets: &buckets(),
+            ordinal: 0,
+            first_member: SOLE_MEMBER,
+        })
+        .unwrap();
+    let mut cpu = ort_model(&ort, &model);
+    // Inputs tick, h_in, c_in; outputs prediction, h_out, c_out.
+    let bucket = buckets().sizes().len() - 1;
+    let mut seed = 11;
+    let (mut gpu_state, mut cpu_state): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
+    for tick in 0..100 {
+        let fresh = fill(&mut gpu, bucket, &mut seed);
+        for (i, data) in fresh.iter().enumerate() {
+            let (g, c) = match i {
+                0 => (data, data),
+                _ if tick == 0 => (data, data),
+                _ => (&gpu_state[i - 1], &cpu_state[i - 1]),
+            };
+            gpu.input_mut(bucket, i).copy_from_slice(g);
+            cpu.input_mut(bucket, i).copy_from_slice(c);
+        }
+        gpu.run(bucket, SOLE_MEMBER).unwrap();
+        cpu.run(bucket, SOLE_MEMBER).unwrap();
+        for o in 0..3 {
+            assert_close(
+                gpu.output(bucket, o),
+                cpu.output(bucket, o),
+                &format!("tick {tick} output {o}"),
+            );
+        }
+        gpu_state = (1..3).map(|o| gpu.output(bucket, o).to_vec()).collect();
+        cpu_state = (1..3).map(|o| cpu.output(bucket, o).to_vec()).collect();
+    }
 }

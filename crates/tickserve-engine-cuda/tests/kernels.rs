@@ -10,6 +10,7 @@ use std::path::Path;
 use tickserve_core::config::ModelConfig;
 use tickserve_engine_cuda::import;
 use tickserve_engine_cuda::kernels::{Launch, compile, lowerable, module_source};
+use tickserve_engine_cuda::plan::Op;
 
 mod common;
 
@@ -76,12 +77,29 @@ fn softmax_and_layer_norm_run_a_warp_per_segment() {
 }
 
 #[test]
-fn rearrange_and_concat_run_one_thread_per_element_and_recurrent_layers_are_not_lowered() {
+fn layout_ops_and_recurrent_gates_run_one_thread_per_element() {
     let dir = fixtures();
     let plan = plan_of(&dir.path().join("cuda_sequence_ops/1/model.onnx"));
+    lowerable(&plan).unwrap();
     let (source, kernels) = module_source(&plan);
-    // Three rearrangements, one concat: each one thread per element.
-    assert_eq!(kernels.len(), 4, "{source}");
+    let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).collect();
+    // LSTM, GRU (reset after its product), Slice, GRU (reset first: a reset
+    // kernel, then the gates), Gather, Concat, Transpose, and the head's
+    // product, which needs no kernel.
+    assert_eq!(
+        names,
+        [
+            "step_0",
+            "step_1",
+            "step_2",
+            "step_3_reset",
+            "step_3",
+            "step_4",
+            "step_5",
+            "step_6"
+        ],
+        "{source}"
+    );
     assert!(kernels.iter().all(|k| k.launch == Launch::PerElement));
     // The Transpose of [batch, 5, 2] to [batch, 2, 5] reads column (c / 5, c % 5)
     // from (c % 5) * 2 + c / 5.
@@ -89,11 +107,31 @@ fn rearrange_and_concat_run_one_thread_per_element_and_recurrent_layers_are_not_
         source.contains("a[row * 10 + (0 + (col / 1 % 5) * 2 + (col / 5 % 2) * 1)]"),
         "{source}"
     );
+    // The LSTM's gate kernel reads step t's projection of its row and writes
+    // every step's hidden state (Y is read).
+    assert!(source.contains("RECURRENT(step_0)"), "{source}");
+    assert!(
+        source.contains("const float* x = xw + ((long long)row * 6 + t) * 20;"),
+        "{source}"
+    );
+    assert!(
+        source.contains("y[((long long)row * 6 + t) * 5 + u] = hn;"),
+        "{source}"
+    );
+    // One thread per hidden unit and row: 64 rows of 5, three blocks.
+    assert_eq!(kernels[0].dims(64, 5), (3, 128));
+}
+
+#[test]
+fn a_concat_of_three_activations_is_not_lowered() {
+    let mut plan = plan_of(&root().join("config/models/alpha_mlp/1/model.onnx"));
+    lowerable(&plan).unwrap();
+    let input = plan.inputs[0].1;
+    plan.steps[0].op = Op::Concat {
+        inputs: vec![input, input, input],
+        outer: 1,
+        chunks: vec![50, 50, 50],
+    };
     let error = lowerable(&plan).unwrap_err();
-    assert!(error.contains("LSTM and GRU"), "{error}");
-    // A dense plan is lowered whole.
-    lowerable(&plan_of(
-        &root().join("config/models/alpha_mlp/1/model.onnx"),
-    ))
-    .unwrap();
+    assert!(error.contains("Concat of 3 activations"), "{error}");
 }

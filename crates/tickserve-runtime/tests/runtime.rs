@@ -392,8 +392,7 @@ async fn two_replicas_both_serve_and_answer_alike() {
 
 /// On the GPU machine (`--ignored`): two replicas on gpu:0 (so two executors,
 /// each with its own stream, handle and graphs, on one card) both serve and
-/// answer what the CPU answers; `seq_lstm` (LSTM is not in the CUDA engine's
-/// set) runs on the CPU instead.
+/// answer what the CPU answers; `seq_lstm` (an LSTM) is placed there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a GPU"]
 async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
@@ -406,7 +405,7 @@ async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
     assert_eq!(cpu.model("alpha_mlp", None).unwrap().device, "cpu");
     assert!(gpu.all_ready());
     assert_eq!(gpu.model("alpha_mlp", None).unwrap().device, "gpu:0,gpu:0");
-    assert_eq!(gpu.model("seq_lstm", None).unwrap().device, "cpu,cpu");
+    assert_eq!(gpu.model("seq_lstm", None).unwrap().device, "gpu:0,gpu:0");
     for (model, width) in [("alpha_mlp", 50), ("tick_005", 16)] {
         let x = features(64, width, 9);
         let want = cpu

@@ -1,18 +1,24 @@
 //! CUDA C for a plan's kernels, one `__global__` function per step that is
-//! not a bare product, compiled once per family and device with NVRTC.
+//! not a bare product (a recurrent layer's are in [`recurrent`]), compiled
+//! once per family and device with NVRTC.
 //!
-//! Every kernel has one signature, `(out, a, b, table, rows)`: `a` and `b`
-//! are its operands (`a` = `out` for an epilogue applied in place after a
-//! cuBLAS product), `table` is the device-side row of weight pointers of the
-//! member being run, and `rows` the bucket's batch rows. Widths, weight slots
-//! and constants are written into the source, so a kernel reads only what it
-//! must. Constants are written as their exact bit patterns.
+//! Every kernel but the recurrent ones has one signature, `(out, a, b,
+//! table, rows)`: `a` and `b` are its operands (`a` = `out` for an epilogue
+//! applied in place after a cuBLAS product), `table` is the device-side row
+//! of weight pointers of the member being run, and `rows` the bucket's batch
+//! rows. Widths, weight slots and constants are written into the source, so
+//! a kernel reads only what it must. Constants are written as their exact
+//! bit patterns.
+
+mod recurrent;
 
 use std::fmt::Write;
 
 use tickserve_core::EngineError;
 
 use crate::plan::{Elementwise, Op, Plan, Step};
+
+pub use recurrent::{gate_name, reset_name};
 
 /// Threads per block for elementwise kernels (row kernels use one warp per segment).
 pub const BLOCK: u32 = 128;
@@ -112,6 +118,8 @@ typedef unsigned long long u64;
 // `a` may be `out` (an epilogue in place), so nothing is __restrict__.
 #define KERNEL(name) extern "C" __global__ void name(float* out, const float* a, \
     const float* b, const u64* table, int rows)
+#define RECURRENT(name) extern "C" __global__ void name(float* h, float* c, float* y, \
+    const float* xw, const float* hr, const float* hr2, const u64* table, int rows, int t)
 #define FULL 0xffffffffu
 __device__ __forceinline__ float warp_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL, x, o));
@@ -226,7 +234,8 @@ fn layer_norm(
 }
 
 /// The kernel a step needs, if any (a product with no epilogue needs none;
-/// [`lowerable`] refuses the steps no kernel here carries out).
+/// [`lowerable`] refuses the steps no kernel here carries out; a recurrent
+/// step's are [`recurrent::sources`]).
 fn kernel_source(plan: &Plan, index: usize, step: &Step) -> Option<(Kernel, String)> {
     let name = format!("step_{index}");
     let width = plan.values[step.output].width;
@@ -284,15 +293,14 @@ fn kernel_source(plan: &Plan, index: usize, step: &Step) -> Option<(Kernel, Stri
 }
 
 /// Whether every step of `plan` has its kernels here: a Concat of more than
-/// two activations and the recurrent layers do not (the model then runs on
-/// ONNX Runtime); the reason names the step's nodes.
+/// two activations does not (the model then runs on ONNX Runtime); the
+/// reason names the step's nodes.
 pub fn lowerable(plan: &Plan) -> Result<(), String> {
     for step in &plan.steps {
         let missing = match &step.op {
             Op::Concat { inputs, .. } if inputs.len() != 2 => {
                 format!("a Concat of {} activations (two at most)", inputs.len())
             }
-            Op::Recurrent(_) => "LSTM and GRU layers".to_string(),
             _ => continue,
         };
         return Err(format!(
@@ -308,7 +316,11 @@ pub fn module_source(plan: &Plan) -> (String, Vec<Kernel>) {
     let mut source = String::from(PRELUDE);
     let mut kernels = Vec::new();
     for (index, step) in plan.steps.iter().enumerate() {
-        if let Some((kernel, code)) = kernel_source(plan, index, step) {
+        let step_kernels = match &step.op {
+            Op::Recurrent(layer) => recurrent::sources(index, layer),
+            _ => kernel_source(plan, index, step).into_iter().collect(),
+        };
+        for (kernel, code) in step_kernels {
             let _ = writeln!(source, "// {}", step.nodes.join(" → "));
             source.push_str(&code);
             kernels.push(kernel);

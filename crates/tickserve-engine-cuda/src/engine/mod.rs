@@ -11,6 +11,8 @@
 //! pinned table, launches the graph and waits: swapping members is that
 //! pointer write. Nothing is allocated or compiled per run.
 
+mod recurrent;
+
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -325,6 +327,8 @@ struct Layout {
     values: Vec<usize>,
     /// Offset of each product's pointer pair (input, output) in the arena.
     pointer_pairs: HashMap<usize, usize>,
+    /// Each recurrent step's scratch.
+    recurrent: HashMap<usize, recurrent::Scratch>,
     /// Total arena bytes.
     total: usize,
 }
@@ -352,10 +356,17 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
         }
     }
     let mut pointer_pairs = HashMap::new();
+    let mut recurrent = HashMap::new();
     for (index, step) in plan.steps.iter().enumerate() {
-        if matches!(step.op, Op::MatMul { .. }) {
-            pointer_pairs.insert(index, at);
-            at += ALIGN;
+        match &step.op {
+            Op::MatMul { .. } => {
+                pointer_pairs.insert(index, at);
+                at += ALIGN;
+            }
+            Op::Recurrent(layer) => {
+                recurrent.insert(index, recurrent::Scratch::place(layer, rows, &mut at));
+            }
+            _ => {}
         }
     }
     Layout {
@@ -363,6 +374,7 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
         outputs,
         values,
         pointer_pairs,
+        recurrent,
         total: at,
     }
 }
@@ -386,6 +398,13 @@ impl CudaModel {
         for (&step, &offset) in &layout.pointer_pairs {
             if let Op::MatMul { input, .. } = plan.steps[step].op {
                 arena.write(offset, &[address(input), address(plan.steps[step].output)])?;
+            }
+        }
+        for (&step, scratch) in &layout.recurrent {
+            if let Op::Recurrent(layer) = &plan.steps[step].op {
+                let pointers =
+                    scratch.pointer_pairs(layer, base, &address, plan.steps[step].output);
+                arena.write(scratch.pairs, &pointers)?;
             }
         }
         let mut staging = PinnedMemory::zeroed(layout.staging, true)?;
@@ -467,6 +486,11 @@ impl CudaModel {
             .map_err(driver("copy in"))?;
         let mut kernels = self.kernels.iter().peekable();
         for (index, step) in plan.steps.iter().enumerate() {
+            if let Op::Recurrent(layer) = &step.op {
+                while kernels.next_if(|(k, _)| k.step == index).is_some() {}
+                self.record_recurrent(bucket, index, step.output, layer)?;
+                continue;
+            }
             if let Op::MatMul {
                 weight,
                 transposed,
@@ -492,11 +516,8 @@ impl CudaModel {
                         inputs.first().copied().map_or(0, address),
                         inputs.get(1).copied().map_or(0, address),
                     ),
-                    Op::Recurrent(_) => {
-                        return Err(EngineError::Unsupported(
-                            "the CUDA engine has no kernel for LSTM and GRU layers".to_string(),
-                        ));
-                    }
+                    // Recorded above.
+                    Op::Recurrent(_) => continue,
                 };
                 let mut out = address(step.output);
                 let mut a = a;
