@@ -3,6 +3,7 @@
 
     python3 scripts/gpu_check.py e2e       --binary B --work DIR --pa PERF_ANALYZER
     python3 scripts/gpu_check.py families  --binary B --work DIR --pa PERF_ANALYZER [--members 128]
+    python3 scripts/gpu_check.py sequences --binary B --work DIR [--device gpu:0]
     python3 scripts/gpu_check.py lstm
 
 e2e: a server with `devices = ["gpu:0"]` and one with `["cpu"]` on loopback. Every model
@@ -15,6 +16,12 @@ families: N members of one architecture (`share_weights`) on `["gpu:0"]` beside 
 on `["cpu"]`: every member answers what the CPU answers; 16 perf_analyzer clients at once,
 each on its own member (every batch swaps weights), against one member at concurrency 16;
 weight swaps, compilations before and after, the device memory gauges.
+
+sequences: seq_lstm_step (a stateful LSTM tick) on a GPU server beside a CPU server: 64
+sequences x 100 ticks, each tick's 64 requests sent at once (so a GPU batch holds rows of
+different sequences), every answer within 1e-5 relative of the CPU's; per-tick latency over
+HTTP of one sequence alone and of 64 at once, GPU then CPU, p50 and p99; device memory
+before and after 10,000 sequences are started; compilations before and after.
 
 lstm: decision data for recurrent models on the GPU: PyTorch replaying a CUDA graph of one
 LSTM step (8 -> 64, and 2 layers of 128) at batch 1 ... 64, beside ONNX Runtime on the
@@ -113,8 +120,9 @@ def correctness(gpu, cpu, rng, device):
     models = [m["name"] for m in http_json(gpu.http_port, "/v2/repository/index", {})
               if m.get("state") == "READY"]
     # A dry run (no GPU) compares every model, CPU with CPU: the check's own check.
-    gpu_models = [m for m in models if (device == "cpu" and stateless(gpu.http_port, m))
-                  or (device != "cpu" and on_gpu(gpu.http_port, m))]
+    # Stateful and windowed models are compared tick by tick in the sequences phase.
+    gpu_models = [m for m in models if stateless(gpu.http_port, m)
+                  and (device == "cpu" or on_gpu(gpu.http_port, m))]
     say(f"models ready: {', '.join(models)}; compared: {', '.join(gpu_models) or 'none'}")
     failures = []
     worst = 0.0
@@ -271,6 +279,77 @@ def families(args):
             say(f"{name}: {metric_sum(gpu.http_port, name) / 2**20:.1f} MiB")
 
 
+def sequences(args):
+    import concurrent.futures
+    import shutil
+
+    import numpy as np
+    work = pathlib.Path(args.work)
+    rng = np.random.default_rng(3)
+    # The sample repository, seq_lstm_step allowed 16,384 sequences (10,000 are started).
+    repo = work / "models"
+    shutil.copytree(ROOT / "config/models", repo, dirs_exist_ok=True)
+    toml = repo / "seq_lstm_step/model.toml"
+    toml.write_text(toml.read_text().replace("max_sequences = 4096", "max_sequences = 16384"))
+    model = "seq_lstm_step"
+    gpu_cfg = config(work, "gpu", [args.device], repo)
+    cpu_cfg = config(work, "cpu", ["cpu"], repo)
+
+    def tick(port, sequence, start, x):
+        body = {"parameters": {"sequence_id": sequence, "sequence_start": start},
+                "inputs": [{"name": "tick", "shape": [1, 8], "datatype": "FP32", "data": x}]}
+        return http_json(port, f"/v2/models/{model}/infer", body)
+
+    def timed(port, sequence, start, x):
+        began = time.perf_counter()
+        tick(port, sequence, start, x)
+        return time.perf_counter() - began
+
+    with Server(config=gpu_cfg, binary=args.binary, log=work / "server-gpu.log", ready_timeout=120) as gpu, \
+            Server(config=cpu_cfg, binary=args.binary, log=work / "server-cpu.log", ready_timeout=120) as cpu, \
+            concurrent.futures.ThreadPoolExecutor(64) as pool:
+        placed = on_gpu(gpu.http_port, model)
+        say(f"{model} on the {args.device} server: {'GPU' if placed else 'not on a GPU'}")
+        compiled = metric_sum(gpu.http_port, "tickserve_graph_compilations_total")
+        worst, failures = 0.0, []
+        for t in range(100):
+            xs = rng.uniform(-2, 2, (64, 8)).astype("float32").tolist()
+            got = list(pool.map(lambda s: tick(gpu.http_port, s + 1, t == 0, xs[s]), range(64)))  # noqa: B023
+            want = list(pool.map(lambda s: tick(cpu.http_port, s + 1, t == 0, xs[s]), range(64)))  # noqa: B023
+            for s, (g, c) in enumerate(zip(got, want)):
+                for go, co in zip(sorted(g["outputs"], key=lambda o: o["name"]),
+                                  sorted(c["outputs"], key=lambda o: o["name"])):
+                    err = max((abs(a - b) / max(abs(b), 1.0) for a, b in zip(go["data"], co["data"])),
+                              default=math.inf)
+                    worst = max(worst, err)
+                    if err > TOLERANCE:
+                        failures.append(f"sequence {s + 1} tick {t} output {go['name']}: {err:.3g}")
+        ok = placed and not failures
+        summary(f"| {model}, 64 sequences x 100 ticks, server {args.device} vs cpu | per tick, every output "
+                f"| max relative error {worst:.3g} | {'PASS' if ok else 'FAIL'} |")
+        for failure in failures[:10]:
+            say(f"  {failure}")
+        x = rng.uniform(-2, 2, 8).astype("float32").tolist()
+        for server, device in ((gpu, args.device), (cpu, "cpu")):
+            alone = sorted(timed(server.http_port, 100_000, i == 0, x) for i in range(500))
+            together = []
+            for i in range(50):
+                together += pool.map(lambda s: timed(server.http_port, 100_001 + s, i == 0, x), range(64))  # noqa: B023
+            together.sort()
+            for label, times in (("1 sequence", alone), ("64 sequences at once", together)):
+                summary(f"| {model} per tick over HTTP, {label}, on {device} "
+                        f"| p50 {times[len(times) // 2] * 1e6:.0f} µs | p99 {times[len(times) * 99 // 100] * 1e6:.0f} µs | |")
+        used = "tickserve_device_memory_used_bytes"
+        before = metric_sum(gpu.http_port, used)
+        started = sum(1 for _ in pool.map(lambda s: tick(gpu.http_port, 200_000 + s, True, x), range(10_000)))
+        after = metric_sum(gpu.http_port, used)
+        summary(f"| device memory in use, {started} sequences started | {before / 2**20:.1f} MiB before "
+                f"| {after / 2**20:.1f} MiB after | {'PASS' if after - before < 2**20 else 'FAIL'} |")
+        final = metric_sum(gpu.http_port, "tickserve_graph_compilations_total")
+        summary(f"| compilations ({model} phase) | {compiled:.0f} at ready | {final:.0f} after "
+                f"| {'PASS' if final == compiled else 'FAIL'} |")
+
+
 def lstm(_args):
     import numpy as np
     import onnx
@@ -344,7 +423,7 @@ def lstm(_args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["e2e", "families", "lstm"])
+    parser.add_argument("phase", choices=["e2e", "families", "sequences", "lstm"])
     parser.add_argument("--binary", default=str(ROOT / ".gpu/tickserve"))
     parser.add_argument("--work", default=None)
     parser.add_argument("--pa", default="perf_analyzer", help="the perf_analyzer command (words)")
@@ -354,7 +433,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         args.work = args.work or tmp
         pathlib.Path(args.work).mkdir(parents=True, exist_ok=True)
-        {"e2e": e2e, "families": families, "lstm": lstm}[args.phase](args)
+        {"e2e": e2e, "families": families, "sequences": sequences, "lstm": lstm}[args.phase](args)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 # The GPU check: one command on the GPU machine that returns every figure the GPU half
 # of tickserve needs, each step under its own timeout, the whole under GPU_CHECK_SECONDS
 # (450), a partial run still leaving its figures. Everything it writes is under $OUT
-# (8 files): summary.md, env.log, engine.log, replay.log, e2e.log, families.log, lstm.log,
-# mem.csv.
+# (9 files): summary.md, env.log, engine.log, replay.log, e2e.log, families.log,
+# sequences.log, lstm.log, mem.csv.
 #
 # Here, first (builds .gpu/, then a dry run: the GPU steps fail fast, the server phases
 # run on the CPU):
@@ -15,8 +15,10 @@
 # on the CPU (engine tests, then every GPU model through the server at 1..64 and 3, 5, 13,
 # 33, 65 rows), 4 graph replay per bucket, 5 perf_analyzer gRPC and HTTP at c1 and c16 on
 # gpu:0 and on the CPU, 6 a family of 128 members under 16 clients, 7 two replicas on
-# gpu:0, 8 an LSTM step in a CUDA graph (PyTorch) beside ONNX Runtime on the CPU.
-# Needs Python 3 with numpy and onnx (torch and onnxruntime for step 8): TICKSERVE_PYTHON,
+# gpu:0, 8 the stateful LSTM tick on gpu:0 beside the CPU (per-tick answers over 100 ticks,
+# latency, device memory with 10,000 sequences), 9 an LSTM step in a CUDA graph (PyTorch)
+# beside ONNX Runtime on the CPU.
+# Needs Python 3 with numpy and onnx (torch and onnxruntime for step 9): TICKSERVE_PYTHON,
 # else /opt/torch/.venv/bin/python, else .venv/bin/python, else python3.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -170,7 +172,7 @@ else
 fi
 
 step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
-step "3. engine vs ONNX Runtime (alpha_mlp, every op, tick members; graphs and eager)" 90 engine.log \
+step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1
 step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
@@ -180,6 +182,9 @@ step "6. family of 128 members under 16 clients" 120 families.log \
   "$py" scripts/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/families/family-*.log >>"$OUT/families.log" 2>/dev/null
 step "7. two replicas on gpu:0" 60 engine.log $bin/gpu-runtime --ignored two_executors_on_one_gpu
-step "8. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 lstm.log "$py" scripts/gpu_check.py lstm
+step "8. stateful LSTM ticks (seq_lstm_step): 64 sequences x 100 ticks, latency, 10,000 sequences" 90 \
+  sequences.log "$py" scripts/gpu_check.py sequences --work "$work/sequences" --device "$gpu_devices"
+tail -n 30 "$work"/sequences/server-*.log >>"$OUT/sequences.log" 2>/dev/null
+step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 lstm.log "$py" scripts/gpu_check.py lstm
 write_summary
 cat "$OUT/summary.md"

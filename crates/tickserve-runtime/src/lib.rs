@@ -14,7 +14,7 @@
 //! | `job` | one admitted request's envelope |
 //! | `executor` | a compiled model on one device, and the bucket runs |
 //! | `settings` | a model's effective settings |
-//! | `engines` | the engines, and the choice of one per replica (the only code naming ONNX Runtime or CUDA) |
+//! | `engines` | the engines, and the choice of one per replica (the only code serving with ONNX Runtime or CUDA) |
 //! | `worker` | an executor thread: compile, time the inline budget, serve batches from the intake |
 //! | `family` | a compiled graph on its executors and its queue; `submit` runs at once or admits |
 //! | `repository` | the repository on disk |
