@@ -102,3 +102,39 @@ fn a_refused_model_is_named_and_a_mismatch_fails_the_command() {
         "{stderr}"
     );
 }
+
+#[test]
+fn sequence_models_from_pytorch_and_tf2onnx_match_onnx_runtime() {
+    let corpus = common::root().join("crates/tickserve-engine-cuda/tests/exported");
+    let (output, stdout) = cuda_reference(&corpus, &[]);
+    assert!(output.status.success());
+    let lines: Vec<&str> = stdout.lines().collect();
+    let imported = [
+        "pt2_gru2",
+        "pt2_lstm1",
+        "pt_gru1",
+        "pt_gru2",
+        "pt_lstm1",
+        "pt_lstm2",
+        "pt_lstm_multi",
+        "pt_lstm_state",
+        "tf_gru1",
+        "tf_gru2",
+    ];
+    assert_eq!(lines.len(), imported.len() + 4, "{stdout}");
+    for (line, model) in lines.iter().zip(imported) {
+        assert!(ok_within(line, model) <= 1e-5, "{line}");
+    }
+    // tf2onnx writes a Keras GRU with reset_after=False as a Loop of its own.
+    assert!(
+        lines[10].starts_with("tf_gru_v1 cuda-reference unsupported: op Less"),
+        "{}",
+        lines[10]
+    );
+    for (line, model) in lines[11..]
+        .iter()
+        .zip(["tf_lstm1", "tf_lstm2", "tf_lstm_multi"])
+    {
+        assert!(ok_within(line, model) <= 1e-5, "{line}");
+    }
+}

@@ -58,82 +58,52 @@ impl Importer<'_> {
         Ok(())
     }
 
+    /// Reshape: of an activation (a new view of the same floats; the batch
+    /// stays one whole axis with as many elements before it), or of a shape
+    /// (which stays the list it is).
     pub(super) fn reshape(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
-        let view = self.dynamic(node, 0)?;
-        let target: Vec<i64> = match self.input(node, 1)?.clone() {
-            Tensor::Shape(shape) => {
-                let mut target = Vec::with_capacity(shape.len());
-                for (i, d) in shape.iter().enumerate() {
-                    target.push(match d {
-                        // The batch stays where it is: the first axis.
-                        Dim::Batch | Dim::Same if i == 0 => 0,
-                        Dim::Batch => {
-                            return Err(
-                                self.unsupported(node, "the batch moves from the first axis")
-                            );
-                        }
-                        Dim::Infer => -1,
-                        Dim::Same => 0,
-                        Dim::Fixed(n) => *n as i64,
-                    });
-                }
-                target
-            }
+        let allow_zero = int_attribute(node, "allowzero", 0) != 0;
+        let target: Vec<Dim> = match self.input(node, 1)?.clone() {
+            Tensor::Shape(shape) => shape,
             Tensor::Constant(shape) => {
                 if shape.datatype != DataType::Int64 {
                     return Err(self.unsupported(node, "the shape must be INT64"));
                 }
-                self.baked_integers(node, 1)?
-            }
-            _ => return Err(self.unsupported(node, "the shape must be a constant")),
-        };
-        let width: usize = view.dims.iter().product();
-        let old = view.dims.clone();
-        let allow_zero = int_attribute(node, "allowzero", 0) != 0;
-        // The batch must stay first: shape[0] is 0 (copy) or -1 with the rest fixed.
-        let mut dims = Vec::with_capacity(target.len().saturating_sub(1));
-        match target.first() {
-            Some(0) if !allow_zero => {}
-            Some(-1) if !target[1..].contains(&-1) => {}
-            _ => {
-                return Err(self.unsupported(
-                    node,
-                    format!(
-                        "shape {target:?} does not keep the batch as the first dimension (0 or -1)"
-                    ),
-                ));
-            }
-        }
-        let mut unknown = None;
-        for (i, &d) in target.iter().enumerate().skip(1) {
-            match d {
-                0 if !allow_zero => dims.push(old.get(i - 1).copied().ok_or_else(|| {
-                    self.unsupported(
-                        node,
-                        format!("shape {target:?} copies a dimension the input lacks"),
-                    )
-                })?),
-                -1 => {
-                    unknown = Some(dims.len());
-                    dims.push(1);
+                let values = self.baked_integers(node, 1)?;
+                let mut dims = Vec::with_capacity(values.len());
+                for v in values {
+                    dims.push(match v {
+                        0 if !allow_zero => Dim::Same,
+                        -1 => Dim::Infer,
+                        n if n > 0 => Dim::Fixed(n as usize),
+                        _ => {
+                            return Err(
+                                self.unsupported(node, format!("dimension {v} in the shape"))
+                            );
+                        }
+                    });
                 }
-                d if d > 0 => dims.push(d as usize),
-                _ => return Err(self.unsupported(node, format!("shape {target:?} is not static"))),
+                dims
             }
-        }
-        let known: usize = dims.iter().product();
-        if let Some(at) = unknown {
-            if known == 0 || !width.is_multiple_of(known) {
-                return Err(
-                    self.unsupported(node, format!("shape {target:?} does not divide the row"))
-                );
+            _ => return Err(self.unsupported(node, "the shape must be static")),
+        };
+        let view = match self.input(node, 0)?.clone() {
+            Tensor::Dynamic(view) => view,
+            Tensor::Shape(dims) => {
+                let name = self.output_name(node)?.to_string();
+                self.names.insert(name, Tensor::Shape(dims));
+                return Ok(());
             }
-            dims[at] = width / known;
-        }
-        if dims.iter().product::<usize>() != width {
-            return Err(self.unsupported(node, "the element count per row changes"));
-        }
-        self.alias(node, View::first(view.value, dims))
+            _ => return Err(self.unsupported(node, "only activations and shapes are reshaped")),
+        };
+        let shape = resolved(&view, &target).map_err(|reason| self.unsupported(node, reason))?;
+        let seen = view.reshaped(&shape).ok_or_else(|| {
+            self.unsupported(
+                node,
+                format!("{:?} to {shape:?} would mix the batch's rows", view.shape()),
+            )
+        })?;
+        self.alias(node, seen)
     }
 
     fn product(
@@ -255,6 +225,16 @@ impl Importer<'_> {
             }
             (Tensor::Dynamic(_), Tensor::Constant(w)) => self.with_weight(node, 0, op, &w, false),
             (Tensor::Constant(w), Tensor::Dynamic(_)) => self.with_weight(node, 1, op, &w, true),
+            (
+                a @ (Tensor::Shape(_) | Tensor::Constant(_)),
+                b @ (Tensor::Shape(_) | Tensor::Constant(_)),
+            ) => {
+                let dims = shape_arithmetic(op, &a, &b)
+                    .map_err(|reason| self.unsupported(node, reason))?;
+                let name = self.output_name(node)?.to_string();
+                self.names.insert(name, Tensor::Shape(dims));
+                Ok(())
+            }
             _ => Err(self.unsupported(
                 node,
                 "its operands are not an activation and a weight, or two activations",
@@ -415,4 +395,85 @@ impl Importer<'_> {
             },
         )
     }
+}
+
+/// A Reshape's target with its `0`s and its `-1` resolved against `view`;
+/// the `-1` is the batch where nothing else is.
+fn resolved(view: &View, target: &[Dim]) -> Result<Vec<Dim>, String> {
+    let shape = view.shape();
+    let mut out = Vec::with_capacity(target.len());
+    for (i, d) in target.iter().enumerate() {
+        out.push(match d {
+            Dim::Same => *shape
+                .get(i)
+                .ok_or_else(|| format!("shape {target:?} copies an axis the input lacks"))?,
+            other => *other,
+        });
+    }
+    let width: usize = view.dims.iter().product();
+    let fixed: usize = out
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => *n,
+            _ => 1,
+        })
+        .product();
+    let batches = out.iter().filter(|d| **d == Dim::Batch).count();
+    let infers = out.iter().filter(|d| **d == Dim::Infer).count();
+    let fill = match (batches, infers) {
+        (1, 0) if fixed == width => return Ok(out),
+        (1, 1) if fixed > 0 && width.is_multiple_of(fixed) => Dim::Fixed(width / fixed),
+        (0, 1) if fixed == width => Dim::Batch,
+        _ => {
+            return Err(format!(
+                "shape {target:?} does not keep the batch as one axis"
+            ));
+        }
+    };
+    for d in &mut out {
+        if *d == Dim::Infer {
+            *d = fill;
+        }
+    }
+    Ok(out)
+}
+
+/// Arithmetic on shapes (a shape, or integer constants, on either side; one
+/// element broadcasts): fixed sizes only, a result that is a size.
+fn shape_arithmetic(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Vec<Dim>, String> {
+    let sizes = |t: &Tensor| -> Result<Vec<i64>, String> {
+        match t {
+            Tensor::Shape(dims) => dims
+                .iter()
+                .map(|d| match d {
+                    Dim::Fixed(n) => Ok(*n as i64),
+                    _ => Err("arithmetic on the batch's size".to_string()),
+                })
+                .collect(),
+            Tensor::Constant(w) => {
+                super::integers(w).ok_or_else(|| "arithmetic on a float constant".to_string())
+            }
+            _ => Err("arithmetic on an activation and a shape".to_string()),
+        }
+    };
+    let (a, b) = (sizes(a)?, sizes(b)?);
+    let len = a.len().max(b.len());
+    if !(a.len() == len || a.len() == 1) || !(b.len() == len || b.len() == 1) {
+        return Err(format!("shapes of {} and {} elements", a.len(), b.len()));
+    }
+    (0..len)
+        .map(|i| {
+            let (x, y) = (a[i.min(a.len() - 1)], b[i.min(b.len() - 1)]);
+            let v = match op {
+                BinaryOp::Add => x.checked_add(y),
+                BinaryOp::Sub => x.checked_sub(y),
+                BinaryOp::Mul => x.checked_mul(y),
+                BinaryOp::Div => x.checked_div(y),
+            };
+            match v {
+                Some(v) if v > 0 => Ok(Dim::Fixed(v as usize)),
+                _ => Err(format!("{x} {} {y} is not a size", op.symbol())),
+            }
+        })
+        .collect()
 }

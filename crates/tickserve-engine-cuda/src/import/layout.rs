@@ -290,6 +290,23 @@ impl Importer<'_> {
                 }
                 self.picked(node, &view, p)
             }
+            Tensor::Filled { shape, value } => {
+                let mut shape = shape.clone();
+                for i in 0..starts.len() {
+                    let axis = axis_index(axes[i], shape.len())
+                        .ok_or_else(|| self.unsupported(node, format!("axis {}", axes[i])))?;
+                    let Dim::Fixed(size) = shape[axis] else {
+                        return Err(self.unsupported(node, "it slices the batch"));
+                    };
+                    if steps[i] == 0 {
+                        return Err(self.unsupported(node, "a step of 0"));
+                    }
+                    shape[axis] = Dim::Fixed(slice_bounds(starts[i], ends[i], steps[i], size).1);
+                }
+                let name = self.output_name(node)?.to_string();
+                self.names.insert(name, Tensor::Filled { shape, value });
+                Ok(())
+            }
             _ => Err(self.unsupported(node, "only activations and shapes are sliced")),
         }
     }

@@ -105,7 +105,9 @@ impl View {
         shape
     }
 
-    /// The same floats seen with `shape` (one batch axis, same element count).
+    /// The same floats seen with `shape`: one batch axis, the same element
+    /// count, and as many elements before the batch as before (else the
+    /// reshape would mix rows).
     fn reshaped(&self, shape: &[Dim]) -> Option<View> {
         let batch = shape.iter().position(|d| *d == Dim::Batch)?;
         let dims: Option<Vec<usize>> = shape
@@ -118,7 +120,10 @@ impl View {
             })
             .collect();
         let dims = dims?;
-        (dims.iter().product::<usize>() == self.dims.iter().product::<usize>()).then_some(View {
+        let before = |dims: &[usize], batch: usize| dims[..batch].iter().product::<usize>();
+        let same = dims.iter().product::<usize>() == self.dims.iter().product::<usize>()
+            && before(&dims, batch) == before(&self.dims, self.batch);
+        same.then_some(View {
             value: self.value,
             dims,
             batch,
