@@ -223,6 +223,16 @@ pub struct RuntimeConfig {
     /// at shutdown (after the drain), read back (and renamed `*.restored`)
     /// at the next start. Unset (the default): sequences end with the process.
     pub sequence_snapshot: Option<PathBuf>,
+    /// A directory every replica of a scaled-out deployment mounts (a shared
+    /// volume): a replica told to stop hands each sequence's state over
+    /// through it, and a replica that gets a tick of a sequence it does not
+    /// keep takes the state from it (docs/deploy.md, "Scaling out"). Unset
+    /// (the default): sequences stay with their replica.
+    pub handoff_directory: Option<PathBuf>,
+    /// How long a tick of a sequence another live replica keeps waits for
+    /// that replica to hand it over (then a retryable error; at most 60 s).
+    #[serde(deserialize_with = "duration")]
+    pub handoff_wait: Duration,
     /// How long an executor with nothing to do keeps polling its queue
     /// before it parks (a request that comes meanwhile skips the thread
     /// wake-up, tens of microseconds); each polling executor burns its core.
@@ -256,6 +266,8 @@ impl Default for RuntimeConfig {
             cuda_eager: false,
             inline_budget: Duration::from_micros(100),
             sequence_snapshot: None,
+            handoff_directory: None,
+            handoff_wait: Duration::from_secs(5),
             spin: Duration::ZERO,
             executor_cpus: Vec::new(),
             compile_priority: CompilePriority::Normal,
@@ -560,6 +572,11 @@ impl ServerConfig {
         }
         crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
         crate::durations::check("runtime.spin", self.runtime.spin, MAX_SPIN)?;
+        crate::durations::check(
+            "runtime.handoff_wait",
+            self.runtime.handoff_wait,
+            Duration::from_secs(60),
+        )?;
         let poll = self.repository.poll_interval;
         if poll < Duration::from_millis(10) || poll > Duration::from_secs(3600) {
             return Err(format!(

@@ -191,8 +191,38 @@ pub enum Error {
         waited: Duration,
     },
     /// The server is shutting down and admits no new work.
-    #[error("server is shutting down")]
+    #[error(
+        "server is shutting down: the request was not run; retry it (another replica takes over)"
+    )]
     ShuttingDown,
+    /// The sequence's state was kept by a replica that stopped without
+    /// handing it over (killed, not drained).
+    #[error(
+        "model '{model}': sequence {sequence}'s state is lost ({reason}); start the sequence again: send its next request with sequence_start = true"
+    )]
+    SequenceLost {
+        /// The model asked for.
+        model: String,
+        /// The sequence id, as the client wrote it.
+        sequence: String,
+        /// Where it was and what became of that replica.
+        reason: String,
+    },
+    /// Another replica keeps the sequence and did not hand it over in time;
+    /// the tick was not applied.
+    #[error(
+        "model '{model}': sequence {sequence} is kept by replica {replica}, which did not hand it over within {waited:?}; the request was not run: retry it"
+    )]
+    SequenceElsewhere {
+        /// The model asked for.
+        model: String,
+        /// The sequence id, as the client wrote it.
+        sequence: String,
+        /// The replica that keeps it.
+        replica: String,
+        /// How long this replica waited.
+        waited: Duration,
+    },
     /// The journal cannot keep this prediction's record, and the server
     /// answers no prediction unrecorded (`journal.when_full = "refuse"`).
     #[error(
@@ -357,12 +387,14 @@ impl Error {
             Error::ModelNotReady { .. }
             | Error::Halted { .. }
             | Error::ShuttingDown
+            | Error::SequenceElsewhere { .. }
             | Error::JournalUnavailable { .. } => ErrorKind::Unavailable,
             Error::InvalidInput { .. }
             | Error::InvalidRequest { .. }
             | Error::BodyTimeout { .. }
             | Error::TooManyRows { .. }
             | Error::SequenceNotActive { .. }
+            | Error::SequenceLost { .. }
             | Error::LoadFailed { .. } => ErrorKind::InvalidArgument,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
             Error::QueueFull { .. }

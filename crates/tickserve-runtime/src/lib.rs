@@ -88,6 +88,7 @@ use crate::family::Family;
 pub use crate::handle::{HeldState, Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
 pub use crate::registry::{IndexEntry, ModelVersions, Models, Routed, Split, VersionState};
+use crate::sequences::handoff::Handoff;
 pub use crate::settings::ModelSettings;
 pub use crate::shadow::{Compared, ShadowPlan, compare};
 pub use crate::stats::ModelStats;
@@ -110,6 +111,8 @@ pub struct Runtime {
     executors_started: std::sync::atomic::AtomicUsize,
     /// The repository as it was read for the first load (for the poll).
     loaded_from: Prints,
+    /// The hand-over directory (`runtime.handoff_directory`), opened.
+    handoff: Option<Arc<Handoff>>,
 }
 
 /// Moves a reloaded model's sequences from its old versions into the new
@@ -161,6 +164,14 @@ impl Runtime {
             control: Mutex::new(()),
             executors_started: std::sync::atomic::AtomicUsize::new(0),
             loaded_from: poll::prints(&config.repository),
+            handoff: match &config.runtime.handoff_directory {
+                None => None,
+                Some(dir) => Some(Arc::new(Handoff::open(
+                    dir,
+                    &sequences::handoff::replica_name(),
+                    config.runtime.handoff_wait,
+                )?)),
+            },
         };
         let found = repository::scan(&config.repository)?;
         // A model placed on a GPU that is not there stops the start: the
@@ -193,7 +204,8 @@ impl Runtime {
                 Err(reason) => slot.error = Some(reason),
             }
         }
-        for ((name, version), state) in versions_of(runtime.loader().load(candidates)) {
+        let loaded = runtime.linked(versions_of(runtime.loader().load(candidates)));
+        for ((name, version), state) in loaded {
             models
                 .entry(name)
                 .or_default()
@@ -216,6 +228,53 @@ impl Runtime {
             }
         }
         Ok(runtime)
+    }
+
+    /// `states` with every stateful version's sequences linked to the
+    /// hand-over directory, if there is one.
+    fn linked(
+        &self,
+        states: BTreeMap<(String, u64), VersionState>,
+    ) -> BTreeMap<(String, u64), VersionState> {
+        if let Some(handoff) = &self.handoff {
+            for state in states.values() {
+                if let VersionState::Ready(handle) = state
+                    && let Some(sequences) = handle.sequences()
+                {
+                    sequences.hand_off_through(Arc::clone(handoff), &handle.version);
+                }
+            }
+        }
+        states
+    }
+
+    /// This replica's name in the hand-over directory, if there is one.
+    pub fn handoff_replica(&self) -> Option<&str> {
+        self.handoff.as_deref().map(Handoff::replica)
+    }
+
+    /// Hands over the sequences other replicas asked for (call it often:
+    /// a claim waits for it); returns how many.
+    pub async fn hand_over_wanted(&self) -> usize {
+        let mut handed = 0;
+        for handle in self.models.ready_handles() {
+            if let Some(sequences) = handle.sequences() {
+                handed += sequences.hand_over_wanted().await;
+            }
+        }
+        handed
+    }
+
+    /// Hands every sequence over, model by model (at a drain, once no new
+    /// request is admitted); returns how many.
+    pub async fn hand_over_all(&self) -> usize {
+        let mut handed = 0;
+        for handle in self.models.ready_handles() {
+            if let Some(sequences) = handle.sequences() {
+                handed += sequences.hand_over_all().await;
+            }
+        }
+        handed
     }
 
     /// Writes every stateful model's sequences to `runtime.sequence_snapshot`,

@@ -273,7 +273,7 @@ impl Runtime {
         let candidates = self
             .candidates_of(&name, &dir.dir, &config, to_load)
             .map_err(failed)?;
-        let loaded = versions_of(self.loader().load(candidates));
+        let loaded = self.linked(versions_of(self.loader().load(candidates)));
 
         let mut next = ModelVersions::default();
         let mut failures = Vec::new();

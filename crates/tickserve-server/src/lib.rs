@@ -28,6 +28,7 @@ pub mod faults;
 #[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
+mod handoff;
 mod http;
 mod journal_cli;
 mod listen;
@@ -98,6 +99,9 @@ pub struct Server {
     shm: Option<shm::ShmFrontEnd>,
     /// The repository poll, in `poll` model control mode.
     poll_task: Option<JoinHandle<()>>,
+    /// Answers other replicas' requests for sequences, with
+    /// `runtime.handoff_directory`.
+    handoff_task: Option<JoinHandle<()>>,
 }
 
 /// `runtime.mlockall`: locks every page of the process, now and later, in
@@ -206,6 +210,11 @@ impl Server {
                 stopped.clone(),
             ))
         });
+        let handoff_task = edge
+            .runtime
+            .handoff_replica()
+            .is_some()
+            .then(|| tokio::spawn(handoff::answer_asked(Arc::clone(&edge), stopped.clone())));
         let http_task = tokio::spawn(ports::http::serve(
             http_listener,
             Arc::clone(&edge),
@@ -232,6 +241,7 @@ impl Server {
             grpc_task,
             shm,
             poll_task,
+            handoff_task,
         })
     }
 
@@ -270,6 +280,10 @@ impl Server {
         if drained.is_err() {
             tracing::warn!("queues still held requests after {SHUTDOWN_GRACE:?}; stopping anyway");
         }
+        // 2b. Hand every sequence over to the other replicas, if they share
+        //     a hand-over directory, while the front ends still answer (a
+        //     tick now is refused as not run, and retried elsewhere).
+        handoff::hand_over_all(&self.edge).await;
         // 3. Stop the front ends; each finishes the requests it is answering.
         let _ = self.stop.send(true);
         if let Some(shm) = self.shm {
@@ -291,6 +305,9 @@ impl Server {
         // A load the poll started finishes; no other starts.
         if let Some(poll) = self.poll_task {
             let _ = poll.await;
+        }
+        if let Some(handoff) = self.handoff_task {
+            let _ = handoff.await;
         }
         // 4. Nothing runs now: every record is handed over; the journal's
         //    files are ended and synced.

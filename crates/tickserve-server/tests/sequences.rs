@@ -927,3 +927,146 @@ async fn the_routing_header_names_the_sequence_and_comes_back() {
     );
     server.shutdown().await.unwrap();
 }
+
+/// The real server in a process of its own on `config_file` (killed with
+/// SIGKILL when dropped); its HTTP address.
+struct Process {
+    child: std::process::Child,
+    http: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_server(config_file: &std::path::Path) -> Process {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args(["serve", "--http-port", "0", "--grpc-port", "0", "--config"])
+        .arg(config_file)
+        .current_dir(common::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            common::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if let Some(at) = line.find(" ready http=") {
+            let http = line[at + " ready http=".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            return Process { child, http };
+        }
+        lines.push(line);
+    }
+    let _ = child.wait();
+    panic!("the server stopped before it was ready: {lines:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_hand_sequences_over_asked_and_drained_and_a_killed_ones_are_lost() {
+    let repository = repository(&[]);
+    let handoff = tempfile::tempdir().unwrap();
+    let shared = |mut config: tickserve_core::config::ServerConfig| {
+        config.runtime.handoff_directory = Some(handoff.path().to_path_buf());
+        config.runtime.handoff_wait = std::time::Duration::from_secs(5);
+        config
+    };
+    let config = shared(common::config(repository.path()));
+    let (a, b) = (common::start(&config).await, common::start(&config).await);
+    // The answers of one server that keeps every tick of the sequence.
+    let single = common::start(&common::config(repository.path())).await;
+    let http = reqwest::Client::new();
+    let step = |server: &tickserve_server::Server| {
+        format!("http://{}/v2/models/seq_lstm_step/infer", server.http_addr)
+    };
+    let (a_url, b_url, single_url) = (step(&a), step(&b), step(&single));
+    // Ticks 0-3 on a; 4-7 on b, which asks a for the sequence (a lives);
+    // 8-9 on a again, which asks b.
+    for t in 0..10 {
+        let url = if (4..8).contains(&t) { &b_url } else { &a_url };
+        let (status, got) = post(
+            &http,
+            url,
+            &body(json!("EURUSD"), t == 0, false, &tick(3, t)),
+        )
+        .await;
+        assert_eq!(status, 200, "tick {t}: {got}");
+        let (_, want) = post(
+            &http,
+            &single_url,
+            &body(json!("EURUSD"), t == 0, false, &tick(3, t)),
+        )
+        .await;
+        assert_eq!(prediction(&got), prediction(&want), "tick {t}");
+    }
+    // a drains: it hands the sequence over as it stops; b takes it.
+    a.shutdown().await.unwrap();
+    for t in 10..12 {
+        let (status, got) = post(
+            &http,
+            &b_url,
+            &body(json!("EURUSD"), false, false, &tick(3, t)),
+        )
+        .await;
+        assert_eq!(status, 200, "tick {t}: {got}");
+        let (_, want) = post(
+            &http,
+            &single_url,
+            &body(json!("EURUSD"), false, false, &tick(3, t)),
+        )
+        .await;
+        assert_eq!(prediction(&got), prediction(&want), "tick {t}");
+    }
+    // A sequence never started anywhere is not active, as on one server.
+    let (status, answer) = post(&http, &b_url, &body(json!("nowhere"), false, false, &x0())).await;
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"].as_str().unwrap().contains("is not active"),
+        "{answer}"
+    );
+
+    // A replica killed (SIGKILL) takes its sequences with it: their next
+    // tick elsewhere says the state is lost and how to start again.
+    let file = repository.path().join("replica.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[repository]\npath = \"{}\"\n[runtime]\nonnxruntime_library = \"{}\"\nhandoff_directory = \"{}\"\n",
+            repository.path().display(),
+            common::root().join(".local/lib/libonnxruntime.so.1.31.1").display(),
+            handoff.path().display()
+        ),
+    )
+    .unwrap();
+    let killed = spawn_server(&file);
+    let killed_url = format!("http://{}/v2/models/seq_lstm_step/infer", killed.http);
+    let (status, _) = post(&http, &killed_url, &body(json!(77), true, false, &x0())).await;
+    assert_eq!(status, 200);
+    drop(killed);
+    let (status, answer) = post(&http, &b_url, &body(json!(77), false, false, &x0())).await;
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"].as_str().unwrap();
+    assert!(
+        message.contains("sequence 77's state is lost")
+            && message.contains("stopped without handing it over")
+            && message.contains("sequence_start = true"),
+        "{message}"
+    );
+    let (status, _) = post(&http, &b_url, &body(json!(77), true, false, &x0())).await;
+    assert_eq!(status, 200, "started again");
+    b.shutdown().await.unwrap();
+    single.shutdown().await.unwrap();
+}

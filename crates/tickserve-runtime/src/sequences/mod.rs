@@ -30,16 +30,17 @@
 //! sequences, save the sweep (linear, at most once per quarter of
 //! `max_sequence_idle` on the request path) and the list and snapshot.
 
+pub mod handoff;
 pub mod snapshot;
 mod state;
 mod turn;
 
 pub(crate) use state::{take_state, tick_row_of, with_state};
-pub use turn::{Entry, Turn};
+pub use turn::{Claim, Entry, Turn};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -242,6 +243,16 @@ pub struct Sequences {
     /// Sweeps of the whole table so far (each is linear in it).
     sweeps: AtomicUsize,
     metrics: SequenceMetrics,
+    /// The hand-over directory, with `runtime.handoff_directory`.
+    handoff: OnceLock<Link>,
+}
+
+/// A table's place in the hand-over directory.
+#[derive(Debug)]
+struct Link {
+    handoff: Arc<handoff::Handoff>,
+    /// The model version the table belongs to (handed state names it).
+    version: String,
 }
 
 impl Sequences {
@@ -266,7 +277,18 @@ impl Sequences {
                 ends: metrics::counter!(names::SEQUENCE_ENDS, "model" => label.clone()),
                 expiries: metrics::counter!(names::SEQUENCE_EXPIRIES, "model" => label),
             },
+            handoff: OnceLock::new(),
         }
+    }
+
+    /// Hands sequences over through `handoff` (this table being version
+    /// `version`'s): a tick of a sequence kept elsewhere is claimed from it,
+    /// a start is recorded in it. Set once; later calls change nothing.
+    pub fn hand_off_through(&self, handoff: Arc<handoff::Handoff>, version: &str) {
+        let _ = self.handoff.set(Link {
+            handoff,
+            version: version.to_string(),
+        });
     }
 
     /// The model's sequence settings.
@@ -347,6 +369,13 @@ impl Sequences {
             Purpose::Read | Purpose::Drop => false,
         };
         if !creates {
+            // A tick of a sequence another replica may keep: claimed first.
+            if purpose == (Purpose::Tick { start: false }) && self.handoff.get().is_some() {
+                return Ok(Entry::Claim(Claim {
+                    sequences: Arc::clone(self),
+                    key: id.clone(),
+                }));
+            }
             return Err(self.not_active(&id.id));
         }
         // Idle sequences are swept as new ones start, every quarter of
@@ -385,7 +414,151 @@ impl Sequences {
             }),
         });
         table.active.insert(id.clone(), Arc::clone(&slot));
+        drop(table);
+        if let Some(link) = self.handoff.get() {
+            link.handoff.keep(&self.model, id);
+        }
         Ok(Entry::Now(self.turn(slot)))
+    }
+
+    /// Takes sequence `key` from the replica that keeps it, through the
+    /// hand-over directory, waiting at most `runtime.handoff_wait` (and not
+    /// past `deadline`); once this returns `Ok`, the sequence is in this
+    /// table.
+    pub(crate) async fn claim(
+        self: &Arc<Self>,
+        key: &SequenceKey,
+        deadline: Option<Instant>,
+    ) -> Result<(), Error> {
+        let Some(link) = self.handoff.get() else {
+            return Err(self.not_active(&key.id));
+        };
+        if self.holds(key) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let wait = deadline.map_or(link.handoff.wait(), |d| {
+            link.handoff.wait().min(d.saturating_duration_since(now))
+        });
+        let (handoff, model, wanted) = (Arc::clone(&link.handoff), self.model.clone(), key.clone());
+        let claimed = tokio::task::spawn_blocking(move || handoff.claim(&model, &wanted, wait))
+            .await
+            .map_err(|e| Error::Internal {
+                model: self.model.clone(),
+                message: format!("claiming a sequence failed: {e}"),
+            })?;
+        let lost = |reason: String| Error::SequenceLost {
+            model: self.model.clone(),
+            sequence: key.id.to_string(),
+            reason,
+        };
+        match claimed {
+            handoff::Claimed::State(bytes) => {
+                let parts = snapshot::decode(&bytes)
+                    .map_err(|e| lost(format!("its handed state cannot be read: {e}")))?;
+                let part = parts.into_iter().next().filter(|p| {
+                    p.name == self.model && p.version == link.version && p.fits(&self.spec)
+                });
+                let Some(part) = part else {
+                    return Err(lost(format!(
+                        "it was handed over by another version of the model than {}",
+                        link.version
+                    )));
+                };
+                self.restore(part.sequences);
+                Ok(())
+            }
+            handoff::Claimed::NeverHeld => Err(self.not_active(&key.id)),
+            handoff::Claimed::Lost { replica } => Err(lost(format!(
+                "replica {replica} kept it and stopped without handing it over"
+            ))),
+            handoff::Claimed::Busy { replica, waited } => Err(Error::SequenceElsewhere {
+                model: self.model.clone(),
+                sequence: key.id.to_string(),
+                replica,
+                waited,
+            }),
+        }
+    }
+
+    /// Hands sequence `key` over (after the requests before it) if this
+    /// replica keeps it, or drops it if another replica has started it since
+    /// (a stale copy); true if handed over.
+    pub async fn hand_over(self: &Arc<Self>, key: &SequenceKey) -> Result<bool, String> {
+        let Some(link) = self.handoff.get() else {
+            return Ok(false);
+        };
+        let Ok(entry) = self.enter(key, Purpose::Drop) else {
+            return Ok(false);
+        };
+        let Ok(turn) = entry.turn(&self.model, None).await else {
+            return Ok(false);
+        };
+        let mut state = turn.slot.lock();
+        let Ok(rows) = &state.state else {
+            return Ok(false);
+        };
+        let keeps = link.handoff.keeps(&self.model, key);
+        if keeps {
+            let kept = Kept {
+                id: key.clone(),
+                ticks: state.ticks,
+                window_ticks: state.window_ticks,
+                state: rows.clone(),
+            };
+            let bytes = snapshot::encode_one(&self.model, &link.version, &self.spec, &[kept]);
+            link.handoff.hand(&self.model, key, &bytes)?;
+        }
+        state.state = Err(Gone::Ended);
+        state.restart_pending = false;
+        drop(state);
+        self.lost();
+        Ok(keeps)
+    }
+
+    /// Hands over what other replicas asked of this table (see
+    /// [`handoff`]); forgets sequences it no longer keeps. Returns how many
+    /// it handed over.
+    pub async fn hand_over_wanted(self: &Arc<Self>) -> usize {
+        let Some(link) = self.handoff.get() else {
+            return 0;
+        };
+        let mut handed = 0;
+        for key in link.handoff.wanted(&self.model) {
+            if self.holds(&key) {
+                match self.hand_over(&key).await {
+                    Ok(true) => handed += 1,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(model = self.model, error = %e, "hand-over failed"),
+                }
+            } else if link.handoff.keeps(&self.model, &key) {
+                // Ended or expired here: whoever asks starts it anew.
+                link.handoff.ended(&self.model, &key);
+            }
+        }
+        handed
+    }
+
+    /// Hands every sequence this replica keeps over (at a drain: every
+    /// request before is answered first); returns how many.
+    pub async fn hand_over_all(self: &Arc<Self>) -> usize {
+        let keys: Vec<SequenceKey> = self.snapshot().into_iter().map(|k| k.id).collect();
+        let mut handed = 0;
+        for key in keys {
+            match self.hand_over(&key).await {
+                Ok(true) => handed += 1,
+                Ok(false) => {}
+                Err(e) => tracing::error!(model = self.model, error = %e, "hand-over failed"),
+            }
+        }
+        handed
+    }
+
+    /// Records in the hand-over directory that sequence `key` ended here.
+    fn ended_here(&self, key: &SequenceKey) {
+        if let Some(link) = self.handoff.get() {
+            link.handoff.ended(&self.model, key);
+        }
     }
 
     fn turn(self: &Arc<Self>, slot: Arc<Slot>) -> Turn {
@@ -557,6 +730,8 @@ impl Sequences {
         state.restart_pending = false;
         self.lost();
         self.metrics.ends.increment(1);
+        drop(state);
+        self.ended_here(&turn.slot.id);
         Ok(())
     }
 

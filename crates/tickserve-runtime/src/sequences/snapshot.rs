@@ -108,52 +108,78 @@ fn write_to(
     put_u32(out, stateful.len())?;
     let mut total = 0;
     for (handle, sequences) in stateful {
-        let spec = sequences.spec();
-        put_str(out, &handle.name)?;
-        put_str(out, &handle.version)?;
-        put_u32(out, spec.states.len())?;
-        for state in &spec.states {
-            put_str(out, &state.input.name)?;
-            put_str(out, state.input.datatype.as_str())?;
-            put_u64(out, state.input.row_bytes() as u64)?;
-        }
-        put_u32(out, spec.windows.len())?;
-        for window in &spec.windows {
-            put_str(out, &window.input.name)?;
-            put_str(out, window.input.datatype.as_str())?;
-            put_u64(out, window.input.row_bytes() as u64)?;
-        }
         let all = sequences.snapshot();
-        put_u64(out, all.len() as u64)?;
-        for kept in &all {
-            let id = &kept.id;
-            match &id.id {
-                SequenceId::Number(n) => {
-                    out.write_all(&[0])?;
-                    put_u64(out, *n)?;
-                }
-                SequenceId::Text(s) => {
-                    out.write_all(&[1])?;
-                    put_str(out, s)?;
-                }
-            }
-            match id.owner {
-                None => out.write_all(&[0])?,
-                Some(owner) => {
-                    out.write_all(&[1])?;
-                    out.write_all(&owner.0)?;
-                }
-            }
-            put_u64(out, kept.ticks)?;
-            put_u64(out, kept.window_ticks)?;
-            for row in &kept.state {
-                out.write_all(row)?;
-            }
-        }
+        encode_model(out, &handle.name, &handle.version, sequences.spec(), &all)?;
         total += all.len();
     }
     out.flush()?;
     Ok(total)
+}
+
+/// Writes one model's part of a snapshot: its name, version, state pairs,
+/// windows and `sequences` (see the module's format).
+pub(crate) fn encode_model(
+    out: &mut impl Write,
+    name: &str,
+    version: &str,
+    spec: &SequenceSpec,
+    sequences: &[Kept],
+) -> std::io::Result<()> {
+    put_str(out, name)?;
+    put_str(out, version)?;
+    put_u32(out, spec.states.len())?;
+    for state in &spec.states {
+        put_str(out, &state.input.name)?;
+        put_str(out, state.input.datatype.as_str())?;
+        put_u64(out, state.input.row_bytes() as u64)?;
+    }
+    put_u32(out, spec.windows.len())?;
+    for window in &spec.windows {
+        put_str(out, &window.input.name)?;
+        put_str(out, window.input.datatype.as_str())?;
+        put_u64(out, window.input.row_bytes() as u64)?;
+    }
+    put_u64(out, sequences.len() as u64)?;
+    for kept in sequences {
+        match &kept.id.id {
+            SequenceId::Number(n) => {
+                out.write_all(&[0])?;
+                put_u64(out, *n)?;
+            }
+            SequenceId::Text(s) => {
+                out.write_all(&[1])?;
+                put_str(out, s)?;
+            }
+        }
+        match kept.id.owner {
+            None => out.write_all(&[0])?,
+            Some(owner) => {
+                out.write_all(&[1])?;
+                out.write_all(&owner.0)?;
+            }
+        }
+        put_u64(out, kept.ticks)?;
+        put_u64(out, kept.window_ticks)?;
+        for row in &kept.state {
+            out.write_all(row)?;
+        }
+    }
+    Ok(())
+}
+
+/// A whole snapshot (header included) of one model holding `sequences`:
+/// what a hand-over file holds.
+pub(crate) fn encode_one(
+    name: &str,
+    version: &str,
+    spec: &SequenceSpec,
+    sequences: &[Kept],
+) -> Vec<u8> {
+    let mut out = Vec::from(MAGIC);
+    // Writing into a Vec cannot fail.
+    let _ = put_u32(&mut out, 1);
+    let _ = encode_model(&mut out, name, version, spec, sequences);
+    out
 }
 
 /// Restores the sequences of `path` into the models of `handles` that
@@ -177,7 +203,53 @@ pub fn read_for_fuzzing(bytes: &[u8]) -> Result<usize, String> {
     read(bytes, &[])
 }
 
+/// One model's part of a snapshot, read.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    /// The model's name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// Its state pairs' inputs: name, datatype, row bytes.
+    pub states: Vec<(String, String, u64)>,
+    /// Its windows' inputs: name, datatype, window bytes.
+    pub windows: Vec<(String, String, u64)>,
+    /// Its sequences.
+    pub sequences: Vec<Kept>,
+}
+
+impl Decoded {
+    /// Whether `spec` has this part's state pairs and windows.
+    pub fn fits(&self, spec: &SequenceSpec) -> bool {
+        same_states(spec, &self.states, &self.windows)
+    }
+}
+
 fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
+    let mut restored = 0;
+    for part in decode(bytes)? {
+        let target = handles
+            .iter()
+            .find(|h| h.name == part.name && h.version == part.version)
+            .and_then(|h| h.sequences());
+        let matches = target.is_some_and(|s| part.fits(s.spec()));
+        if target.is_some() && !matches {
+            tracing::warn!(
+                model = part.name,
+                version = part.version,
+                "the model's state pairs or windows changed since the snapshot: its sequences are not restored"
+            );
+        }
+        if let (Some(sequences), true) = (target, matches) {
+            restored += sequences.restore(part.sequences);
+        }
+    }
+    Ok(restored)
+}
+
+/// Reads a snapshot's bytes, model by model; a short or corrupt file is an
+/// error, never a panic.
+pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<Decoded>, String> {
     let mut input = Reader { bytes, at: 0 };
     let format = match input.take(MAGIC.len())? {
         magic if magic == MAGIC => 3,
@@ -185,7 +257,7 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
         magic if magic == MAGIC_V1 => 1,
         _ => return Err("not a tickserve sequence snapshot".to_string()),
     };
-    let mut restored = 0;
+    let mut parts = Vec::new();
     for _ in 0..input.u32()? {
         let name = input.str()?;
         let version = input.str()?;
@@ -199,19 +271,7 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
                 windows.push((input.str()?, input.str()?, input.u64()?));
             }
         }
-        let target = handles
-            .iter()
-            .find(|h| h.name == name && h.version == version)
-            .and_then(|h| h.sequences());
-        let matches = target.is_some_and(|s| same_states(s.spec(), &states, &windows));
-        if target.is_some() && !matches {
-            tracing::warn!(
-                model = name,
-                version,
-                "the model's state pairs or windows changed since the snapshot: its sequences are not restored"
-            );
-        }
-        let mut entries = Vec::new();
+        let mut sequences = Vec::new();
         for _ in 0..input.u64()? {
             let id = match input.take(1)?[0] {
                 0 => SequenceId::Number(input.u64()?),
@@ -238,18 +298,22 @@ fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, 
                 let len = usize::try_from(*row_bytes).map_err(|e| e.to_string())?;
                 rows.push(Bytes::copy_from_slice(input.take(len)?));
             }
-            entries.push(Kept {
+            sequences.push(Kept {
                 id,
                 ticks,
                 window_ticks,
                 state: rows,
             });
         }
-        if let (Some(sequences), true) = (target, matches) {
-            restored += sequences.restore(entries);
-        }
+        parts.push(Decoded {
+            name,
+            version,
+            states,
+            windows,
+            sequences,
+        });
     }
-    Ok(restored)
+    Ok(parts)
 }
 
 /// Whether the model's state pairs and windows are those of the file.

@@ -30,14 +30,34 @@ pub enum Entry {
     Now(Turn),
     /// It waits behind earlier requests of the sequence.
     Waiting(oneshot::Receiver<Turn>),
+    /// The sequence is not here: it is claimed from the replica that keeps
+    /// it first (`runtime.handoff_directory`).
+    Claim(Claim),
+}
+
+/// A sequence to claim before its turn (see [`Entry::Claim`]).
+#[derive(Debug)]
+pub struct Claim {
+    pub(super) sequences: Arc<Sequences>,
+    pub(super) key: super::SequenceKey,
 }
 
 impl Entry {
-    /// Waits for the turn until `deadline` (DEADLINE_EXCEEDED after it).
+    /// Waits for the turn until `deadline` (DEADLINE_EXCEEDED after it);
+    /// claims the sequence first where it is kept elsewhere.
     pub async fn turn(self, model: &str, deadline: Option<Instant>) -> Result<Turn, Error> {
         let waiting = match self {
             Entry::Now(turn) => return Ok(turn),
             Entry::Waiting(receiver) => receiver,
+            Entry::Claim(Claim { sequences, key }) => {
+                sequences.claim(&key, deadline).await?;
+                // Here now: its turn, as any tick's.
+                let start = super::Purpose::Tick { start: false };
+                return match sequences.enter(&key, start)? {
+                    Entry::Claim(_) => Err(sequences.not_active(&key.id)),
+                    entry => Box::pin(entry.turn(model, deadline)).await,
+                };
+            }
         };
         let started = Instant::now();
         let lost = || Error::Internal {
@@ -141,6 +161,7 @@ impl Turn {
         state.last_used = Instant::now();
         if control.end {
             state.state = Err(Gone::Ended);
+            sequences.ended_here(&self.slot.id);
             sequences.metrics.ends.increment(1);
             if had_state {
                 sequences.lost();
