@@ -42,5 +42,8 @@ target/debug/tickserve check --model-repository "$tmp/bench"
 echo "== three replicas behind HAProxy: each sequence on one replica"
 deploy/haproxy/check.sh target/debug/tickserve
 
+echo "== scale-out: hand-over on drain, a killed replica's sequences lost, behind HAProxy"
+scripts/scaleout_check.sh target/debug/tickserve
+
 echo "== the Grafana dashboard's queries against a real Prometheus"
 deploy/prometheus/check.sh target/debug/tickserve

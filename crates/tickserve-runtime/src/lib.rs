@@ -19,7 +19,7 @@
 //! | `family` | a compiled graph on its executors and its queue; `submit` runs at once or admits |
 //! | `repository` | the repository on disk |
 //! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
-//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`) |
+//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), sequences handed between replicas through a shared directory (`handoff`) |
 //! | `shadow` | a shadow version: which requests it mirrors, its runs on idle capacity, the comparison |
 //! | `handle` | the handle a request is served through: `prepare` and `run` |
 //! | `registry` | every model's versions and their states, the index |
