@@ -20,7 +20,9 @@ Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
 Fixtures (--fixtures) include cuda_ops: every op the CUDA engine imports for dense models, in
 one graph; cuda_sequence_ops: every recurrent and layout op (LSTM in layout 1 with initial
 states and Y, GRU in both reset modes, Transpose, Slice with a step, Gather, Concat, Shape
-arithmetic folded); cuda_lstm_layout0 and cuda_lstm_layout1: one LSTM in both layouts;
+arithmetic folded); cuda_lstm_layout0 and cuda_lstm_layout1: one LSTM in both layouts; cuda_conv: three one-axis
+convolutions (padding, stride, dilation, groups, SAME_UPPER); cuda_conv2d: a convolution over
+two axes, which the engine refuses;
 cuda_bidirectional and cuda_peephole: LSTMs the engine refuses by name.
 
 Benchmark models (--bench), the per-tick workloads trading desks compare servers on:
@@ -351,6 +353,35 @@ def lstm_layouts(rng):
             for nodes, name in [(layout0, "cuda_lstm_layout0"), (layout1, "cuda_lstm_layout1")]]
 
 
+def conv1d(rng):
+    """x [batch, 4, 16] (features over time) through three one-axis convolutions: padded
+    with a bias and a Relu; strided, dilated and grouped; SAME_UPPER with a stride; a head
+    on the flattened result. Output y [batch, 3]."""
+    init = [
+        numpy_helper.from_array(weights(rng, 6, 4, 3), "c1_w"),
+        numpy_helper.from_array(weights(rng, 6, scale=0.1), "c1_b"),
+        numpy_helper.from_array(weights(rng, 6, 3, 3), "c2_w"),
+        numpy_helper.from_array(weights(rng, 4, 6, 2), "c3_w"),
+        numpy_helper.from_array(weights(rng, 16, 3), "head_w"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "c1_w", "c1_b"], ["c1"], kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "c2_w"], ["c2"], kernel_shape=[3], strides=[2],
+                         dilations=[2], group=2, pads=[2, 1]),
+        helper.make_node("Conv", ["c2", "c3_w"], ["c3"], strides=[2], auto_pad="SAME_UPPER"),
+        helper.make_node("Flatten", ["c3"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "head_w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "cuda_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        init,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
 def refused_lstm(rng, name, **variant):
     """An LSTM over window [batch, 6, 4] in a variant the CUDA engine refuses."""
     directions = 2 if variant.get("direction") == "bidirectional" else 1
@@ -441,6 +472,15 @@ def fixtures(root):
     # Every op of the CUDA engine's set in one graph, with two outputs.
     save(every_cuda_op(np.random.default_rng(13)), root, "cuda_ops")
     save(every_sequence_op(np.random.default_rng(14)), root, "cuda_sequence_ops")
+    save(conv1d(np.random.default_rng(17)), root, "cuda_conv")
+    conv2d = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[2, 2]),
+         helper.make_node("Flatten", ["c"], ["y"], axis=1)], "cuda_conv2d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(weights(np.random.default_rng(18), 1, 1, 2, 2), "w")])
+    save(helper.make_model(conv2d, opset_imports=[helper.make_opsetid("", OPSET)]), root,
+         "cuda_conv2d")
     for model in lstm_layouts(np.random.default_rng(16)):
         save(model, root, model.graph.name)
     save(refused_lstm(np.random.default_rng(15), "cuda_bidirectional", direction="bidirectional"),

@@ -103,6 +103,16 @@ pub enum Elementwise {
         /// A factor on the weight (Gemm's beta; 1 otherwise).
         coef: f32,
     },
+    /// `x + bias[(column / inner) % channels]`: a bias per channel of a
+    /// `[channels, inner]` row (a convolution's).
+    ChannelBias {
+        /// One value per channel.
+        bias: WeightId,
+        /// Channel count.
+        channels: usize,
+        /// Elements per channel within a row.
+        inner: usize,
+    },
     /// Inference-mode batch normalization over channel `(column / inner) %
     /// channels`: `(x - mean) / sqrt(var + epsilon) · scale + bias`.
     BatchNorm {
@@ -206,6 +216,37 @@ pub enum Op {
     /// A recurrent layer over a window: the step's output is the last
     /// hidden state.
     Recurrent(Box<Recurrent>),
+    /// A convolution over one axis (ONNX Conv on `[batch, channels,
+    /// length]`): `out[m, l] = Σ_c Σ_k x[c, l·stride + k·dilation − pad] ·
+    /// w[m, c, k]` over the channels of `m`'s group, zero outside the input.
+    Conv1d(Box<Conv1d>),
+}
+
+/// A one-axis convolution's shape (see [`Op::Conv1d`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conv1d {
+    /// The activation, `channels × length` per row.
+    pub input: ValueId,
+    /// Weights, `[out_channels, channels / groups, kernel]`.
+    pub weight: WeightId,
+    /// Input channels.
+    pub channels: usize,
+    /// Input length.
+    pub length: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Kernel width.
+    pub kernel: usize,
+    /// Step between outputs.
+    pub stride: usize,
+    /// Step between a kernel's taps.
+    pub dilation: usize,
+    /// Zeros before the input.
+    pub pad: usize,
+    /// Channel groups.
+    pub groups: usize,
+    /// Output length.
+    pub out_length: usize,
 }
 
 /// A recurrent cell, as ONNX defines it (its default activations).

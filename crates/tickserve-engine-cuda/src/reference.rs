@@ -2,7 +2,7 @@
 //! meaning the importer is tested against (ONNX Runtime on the same model)
 //! and the kernels are tested against (the GPU tests).
 
-use crate::plan::{Cell, Elementwise, Op, Plan, Recurrent};
+use crate::plan::{Cell, Conv1d, Elementwise, Op, Plan, Recurrent};
 
 /// Applies `chain` to `x`, the element at `column` of its row.
 pub fn apply(chain: &[Elementwise], weights: &[Vec<f32>], mut x: f32, column: usize) -> f32 {
@@ -33,6 +33,11 @@ pub fn apply(chain: &[Elementwise], weights: &[Vec<f32>], mut x: f32, column: us
                     op.apply(x, w)
                 }
             }
+            Elementwise::ChannelBias {
+                bias,
+                channels,
+                inner,
+            } => x + weights[bias][(column / inner) % channels],
             Elementwise::BatchNorm {
                 scale,
                 bias,
@@ -122,6 +127,16 @@ pub fn run(plan: &Plan, weights: &[Vec<f32>], inputs: &[&[f32]], rows: usize) ->
                                 .copy_from_slice(&values[*input][from..from + chunk]);
                             at += chunk;
                         }
+                    }
+                }
+            }
+            Op::Conv1d(conv) => {
+                let x = &values[conv.input];
+                for row in 0..rows {
+                    let x = &x[row * conv.channels * conv.length..];
+                    let o = &mut out[row * width..(row + 1) * width];
+                    for (j, o) in o.iter_mut().enumerate() {
+                        *o = convolved(conv, &weights[conv.weight], x, j);
                     }
                 }
             }
@@ -275,4 +290,23 @@ fn recurrent(
         cells[row * hidden..(row + 1) * hidden].copy_from_slice(&c);
     }
     (sequence, cells)
+}
+
+/// Output element `j` (channel `j / out_length`, position `j % out_length`)
+/// of a [`Op::Conv1d`] over one row `x`.
+fn convolved(conv: &Conv1d, w: &[f32], x: &[f32], j: usize) -> f32 {
+    let (m, l) = (j / conv.out_length, j % conv.out_length);
+    let per_group = conv.channels / conv.groups;
+    let first = (m / (conv.out_channels / conv.groups)) * per_group;
+    let mut sum = 0.0f32;
+    for c in 0..per_group {
+        for k in 0..conv.kernel {
+            let at = (l * conv.stride + k * conv.dilation) as isize - conv.pad as isize;
+            if at >= 0 && (at as usize) < conv.length {
+                sum += x[(first + c) * conv.length + at as usize]
+                    * w[(m * per_group + c) * conv.kernel + k];
+            }
+        }
+    }
+    sum
 }

@@ -140,6 +140,7 @@ fn alpha_mlp_and_every_op(eager: bool) {
         root().join("config/models/seq_lstm/1/model.onnx"),
         dir.path().join("cuda_ops/1/model.onnx"),
         dir.path().join("cuda_sequence_ops/1/model.onnx"),
+        dir.path().join("cuda_conv/1/model.onnx"),
     ];
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();

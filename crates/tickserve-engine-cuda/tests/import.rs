@@ -118,12 +118,14 @@ fn every_op_of_the_set_gives_what_onnx_runtime_gives() {
     let engine = engine();
     let dir = fixtures();
     for (rows, seed) in [(1, 7), (5, 8), (33, 9)] {
-        matches_onnx_runtime(
-            &engine,
-            &dir.path().join("cuda_ops/1/model.onnx"),
-            rows,
-            seed,
-        );
+        for model in ["cuda_ops", "cuda_conv"] {
+            matches_onnx_runtime(
+                &engine,
+                &dir.path().join(format!("{model}/1/model.onnx")),
+                rows,
+                seed,
+            );
+        }
     }
 }
 
@@ -266,6 +268,10 @@ fn a_model_with_another_op_is_refused_naming_the_op() {
     assert!(error.reason.contains("bidirectional"), "{error}");
     let error = refused("cuda_peephole");
     assert!(error.reason.contains("peepholes"), "{error}");
+
+    let error = refused("cuda_conv2d");
+    assert_eq!(error.op, "Conv", "{error}");
+    assert!(error.reason.contains("one axis"), "{error}");
 
     let error = refused("tree_gbt");
     assert_eq!(error.op, "TreeEnsembleRegressor", "{error}");

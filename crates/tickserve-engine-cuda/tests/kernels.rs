@@ -30,6 +30,7 @@ fn generated_kernels_compile_with_nvrtc() {
         root().join("config/models/tick_000/1/model.onnx"),
         dir.path().join("cuda_ops/1/model.onnx"),
         dir.path().join("cuda_sequence_ops/1/model.onnx"),
+        dir.path().join("cuda_conv/1/model.onnx"),
     ];
     for path in &models {
         let plan = plan_of(path);

@@ -512,6 +512,7 @@ impl CudaModel {
                     | Op::LayerNorm { input, .. } => (address(input), 0),
                     Op::Binary { a, b, .. } => (address(a), address(b)),
                     Op::Rearrange { input, .. } => (address(input), 0),
+                    Op::Conv1d(ref conv) => (address(conv.input), 0),
                     Op::Concat { ref inputs, .. } => (
                         inputs.first().copied().map_or(0, address),
                         inputs.get(1).copied().map_or(0, address),

@@ -1,11 +1,12 @@
-//! The ops of dense (MLP-style) models: products, elementwise arithmetic
-//! and activations, softmax and the normalizations, and Reshape.
+//! The ops of dense (MLP-style) models: products, one-axis convolutions,
+//! elementwise arithmetic and activations, softmax and the normalizations,
+//! and Reshape.
 
 use tickserve_core::{DataType, Weight};
 use tickserve_onnx::proto::NodeProto;
 
 use super::{Dim, Importer, Tensor, View, float_attribute, int_attribute, node_name, significant};
-use crate::plan::{BinaryOp, Elementwise, Op};
+use crate::plan::{BinaryOp, Conv1d, Elementwise, Op};
 
 impl Importer<'_> {
     /// Relu, LeakyRelu, Tanh or Sigmoid.
@@ -150,6 +151,121 @@ impl Importer<'_> {
             input.batch,
         )?;
         Ok(n)
+    }
+
+    /// Conv over one axis: `[batch, channels, length]`, weights
+    /// `[out, channels / group, kernel]`, an optional bias per output channel.
+    pub(super) fn conv(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {
+        let view = self.dynamic(node, 0)?;
+        let [channels, length] = view.dims[..] else {
+            return Err(self.unsupported(
+                node,
+                format!(
+                    "input {:?}: only a convolution over one axis ([batch, channels, length]) is supported",
+                    view.shape()
+                ),
+            ));
+        };
+        let weight = self.constant(node, 1)?;
+        let [out_channels, per_group, kernel] = weight.dims[..] else {
+            return Err(self.unsupported(node, format!("weight {:?} is not 3-D", weight.dims)));
+        };
+        let ints = |name: &str| super::attribute(node, name).map(|a| a.ints.clone());
+        let one = |name: &str| -> Result<usize, super::Unsupported> {
+            match ints(name).as_deref() {
+                None => Ok(1),
+                Some([v]) if *v >= 1 => Ok(*v as usize),
+                Some(v) => Err(self.unsupported(node, format!("{name} {v:?}"))),
+            }
+        };
+        let (stride, dilation) = (one("strides")?, one("dilations")?);
+        let groups = usize::try_from(int_attribute(node, "group", 1)).unwrap_or(0);
+        if groups == 0
+            || !channels.is_multiple_of(groups)
+            || channels / groups != per_group
+            || !out_channels.is_multiple_of(groups)
+        {
+            return Err(self.unsupported(
+                node,
+                format!(
+                    "group {groups} does not fit {channels} channels and weight {:?}",
+                    weight.dims
+                ),
+            ));
+        }
+        if let Some(k) = ints("kernel_shape")
+            && k != [kernel as i64]
+        {
+            return Err(self.unsupported(node, format!("kernel_shape {k:?} is not the weight's")));
+        }
+        let span = dilation * (kernel - 1) + 1;
+        let auto_pad = super::attribute(node, "auto_pad")
+            .map(|a| String::from_utf8_lossy(a.s()).into_owned())
+            .unwrap_or_default();
+        let (pad, padded) = match auto_pad.as_str() {
+            "" | "NOTSET" => match ints("pads").as_deref() {
+                None => (0, length),
+                Some([b, e]) if *b >= 0 && *e >= 0 => {
+                    (*b as usize, length + *b as usize + *e as usize)
+                }
+                Some(p) => return Err(self.unsupported(node, format!("pads {p:?}"))),
+            },
+            "VALID" => (0, length),
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let out = length.div_ceil(stride);
+                let total = ((out - 1) * stride + span).saturating_sub(length);
+                let before = if auto_pad == "SAME_UPPER" {
+                    total / 2
+                } else {
+                    total.div_ceil(2)
+                };
+                (before, length + total)
+            }
+            other => return Err(self.unsupported(node, format!("auto_pad {other}"))),
+        };
+        if padded < span {
+            return Err(self.unsupported(node, "the kernel is longer than the padded input"));
+        }
+        let out_length = (padded - span) / stride + 1;
+        let slot = self.slot(node, &weight)?;
+        let conv = Conv1d {
+            input: view.value,
+            weight: slot,
+            channels,
+            length,
+            out_channels,
+            kernel,
+            stride,
+            dilation,
+            pad,
+            groups,
+            out_length,
+        };
+        self.step_seen(
+            node,
+            Op::Conv1d(Box::new(conv)),
+            vec![out_channels, out_length],
+            0,
+        )?;
+        if Self::has_input(node, 2) {
+            let bias = self.constant(node, 2)?;
+            if bias.dims.iter().product::<usize>() != out_channels {
+                return Err(self.unsupported(
+                    node,
+                    format!("bias {:?} is not one per output channel", bias.dims),
+                ));
+            }
+            let slot = self.slot(node, &bias)?;
+            let at = self.plan.steps.len() - 1;
+            // Channel `column / out_length`: a weight of one value per channel,
+            // broadcast as BatchNorm's per-channel terms are.
+            self.plan.steps[at].epilogue.push(Elementwise::ChannelBias {
+                bias: slot,
+                channels: out_channels,
+                inner: out_length,
+            });
+        }
+        Ok(())
     }
 
     pub(super) fn gemm(&mut self, node: &NodeProto) -> Result<(), super::Unsupported> {

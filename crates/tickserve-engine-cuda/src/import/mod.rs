@@ -4,7 +4,8 @@
 //! activation with a broadcast weight, or two activations of one shape), Relu,
 //! LeakyRelu, Tanh, Sigmoid, Softmax (over the last axis), Identity, Flatten
 //! (axis 1), Reshape (to a constant shape that keeps the batch first),
-//! BatchNormalization and LayerNormalization (inference), Constant ([`dense`]);
+//! BatchNormalization and LayerNormalization (inference), Constant, Conv over
+//! one axis ([`dense`]);
 //! Transpose, Squeeze, Unsqueeze, Slice, Gather and Concat on activations, and
 //! the static shape arithmetic exporters write around them (Shape, Cast,
 //! ConstantOfShape, Expand, folded at import) ([`layout`]); forward LSTM and
@@ -597,6 +598,7 @@ impl Importer<'_> {
             "Softmax" => self.softmax(node),
             "LayerNormalization" => self.layer_norm(node),
             "BatchNormalization" => self.batch_norm(node),
+            "Conv" => self.conv(node),
             "Transpose" => self.transpose(node),
             "Squeeze" | "Unsqueeze" => self.squeeze(node),
             "Slice" => self.slice(node),

@@ -91,6 +91,11 @@ fn epilogue(chain: &[Elementwise]) -> String {
                     format!("v = v {op} {w};")
                 }
             }
+            Elementwise::ChannelBias {
+                bias,
+                channels,
+                inner,
+            } => format!("v = v + W({bias})[(col / {inner}) % {channels}];"),
             Elementwise::BatchNorm {
                 scale,
                 bias,
@@ -158,6 +163,36 @@ fn rearrange_load(in_width: usize, dims: &[usize], strides: &[isize], offset: us
         inner *= d;
     }
     format!("a[row * {in_width} + ({at})]")
+}
+
+/// The load of a [`Op::Conv1d`]: output column `col` of `row` (channel
+/// `col / out_length`, position `col % out_length`), the sum over its
+/// group's channels and the kernel's taps, zero outside the input.
+fn conv1d_load(conv: &crate::plan::Conv1d) -> String {
+    let per_group = conv.channels / conv.groups;
+    let group_out = conv.out_channels / conv.groups;
+    format!(
+        "[&]() {{
+        int m = col / {ol}, l = col % {ol};
+        const float* x = a + (long long)row * {row_width} + (m / {group_out}) * {per_group} * {length};
+        const float* w = W({weight}) + m * {per_group} * {kernel};
+        float s = 0.0f;
+        for (int c = 0; c < {per_group}; ++c)
+            for (int k = 0; k < {kernel}; ++k) {{
+                int at = l * {stride} + k * {dilation} - {pad};
+                if (at >= 0 && at < {length}) s += x[c * {length} + at] * w[c * {kernel} + k];
+            }}
+        return s;
+    }}()",
+        ol = conv.out_length,
+        row_width = conv.channels * conv.length,
+        length = conv.length,
+        weight = conv.weight,
+        kernel = conv.kernel,
+        stride = conv.stride,
+        dilation = conv.dilation,
+        pad = conv.pad,
+    )
 }
 
 /// The load of a two-input [`Op::Concat`]: each of a row's blocks is
@@ -280,6 +315,10 @@ fn kernel_source(plan: &Plan, index: usize, step: &Step) -> Option<(Kernel, Stri
             let load = concat_load(*outer, first, second);
             (Launch::PerElement, per_element(&name, width, &load, chain))
         }
+        Op::Conv1d(conv) => (
+            Launch::PerElement,
+            per_element(&name, width, &conv1d_load(conv), chain),
+        ),
         Op::Recurrent(_) => return None,
     };
     Some((
