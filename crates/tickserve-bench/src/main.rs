@@ -1,19 +1,24 @@
 //! `tickserve-bench`: the per-tick benchmark. N instances, each its own
 //! stream of ticks (a sequence of a stateful or windowed model, or a stream
-//! of rows of a stateless one), one tick a request, closed loop (each
-//! instance sends its next tick when the last is answered), over shared
-//! memory. The shared-memory front end takes 32 clients: past 32 instances,
-//! a client thread drives several instances in turn (tick t of each, then
-//! tick t + 1). It reports end-to-end latency (taken before the request is
-//! written and after the answer is read, as STAC-ML takes it) as median,
-//! p99, p99.9, max and max/median, the throughput, the server's own compute
-//! time for the same requests (from each answer's header), and the largest
-//! difference from ONNX Runtime run here on the same ticks, carrying each
-//! instance's state itself, and that reference's own time per tick (ONNX
-//! Runtime called directly: the floor). Warm-up ticks are sent first and not
-//! counted.
+//! of rows of a stateless one), one tick a request, over shared memory or
+//! gRPC. Closed loop by default (each instance sends its next tick when the
+//! last is answered); with `--interval`, open loop: tick t of every instance
+//! is due at t × interval after the start, and its latency counts from when
+//! it was due (a late tick's wait included, so a slow answer cannot hide the
+//! ones it delayed). The shared-memory front end takes 32 clients: past 32
+//! instances, a client thread drives several instances in turn (tick t of
+//! each, then tick t + 1). It reports end-to-end latency (taken before the
+//! request is written and after the answer is read, as STAC-ML takes it) as
+//! median, p99, p99.9, max and max/median, the throughput, the server's own
+//! compute time for the same requests (from each shared-memory answer's
+//! header; gRPC answers carry none), and the largest difference from ONNX
+//! Runtime run here on the same ticks, carrying each instance's state
+//! itself, and that reference's own time per tick (ONNX Runtime called
+//! directly: the floor). Warm-up ticks are sent first and not counted.
 //!
 //!     tickserve-bench --repository DIR --model bench_lstm --instances 1 --ticks 10000
+//!     tickserve-bench --repository DIR --model bench_lstm --transport grpc --grpc http://127.0.0.1:8001
+//!     tickserve-bench --repository DIR --model bench_lstm --interval 100ms --ticks 200
 //!
 //! One table, and one JSON line (`--json`: the line only).
 
@@ -26,7 +31,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tickserve_client::{ParamValue, Parameter, ShmClient, Tensor};
+use tickserve_client::{BlockingGrpcClient, ParamValue, Parameter, ShmClient, Tensor};
 
 use crate::reference::Reference;
 use crate::stats::Percentiles;
@@ -55,6 +60,16 @@ struct Args {
     /// The server's shared-memory service (`shm.service`).
     #[arg(long, default_value = "tickserve")]
     service: String,
+    /// How the ticks travel: `shm` (shared memory) or `grpc`.
+    #[arg(long, value_enum, default_value = "shm")]
+    transport: Transport,
+    /// The server's gRPC address, for `--transport grpc`.
+    #[arg(long, default_value = "http://127.0.0.1:8001")]
+    grpc: String,
+    /// Open loop: every instance's next counted tick is due this long after
+    /// its last was due (`10ms`, `1s`); closed loop without it.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    interval: Option<Duration>,
     /// The ONNX Runtime library for the reference.
     #[arg(
         long,
@@ -65,6 +80,76 @@ struct Args {
     /// Print only the JSON line.
     #[arg(long)]
     json: bool,
+}
+
+/// How the ticks travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Transport {
+    /// Shared memory (the server's `[shm]`).
+    Shm,
+    /// gRPC (the v2 inference protocol).
+    Grpc,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Shm => "shm",
+            Transport::Grpc => "grpc",
+        }
+    }
+}
+
+/// One client thread's connection.
+enum Connection {
+    Shm(Box<ShmClient>),
+    Grpc(Box<BlockingGrpcClient>),
+}
+
+impl Connection {
+    fn open(args: &Settings) -> Result<Connection, String> {
+        match args.transport {
+            Transport::Shm => ShmClient::connect_to(&args.service)
+                .map(|c| Connection::Shm(Box::new(c)))
+                .map_err(|e| e.to_string()),
+            Transport::Grpc => BlockingGrpcClient::connect(&args.grpc)
+                .map(|c| Connection::Grpc(Box::new(c)))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Sends one tick; its outputs, and the server's compute time when the
+    /// answer says it.
+    fn infer(
+        &mut self,
+        model: &str,
+        tick: Tensor,
+        params: &[Parameter<'_>],
+    ) -> Result<(Vec<Tensor>, Option<Duration>), String> {
+        match self {
+            Connection::Shm(client) => {
+                let outputs = client
+                    .infer_with(model, &[tick], params)
+                    .map_err(|e| e.to_string())?;
+                Ok((outputs, client.last_timing().map(|(_, c)| c)))
+            }
+            Connection::Grpc(client) => client
+                .infer_with(model, &[tick], params)
+                .map(|outputs| (outputs, None))
+                .map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// What every client thread runs with.
+#[derive(Debug, Clone)]
+struct Settings {
+    transport: Transport,
+    service: String,
+    grpc: String,
+    warmup: usize,
+    ticks: usize,
+    interval: Option<Duration>,
 }
 
 /// What one instance measured.
@@ -92,12 +177,20 @@ fn run(args: &Args) -> Result<(), String> {
     let instances = args.instances.max(1);
     let clients = instances.min(MAX_CLIENTS);
     let start = Arc::new(Barrier::new(clients + 1));
+    let settings = Settings {
+        transport: args.transport,
+        service: args.service.clone(),
+        grpc: args.grpc.clone(),
+        warmup: args.warmup,
+        ticks: args.ticks,
+        interval: args.interval,
+    };
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let (workload, start) = (Arc::clone(&workload), Arc::clone(&start));
-            let (service, warmup, ticks) = (args.service.clone(), args.warmup, args.ticks);
+            let settings = settings.clone();
             let mine: Vec<usize> = (c..instances).step_by(clients).collect();
-            std::thread::spawn(move || client(&workload, &service, &mine, (warmup, ticks), &start))
+            std::thread::spawn(move || client(&workload, &settings, &mine, &start))
         })
         .collect();
     start.wait();
@@ -137,25 +230,31 @@ fn run(args: &Args) -> Result<(), String> {
         .collect();
     let counted = latency.len();
     let e2e = Percentiles::of(&mut latency);
-    let server = Percentiles::of(&mut compute);
+    // Only shared-memory answers say what the server took.
+    let server = (!compute.is_empty()).then(|| Percentiles::of(&mut compute));
     let throughput = counted as f64 / elapsed.as_secs_f64();
+    let interval_us = args.interval.map(|i| i.as_secs_f64() * 1e6);
     let line = serde_json::json!({
-        "model": workload.name, "transport": "shm", "instances": instances,
-        "ticks": args.ticks, "warmup": args.warmup,
+        "model": workload.name, "transport": args.transport.name(), "instances": instances,
+        "ticks": args.ticks, "warmup": args.warmup, "interval_us": interval_us,
         "p50_us": e2e.p50, "p99_us": e2e.p99, "p999_us": e2e.p999, "max_us": e2e.max,
         "max_over_median": e2e.max / e2e.p50.max(f64::MIN_POSITIVE),
         "throughput_per_s": throughput,
-        "compute_p50_us": server.p50, "compute_p99_us": server.p99,
+        "compute_p50_us": server.map(|s| s.p50), "compute_p99_us": server.map(|s| s.p99),
         "onnxruntime_direct_p50_us": floor.p50, "onnxruntime_direct_p99_us": floor.p99,
         "max_relative_error": worst,
     });
     if !args.json {
+        let mode = args
+            .interval
+            .map_or_else(|| "closed loop".to_string(), |i| format!("every {i:?}"));
+        println!("{} over {}, {mode}:", workload.name, args.transport.name());
         println!(
             "| model | instances | p50 µs | p99 µs | p99.9 µs | max µs | max/median | ticks/s | compute p50 / p99 µs | ONNX Runtime direct p50 / p99 µs | max rel. error |"
         );
         println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         println!(
-            "| {} | {instances} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {:.1e} |",
+            "| {} | {instances} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {:.1} / {:.1} | {:.1e} |",
             workload.name,
             e2e.p50,
             e2e.p99,
@@ -163,8 +262,10 @@ fn run(args: &Args) -> Result<(), String> {
             e2e.max,
             e2e.max / e2e.p50.max(f64::MIN_POSITIVE),
             throughput,
-            server.p50,
-            server.p99,
+            server.map_or_else(
+                || "-".to_string(),
+                |s| format!("{:.0} / {:.0}", s.p50, s.p99)
+            ),
             floor.p50,
             floor.p99,
             worst
@@ -179,15 +280,16 @@ const MAX_CLIENTS: usize = 32;
 
 /// One client thread driving `instances` in turn: `warmup` ticks of each,
 /// then (after every thread has warmed up) `ticks` counted ones, each
-/// instance's next tick sent when its last was answered.
+/// instance's next tick sent when its last was answered, or when it is due
+/// (`interval`).
 fn client(
     workload: &Workload,
-    service: &str,
+    settings: &Settings,
     instances: &[usize],
-    (warmup, ticks): (usize, usize),
     start: &Barrier,
 ) -> Result<Vec<(usize, Measured)>, String> {
-    let mut client = ShmClient::connect_to(service).map_err(|e| e.to_string())?;
+    let (warmup, ticks) = (settings.warmup, settings.ticks);
+    let mut connection = Connection::open(settings)?;
     let mut measured: Vec<(usize, Measured)> = instances
         .iter()
         .map(|&i| {
@@ -202,7 +304,10 @@ fn client(
         })
         .collect();
     let shape = [1, workload.features as i64];
-    let mut send = |i: usize, t: usize| -> Result<(Duration, Duration, f32), String> {
+    let mut send = |i: usize,
+                    t: usize,
+                    due: Option<Instant>|
+     -> Result<(Duration, Option<Duration>, f32), String> {
         let tick = Tensor::from_f32(&workload.input, &shape, &workload.tick(i, t));
         let params = [
             Parameter {
@@ -219,17 +324,23 @@ fn client(
         } else {
             &params[..]
         };
+        if let Some(due) = due {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
         let sent = Instant::now();
-        let outputs = client
-            .infer_with(&workload.name, &[tick], params)
+        let (outputs, compute) = connection
+            .infer(&workload.name, tick, params)
             .map_err(|e| format!("instance {i}, tick {t}: {e}"))?;
-        let took = sent.elapsed();
+        // Open loop: from when the tick was due (a late one's wait counts).
+        let took = due.map_or(sent, |d| d.min(sent)).elapsed();
         let answer = outputs
             .first()
             .and_then(Tensor::to_f32)
             .and_then(|v| v.first().copied())
             .ok_or_else(|| format!("instance {i}, tick {t}: no FP32 output"))?;
-        let compute = client.last_timing().map_or(Duration::ZERO, |(_, c)| c);
         Ok((took, compute, answer))
     };
     // Every thread warms up before any counts (a failed warm-up still meets
@@ -237,7 +348,7 @@ fn client(
     let mut warm = Ok(());
     'warming: for t in 0..warmup {
         for (i, m) in measured.iter_mut() {
-            match send(*i, t) {
+            match send(*i, t, None) {
                 Ok((_, _, answer)) => m.answers.push(answer),
                 Err(e) => {
                     warm = Err(e);
@@ -248,12 +359,16 @@ fn client(
     }
     start.wait();
     warm?;
-    for t in warmup..warmup + ticks {
+    let began = Instant::now();
+    for (n, t) in (warmup..warmup + ticks).enumerate() {
+        let due = settings
+            .interval
+            .map(|every| began + every.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
         for (i, m) in measured.iter_mut() {
-            let (took, compute, answer) = send(*i, t)?;
+            let (took, compute, answer) = send(*i, t, due)?;
             m.answers.push(answer);
             m.latency.push(took);
-            m.compute.push(compute);
+            m.compute.extend(compute);
         }
     }
     Ok(measured)

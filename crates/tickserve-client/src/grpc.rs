@@ -1,7 +1,7 @@
 //! The same API over gRPC (the v2 inference protocol), for a client on
 //! another host: async [`GrpcClient`] and [`BlockingGrpcClient`].
 
-use crate::{ClientError, DataType, Tensor};
+use crate::{ClientError, DataType, ParamValue, Parameter, Tensor};
 
 use tickserve_proto::inference as pb;
 
@@ -26,7 +26,22 @@ impl GrpcClient {
 
     /// Runs `model` (its default version) on `inputs`; returns its outputs.
     pub async fn infer(&self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
+        self.infer_with(model, inputs, &[]).await
+    }
+
+    /// [`GrpcClient::infer`] with request parameters (`priority`,
+    /// `sequence_id`, `sequence_start`, ...; docs/protocol.md).
+    pub async fn infer_with(
+        &self,
+        model: &str,
+        inputs: &[Tensor],
+        parameters: &[Parameter<'_>],
+    ) -> Result<Vec<Tensor>, ClientError> {
         let request = pb::ModelInferRequest {
+            parameters: parameters
+                .iter()
+                .map(|p| (p.name.to_string(), parameter(p.value)))
+                .collect(),
             model_name: model.to_string(),
             inputs: inputs
                 .iter()
@@ -68,6 +83,21 @@ impl GrpcClient {
     }
 }
 
+/// A parameter's value as the protocol carries it.
+fn parameter(value: ParamValue<'_>) -> pb::InferParameter {
+    use pb::infer_parameter::ParameterChoice;
+    let choice = match value {
+        ParamValue::Bool(b) => ParameterChoice::BoolParam(b),
+        ParamValue::Int(i) => ParameterChoice::Int64Param(i),
+        ParamValue::Uint(u) => ParameterChoice::Uint64Param(u),
+        ParamValue::Double(d) => ParameterChoice::DoubleParam(d),
+        ParamValue::Str(s) => ParameterChoice::StringParam(s.to_string()),
+    };
+    pb::InferParameter {
+        parameter_choice: Some(choice),
+    }
+}
+
 /// The gRPC code's name as the protocol spells it.
 fn code_name(code: tonic::Code) -> &'static str {
     match code {
@@ -105,5 +135,16 @@ impl BlockingGrpcClient {
     /// Runs `model` on `inputs`; returns its outputs.
     pub fn infer(&self, model: &str, inputs: &[Tensor]) -> Result<Vec<Tensor>, ClientError> {
         self.runtime.block_on(self.client.infer(model, inputs))
+    }
+
+    /// [`BlockingGrpcClient::infer`] with request parameters.
+    pub fn infer_with(
+        &self,
+        model: &str,
+        inputs: &[Tensor],
+        parameters: &[Parameter<'_>],
+    ) -> Result<Vec<Tensor>, ClientError> {
+        self.runtime
+            .block_on(self.client.infer_with(model, inputs, parameters))
     }
 }
