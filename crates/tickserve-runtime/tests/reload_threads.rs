@@ -36,7 +36,9 @@ fn fifty_reloads_of_an_unshared_model_leave_the_thread_count_flat() {
     config.model_defaults.executors = 2;
     let runtime = Runtime::load(&config).expect("the engine starts (run scripts/setup.sh first)");
     runtime.load_model("alpha_mlp").unwrap();
-    // Old executors stop once their family is gone; give them a moment.
+    // Old executors stop once their family is gone; give them a moment. A
+    // fixed wait: the count it settles at is what is measured (the loop
+    // below waits for the threads of the 50 reloads with a deadline).
     std::thread::sleep(Duration::from_millis(200));
     let before = threads();
     for _ in 0..50 {

@@ -53,6 +53,10 @@ async fn lower_levels_never_take_the_reserved_executor_and_level_one_finds_it_fr
     // only one runs, and the other waits for it.
     let held = two_held_level_two_requests(&runtime);
     gate.wait_for(1);
+    // A fixed wait: the test shows that something does NOT happen (the
+    // second level-2 run never takes the reserved executor), which no
+    // event can signal; the executors run on their own OS threads, so a
+    // paused clock would not stand for their time.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(gate.held(), 1, "a level-2 run took the reserved executor");
     // Level 1 is answered while level 2 holds the shared executor.

@@ -189,6 +189,9 @@ async fn hold_every_slot(
         stream.write_all(b"G").await.unwrap();
         held.push(stream);
     }
+    // A fixed wait: the listener counts a connection when its task takes
+    // it, which nothing outside the server can observe; the extra
+    // connection below must come after every held one is counted.
     tokio::time::sleep(Duration::from_millis(100)).await;
     for addr in [server.http_addr, server.grpc_addr] {
         let mut extra = TcpStream::connect(addr).await.unwrap();
@@ -300,6 +303,9 @@ async fn an_idle_http2_connection_is_sent_goaway_and_closed() {
             .server_ready(tickserve_proto::inference::ServerReadyRequest {})
             .await
             .unwrap();
+        // A fixed wait of real time: the server's idle timers run on its
+        // own clock (std::time::Instant), which a paused tokio clock in
+        // the test does not move.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     server.shutdown().await.unwrap();

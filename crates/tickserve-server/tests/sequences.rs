@@ -400,6 +400,8 @@ async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
             prediction(&second),
             "the state did not carry"
         );
+        // A fixed wait of real time past max_sequence_idle: the table ages
+        // sequences by std::time::Instant, not the test's clock.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         let (status, answer) = post(&http, &url, &body(json!(1), false, false, &x)).await;
         if model == "seq_expiring" {
@@ -428,6 +430,7 @@ async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
     // no request touching it.
     let line = "tickserve_sequences_active{model=\"seq_restarting\"} 1";
     assert!(metrics.lines().any(|l| l == line), "no {line}: {metrics}");
+    // Real time again, past max_sequence_idle (std::time::Instant).
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let metrics = common::metrics_text(&base).await;
     for line in [

@@ -51,7 +51,9 @@ async fn a_quiet_stream_outlives_every_timeout_and_still_answers() {
                 .await
                 .unwrap();
         normal.model_infer(common::grpc_alpha_row()).await.unwrap();
-        // Quiet for five times every timeout: a quiet instrument.
+        // Quiet for five times every timeout: a quiet instrument. Real time:
+        // the connection and stream timeouts run on the server's clocks
+        // (hyper's and std's), which a paused tokio clock does not move.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     server.shutdown().await.unwrap();

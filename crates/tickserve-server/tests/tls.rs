@@ -261,15 +261,18 @@ async fn a_rotated_certificate_is_served_without_a_failed_request() {
     // mismatched and keeps the current pair.
     let (cert, key) = second.leaf(ExtendedKeyUsagePurpose::ServerAuth);
     replace(&files.path("server.key"), &key);
+    // A fixed wait longer than the certificate watcher's interval, so that
+    // it looks while the pair is mismatched (what this step tests); the
+    // watcher runs on real time.
     tokio::time::sleep(Duration::from_millis(300)).await;
     replace(&files.path("server.pem"), &cert);
     let mut rotated = None;
-    for _ in 0..100 {
+    for _ in 0..500 {
         if let Ok(client) = tls_client(server.grpc_addr, &second.pem(), None).await {
             rotated = Some(client);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut rotated = rotated.expect("new connections get the new certificate");
     rotated.model_infer(common::grpc_alpha_row()).await.unwrap();
