@@ -165,6 +165,11 @@ pub struct ListenConfig {
     /// `header_read_timeout`.
     #[serde(deserialize_with = "duration")]
     pub idle_timeout: Duration,
+    /// How long a stop (SIGTERM) may take: the queues empty, a scaled-out
+    /// replica hands its sequences over, the front ends answer what they
+    /// admitted and close; past it, the server stops regardless.
+    #[serde(deserialize_with = "duration")]
+    pub drain_timeout: Duration,
     /// Every v2 answer (HTTP and gRPC) carries its queue and compute times
     /// (`tickserve-queue-us`, `tickserve-compute-us`); `false`: none does,
     /// which spares each gRPC answer their header compression.
@@ -191,6 +196,7 @@ impl Default for ListenConfig {
             max_concurrent_streams: 256,
             http2_keep_alive: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
+            drain_timeout: Duration::from_secs(10),
             timing_headers: true,
         }
     }
@@ -639,6 +645,7 @@ impl ServerConfig {
             ("server.send_timeout", listen.send_timeout),
             ("server.http2_keep_alive", listen.http2_keep_alive),
             ("server.idle_timeout", listen.idle_timeout),
+            ("server.drain_timeout", listen.drain_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!("{key} must be positive"));
@@ -695,6 +702,32 @@ mod tests {
         assert_eq!(
             c.devices,
             Some(vec![Placement::Gpu(1), Placement::Gpu(1), Placement::Cpu])
+        );
+    }
+
+    #[test]
+    fn the_drain_and_the_hand_over_are_bounded() {
+        let read = |text: &str| {
+            let config: ServerConfig = toml::from_str(text).unwrap();
+            config.validate()
+        };
+        let config: ServerConfig = toml::from_str(
+            "[server]\ndrain_timeout = \"3s\"\n[runtime]\nhandoff_directory = \"/shared/handoff\"\nhandoff_wait = \"250ms\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.server.drain_timeout, Duration::from_secs(3));
+        assert_eq!(config.runtime.handoff_wait, Duration::from_millis(250));
+        assert_eq!(
+            config.runtime.handoff_directory.as_deref(),
+            Some(std::path::Path::new("/shared/handoff"))
+        );
+        let error = read("[server]\ndrain_timeout = \"0s\"\n").unwrap_err();
+        assert!(error.contains("server.drain_timeout"), "{error}");
+        let error = read("[runtime]\nhandoff_wait = \"2m\"\n").unwrap_err();
+        assert!(error.contains("runtime.handoff_wait"), "{error}");
+        assert_eq!(
+            ServerConfig::default().server.drain_timeout,
+            Duration::from_secs(10)
         );
     }
 

@@ -77,9 +77,9 @@ pub const QUEUE_TIME_HEADER: &str = "tickserve-queue-us";
 /// (rows in, engine runs, rows out).
 pub const COMPUTE_TIME_HEADER: &str = "tickserve-compute-us";
 
-/// How long shutdown waits for queued requests, and then for open
-/// connections, before stopping regardless.
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// The least time the front ends get to answer what they admitted, even
+/// when `server.drain_timeout` is spent.
+const DRAIN_FLOOR: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How often shutdown looks whether the queues are empty.
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
@@ -102,6 +102,8 @@ pub struct Server {
     /// Answers other replicas' requests for sequences, with
     /// `runtime.handoff_directory`.
     handoff_task: Option<JoinHandle<()>>,
+    /// `server.drain_timeout`: what a stop may take in all.
+    drain_timeout: std::time::Duration,
 }
 
 /// `runtime.mlockall`: locks every page of the process, now and later, in
@@ -242,6 +244,7 @@ impl Server {
             shm,
             poll_task,
             handoff_task,
+            drain_timeout: config.server.drain_timeout,
         })
     }
 
@@ -263,9 +266,11 @@ impl Server {
         // 1. Admit nothing new: readiness turns false and new inference requests
         //    are answered UNAVAILABLE / 503 while connections stay open.
         self.edge.stop_accepting();
-        // 2. Let every model's queue empty (within the grace period), so that
-        //    what was admitted is answered before any connection closes.
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        // 2. Let every model's queue empty, so that what was admitted is
+        //    answered before any connection closes. Every step from here
+        //    takes what is left of `server.drain_timeout`.
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        let drained = tokio::time::timeout_at(deadline, async {
             while self
                 .edge
                 .runtime
@@ -278,25 +283,39 @@ impl Server {
         })
         .await;
         if drained.is_err() {
-            tracing::warn!("queues still held requests after {SHUTDOWN_GRACE:?}; stopping anyway");
+            tracing::warn!(
+                "queues still held requests at server.drain_timeout ({:?}); stopping anyway",
+                self.drain_timeout
+            );
         }
         // 2b. Hand every sequence over to the other replicas, if they share
         //     a hand-over directory, while the front ends still answer (a
         //     tick now is refused as not run, and retried elsewhere).
-        handoff::hand_over_all(&self.edge).await;
+        if tokio::time::timeout_at(deadline, handoff::hand_over_all(&self.edge))
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                "the hand-over did not finish within server.drain_timeout ({:?}): the sequences \
+                 not handed over yet are lost to the other replicas",
+                self.drain_timeout
+            );
+        }
         // 3. Stop the front ends; each finishes the requests it is answering.
         let _ = self.stop.send(true);
         if let Some(shm) = self.shm {
             tokio::task::spawn_blocking(move || shm.stop()).await?;
         }
         // Connections that stay open (an idle HTTP/2 client that does not
-        // close after GOAWAY) must not keep the process alive past the grace period.
+        // close after GOAWAY) must not keep the process alive past the drain.
         for (name, mut task) in [("HTTP", self.http_task), ("gRPC", self.grpc_task)] {
-            match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+            // What is left, but a moment at least to answer what is in flight.
+            let until = deadline.max(tokio::time::Instant::now() + DRAIN_FLOOR);
+            match tokio::time::timeout_at(until, &mut task).await {
                 Ok(result) => result.with_context(|| format!("{name} front end panicked"))??,
                 Err(_) => {
                     tracing::warn!(
-                        "{name} front end still had open connections after {SHUTDOWN_GRACE:?}; closing them"
+                        "{name} front end still had open connections at server.drain_timeout; closing them"
                     );
                     task.abort();
                 }
