@@ -46,7 +46,7 @@ use tickserve_shm_protocol as wire;
 
 use crate::edge::params::{Param, Parameters};
 use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, status};
-use crate::observe::{self, Protocol};
+use crate::observe::Protocol;
 
 /// How often a sleeping front-end thread wakes to clean up after dead clients.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -349,7 +349,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
             got: bytes.len(),
             limit,
         };
-        observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
+        let error = context.shared.refuse(Protocol::Shm, "", started, error);
         respond_error(active, request_id, &error);
         return;
     }
@@ -360,7 +360,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
         Ok(request) => request,
         Err(e) => {
             let error = Error::request("", e.to_string());
-            observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
+            let error = context.shared.refuse(Protocol::Shm, "", started, error);
             respond_error(active, request_id, &error);
             return;
         }
@@ -390,7 +390,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
                         "{STALE_HANDLE}: a handle comes from a lookup to this server process"
                     ),
                 };
-                observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
+                let error = context.shared.refuse(Protocol::Shm, "", started, error);
                 respond_error(active, request_id, &error);
                 return;
             };
@@ -564,7 +564,7 @@ fn lookup(
     let handle = match found {
         Ok(handle) => handle,
         Err(error) => {
-            observe::record_request(Protocol::Shm, "_unknown", started, Some(&error));
+            let error = context.shared.refuse(Protocol::Shm, &name, started, error);
             respond_error(active, request_id, &error);
             return;
         }

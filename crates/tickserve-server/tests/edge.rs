@@ -641,3 +641,62 @@ fn grpc_methods_of_the_protos() -> Vec<(String, EndpointGroup)> {
     methods.push(("/grpc.health.v1.Health/Check".into(), G::Health));
     methods
 }
+
+/// `tickserve_requests_total` of `model`, `protocol` and `code` in `metrics`.
+fn requests(metrics: &str, model: &str, protocol: &str, code: &str) -> u64 {
+    let series = format!(
+        "tickserve_requests_total{{model=\"{model}\",protocol=\"{protocol}\",code=\"{code}\"}} "
+    );
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_before_the_request_path_are_counted_once() {
+    // A model of its own: the counters are the process's.
+    let repository = tempfile::tempdir().unwrap();
+    common::deploy_version(repository.path(), "edge_refused", 1, "alpha_mlp");
+    let mut config = common::config(repository.path());
+    config.server.max_request_bytes = 4096;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let before = common::metrics_text(&base).await;
+
+    // A body over server.max_request_bytes: 413 over v2 HTTP and TF REST.
+    let big = "x".repeat(8192);
+    for url in [
+        format!("{base}/v2/models/edge_refused/infer"),
+        format!("{base}/v1/models/edge_refused:predict"),
+    ] {
+        let status = http
+            .post(&url)
+            .body(big.clone())
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status.as_u16(), 413, "{url}");
+    }
+    // TF REST with a verb it does not serve: 400.
+    let status = http
+        .post(format!("{base}/v1/models/edge_refused:classify"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 400);
+
+    let after = common::metrics_text(&base).await;
+    let counted = |protocol: &str, code: &str| {
+        requests(&after, "edge_refused", protocol, code)
+            - requests(&before, "edge_refused", protocol, code)
+    };
+    assert_eq!(counted("http", "payload_too_large"), 1, "{after}");
+    assert_eq!(counted("tfs_rest", "payload_too_large"), 1, "{after}");
+    assert_eq!(counted("tfs_rest", "invalid_argument"), 1, "{after}");
+    server.shutdown().await.unwrap();
+}

@@ -148,6 +148,22 @@ impl Edge {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
+    /// A request refused before the request path took it (a body over the
+    /// limit, a wrong verb, a message that cannot be read, no model named):
+    /// counted once, as every request is, under its model where there is
+    /// one (`_unknown` otherwise); handed back for the front end to answer.
+    pub fn refuse(
+        &self,
+        protocol: crate::observe::Protocol,
+        model: &str,
+        started: std::time::Instant,
+        error: tickserve_core::Error,
+    ) -> tickserve_core::Error {
+        let label = self.runtime.model_label(model);
+        crate::observe::record_request(protocol, &label, started, Some(&error));
+        error
+    }
+
     /// Accepting requests (between load and shutdown).
     pub fn ready(&self) -> bool {
         self.accepting.load(Ordering::Relaxed)

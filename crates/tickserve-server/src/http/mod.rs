@@ -156,7 +156,10 @@ pub async fn infer(
     let found = InferHeaders::of(headers, Some(&codec::HEADER_LENGTH_NAME));
     let body = match body::read_request(edge, &model.model, found.content_length, body).await {
         Ok(body) => body,
-        Err(e) => return HttpError(e).into_response(),
+        Err(e) => {
+            return HttpError(edge.refuse(Protocol::Http, &model.model, started, e))
+                .into_response();
+        }
     };
     let bytes = RequestBytes::of(extensions, body.len());
     // An HTTP/2 connection's first answer may teach the timing names.

@@ -15,7 +15,7 @@ use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, output, tf_d
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
 use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, deadline, trace};
-use crate::observe::{self, Protocol};
+use crate::observe::Protocol;
 
 use tickserve_proto::tensorflow as pb;
 
@@ -226,8 +226,9 @@ impl PredictionService for TfServing {
             Ok(target) => target,
             Err(e) => {
                 let name = request.model_spec.as_ref().map_or("", |s| s.name.as_str());
-                let label = self.shared.runtime.model_label(name);
-                observe::record_request(Protocol::TfServingGrpc, &label, started, Some(&e));
+                let e = self
+                    .shared
+                    .refuse(Protocol::TfServingGrpc, name, started, e);
                 return Err(status(&e));
             }
         };

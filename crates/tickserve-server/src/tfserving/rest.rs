@@ -139,12 +139,13 @@ pub async fn post(
 ) -> Response {
     let started = Instant::now();
     let found = InferHeaders::of(headers, None);
+    let refuse = |e| HttpError(edge.refuse(Protocol::TfServingRest, &t.model, started, e));
     let body = match body::read_request(edge, &t.model, found.content_length, body).await {
         Ok(body) => body,
-        Err(e) => return HttpError(e).into_response(),
+        Err(e) => return refuse(e).into_response(),
     };
     if let Err(e) = check_verb(t) {
-        return HttpError(e).into_response();
+        return refuse(e).into_response();
     }
     let call = Call {
         protocol: Protocol::TfServingRest,
