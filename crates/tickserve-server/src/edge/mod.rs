@@ -29,6 +29,7 @@ pub mod admission;
 pub mod body;
 pub mod breaker;
 pub mod deadline;
+pub mod entrance;
 pub mod halts;
 pub mod headers;
 pub mod infer;
@@ -48,6 +49,7 @@ use tickserve_core::config::{ModelControlMode, ServerConfig};
 use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
+pub use entrance::Entrance;
 pub use infer::{Call, Decoded, Kept, Payload, RequestBytes};
 
 /// The most inputs, and the most outputs, one request may name (every JSON

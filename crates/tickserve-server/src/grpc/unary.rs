@@ -12,11 +12,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 use tickserve_core::request::MAX_ID_BYTES;
-use tickserve_core::sequence::KeyId;
 use tickserve_core::{DataType, Error, InputTensor};
 use tickserve_proto::{bounded, view};
 use tickserve_runtime::ModelHandle;
@@ -27,9 +25,7 @@ use super::answer::Answer;
 use super::{convert, optional, pb};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
-use crate::edge::{
-    Call, Decoded, Edge, MAX_TENSORS, Payload, RequestBytes, deadline, sequence_key, trace,
-};
+use crate::edge::{Decoded, Edge, Entrance, MAX_TENSORS, Payload, sequence_key};
 use crate::observe::Protocol;
 
 /// A boxed future, as tonic's generated services box theirs.
@@ -134,33 +130,17 @@ impl Encoder for AnswerEncoder {
 
 /// What a unary call carries beside its message.
 struct Unary {
-    started: Instant,
-    timeout: Result<Option<std::time::Duration>, String>,
-    traceparent: Option<String>,
-    held: RequestBytes,
+    entrance: Entrance,
+    /// The connection's first answer may teach the timing names.
     teach: bool,
-    key: Option<KeyId>,
-    sequence_key: Result<Option<String>, String>,
 }
 
 impl Unary {
     fn of<T>(request: &Request<T>) -> Unary {
-        let started = Instant::now();
-        let held = RequestBytes::of(request.extensions(), 0);
+        let entrance = Entrance::grpc(request);
         Unary {
-            started,
-            timeout: deadline::grpc_timeout(request.metadata()),
-            traceparent: trace::grpc(request.metadata()),
-            teach: held.first_on_connection(),
-            held,
-            key: request.extensions().get().copied(),
-            sequence_key: sequence_key::of(
-                request
-                    .metadata()
-                    .as_ref()
-                    .get_all(&sequence_key::NAME)
-                    .iter(),
-            ),
+            teach: entrance.first_on_connection(),
+            entrance,
         }
     }
 
@@ -174,21 +154,9 @@ impl Unary {
         payload: P,
         len: impl FnOnce() -> usize,
     ) -> Result<Response<Answer>, Status> {
-        let bytes = match self.held {
-            RequestBytes::Count(_) => RequestBytes::Count(len()),
-            held => held,
-        };
-        let call = Call {
-            protocol: Protocol::Grpc,
-            model,
-            version: optional(version),
-            bytes,
-            timeout: self.timeout,
-            started: self.started,
-            key: self.key,
-            traceparent: self.traceparent,
-            sequence_key: self.sequence_key,
-        };
+        let call = self
+            .entrance
+            .call(Protocol::Grpc, model, optional(version), len);
         let answer = edge.infer(call, payload).await.map_err(|e| status(&e))?;
         let timing = answer.response.timing;
         let sequence = answer.sequence;

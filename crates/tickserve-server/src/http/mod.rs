@@ -28,9 +28,7 @@ use tickserve_runtime::ModelHandle;
 use crate::edge::headers::InferHeaders;
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
-use crate::edge::{
-    Call, Decoded, Edge, Payload, RequestBytes, body, deadline, sequence_key, trace,
-};
+use crate::edge::{Decoded, Edge, Entrance, Payload, body, sequence_key};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::Protocol;
 use crate::{EXTENSIONS, SERVER_NAME, SERVER_VERSION, control};
@@ -161,20 +159,10 @@ pub async fn infer(
                 .into_response();
         }
     };
-    let bytes = RequestBytes::of(extensions, body.len());
+    let entrance = Entrance::http(&found, extensions, body.len(), started);
     // An HTTP/2 connection's first answer may teach the timing names.
-    let teach = bytes.first_on_connection();
-    let call = Call {
-        protocol: Protocol::Http,
-        model: &model.model,
-        version: model.version.as_deref(),
-        bytes,
-        timeout: deadline::timeout_of(found.timeout),
-        started,
-        key: extensions.get().copied(),
-        traceparent: trace::of(found.traceparent),
-        sequence_key: sequence_key::of(found.sequence_key.iter().copied()),
-    };
+    let teach = entrance.first_on_connection();
+    let call = entrance.call(Protocol::Http, &model.model, model.version.as_deref(), || 0);
     let payload = JsonBody {
         body,
         header_length: found.own.cloned(),

@@ -3,7 +3,6 @@
 //! generated from `proto/tensorflow*` (wire-compatible with TF Serving's).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use prost::Message;
 use tickserve_core::{Error, Signature, TensorSpec};
@@ -14,7 +13,7 @@ use super::tensor;
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, output, tf_dtype};
 use crate::edge::params::Parameters;
 use crate::edge::status::grpc as status;
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, deadline, trace};
+use crate::edge::{Decoded, Edge, Entrance, Payload};
 use crate::observe::Protocol;
 
 use tickserve_proto::tensorflow as pb;
@@ -216,11 +215,8 @@ impl PredictionService for TfServing {
         &self,
         request: Request<PredictRequest>,
     ) -> Result<Response<PredictResponse>, Status> {
-        let started = Instant::now();
-        let timeout = deadline::grpc_timeout(request.metadata());
-        let traceparent = trace::grpc(request.metadata());
-        let held = RequestBytes::of(request.extensions(), 0);
-        let key = request.extensions().get().copied();
+        let entrance = Entrance::grpc(&request);
+        let started = entrance.started();
         let request = request.into_inner();
         let (model, version) = match spec_target(request.model_spec.as_ref()) {
             Ok(target) => target,
@@ -232,21 +228,9 @@ impl PredictionService for TfServing {
                 return Err(status(&e));
             }
         };
-        let call = Call {
-            protocol: Protocol::TfServingGrpc,
-            model: &model,
-            version: version.as_deref(),
-            bytes: match held {
-                RequestBytes::Count(_) => RequestBytes::Count(request.encoded_len()),
-                held => held,
-            },
-            timeout,
-            started,
-            key,
-            traceparent,
-            // TF Serving's API names no sequences.
-            sequence_key: Ok(None),
-        };
+        let call = entrance.call(Protocol::TfServingGrpc, &model, version.as_deref(), || {
+            request.encoded_len()
+        });
         let payload = Predict {
             request,
             max_bytes: self.shared.max_request_bytes,

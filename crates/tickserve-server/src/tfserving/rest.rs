@@ -25,7 +25,7 @@ use crate::edge::headers::InferHeaders;
 use crate::edge::params::Parameters;
 use crate::edge::routes::TfRoute;
 use crate::edge::status::HttpError;
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, body, deadline, trace};
+use crate::edge::{Decoded, Edge, Entrance, Payload, body};
 use crate::observe::Protocol;
 
 /// A path under `/v1/models/` TF Serving would not read: 400 with its words.
@@ -147,18 +147,12 @@ pub async fn post(
     if let Err(e) = check_verb(t) {
         return refuse(e).into_response();
     }
-    let call = Call {
-        protocol: Protocol::TfServingRest,
-        model: &t.model,
-        version: t.asked(),
-        bytes: RequestBytes::of(extensions, body.len()),
-        timeout: deadline::timeout_of(found.timeout),
-        started,
-        key: extensions.get().copied(),
-        traceparent: trace::of(found.traceparent),
-        // TF Serving's API names no sequences.
-        sequence_key: Ok(None),
-    };
+    let call = Entrance::http(&found, extensions, body.len(), started).call(
+        Protocol::TfServingRest,
+        &t.model,
+        t.asked(),
+        || 0,
+    );
     match edge.infer(call, PredictBody(body)).await {
         Ok(answer) => {
             let encoded = tfjson::encode(&answer.response, answer.encoding);

@@ -1,0 +1,108 @@
+//! What a request carries beside its body, read once per transport: an
+//! HTTP request's headers and connection ([`Entrance::http`]), or a gRPC
+//! call's metadata and connection ([`Entrance::grpc`]). Each front end of a
+//! transport makes its [`Call`] from it, so the request path's entrance is
+//! written once per transport (shared memory, which carries none of it,
+//! writes its own; a `ModelStreamInfer` stream's messages carry only their
+//! own parameters).
+
+use std::time::{Duration, Instant};
+
+use tickserve_core::sequence::KeyId;
+
+use super::headers::InferHeaders;
+use super::infer::{Call, RequestBytes};
+use super::{deadline, sequence_key, trace};
+use crate::observe::Protocol;
+
+/// A request's deadline, trace, key, routing header and bytes, as its
+/// transport carried them.
+pub struct Entrance {
+    started: Instant,
+    timeout: Result<Option<Duration>, String>,
+    traceparent: Option<String>,
+    key: Option<KeyId>,
+    sequence_key: Result<Option<String>, String>,
+    bytes: RequestBytes,
+}
+
+impl Entrance {
+    /// An HTTP request's: the headers `found` in it, its connection's
+    /// `extensions`, its body of `len` bytes, read from `started` on.
+    pub fn http(
+        found: &InferHeaders<'_>,
+        extensions: &http::Extensions,
+        len: usize,
+        started: Instant,
+    ) -> Entrance {
+        Entrance {
+            started,
+            timeout: deadline::timeout_of(found.timeout),
+            traceparent: trace::of(found.traceparent),
+            key: extensions.get().copied(),
+            sequence_key: sequence_key::of(found.sequence_key.iter().copied()),
+            bytes: RequestBytes::of(extensions, len),
+        }
+    }
+
+    /// A gRPC call's, from its metadata and extensions (now: when it came).
+    pub fn grpc<T>(request: &tonic::Request<T>) -> Entrance {
+        Entrance {
+            started: Instant::now(),
+            timeout: deadline::grpc_timeout(request.metadata()),
+            traceparent: trace::grpc(request.metadata()),
+            key: request.extensions().get().copied(),
+            sequence_key: sequence_key::of(
+                request
+                    .metadata()
+                    .as_ref()
+                    .get_all(&sequence_key::NAME)
+                    .iter(),
+            ),
+            bytes: RequestBytes::of(request.extensions(), 0),
+        }
+    }
+
+    /// When the request came.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// True for the first request on its connection that asks (see
+    /// [`RequestBytes::first_on_connection`]).
+    pub fn first_on_connection(&self) -> bool {
+        self.bytes.first_on_connection()
+    }
+
+    /// The request's [`Call`] for `model` at `version` over `protocol`; `len`
+    /// is the request's size where no listener counted its bytes. TF
+    /// Serving's API names no sequences: its routing header is not read.
+    pub fn call<'a>(
+        self,
+        protocol: Protocol,
+        model: &'a str,
+        version: Option<&'a str>,
+        len: impl FnOnce() -> usize,
+    ) -> Call<'a> {
+        let names_sequences =
+            !matches!(protocol, Protocol::TfServingRest | Protocol::TfServingGrpc);
+        Call {
+            protocol,
+            model,
+            version,
+            bytes: match self.bytes {
+                RequestBytes::Count(_) => RequestBytes::Count(len()),
+                held => held,
+            },
+            timeout: self.timeout,
+            started: self.started,
+            key: self.key,
+            traceparent: self.traceparent,
+            sequence_key: if names_sequences {
+                self.sequence_key
+            } else {
+                Ok(None)
+            },
+        }
+    }
+}
