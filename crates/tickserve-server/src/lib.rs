@@ -30,6 +30,7 @@ pub mod fuzzing;
 mod grpc;
 mod handoff;
 mod http;
+mod identity;
 mod journal_cli;
 mod listen;
 mod model_view;
@@ -56,26 +57,8 @@ use crate::edge::access::Access;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// The server's name in metadata responses.
-pub const SERVER_NAME: &str = "tickserve";
-/// The server's version in metadata responses.
-pub const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
-/// Protocol extensions tickserve serves, as reported by server metadata.
-pub const EXTENSIONS: [&str; 7] = [
-    "binary_tensor_data",
-    "model_configuration",
-    "model_repository",
-    "parameters",
-    "sequence(string_id)",
-    "sequence",
-    "statistics",
-];
-/// Response header (HTTP) and metadata key (gRPC): microseconds the request
-/// waited in the model's queue.
-pub const QUEUE_TIME_HEADER: &str = "tickserve-queue-us";
-/// Response header (HTTP) and metadata key (gRPC): microseconds of compute
-/// (rows in, engine runs, rows out).
-pub const COMPUTE_TIME_HEADER: &str = "tickserve-compute-us";
+pub use crate::identity::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
+pub use crate::timing::{COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
 
 /// The least time the front ends get to answer what they admitted, even
 /// when `server.drain_timeout` is spent.

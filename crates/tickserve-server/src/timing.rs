@@ -7,7 +7,13 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tickserve_core::Timing;
 
-use crate::{COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
+/// Response header (HTTP) and metadata key (gRPC): microseconds the request
+/// waited in the model's queue.
+pub const QUEUE_TIME_HEADER: &str = "tickserve-queue-us";
+
+/// Response header (HTTP) and metadata key (gRPC): microseconds of compute
+/// (rows in, engine runs, rows out).
+pub const COMPUTE_TIME_HEADER: &str = "tickserve-compute-us";
 
 /// [`QUEUE_TIME_HEADER`] and [`COMPUTE_TIME_HEADER`], parsed once.
 static NAMES: [HeaderName; 2] = [

@@ -18,13 +18,14 @@ use tickserve_core::{Error, TensorSpec};
 use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
+use crate::control;
 use crate::edge::Edge;
 use crate::edge::status::grpc as status;
+use crate::identity::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
 use crate::observe::Protocol;
-use crate::{EXTENSIONS, SERVER_NAME, SERVER_VERSION, control};
 
 use tickserve_proto::inference as pb;
 

@@ -25,13 +25,14 @@ use serde_json::{Value, json};
 use tickserve_core::Error;
 use tickserve_runtime::ModelHandle;
 
+use crate::control;
 use crate::edge::headers::InferHeaders;
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
 use crate::edge::{Decoded, Edge, Entrance, Payload, body, sequence_key};
+use crate::identity::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::model_view::{ModelConfigView, StatisticsView};
 use crate::observe::Protocol;
-use crate::{EXTENSIONS, SERVER_NAME, SERVER_VERSION, control};
 
 /// The most bytes of a repository or sequence-state request's JSON body.
 const SMALL_BODY_BYTES: usize = 64 * 1024;
