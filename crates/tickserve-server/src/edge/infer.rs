@@ -222,6 +222,27 @@ impl Record {
     }
 }
 
+/// Where a request stands after `Edge::admit_now`.
+// Each is moved once, straight into its match: no box for the larger.
+#[allow(clippy::large_enum_variant)]
+enum Admitting<P: Payload> {
+    /// Admitted here, or refused.
+    Done(Result<Admitted<P::Encoding>, Error>),
+    /// Admitted so far; its payload decodes on a blocking thread
+    /// ([`Decoding::decode_elsewhere`]).
+    Decode(Decoding<P>),
+}
+
+/// Where an admitted request stands after [`Admitted::run_now`].
+// Moved once, straight into its match, as the Result it replaces was.
+#[allow(clippy::large_enum_variant)]
+pub enum Running<E> {
+    /// Answered here, on the caller's thread (or refused).
+    Answered(Result<Answer<E>, Error>),
+    /// Not run yet: [`Admitted::run`] runs it.
+    Later(Admitted<E>),
+}
+
 impl Edge {
     /// Answers one inference request: [`Edge::admit_request`], then
     /// [`Admitted::run`]. A request that needs no other thread (decoded in
@@ -234,12 +255,12 @@ impl Edge {
         // Boxed where they wait: each is several kilobytes of state, which
         // every future holding it inline would copy again as it moves.
         let admitted = match self.admit_now(call, payload) {
-            Ok(admitted) => admitted?,
-            Err(decoding) => Box::pin(decoding.decode_elsewhere(self)).await?,
+            Admitting::Done(admitted) => admitted?,
+            Admitting::Decode(decoding) => Box::pin(decoding.decode_elsewhere(self)).await?,
         };
         match admitted.run_now() {
-            Ok(answer) => answer,
-            Err(admitted) => Box::pin(admitted.run()).await,
+            Running::Answered(answer) => answer,
+            Running::Later(admitted) => Box::pin(admitted.run()).await,
         }
     }
 
@@ -251,20 +272,15 @@ impl Edge {
         payload: P,
     ) -> Result<Admitted<P::Encoding>, Error> {
         match self.admit_now(call, payload) {
-            Ok(admitted) => admitted,
-            Err(decoding) => decoding.decode_elsewhere(self).await,
+            Admitting::Done(admitted) => admitted,
+            Admitting::Decode(decoding) => decoding.decode_elsewhere(self).await,
         }
     }
 
     /// [`Edge::admit_request`] on this thread, or, for a payload that
     /// decodes on a blocking thread ([`DECODE_IN_PLACE_BYTES`]), the request
     /// admitted so far, to finish with [`Decoding::decode_elsewhere`].
-    #[allow(clippy::result_large_err)]
-    fn admit_now<P: Payload>(
-        self: &Arc<Self>,
-        call: Call<'_>,
-        payload: P,
-    ) -> Result<Result<Admitted<P::Encoding>, Error>, Decoding<P>> {
+    fn admit_now<P: Payload>(self: &Arc<Self>, call: Call<'_>, payload: P) -> Admitting<P> {
         // The one lookup of this request's model.
         let routed = self.runtime.route(call.model, call.version);
         let (drawn, sticky, shadows) = match &routed {
@@ -294,7 +310,7 @@ impl Edge {
         };
         let (held, work) = match self.begin(call, handle, &payload, &mut journal) {
             Ok(begun) => begun,
-            Err(error) => return Ok(Err(refuse(error, &record, journal))),
+            Err(error) => return Admitting::Done(Err(refuse(error, &record, journal))),
         };
         let admission = Admission {
             held,
@@ -305,10 +321,10 @@ impl Edge {
             journal,
         };
         if work > DECODE_IN_PLACE_BYTES {
-            return Err(Decoding { payload, admission });
+            return Admitting::Decode(Decoding { payload, admission });
         }
         let decoded = payload.decode(&admission.held.handle);
-        Ok(self.finish(admission, decoded))
+        Admitting::Done(self.finish(admission, decoded))
     }
 
     /// The checks before decoding: readiness, the journal's room, a slot,
@@ -586,15 +602,13 @@ impl<E> Admitted<E> {
     /// [`Admitted::run`] without waiting, where it would not wait anyway:
     /// a request the runtime runs at once ([`ModelHandle::run_now`]) and no
     /// journal records. Else the request comes back for [`Admitted::run`].
-    // The `Err` side is the request handed back, not an error.
-    #[allow(clippy::result_large_err)]
-    pub fn run_now(mut self) -> Result<Result<Answer<E>, Error>, Admitted<E>> {
+    pub fn run_now(mut self) -> Running<E> {
         if self.after.journal.is_some() {
-            return Err(self);
+            return Running::Later(self);
         }
         match self.after.handle.run_now(&mut self.prepared) {
-            Some(result) => Ok(self.after.answer(result)),
-            None => Err(self),
+            Some(result) => Running::Answered(self.after.answer(result)),
+            None => Running::Later(self),
         }
     }
 }
