@@ -41,6 +41,13 @@ pub fn deadline_after(now: Instant, timeout: Duration) -> Instant {
 }
 
 /// Checks configured duration `key` against its maximum `limit`.
+/// `d` in whole microseconds, as answers and views report durations
+/// (`u64::MAX` for what does not fit).
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Checks a configured duration `value` (`key`) against its `limit`.
 pub fn check(key: &str, value: Duration, limit: Duration) -> Result<(), String> {
     if value > limit {
         return Err(format!(

@@ -194,9 +194,7 @@ impl From<QueuePolicy> for QueuePolicyView {
                 TimeoutAction::Reject => "REJECT",
                 TimeoutAction::Delay => "DELAY",
             },
-            default_timeout_microseconds: p
-                .timeout
-                .map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
+            default_timeout_microseconds: p.timeout.map_or(0, tickserve_core::durations::micros),
             allow_timeout_override: true,
             max_queue_size: p.max_queue_size as u64,
         }
@@ -249,7 +247,9 @@ impl ModelConfigView {
                 .is_none()
                 .then(|| DynamicBatchingView {
                     preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
-                    max_queue_delay_microseconds: micros(loaded.settings.max_queue_delay),
+                    max_queue_delay_microseconds: tickserve_core::durations::micros(
+                        loaded.settings.max_queue_delay,
+                    ),
                     ..priority_view(&loaded.settings.priorities)
                 }),
             sequence_batching: sequence_view(loaded),
@@ -264,21 +264,19 @@ impl ModelConfigView {
     }
 }
 
-fn micros(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
 /// `sequence_batching` for a stateful model.
 fn sequence_view(loaded: &Loaded) -> Option<SequenceBatchingView> {
     let spec = loaded.settings.sequence.as_ref()?;
     let data_type = |t: &TensorSpec| format!("TYPE_{}", t.datatype.as_str());
     Some(SequenceBatchingView {
-        max_sequence_idle_microseconds: spec.max_idle.map_or(0, micros),
+        max_sequence_idle_microseconds: spec.max_idle.map_or(0, tickserve_core::durations::micros),
         control_input: Vec::new(),
         oldest: OldestView {
             max_candidate_sequences: spec.max_sequences,
             preferred_batch_size: loaded.settings.buckets.sizes().to_vec(),
-            max_queue_delay_microseconds: micros(loaded.settings.max_queue_delay),
+            max_queue_delay_microseconds: tickserve_core::durations::micros(
+                loaded.settings.max_queue_delay,
+            ),
         },
         state: spec
             .states

@@ -59,7 +59,7 @@ pub fn value(n: u64) -> HeaderValue {
 
 /// A timing header's value for `time` (`teach` as in [`add`]).
 fn timed(time: Duration, teach: bool) -> HeaderValue {
-    let mut value = value(u64::try_from(time.as_micros()).unwrap_or(u64::MAX));
+    let mut value = value(tickserve_core::durations::micros(time));
     value.set_sensitive(!teach);
     value
 }

@@ -60,6 +60,15 @@ pub const MAX_TENSORS: usize = 64;
 /// wait for its sequence's turn.
 pub const STATE_TURN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// When a state-API call stops waiting for its sequence's turn: now and
+/// [`STATE_TURN_TIMEOUT`].
+pub fn state_turn_deadline() -> Option<std::time::Instant> {
+    Some(tickserve_core::durations::deadline_after(
+        std::time::Instant::now(),
+        STATE_TURN_TIMEOUT,
+    ))
+}
+
 /// What every front end shares: the models, readiness and the server-wide
 /// limits.
 pub struct Edge {
@@ -164,6 +173,29 @@ impl Edge {
         let label = self.runtime.model_label(model);
         crate::observe::record_request(protocol, &label, started, Some(&error));
         error
+    }
+
+    /// The version of `model` asked for, which must keep sequences, and
+    /// its sequences (the state API's lookup, over HTTP and gRPC alike).
+    pub fn stateful(
+        &self,
+        model: &str,
+        version: Option<&str>,
+    ) -> Result<
+        (
+            std::sync::Arc<tickserve_runtime::ModelHandle>,
+            std::sync::Arc<tickserve_runtime::Sequences>,
+        ),
+        tickserve_core::Error,
+    > {
+        let handle = self.runtime.model(model, version)?;
+        let sequences = handle.sequences().cloned().ok_or_else(|| {
+            tickserve_core::Error::request(
+                &handle.name,
+                "the model keeps no sequence state (no [[sequence.state]] in its model.toml)",
+            )
+        })?;
+        Ok((handle, sequences))
     }
 
     /// Accepting requests (between load and shutdown).

@@ -5,7 +5,6 @@
 //! the service decodes at most [`MAX_MESSAGE_BYTES`].
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use tickserve_core::sequence::{KeyId, SequenceId};
 use tickserve_core::{DataType, Error, InputTensor};
@@ -14,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{optional, status};
 use crate::edge::Edge;
-use crate::edge::STATE_TURN_TIMEOUT;
+use crate::edge::state_turn_deadline;
 
 use tickserve_proto::tickserve as pb;
 
@@ -35,17 +34,10 @@ impl Sequence {
     }
 
     fn stateful(&self, model: &str, version: &str) -> Result<(String, Arc<Sequences>), Status> {
-        let handle = self
+        let (handle, sequences) = self
             .shared
-            .runtime
-            .model(model, optional(version))
+            .stateful(model, optional(version))
             .map_err(|e| status(&e))?;
-        let sequences = handle.sequences().cloned().ok_or_else(|| {
-            status(&Error::request(
-                &handle.name,
-                "the model keeps no sequence state (no [[sequence.state]] in its model.toml)",
-            ))
-        })?;
         Ok((handle.name.clone(), sequences))
     }
 }
@@ -71,17 +63,6 @@ fn id_message(id: &SequenceId) -> pb::SequenceId {
     }
 }
 
-fn micros(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-fn deadline() -> Option<Instant> {
-    Some(tickserve_core::durations::deadline_after(
-        Instant::now(),
-        STATE_TURN_TIMEOUT,
-    ))
-}
-
 #[tonic::async_trait]
 impl SequenceService for Sequence {
     async fn sequence_list(
@@ -98,7 +79,7 @@ impl SequenceService for Sequence {
                 .map(|s| pb::sequence_list_response::Entry {
                     sequence_id: Some(id_message(&s.id)),
                     ticks: s.ticks,
-                    idle_microseconds: micros(s.idle),
+                    idle_microseconds: tickserve_core::durations::micros(s.idle),
                 })
                 .collect(),
         }))
@@ -113,13 +94,13 @@ impl SequenceService for Sequence {
         let (model, sequences) = self.stateful(&r.model_name, &r.model_version)?;
         let id = id_of(&model, r.sequence_id)?;
         let state = sequences
-            .read(&id, owner, deadline())
+            .read(&id, owner, state_turn_deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceState {
             sequence_id: Some(id_message(&id)),
             ticks: state.ticks,
-            idle_microseconds: micros(state.idle),
+            idle_microseconds: tickserve_core::durations::micros(state.idle),
             state: sequences
                 .spec()
                 .state_tensors(&state.state, state.window_ticks)
@@ -168,7 +149,7 @@ impl SequenceService for Sequence {
             .state_rows(&model, tensors)
             .map_err(|e| status(&e))?;
         sequences
-            .write(&id, rows, window_ticks, owner, deadline())
+            .write(&id, rows, window_ticks, owner, state_turn_deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceStateWriteResponse {}))
@@ -183,7 +164,7 @@ impl SequenceService for Sequence {
         let (model, sequences) = self.stateful(&r.model_name, &r.model_version)?;
         let id = id_of(&model, r.sequence_id)?;
         sequences
-            .remove(&id, owner, deadline())
+            .remove(&id, owner, state_turn_deadline())
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::SequenceDropResponse {}))

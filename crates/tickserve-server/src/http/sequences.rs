@@ -11,7 +11,6 @@
 //! operation takes its turn after the sequence's requests already waiting.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::HeaderMap;
@@ -25,18 +24,11 @@ use tickserve_runtime::Sequences;
 use super::{SMALL_BODY_BYTES, codec};
 use crate::edge::routes::ModelRef;
 use crate::edge::status::HttpError;
-use crate::edge::{Edge, STATE_TURN_TIMEOUT, body, params};
+use crate::edge::{Edge, body, params, state_turn_deadline};
 
 /// The model asked for, which must keep sequences.
 fn stateful(shared: &Edge, path: &ModelRef) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
-    let handle = shared.runtime.model(&path.model, path.version.as_deref())?;
-    let sequences = handle.sequences().cloned().ok_or_else(|| {
-        Error::request(
-            &handle.name,
-            "the model keeps no sequence state (no [[sequence.state]] in its model.toml)",
-        )
-    })?;
-    Ok((handle, sequences))
+    shared.stateful(&path.model, path.version.as_deref())
 }
 
 /// The `sequence_id` of a `{"parameters": {...}}` object.
@@ -79,22 +71,11 @@ async fn parameters(
     }
 }
 
-fn deadline() -> Option<Instant> {
-    Some(tickserve_core::durations::deadline_after(
-        Instant::now(),
-        STATE_TURN_TIMEOUT,
-    ))
-}
-
 fn id_json(id: &SequenceId) -> Value {
     match id {
         SequenceId::Number(n) => json!(n),
         SequenceId::Text(s) => json!(s),
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The stateful model of `path` and the sequence a small JSON body names.
@@ -116,7 +97,7 @@ pub fn list(shared: &Edge, path: &ModelRef, owner: Option<KeyId>) -> Result<Resp
         .list(owner)
         .iter()
         .map(
-            |s| json!({"sequence_id": id_json(&s.id), "ticks": s.ticks, "idle_us": micros(s.idle)}),
+            |s| json!({"sequence_id": id_json(&s.id), "ticks": s.ticks, "idle_us": tickserve_core::durations::micros(s.idle)}),
         )
         .collect();
     Ok(axum::Json(json!({
@@ -136,7 +117,7 @@ pub async fn read(
     body: Body,
 ) -> Result<Response, HttpError> {
     let (handle, sequences, id) = named_sequence(shared, path, body).await?;
-    let state = sequences.read(&id, owner, deadline()).await?;
+    let state = sequences.read(&id, owner, state_turn_deadline()).await?;
     let outputs: Vec<Value> = sequences
         .spec()
         .state_tensors(&state.state, state.window_ticks)
@@ -146,7 +127,7 @@ pub async fn read(
     let mut parameters = json!({
         "sequence_id": id_json(&id),
         "ticks": state.ticks,
-        "idle_us": micros(state.idle),
+        "idle_us": tickserve_core::durations::micros(state.idle),
     });
     if !sequences.spec().windows.is_empty() {
         parameters["sequence_window_ticks"] = json!(state.window_ticks);
@@ -191,7 +172,7 @@ pub async fn write(
         })?;
     let (rows, window_ticks) = spec.state_rows(&handle.name, decoded.inputs)?;
     sequences
-        .write(&id, rows, window_ticks, owner, deadline())
+        .write(&id, rows, window_ticks, owner, state_turn_deadline())
         .await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "written": true})).into_response())
 }
@@ -204,6 +185,6 @@ pub async fn drop_sequence(
     body: Body,
 ) -> Result<Response, HttpError> {
     let (_, sequences, id) = named_sequence(shared, path, body).await?;
-    sequences.remove(&id, owner, deadline()).await?;
+    sequences.remove(&id, owner, state_turn_deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "dropped": true})).into_response())
 }
