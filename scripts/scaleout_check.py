@@ -27,9 +27,7 @@ during the drain and over the whole run, the sequences lost to the kill.
 """
 import argparse
 import concurrent.futures
-import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +43,7 @@ from tritonclient.utils import InferenceServerException
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_common import free_port  # noqa: E402
+from balancer import Balancer  # noqa: E402
 from server import Server  # noqa: E402
 
 MODELS = {"seq_lstm_step": ("tick", 0), "seq_lstm_window": ("window", 100_000)}
@@ -189,30 +188,12 @@ def main():
             r.start()
         alone = Server(config=config(work, None), binary=args.binary, log=work / "alone.log")
         alone.start()
-        lb_http, lb_grpc = free_port(), free_port()
-        env = dict(os.environ, TICKSERVE_LB_HTTP=f"127.0.0.1:{lb_http}",
-                   TICKSERVE_LB_GRPC=f"127.0.0.1:{lb_grpc}")
-        for i, (h, g) in enumerate(ports, 1):
-            env.update({f"TICKSERVE_R{i}": "127.0.0.1", f"TICKSERVE_R{i}_HTTP": str(h),
-                        f"TICKSERVE_R{i}_GRPC": str(g)})
-        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(ROOT / "deploy/haproxy/haproxy.cfg")],
-                                   env=env, stdout=open(work / "haproxy.log", "w"),
-                                   stderr=subprocess.STDOUT)
+        balancer = Balancer(work, ports)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{lb_http}/v2/health/ready", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or haproxy.poll() is not None:
-                    sys.exit(f"HAProxy did not become ready:\n{(work / 'haproxy.log').read_text()}")
-                time.sleep(0.2)
+            balancer.__enter__()
             run = Run(args.sequences, args.ticks)
             total = 2 * args.sequences * args.ticks
-            lb = (f"127.0.0.1:{lb_http}", f"127.0.0.1:{lb_grpc}")
+            lb = (balancer.http, balancer.grpc)
             solo = (f"127.0.0.1:{alone.http_port}", f"127.0.0.1:{alone.grpc_port}")
             started = time.monotonic()
             with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
@@ -282,8 +263,7 @@ def main():
             assert handed and "sequences=0 " not in handed[-1], "r1 handed nothing over at its drain"
             print("scale-out check: passed")
         finally:
-            haproxy.terminate()
-            haproxy.wait(timeout=10)
+            balancer.__exit__()
             alone.stop()
             for r in replicas:
                 r.stop()

@@ -11,9 +11,7 @@ one server alone (within 1e-6); each sequence lives on exactly one replica (each
 replica's sequence list); the sequences are spread over more than one replica; and,
 the control, a sequence sent without the header is spread too and fails.
 """
-import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import json
@@ -26,7 +24,7 @@ import tritonclient.http as httpclient
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import free_port  # noqa: E402
+from balancer import Balancer  # noqa: E402
 from server import Server  # noqa: E402
 
 SEQUENCES = 40
@@ -69,30 +67,11 @@ def main():
             s.start()
         alone = Server(config=config, binary=binary, log=work / "alone.log")
         alone.start()
-        lb_http, lb_grpc = free_port(), free_port()
-        env = dict(os.environ, TICKSERVE_LB_HTTP=f"127.0.0.1:{lb_http}",
-                   TICKSERVE_LB_GRPC=f"127.0.0.1:{lb_grpc}")
-        for i, s in enumerate(servers, 1):
-            env.update({f"TICKSERVE_R{i}": "127.0.0.1", f"TICKSERVE_R{i}_HTTP": str(s.http_port),
-                        f"TICKSERVE_R{i}_GRPC": str(s.grpc_port)})
-        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(ROOT / "deploy/haproxy/haproxy.cfg")],
-                                   env=env, stdout=open(work / "haproxy.log", "w"),
-                                   stderr=subprocess.STDOUT)
+        lb = Balancer(work, [(s.http_port, s.grpc_port) for s in servers])
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{lb_http}/v2/health/ready",
-                                                timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or haproxy.poll() is not None:
-                    sys.exit(f"HAProxy did not become ready:\n{(work / 'haproxy.log').read_text()}")
-                time.sleep(0.2)
+            lb.__enter__()
             started = time.monotonic()
-            balanced = run(f"127.0.0.1:{lb_http}", f"127.0.0.1:{lb_grpc}", header=True)
+            balanced = run(lb.http, lb.grpc, header=True)
             elapsed = time.monotonic() - started
             single = run(f"127.0.0.1:{alone.http_port}", f"127.0.0.1:{alone.grpc_port}",
                          header=False)
@@ -100,7 +79,7 @@ def main():
             # The control: without the header the balancer spreads a sequence's
             # ticks, and a tick that reaches a replica without its state fails.
             lost = None
-            http = httpclient.InferenceServerClient(f"127.0.0.1:{lb_http}")
+            http = httpclient.InferenceServerClient(lb.http)
             try:
                 for t, tick in enumerate(ticks(SEQUENCES + 1)):
                     predict(http, httpclient, SEQUENCES + 1, t, tick, header=False)
@@ -124,8 +103,7 @@ def main():
             assert worst <= 1e-6, f"answers differ from one server's by {worst}"
             print("haproxy check: passed")
         finally:
-            haproxy.terminate()
-            haproxy.wait(timeout=10)
+            lb.__exit__()
             alone.stop()
             for s in servers:
                 s.stop()

@@ -4,6 +4,22 @@
 
 use crate::plan::{Cell, Conv1d, Elementwise, Op, Plan, Recurrent};
 
+/// `len` deterministic pseudo-random floats in [-2, 2) from `seed`: the
+/// inputs a plan and ONNX Runtime are compared on.
+pub fn random_rows(seed: u64, len: usize) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
 /// Applies `chain` to `x`, the element at `column` of its row.
 pub fn apply(chain: &[Elementwise], weights: &[Vec<f32>], mut x: f32, column: usize) -> f32 {
     for e in chain {

@@ -95,6 +95,25 @@ fn compare(
     }
 }
 
+/// `imported` compiled on gpu:0 in every bucket, `first` its first member.
+fn on_gpu(
+    cuda: &CudaEngine,
+    family: &str,
+    imported: &tickserve_engine_cuda::Imported,
+    signature: &tickserve_onnx::PartialSignature,
+    first: MemberId,
+) -> tickserve_engine_cuda::CudaModel {
+    cuda.compile(&CudaCompileRequest {
+        family,
+        imported,
+        signature,
+        buckets: &buckets(),
+        ordinal: 0,
+        first_member: first,
+    })
+    .unwrap()
+}
+
 fn gpu_engine(eager: bool) -> CudaEngine {
     assert!(
         !Gpus::probe().devices().is_empty(),
@@ -151,16 +170,7 @@ fn alpha_mlp_and_every_op(eager: bool) {
             let signature = model.signature(&ModelConfig::default()).unwrap();
             let imported = import(&model, &signature.inputs, None).unwrap();
             let before = compilations(&snapshotter);
-            let mut gpu = cuda
-                .compile(&CudaCompileRequest {
-                    family: "test",
-                    imported: &imported,
-                    signature: &signature,
-                    buckets: &buckets(),
-                    ordinal: 0,
-                    first_member: SOLE_MEMBER,
-                })
-                .unwrap();
+            let mut gpu = on_gpu(&cuda, "test", &imported, &signature, SOLE_MEMBER);
             let compiled = compilations(&snapshotter);
             assert_eq!(compiled - before, buckets().sizes().len() as u64);
             let mut cpu = ort_model(&ort, &model);
@@ -198,16 +208,7 @@ fn every_tick_member_through_one_family_graph_matches_onnx_runtime() {
     let signature = first.signature(&ModelConfig::default()).unwrap();
     let (graph, weights) = first.with_weights_as_inputs().unwrap();
     let imported = import(&graph, &signature.inputs, Some(&weights)).unwrap();
-    let mut gpu = cuda
-        .compile(&CudaCompileRequest {
-            family: "tick",
-            imported: &imported,
-            signature: &signature,
-            buckets: &buckets(),
-            ordinal: 0,
-            first_member: 0,
-        })
-        .unwrap();
+    let mut gpu = on_gpu(&cuda, "tick", &imported, &signature, 0);
     let mut cpu: Vec<OrtModel> = Vec::new();
     for m in 0..8 {
         let model = read(&path(m));
@@ -242,16 +243,7 @@ fn the_lstm_step_carries_its_state_through_100_ticks() {
     let model = read(&root().join("config/models/seq_lstm_step/1/model.onnx"));
     let signature = model.signature(&ModelConfig::default()).unwrap();
     let imported = import(&model, &signature.inputs, None).unwrap();
-    let mut gpu = cuda
-        .compile(&CudaCompileRequest {
-            family: "seq_lstm_step",
-            imported: &imported,
-            signature: &signature,
-            buckets: &buckets(),
-            ordinal: 0,
-            first_member: SOLE_MEMBER,
-        })
-        .unwrap();
+    let mut gpu = on_gpu(&cuda, "seq_lstm_step", &imported, &signature, SOLE_MEMBER);
     let mut cpu = ort_model(&ort, &model);
     // Inputs tick, h_in, c_in; outputs prediction, h_out, c_out.
     let bucket = buckets().sizes().len() - 1;

@@ -11,27 +11,13 @@ use std::path::Path;
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel};
 use tickserve_engine_cuda::plan::Op;
+use tickserve_engine_cuda::reference::random_rows;
 use tickserve_engine_cuda::{arrange, import, reference};
 use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
 
 mod common;
 
 use common::{fixtures, read, root};
-
-/// Deterministic pseudo-random floats in [-2, 2).
-fn random_rows(seed: u64, len: usize) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
-        .collect()
-}
 
 fn floats(bytes: &[u8]) -> Vec<f32> {
     bytes

@@ -233,7 +233,7 @@ impl Comparison<'_> {
         let mut worst = Verdict::Ok { max_rel: 0.0 };
         for tick in 0..ticks {
             let fresh: Vec<Vec<f32>> = (0..inputs.len())
-                .map(|i| random(seed * 1000 + (tick * 31 + i) as u64, width(i)))
+                .map(|i| reference::random_rows(seed * 1000 + (tick * 31 + i) as u64, width(i)))
                 .collect();
             let side = |state: &HashMap<usize, Vec<f32>>| -> Vec<Vec<f32>> {
                 (0..inputs.len())
@@ -308,19 +308,4 @@ fn difference(ours: &[f32], theirs: &[f32]) -> Option<(f64, usize)> {
         }
     }
     Some(worst)
-}
-
-/// Deterministic pseudo-random floats in [-2, 2).
-fn random(seed: u64, len: usize) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
-        .collect()
 }

@@ -767,10 +767,15 @@ mod tests {
         assert_eq!(l.values[2], l.values[1] + aligned(rows * 3 * 4));
         assert_eq!(l.outputs.1, 2 * aligned(rows * 3 * 4));
         // Every region aligned and disjoint, all inside the arena.
-        let mut regions: Vec<(usize, usize)> = (0..3)
+        let regions: Vec<(usize, usize)> = (0..3)
             .map(|v| (l.values[v], rows * plan.values[v].width * 4))
             .chain(l.pointer_pairs.values().map(|&p| (p, 16)))
             .collect();
+        assert_apart(regions, l.total);
+    }
+
+    /// `regions` (offset, bytes) are aligned, disjoint and inside `total`.
+    pub(in crate::engine) fn assert_apart(mut regions: Vec<(usize, usize)>, total: usize) {
         regions.sort_unstable();
         for pair in regions.windows(2) {
             assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{regions:?}");
@@ -778,7 +783,8 @@ mod tests {
         assert!(
             regions
                 .iter()
-                .all(|(at, len)| at % ALIGN == 0 && at + len <= l.total)
+                .all(|(at, len)| at % ALIGN == 0 && at + len <= total),
+            "{regions:?} in {total}"
         );
     }
 }

@@ -288,7 +288,7 @@ mod tests {
         let (Some(hr2), Some(c)) = (s.hr2, s.c) else {
             panic!("a GRU that resets first needs r ⊙ h and a second product: {s:?}");
         };
-        let mut regions: Vec<(usize, usize)> = (0..4)
+        let regions: Vec<(usize, usize)> = (0..4)
             .map(|v| (l.values[v], rows * plan.values[v].width * 4))
             .chain([
                 (s.xw, rows * 6 * 15 * 4),
@@ -298,15 +298,7 @@ mod tests {
                 (s.pairs, 48),
             ])
             .collect();
-        regions.sort_unstable();
-        for pair in regions.windows(2) {
-            assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{regions:?}");
-        }
-        assert!(
-            regions
-                .iter()
-                .all(|(at, len)| at % ALIGN == 0 && at + len <= l.total)
-        );
+        super::super::tests::assert_apart(regions, l.total);
         let Op::Recurrent(layer) = &plan.steps[0].op else {
             unreachable!()
         };
