@@ -465,7 +465,21 @@ impl Sequences {
                         link.version
                     )));
                 };
-                self.restore(part.sequences);
+                if self.restore(part.sequences) == 0 && !self.holds(key) {
+                    // No room here (max_sequences): the state goes back for
+                    // another replica, or this one once a sequence ends.
+                    link.handoff
+                        .hand(&self.model, key, &bytes)
+                        .map_err(|e| lost(format!("no room for it here, and {e}")))?;
+                    return Err(Error::SequencesFull {
+                        model: self.model.clone(),
+                        message: format!(
+                            "sequence {} was handed to this replica, which keeps {} sequences, \
+                             its max_sequences; the tick was not run: retry it",
+                            key.id, self.spec.max_sequences
+                        ),
+                    });
+                }
                 Ok(())
             }
             handoff::Claimed::NeverHeld => Err(self.not_active(&key.id)),
@@ -869,6 +883,49 @@ mod tests {
         let started = turn.begin(c)?;
         turn.finish(c, row(next), 0, Vec::new());
         Ok(value(&started.state))
+    }
+
+    /// A table of `max` sequences linked to replica `name` in `dir`.
+    fn linked(dir: &Path, name: &str, max: usize) -> Arc<Sequences> {
+        let t = Arc::new(Sequences::new(
+            "m",
+            spec(max, Duration::ZERO, IdleAction::Error),
+        ));
+        let handoff = handoff::Handoff::open(dir, name, Duration::from_secs(2)).unwrap();
+        t.hand_off_through(Arc::new(handoff), "1");
+        t
+    }
+
+    #[tokio::test]
+    async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (linked(dir.path(), "a", 8), linked(dir.path(), "b", 1));
+        tick(&a, &control(7, true, false), 5.0).unwrap();
+        assert!(
+            a.hand_over(&a.key(&SequenceId::Number(7), None))
+                .await
+                .unwrap()
+        );
+        // b keeps one sequence already, its max: the claim fails, retryably,
+        // and the state stays for the next claim.
+        tick(&b, &control(1, true, false), 1.0).unwrap();
+        let key = b.key(&SequenceId::Number(7), None);
+        let Entry::Claim(claim) = b.enter(&key, Purpose::Tick { start: false }).unwrap() else {
+            panic!("a sequence kept elsewhere is claimed");
+        };
+        let error = Entry::Claim(claim).turn("m", None).await.unwrap_err();
+        assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
+        assert!(error.to_string().contains("not run"), "{error}");
+        // Room again: the claim takes it, with the state a handed over.
+        tick(&b, &control(1, false, true), 0.0).unwrap();
+        let turn = b
+            .enter(&key, Purpose::Tick { start: false })
+            .unwrap()
+            .turn("m", None)
+            .await
+            .unwrap();
+        let started = turn.begin(&control(7, false, false)).unwrap();
+        assert_eq!(value(&started.state), 5.0);
     }
 
     #[test]
