@@ -1,0 +1,426 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use std::path::Path;
+use tickserve_core::sequence::{SequenceConfig, SequenceControl, StateConfig};
+use tickserve_core::{DataType, Signature, TensorSpec};
+
+fn spec(max_sequences: usize, idle: Duration, action: IdleAction) -> Arc<SequenceSpec> {
+    let t = |name: &str| TensorSpec {
+        name: name.to_string(),
+        datatype: DataType::Fp32,
+        dims: vec![1],
+    };
+    let signature = Signature {
+        inputs: vec![t("x"), t("s_in")],
+        outputs: vec![t("y"), t("s_out")],
+    };
+    let config = SequenceConfig {
+        max_sequence_idle: idle,
+        idle_action: action,
+        max_sequences: Some(max_sequences),
+        state: vec![StateConfig {
+            input: "s_in".into(),
+            output: "s_out".into(),
+            initial_file: None,
+        }],
+        bind_to_key: false,
+        ..SequenceConfig::default()
+    };
+    Arc::new(
+        SequenceSpec::resolve(&config, &signature, Path::new("."))
+            .unwrap()
+            .unwrap(),
+    )
+}
+
+fn table(max: usize) -> Arc<Sequences> {
+    Arc::new(Sequences::new(
+        "m",
+        spec(max, Duration::ZERO, IdleAction::Error),
+    ))
+}
+
+fn control(id: u64, start: bool, end: bool) -> SequenceControl {
+    SequenceControl {
+        id: SequenceId::Number(id),
+        start,
+        end,
+        owner: None,
+    }
+}
+
+fn row(v: f32) -> Vec<Bytes> {
+    vec![Bytes::copy_from_slice(&v.to_le_bytes())]
+}
+
+fn value(rows: &[Bytes]) -> f32 {
+    f32::from_le_bytes(rows[0][..4].try_into().unwrap())
+}
+
+/// One tick: takes the turn at once (or panics), returns the state it
+/// ran with, and writes `next`.
+fn tick(table: &Arc<Sequences>, c: &SequenceControl, next: f32) -> Result<f32, Error> {
+    let purpose = Purpose::Tick { start: c.start };
+    let Entry::Now(turn) = table.enter(&table.key(&c.id, None), purpose)? else {
+        panic!("no one else holds the turn");
+    };
+    let started = turn.begin(c)?;
+    turn.finish(c, row(next), 0, Vec::new());
+    Ok(value(&started.state))
+}
+
+/// A table of `max` sequences linked to replica `name` in `dir`.
+fn linked(dir: &Path, name: &str, max: usize) -> Arc<Sequences> {
+    let t = Arc::new(Sequences::new(
+        "m",
+        spec(max, Duration::ZERO, IdleAction::Error),
+    ));
+    let handoff = handoff::Handoff::open(dir, name, Duration::from_secs(2)).unwrap();
+    t.hand_off_through(Arc::new(handoff), "1");
+    t
+}
+
+#[tokio::test]
+async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (linked(dir.path(), "a", 8), linked(dir.path(), "b", 1));
+    tick(&a, &control(7, true, false), 5.0).unwrap();
+    assert!(
+        a.hand_over(&a.key(&SequenceId::Number(7), None))
+            .await
+            .unwrap()
+    );
+    // b keeps one sequence already, its max: the claim fails, retryably,
+    // and the state stays for the next claim.
+    tick(&b, &control(1, true, false), 1.0).unwrap();
+    let key = b.key(&SequenceId::Number(7), None);
+    let Entry::Claim(claim) = b.enter(&key, Purpose::Tick { start: false }).unwrap() else {
+        panic!("a sequence kept elsewhere is claimed");
+    };
+    let error = Entry::Claim(claim).turn("m", None).await.unwrap_err();
+    assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
+    assert!(error.to_string().contains("not run"), "{error}");
+    // Room again: the claim takes it, with the state a handed over.
+    tick(&b, &control(1, false, true), 0.0).unwrap();
+    let turn = b
+        .enter(&key, Purpose::Tick { start: false })
+        .unwrap()
+        .turn("m", None)
+        .await
+        .unwrap();
+    let started = turn.begin(&control(7, false, false)).unwrap();
+    assert_eq!(value(&started.state), 5.0);
+}
+
+#[test]
+fn state_carries_from_tick_to_tick_and_ends_with_the_sequence() {
+    let t = table(8);
+    assert_eq!(tick(&t, &control(1, true, false), 1.0).unwrap(), 0.0);
+    assert_eq!(tick(&t, &control(1, false, false), 2.0).unwrap(), 1.0);
+    assert_eq!(t.active(), 1);
+    assert_eq!(tick(&t, &control(1, false, true), 3.0).unwrap(), 2.0);
+    assert_eq!(t.active(), 0);
+    let error = tick(&t, &control(1, false, false), 0.0).unwrap_err();
+    assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+    assert!(t.list(None).is_empty());
+}
+
+#[test]
+fn an_unknown_sequence_is_refused_and_a_start_resets() {
+    let t = table(8);
+    let error = tick(&t, &control(5, false, false), 0.0).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "model 'm': sequence 5 is not active (never started, ended, dropped, or idle past \
+         the model's max_sequence_idle); send its first request with sequence_start = true"
+    );
+    tick(&t, &control(5, true, false), 7.0).unwrap();
+    assert_eq!(tick(&t, &control(5, true, false), 8.0).unwrap(), 0.0);
+}
+
+#[test]
+fn sequences_keep_their_own_state() {
+    let t = table(8);
+    tick(&t, &control(1, true, false), 10.0).unwrap();
+    tick(&t, &control(2, true, false), 20.0).unwrap();
+    assert_eq!(tick(&t, &control(1, false, false), 11.0).unwrap(), 10.0);
+    assert_eq!(tick(&t, &control(2, false, false), 21.0).unwrap(), 20.0);
+}
+
+#[test]
+fn the_table_is_bounded() {
+    let t = table(2);
+    tick(&t, &control(1, true, false), 1.0).unwrap();
+    tick(&t, &control(2, true, false), 1.0).unwrap();
+    let error = tick(&t, &control(3, true, false), 1.0).unwrap_err();
+    assert!(error.to_string().contains("keeps 2 sequences"), "{error}");
+    tick(&t, &control(1, false, true), 1.0).unwrap();
+    tick(&t, &control(3, true, false), 1.0).unwrap();
+}
+
+#[test]
+fn turns_go_in_arrival_order_and_a_caller_that_left_is_skipped() {
+    let t = table(8);
+    let id = SequenceId::Number(9);
+    let Entry::Now(first) = t
+        .enter(&t.key(&id, None), Purpose::Tick { start: true })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let Entry::Waiting(mut second) = t
+        .enter(&t.key(&id, None), Purpose::Tick { start: false })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let Entry::Waiting(third) = t
+        .enter(&t.key(&id, None), Purpose::Tick { start: false })
+        .unwrap()
+    else {
+        panic!()
+    };
+    let Entry::Waiting(mut fourth) = t
+        .enter(&t.key(&id, None), Purpose::Tick { start: false })
+        .unwrap()
+    else {
+        panic!()
+    };
+    drop(third);
+    drop(first);
+    let second_turn = second.try_recv().unwrap();
+    assert!(
+        fourth.try_recv().is_err(),
+        "the fourth went before the second finished"
+    );
+    drop(second_turn);
+    // The third left: the fourth is next.
+    assert!(fourth.try_recv().is_ok());
+}
+
+#[test]
+fn waiting_requests_per_sequence_are_bounded() {
+    let t = table(8);
+    let id = SequenceId::Number(1);
+    let _holder = t
+        .enter(&t.key(&id, None), Purpose::Tick { start: true })
+        .unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..MAX_PENDING_PER_SEQUENCE {
+        waiting.push(
+            t.enter(&t.key(&id, None), Purpose::Tick { start: false })
+                .unwrap(),
+        );
+    }
+    let error = t
+        .enter(&t.key(&id, None), Purpose::Tick { start: false })
+        .unwrap_err();
+    assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
+}
+
+#[test]
+fn an_idle_sequence_expires_with_a_clear_error_or_restarts() {
+    let idle = Duration::from_millis(20);
+    let t = Arc::new(Sequences::new("m", spec(8, idle, IdleAction::Error)));
+    tick(&t, &control(1, true, false), 1.0).unwrap();
+    tick(&t, &control(2, true, false), 1.0).unwrap();
+    std::thread::sleep(idle * 2);
+    // Told what a sequence never started is told: the answer does not
+    // say which ids exist.
+    let expired = tick(&t, &control(1, false, false), 0.0).unwrap_err();
+    let unknown = tick(&t, &control(77, false, false), 0.0).unwrap_err();
+    assert_eq!(
+        expired.to_string().replace(" 1 ", " 77 "),
+        unknown.to_string()
+    );
+    // Sequence 2 is swept, and refused the same way.
+    t.sweep();
+    assert_eq!(t.active(), 0);
+    assert!(t.list(None).is_empty());
+    let error = tick(&t, &control(2, false, false), 0.0).unwrap_err();
+    assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+    // A start brings it back.
+    tick(&t, &control(2, true, false), 5.0).unwrap();
+    assert_eq!(tick(&t, &control(2, false, false), 0.0).unwrap(), 5.0);
+
+    let t = Arc::new(Sequences::new("m", spec(8, idle, IdleAction::Restart)));
+    tick(&t, &control(1, true, false), 1.0).unwrap();
+    tick(&t, &control(2, true, false), 1.0).unwrap();
+    std::thread::sleep(idle * 2);
+    t.sweep();
+    for id in [1, 2] {
+        let c = control(id, false, false);
+        let Entry::Now(turn) = t
+            .enter(&t.key(&c.id, None), Purpose::Tick { start: false })
+            .unwrap()
+        else {
+            panic!()
+        };
+        let started = turn.begin(&c).unwrap();
+        assert!(started.restarted, "sequence {id}");
+        assert_eq!(value(&started.state), 0.0);
+        turn.finish(&c, row(3.0), 0, Vec::new());
+    }
+    assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 3.0);
+}
+
+fn expired_table(max: usize, action: IdleAction) -> (Arc<Sequences>, Duration) {
+    let idle = Duration::from_millis(20);
+    (Arc::new(Sequences::new("m", spec(max, idle, action))), idle)
+}
+
+#[tokio::test]
+async fn a_state_written_after_expiry_is_what_the_next_tick_runs_with() {
+    let (t, idle) = expired_table(8, IdleAction::Restart);
+    tick(&t, &control(1, true, false), 1.0).unwrap();
+    std::thread::sleep(idle * 2);
+    t.sweep();
+    t.write(&SequenceId::Number(1), row(42.0), 0, None, None)
+        .await
+        .unwrap();
+    assert_eq!(tick(&t, &control(1, false, false), 0.0).unwrap(), 42.0);
+}
+
+/// Takes sequence `id`'s turn for a tick and gives it back without an
+/// answer (the tick failed).
+fn failed_tick(t: &Arc<Sequences>, id: u64, start: bool) {
+    let c = control(id, start, false);
+    let Entry::Now(turn) = t
+        .enter(&t.key(&c.id, None), Purpose::Tick { start })
+        .unwrap()
+    else {
+        panic!("no one else holds the turn");
+    };
+    turn.begin(&c).unwrap();
+    drop(turn);
+}
+
+#[test]
+fn a_failed_start_or_restart_leaves_no_slot_behind() {
+    for action in [IdleAction::Error, IdleAction::Restart] {
+        let (t, idle) = expired_table(1, action);
+        tick(&t, &control(1, true, false), 1.0).unwrap();
+        std::thread::sleep(idle * 2);
+        t.sweep();
+        failed_tick(&t, 1, true);
+        if action == IdleAction::Restart {
+            tick(&t, &control(1, true, false), 1.0).unwrap();
+            std::thread::sleep(idle * 2);
+            t.sweep();
+            failed_tick(&t, 1, false);
+            // Still remembered: its next tick restarts it.
+            let c = control(1, false, false);
+            let Entry::Now(turn) = t
+                .enter(&t.key(&c.id, None), Purpose::Tick { start: false })
+                .unwrap()
+            else {
+                panic!()
+            };
+            assert!(turn.begin(&c).unwrap().restarted);
+            drop(turn);
+        }
+        // The table (of one) has room for another sequence.
+        tick(&t, &control(2, true, false), 1.0).unwrap_or_else(|e| panic!("{action:?}: {e}"));
+        assert_eq!(t.active(), 1);
+    }
+}
+
+#[tokio::test]
+async fn an_expired_sequence_is_neither_read_listed_nor_snapshotted_before_a_sweep() {
+    let (t, idle) = expired_table(8, IdleAction::Error);
+    let id = SequenceId::Number(1);
+    t.write(&id, row(1.0), 0, None, None).await.unwrap();
+    t.write(&SequenceId::Number(2), row(2.0), 0, None, None)
+        .await
+        .unwrap();
+    std::thread::sleep(idle * 2);
+    assert!(t.list(None).is_empty());
+    assert!(t.snapshot().is_empty());
+    assert_eq!(t.active(), 0);
+    t.write(&SequenceId::Number(3), row(3.0), 0, None, None)
+        .await
+        .unwrap();
+    std::thread::sleep(idle * 2);
+    let error = t
+        .read(&SequenceId::Number(3), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+    assert!(matches!(
+        t.remove(&id, None, None).await,
+        Err(Error::SequenceNotActive { .. })
+    ));
+}
+
+#[test]
+fn a_start_on_a_full_table_does_not_sweep_the_whole_table() {
+    let idle = Duration::from_secs(3600);
+    let t = Arc::new(Sequences::new("m", spec(64, idle, IdleAction::Error)));
+    for id in 0..64 {
+        tick(&t, &control(id, true, false), 1.0).unwrap();
+    }
+    let before = t.sweeps.load(Ordering::Relaxed);
+    // A thousand starts of unknown ids against the full table: each is
+    // refused in constant time, none reads the whole table.
+    for id in 1000..2000 {
+        let error = tick(&t, &control(id, true, false), 1.0).unwrap_err();
+        assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
+        let error = tick(&t, &control(id, false, false), 1.0).unwrap_err();
+        assert!(matches!(error, Error::SequenceNotActive { .. }), "{error}");
+    }
+    assert_eq!(t.sweeps.load(Ordering::Relaxed), before);
+}
+
+#[test]
+fn the_expired_ids_are_bounded_and_forget_the_oldest() {
+    let mut expired = Expired::default();
+    let id = |n| SequenceKey {
+        owner: None,
+        id: SequenceId::Number(n),
+    };
+    for n in 0..10 {
+        expired.insert(id(n), 4);
+    }
+    assert!((0..6).all(|n| !expired.contains(&id(n))));
+    assert!((6..10).all(|n| expired.contains(&id(n))));
+    // Removed and remembered again, many times: the order stays bounded.
+    for _ in 0..1000 {
+        assert!(expired.remove(&id(9)));
+        expired.insert(id(9), 4);
+    }
+    assert!(expired.order.len() <= 2 * 16 + 1, "{}", expired.order.len());
+    expired.insert(id(10), 4);
+    assert!(!expired.contains(&id(6)) && expired.contains(&id(9)));
+}
+
+#[tokio::test]
+async fn state_reads_writes_and_drops_take_their_turn() {
+    let t = table(8);
+    let id = SequenceId::Text("AAPL".into());
+    t.write(&id, row(4.0), 0, None, None).await.unwrap();
+    let read = t.read(&id, None, None).await.unwrap();
+    assert_eq!((read.ticks, value(&read.state)), (0, 4.0));
+    let c = SequenceControl {
+        id: id.clone(),
+        start: false,
+        end: false,
+        owner: None,
+    };
+    assert_eq!(tick(&t, &c, 6.0).unwrap(), 4.0);
+    let kept = Kept {
+        id: t.key(&id, None),
+        ticks: 1,
+        window_ticks: 0,
+        state: row(6.0),
+    };
+    assert_eq!(t.snapshot(), vec![kept.clone()]);
+    t.remove(&id, None, None).await.unwrap();
+    assert!(matches!(
+        t.read(&id, None, None).await,
+        Err(Error::SequenceNotActive { .. })
+    ));
+    let back = table(8);
+    assert_eq!(back.restore(vec![kept]), 1);
+    assert_eq!(value(&back.read(&id, None, None).await.unwrap().state), 6.0);
+}
