@@ -30,7 +30,7 @@ pub enum Operation {
 /// Loads or unloads `model` (see [`tickserve_runtime::Runtime::load_model`]),
 /// asked over `protocol`.
 pub async fn change(
-    shared: &Arc<Edge>,
+    edge: &Arc<Edge>,
     protocol: Protocol,
     operation: Operation,
     model: String,
@@ -39,7 +39,7 @@ pub async fn change(
         Operation::Load => "load",
         Operation::Unload => "unload",
     };
-    let refused = match shared.model_control_mode {
+    let refused = match edge.model_control_mode {
         ModelControlMode::Explicit => None,
         ModelControlMode::None => Some(Error::ModelControlOff {
             model: model.clone(),
@@ -55,14 +55,14 @@ pub async fn change(
             .increment(1);
         return Err(error);
     }
-    if !shared.ready() {
+    if !edge.ready() {
         return Err(Error::ShuttingDown);
     }
-    let shared = Arc::clone(shared);
+    let edge = Arc::clone(edge);
     let label = model.clone();
     tokio::task::spawn_blocking(move || match operation {
-        Operation::Load => shared.runtime.load_model(&model),
-        Operation::Unload => shared.runtime.unload_model(&model),
+        Operation::Load => edge.runtime.load_model(&model),
+        Operation::Unload => edge.runtime.unload_model(&model),
     })
     .await
     .unwrap_or_else(|e| {
@@ -74,9 +74,9 @@ pub async fn change(
 }
 
 /// The repository index; with `ready_only`, only the versions that serve.
-pub async fn index(shared: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntry>, Error> {
-    let edge = Arc::clone(shared);
-    let entries = tokio::task::spawn_blocking(move || edge.runtime.index())
+pub async fn index(edge: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntry>, Error> {
+    let indexing = Arc::clone(edge);
+    let entries = tokio::task::spawn_blocking(move || indexing.runtime.index())
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r)
@@ -88,7 +88,7 @@ pub async fn index(shared: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntr
     let mut entries = entries;
     for entry in &mut entries {
         if entry.state == "READY"
-            && let Some(halt) = shared.halts.check(&entry.name, &entry.version)
+            && let Some(halt) = edge.halts.check(&entry.name, &entry.version)
         {
             entry.state = "HALTED";
             entry.reason = format!("halted {}", halt.words());

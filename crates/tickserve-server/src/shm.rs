@@ -148,10 +148,10 @@ pub struct ShmFrontEnd {
 
 impl ShmFrontEnd {
     /// Creates the services and starts `config.threads` threads serving them
-    /// with `shared`'s runtime; async work goes to `runtime`.
+    /// with `edge`'s runtime; async work goes to `runtime`.
     pub fn start(
         config: &ShmConfig,
-        shared: Arc<Edge>,
+        edge: Arc<Edge>,
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<ShmFrontEnd> {
         let node = NodeBuilder::new()
@@ -192,7 +192,7 @@ impl ShmFrontEnd {
             node,
             server,
             listener,
-            shared,
+            edge,
             runtime,
             handles: Mutex::new(Handles::new()),
             spin: config.spin,
@@ -215,7 +215,7 @@ impl ShmFrontEnd {
                         }
                         // A request runs at once on this thread: it runs
                         // each model once before the server is ready.
-                        context.shared.runtime.warm_here();
+                        context.edge.runtime.warm_here();
                         let _ = warmed.send(());
                         drop(warmed);
                         supervise(index, &context, &stop);
@@ -246,7 +246,7 @@ struct Context_ {
     node: Node<Service>,
     server: ShmServer,
     listener: iceoryx2::port::listener::Listener<Service>,
-    shared: Arc<Edge>,
+    edge: Arc<Edge>,
     runtime: tokio::runtime::Handle,
     /// The handles given out.
     handles: Mutex<Handles>,
@@ -287,12 +287,12 @@ fn supervise(index: usize, context: &Context_, stop: &AtomicBool) {
         last_panic = Some(Instant::now());
         tracing::error!(thread = index, panic = %what, backoff = ?backoff,
             "a shared-memory thread panicked; it starts again after the back-off");
-        context.shared.thread_down();
+        context.edge.thread_down();
         let until = Instant::now() + backoff;
         while Instant::now() < until && !stop.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        context.shared.thread_up();
+        context.edge.thread_up();
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
@@ -343,13 +343,13 @@ fn handle(context: &Context_, active: ActiveRequest) {
     let started = Instant::now();
     let bytes = active.payload();
     let request_id = wire::request_id_of(bytes);
-    let limit = context.shared.max_request_bytes;
+    let limit = context.edge.max_request_bytes;
     if bytes.len() > limit {
         let error = Error::PayloadTooLarge {
             got: bytes.len(),
             limit,
         };
-        let error = context.shared.refuse(Protocol::Shm, "", started, error);
+        let error = context.edge.refuse(Protocol::Shm, "", started, error);
         respond_error(active, request_id, &error);
         return;
     }
@@ -360,7 +360,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
         Ok(request) => request,
         Err(e) => {
             let error = Error::request("", e.to_string());
-            let error = context.shared.refuse(Protocol::Shm, "", started, error);
+            let error = context.edge.refuse(Protocol::Shm, "", started, error);
             respond_error(active, request_id, &error);
             return;
         }
@@ -390,7 +390,7 @@ fn handle(context: &Context_, active: ActiveRequest) {
                         "{STALE_HANDLE}: a handle comes from a lookup to this server process"
                     ),
                 };
-                let error = context.shared.refuse(Protocol::Shm, "", started, error);
+                let error = context.edge.refuse(Protocol::Shm, "", started, error);
                 respond_error(active, request_id, &error);
                 return;
             };
@@ -495,7 +495,7 @@ pub(crate) fn copy_inputs(
 /// Runs an inference through the edge: polled once here, finished on the
 /// async runtime if it must wait.
 fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
-    let edge = Arc::clone(&context.shared);
+    let edge = Arc::clone(&context.edge);
     let Infer {
         request_id,
         name,
@@ -558,13 +558,13 @@ fn lookup(
 ) {
     let started = Instant::now();
     let found = context
-        .shared
+        .edge
         .runtime
         .model(&name, (!version.is_empty()).then_some(version.as_str()));
     let handle = match found {
         Ok(handle) => handle,
         Err(error) => {
-            let error = context.shared.refuse(Protocol::Shm, &name, started, error);
+            let error = context.edge.refuse(Protocol::Shm, &name, started, error);
             respond_error(active, request_id, &error);
             return;
         }

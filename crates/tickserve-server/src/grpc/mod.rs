@@ -38,14 +38,14 @@ pub type Server = GrpcInferenceServiceServer<InferenceService>;
 /// The v2 inference service over `edge`, decoding messages of at most
 /// `limit` bytes.
 pub fn service(edge: Arc<Edge>, limit: usize) -> Server {
-    GrpcInferenceServiceServer::new(InferenceService { shared: edge })
+    GrpcInferenceServiceServer::new(InferenceService { edge })
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX)
 }
 
-/// The v2 inference service over the shared runtime.
+/// The v2 inference service over the edge.
 pub struct InferenceService {
-    shared: Arc<Edge>,
+    edge: Arc<Edge>,
 }
 
 fn optional(version: &str) -> Option<&str> {
@@ -54,7 +54,7 @@ fn optional(version: &str) -> Option<&str> {
 
 impl InferenceService {
     fn model(&self, name: &str, version: &str) -> Result<Arc<ModelHandle>, Status> {
-        self.shared
+        self.edge
             .runtime
             .model(name, optional(version))
             .map_err(|e| status(&e))
@@ -273,7 +273,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
         let r = request.into_inner();
-        let entries = control::index(&self.shared, r.ready)
+        let entries = control::index(&self.edge, r.ready)
             .await
             .map_err(|e| status(&e))?;
         Ok(Response::new(pb::RepositoryIndexResponse {
@@ -295,7 +295,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let r = request.into_inner();
         control::change(
-            &self.shared,
+            &self.edge,
             Protocol::Grpc,
             control::Operation::Load,
             r.model_name,
@@ -311,7 +311,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let r = request.into_inner();
         control::change(
-            &self.shared,
+            &self.edge,
             Protocol::Grpc,
             control::Operation::Unload,
             r.model_name,
@@ -333,7 +333,7 @@ impl GrpcInferenceService for InferenceService {
         _: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
         Ok(Response::new(pb::ServerReadyResponse {
-            ready: self.shared.server_ready(),
+            ready: self.edge.server_ready(),
         }))
     }
 
@@ -342,8 +342,8 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = request.into_inner();
-        let ready = match self.shared.runtime.model(&r.name, optional(&r.version)) {
-            Ok(handle) => self.shared.model_ready(&handle),
+        let ready = match self.edge.runtime.model(&r.name, optional(&r.version)) {
+            Ok(handle) => self.edge.model_ready(&handle),
             Err(e @ Error::ModelNotFound { .. }) => return Err(status(&e)),
             Err(_) => false,
         };
@@ -368,7 +368,7 @@ impl GrpcInferenceService for InferenceService {
         let r = request.into_inner();
         let handle = self.model(&r.name, &r.version)?;
         let versions = self
-            .shared
+            .edge
             .runtime
             .models()
             .get(handle.name.as_str())
@@ -389,7 +389,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        unary::answer_message(&self.shared, request).await
+        unary::answer_message(&self.edge, request).await
     }
 
     type ModelStreamInferStream = stream::AnswerStream;
@@ -398,7 +398,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<tonic::Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        Ok(stream::serve(Arc::clone(&self.shared), request))
+        Ok(stream::serve(Arc::clone(&self.edge), request))
     }
 
     async fn model_config(
@@ -419,7 +419,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         let r = request.into_inner();
         let model_stats = if r.name.is_empty() {
-            self.shared
+            self.edge
                 .runtime
                 .ready_handles()
                 .iter()

@@ -20,13 +20,13 @@ const MAX_MESSAGE_BYTES: usize = 4 * MAX_REASON_BYTES + 4096;
 
 /// The risk service over the edge's halts.
 pub struct Risk {
-    shared: Arc<Edge>,
+    edge: Arc<Edge>,
 }
 
 impl Risk {
     /// The service, ready to add to a router.
-    pub fn service(shared: Arc<Edge>) -> RiskServiceServer<Risk> {
-        RiskServiceServer::new(Risk { shared }).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    pub fn service(edge: Arc<Edge>) -> RiskServiceServer<Risk> {
+        RiskServiceServer::new(Risk { edge }).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
 
@@ -38,9 +38,9 @@ impl RiskService for Risk {
     ) -> Result<Response<pb::ModelHaltResponse>, Status> {
         let r = request.into_inner();
         let handle =
-            halts::version_of(&self.shared, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
+            halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
-        let (halt, kept) = self.shared.halts.halt(&handle, &r.reason, "grpc");
+        let (halt, kept) = self.edge.halts.halt(&handle, &r.reason, "grpc");
         Ok(Response::new(pb::ModelHaltResponse {
             model_name: model,
             model_version: version,
@@ -57,9 +57,9 @@ impl RiskService for Risk {
     ) -> Result<Response<pb::ModelResumeResponse>, Status> {
         let r = request.into_inner();
         let handle =
-            halts::version_of(&self.shared, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
+            halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
-        let (halt, kept) = self.shared.halts.resume(&handle, "grpc");
+        let (halt, kept) = self.edge.halts.resume(&handle, "grpc");
         Ok(Response::new(pb::ModelResumeResponse {
             model_name: model,
             model_version: version,

@@ -22,20 +22,20 @@ use pb::sequence_service_server::{SequenceService, SequenceServiceServer};
 /// The largest message the service decodes.
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
-/// The sequence-state service over the shared runtime.
+/// The sequence-state service over the edge.
 pub struct Sequence {
-    shared: Arc<Edge>,
+    edge: Arc<Edge>,
 }
 
 impl Sequence {
     /// The service, ready to add to a router.
-    pub fn service(shared: Arc<Edge>) -> SequenceServiceServer<Sequence> {
-        SequenceServiceServer::new(Sequence { shared }).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    pub fn service(edge: Arc<Edge>) -> SequenceServiceServer<Sequence> {
+        SequenceServiceServer::new(Sequence { edge }).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     fn stateful(&self, model: &str, version: &str) -> Result<(String, Arc<Sequences>), Status> {
         let (handle, sequences) = self
-            .shared
+            .edge
             .stateful(model, optional(version))
             .map_err(|e| status(&e))?;
         Ok((handle.name.clone(), sequences))

@@ -27,8 +27,8 @@ use crate::edge::status::HttpError;
 use crate::edge::{Edge, body, params, state_turn_deadline};
 
 /// The model asked for, which must keep sequences.
-fn stateful(shared: &Edge, path: &ModelRef) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
-    shared.stateful(&path.model, path.version.as_deref())
+fn stateful(edge: &Edge, path: &ModelRef) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {
+    edge.stateful(&path.model, path.version.as_deref())
 }
 
 /// The `sequence_id` of a `{"parameters": {...}}` object.
@@ -46,13 +46,13 @@ fn sequence_id(model: &str, parameters: Option<&Map<String, Value>>) -> Result<S
 /// A small JSON body's `parameters` object.
 async fn parameters(
     model: &str,
-    shared: &Edge,
+    edge: &Edge,
     body: Body,
 ) -> Result<Option<Map<String, Value>>, Error> {
     let body = body::read(
         model,
         body,
-        shared.max_request_bytes.min(SMALL_BODY_BYTES),
+        edge.max_request_bytes.min(SMALL_BODY_BYTES),
         None,
     )
     .await?;
@@ -80,19 +80,19 @@ fn id_json(id: &SequenceId) -> Value {
 
 /// The stateful model of `path` and the sequence a small JSON body names.
 async fn named_sequence(
-    shared: &Edge,
+    edge: &Edge,
     path: &ModelRef,
     body: Body,
 ) -> Result<(Arc<ModelHandle>, Arc<Sequences>, SequenceId), Error> {
-    let (handle, sequences) = stateful(shared, path)?;
-    let params = parameters(&handle.name, shared, body).await?;
+    let (handle, sequences) = stateful(edge, path)?;
+    let params = parameters(&handle.name, edge, body).await?;
     let id = sequence_id(&handle.name, params.as_ref())?;
     Ok((handle, sequences, id))
 }
 
 /// `GET .../sequences`: every sequence the model keeps, by id.
-pub fn list(shared: &Edge, path: &ModelRef, owner: Option<KeyId>) -> Result<Response, HttpError> {
-    let (handle, sequences) = stateful(shared, path)?;
+pub fn list(edge: &Edge, path: &ModelRef, owner: Option<KeyId>) -> Result<Response, HttpError> {
+    let (handle, sequences) = stateful(edge, path)?;
     let list: Vec<Value> = sequences
         .list(owner)
         .iter()
@@ -111,12 +111,12 @@ pub fn list(shared: &Edge, path: &ModelRef, owner: Option<KeyId>) -> Result<Resp
 
 /// `POST .../sequences/read`: a sequence's state.
 pub async fn read(
-    shared: &Edge,
+    edge: &Edge,
     path: &ModelRef,
     owner: Option<KeyId>,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (handle, sequences, id) = named_sequence(shared, path, body).await?;
+    let (handle, sequences, id) = named_sequence(edge, path, body).await?;
     let state = sequences.read(&id, owner, state_turn_deadline()).await?;
     let outputs: Vec<Value> = sequences
         .spec()
@@ -144,15 +144,15 @@ pub async fn read(
 /// `POST .../sequences/write`: sets a sequence's state (starting it if it
 /// is not kept); the body is an inference request whose inputs are the states.
 pub async fn write(
-    shared: &Edge,
+    edge: &Edge,
     path: &ModelRef,
     headers: &HeaderMap,
     owner: Option<KeyId>,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (handle, sequences) = stateful(shared, path)?;
+    let (handle, sequences) = stateful(edge, path)?;
     let declared = body::declared_length(headers);
-    let body = body::read(&handle.name, body, shared.max_request_bytes, declared).await?;
+    let body = body::read(&handle.name, body, edge.max_request_bytes, declared).await?;
     let header_length = headers
         .get(&codec::HEADER_LENGTH_NAME)
         .and_then(|v| v.to_str().ok())
@@ -179,12 +179,12 @@ pub async fn write(
 
 /// `POST .../sequences/drop`: ends a sequence and drops its state.
 pub async fn drop_sequence(
-    shared: &Edge,
+    edge: &Edge,
     path: &ModelRef,
     owner: Option<KeyId>,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let (_, sequences, id) = named_sequence(shared, path, body).await?;
+    let (_, sequences, id) = named_sequence(edge, path, body).await?;
     sequences.remove(&id, owner, state_turn_deadline()).await?;
     Ok(axum::Json(json!({"sequence_id": id_json(&id), "dropped": true})).into_response())
 }

@@ -29,22 +29,22 @@ use pb::serving::{
 /// The `type_url` of the `signature_def` metadata field's `Any`.
 const SIGNATURE_DEF_MAP_TYPE: &str = "type.googleapis.com/tensorflow.serving.SignatureDefMap";
 
-/// TF Serving's two services over the shared runtime.
+/// TF Serving's two services over the edge.
 #[derive(Clone)]
 pub struct TfServing {
-    shared: Arc<Edge>,
+    edge: Arc<Edge>,
 }
 
 impl TfServing {
-    /// The services over `shared`, each limited to `limit` bytes per message.
+    /// The services over `edge`, each limited to `limit` bytes per message.
     pub fn services(
-        shared: Arc<Edge>,
+        edge: Arc<Edge>,
         limit: usize,
     ) -> (
         PredictionServiceServer<TfServing>,
         ModelServiceServer<TfServing>,
     ) {
-        let service = TfServing { shared };
+        let service = TfServing { edge };
         (
             PredictionServiceServer::new(service.clone())
                 .max_decoding_message_size(limit)
@@ -58,7 +58,7 @@ impl TfServing {
     /// The model version a `ModelSpec` names.
     fn model(&self, spec: Option<&ModelSpec>) -> Result<Arc<ModelHandle>, Error> {
         let (name, version) = spec_target(spec)?;
-        self.shared.runtime.model(&name, version.as_deref())
+        self.edge.runtime.model(&name, version.as_deref())
     }
 }
 
@@ -222,9 +222,7 @@ impl PredictionService for TfServing {
             Ok(target) => target,
             Err(e) => {
                 let name = request.model_spec.as_ref().map_or("", |s| s.name.as_str());
-                let e = self
-                    .shared
-                    .refuse(Protocol::TfServingGrpc, name, started, e);
+                let e = self.edge.refuse(Protocol::TfServingGrpc, name, started, e);
                 return Err(status(&e));
             }
         };
@@ -233,10 +231,10 @@ impl PredictionService for TfServing {
         });
         let payload = Predict {
             request,
-            max_bytes: self.shared.max_request_bytes,
+            max_bytes: self.edge.max_request_bytes,
         };
         let answer = self
-            .shared
+            .edge
             .infer(call, payload)
             .await
             .map_err(|e| status(&e))?;
@@ -299,7 +297,7 @@ impl ModelService for TfServing {
     ) -> Result<Response<GetModelStatusResponse>, Status> {
         let request = request.into_inner();
         let (name, version) = spec_target(request.model_spec.as_ref()).map_err(|e| status(&e))?;
-        let statuses = super::version_statuses(&self.shared.runtime, &name, version.as_deref())
+        let statuses = super::version_statuses(&self.edge.runtime, &name, version.as_deref())
             .map_err(|e| status(&e))?
             .into_iter()
             .map(|s| ModelVersionStatus {
