@@ -1,13 +1,14 @@
 //! The generated CUDA C, run on the CPU: each plan's module compiled by the
 //! host's C++ compiler behind a small emulation of CUDA's thread indices
-//! (one kernel call per thread, one thread after another; a device pointer
-//! is a host pointer), its steps run in the order the engine records them
+//! (a warp is 32 OS threads, a shuffle a write and a read between barriers;
+//! a device pointer is a host pointer), its steps run in the order the
+//! engine records them
 //! (the products computed here as cuBLAS computes them, the recurrent layers
 //! step by step with their gate and reset kernels, the initial states copied
 //! or zeroed), gives what ONNX Runtime gives within 1e-5. No GPU needed:
-//! this is the kernels' own arithmetic and indexing checked where no GPU is.
-//! Kernels that reduce across a warp (softmax, layer normalization) are not
-//! emulated; plans with them are left to the GPU tests.
+//! this is the kernels' own arithmetic and indexing checked where no GPU is
+//! (warp reductions included; not the device's scheduling, memory or
+//! cuBLAS itself).
 
 #![allow(clippy::unwrap_used, missing_docs, unsafe_code)]
 
@@ -29,17 +30,59 @@ use common::{fixtures, read, root};
 const EMULATION: &str = r#"
 #include <math.h>
 #include <string.h>
+#include <barrier>
+#include <thread>
+#include <vector>
 struct tickserve_dim { unsigned int x, y, z; };
-static tickserve_dim blockIdx, blockDim, threadIdx;
-extern "C" void tickserve_set_thread(unsigned int block, unsigned int size, unsigned int thread) {
-    blockIdx.x = block; blockDim.x = size; threadIdx.x = thread;
-}
+static thread_local tickserve_dim blockIdx, blockDim, threadIdx;
 #define __global__
 #define __device__
 #define __forceinline__ inline
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-// Not emulated: plans whose kernels reduce across a warp are left out.
-static inline float __shfl_xor_sync(unsigned int, float x, int) { return x; }
+// A warp is 32 OS threads; a shuffle is a write, a barrier, a read, a barrier.
+static thread_local std::barrier<>* tickserve_warp;
+static thread_local float* tickserve_lanes;
+static inline float __shfl_xor_sync(unsigned int, float x, int offset) {
+    unsigned int lane = threadIdx.x % 32;
+    tickserve_lanes[lane] = x;
+    tickserve_warp->arrive_and_wait();
+    float y = tickserve_lanes[lane ^ offset];
+    tickserve_warp->arrive_and_wait();
+    return y;
+}
+// Runs `call` for every thread of a launch of `grid` blocks of `block`
+// threads, warp by warp, the 32 lanes of a warp at once.
+template <typename F>
+static void tickserve_launch(unsigned int grid, unsigned int block, F call) {
+    for (unsigned int first = 0; first < grid * block; first += 32) {
+        std::barrier<> warp(32);
+        float lanes[32];
+        std::vector<std::thread> threads;
+        for (unsigned int lane = 0; lane < 32; ++lane) {
+            unsigned int id = first + lane;
+            threads.emplace_back([&, id] {
+                blockIdx.x = id / block; blockDim.x = block; threadIdx.x = id % block;
+                tickserve_warp = &warp; tickserve_lanes = lanes;
+                call();
+            });
+        }
+        for (auto& t : threads) t.join();
+    }
+}
+typedef unsigned long long tickserve_u64;
+typedef void (*tickserve_elementwise)(float*, const float*, const float*, const tickserve_u64*, int);
+typedef void (*tickserve_gates)(float*, float*, float*, const float*, const float*, const float*,
+    const tickserve_u64*, int, int);
+extern "C" void tickserve_launch_elementwise(tickserve_elementwise kernel, unsigned int grid,
+        unsigned int block, float* out, const float* a, const float* b,
+        const tickserve_u64* table, int rows) {
+    tickserve_launch(grid, block, [=] { kernel(out, a, b, table, rows); });
+}
+extern "C" void tickserve_launch_gates(tickserve_gates kernel, unsigned int grid,
+        unsigned int block, float* h, float* c, float* y, const float* xw, const float* hr,
+        const float* hr2, const tickserve_u64* table, int rows, int t) {
+    tickserve_launch(grid, block, [=] { kernel(h, c, y, xw, hr, hr2, table, rows, t); });
+}
 "#;
 
 type Elementwise = unsafe extern "C" fn(*mut f32, *const f32, *const f32, *const u64, i32);
@@ -54,7 +97,22 @@ type Gates = unsafe extern "C" fn(
     i32,
     i32,
 );
-type SetThread = unsafe extern "C" fn(u32, u32, u32);
+type LaunchElementwise =
+    unsafe extern "C" fn(Elementwise, u32, u32, *mut f32, *const f32, *const f32, *const u64, i32);
+type LaunchGates = unsafe extern "C" fn(
+    Gates,
+    u32,
+    u32,
+    *mut f32,
+    *mut f32,
+    *mut f32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *const u64,
+    i32,
+    i32,
+);
 
 /// A plan's module compiled for the host, and its kernels.
 struct Module {
@@ -70,7 +128,15 @@ impl Module {
         let (cpp, so) = (dir.path().join("module.cpp"), dir.path().join("module.so"));
         std::fs::write(&cpp, format!("{EMULATION}\n{source}")).unwrap();
         let built = std::process::Command::new("c++")
-            .args(["-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-o"])
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-w",
+                "-o",
+            ])
             .arg(&so)
             .arg(&cpp)
             .output()
@@ -89,19 +155,33 @@ impl Module {
         }
     }
 
-    /// Runs `name` once per thread of a launch over `rows` rows of `width`.
-    fn launch(&self, name: &str, rows: usize, width: usize, call: impl Fn(&libloading::Library)) {
+    /// The grid and block of `name` over `rows` rows of `width`.
+    fn dims(&self, name: &str, rows: usize, width: usize) -> (u32, u32) {
         let kernel = self.kernels.iter().find(|k| k.name == name).unwrap();
-        let (grid, block) = kernel.dims(rows, width);
-        // SAFETY: the emulation's own setter, (u32, u32, u32).
-        let set: libloading::Symbol<'_, SetThread> =
-            unsafe { self.library.get(b"tickserve_set_thread") }.unwrap();
-        for b in 0..grid {
-            for t in 0..block {
-                // SAFETY: as above.
-                unsafe { set(b, block, t) };
-                call(&self.library);
-            }
+        kernel.dims(rows, width)
+    }
+
+    /// Launches elementwise kernel `name` (KERNEL's signature).
+    #[allow(clippy::too_many_arguments)]
+    fn elementwise(
+        &self,
+        name: &str,
+        (grid, block): (u32, u32),
+        out: *mut f32,
+        a: *const f32,
+        b: *const f32,
+        table: &[u64],
+        rows: usize,
+    ) {
+        // SAFETY: symbols of the module this test built, with the
+        // signatures its source gives them; every pointer a live buffer of
+        // the sizes the plan gives it.
+        unsafe {
+            let kernel: libloading::Symbol<'_, Elementwise> =
+                self.library.get(name.as_bytes()).unwrap();
+            let launch: libloading::Symbol<'_, LaunchElementwise> =
+                self.library.get(b"tickserve_launch_elementwise").unwrap();
+            launch(*kernel, grid, block, out, a, b, table.as_ptr(), rows as i32);
         }
     }
 }
@@ -195,15 +275,8 @@ fn emulate(plan: &Plan, weights: &[Vec<f32>], inputs: &[Vec<f32>], rows: usize) 
         let out = values[step.output].as_mut_ptr();
         let a_ptr = a_copy.as_ref().map_or(out.cast_const(), |v| v.as_ptr());
         let b_ptr = b_copy.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
-        module.launch(&name, rows, width, |library| {
-            // SAFETY: the kernel's signature is KERNEL(name); every pointer
-            // is a buffer of the sizes the plan gives it.
-            unsafe {
-                let kernel: libloading::Symbol<'_, Elementwise> =
-                    library.get(name.as_bytes()).unwrap();
-                kernel(out, a_ptr, b_ptr, table.as_ptr(), rows as i32);
-            }
-        });
+        let dims = module.dims(&name, rows, width);
+        module.elementwise(&name, dims, out, a_ptr, b_ptr, &table, rows);
     }
     plan.outputs
         .iter()
@@ -249,25 +322,29 @@ fn recurrent(
         let hr = product(&values[h], &weights[layer.r], true, rows, hidden, gh);
         let mut hr2 = vec![0.0f32; rows * gh];
         let gates = |name: &str, h: *mut f32, c: *mut f32, y: *mut f32, hr2: *const f32| {
-            module.launch(name, rows, hidden, |library| {
-                // SAFETY: RECURRENT(name)'s signature; every pointer a buffer
-                // of the layer's sizes.
-                unsafe {
-                    let kernel: libloading::Symbol<'_, Gates> =
-                        library.get(name.as_bytes()).unwrap();
-                    kernel(
-                        h,
-                        c,
-                        y,
-                        xw.as_ptr(),
-                        hr.as_ptr(),
-                        hr2,
-                        table.as_ptr(),
-                        rows as i32,
-                        t as i32,
-                    );
-                }
-            });
+            let (grid, block) = module.dims(name, rows, hidden);
+            // SAFETY: RECURRENT(name)'s signature, and the emulation's
+            // launcher; every pointer a live buffer of the layer's sizes.
+            unsafe {
+                let kernel: libloading::Symbol<'_, Gates> =
+                    module.library.get(name.as_bytes()).unwrap();
+                let launch: libloading::Symbol<'_, LaunchGates> =
+                    module.library.get(b"tickserve_launch_gates").unwrap();
+                launch(
+                    *kernel,
+                    grid,
+                    block,
+                    h,
+                    c,
+                    y,
+                    xw.as_ptr(),
+                    hr.as_ptr(),
+                    hr2,
+                    table.as_ptr(),
+                    rows as i32,
+                    t as i32,
+                );
+            }
         };
         if resets {
             gates(
@@ -354,6 +431,8 @@ fn the_generated_kernels_run_on_the_cpu_give_what_onnx_runtime_gives() {
     let dir = fixtures();
     let models = root().join("config/models");
     let paths = [
+        models.join("alpha_mlp/1/model.onnx"),
+        dir.path().join("cuda_ops/1/model.onnx"),
         models.join("seq_lstm/1/model.onnx"),
         models.join("seq_lstm_step/1/model.onnx"),
         models.join("tick_000/1/model.onnx"),
