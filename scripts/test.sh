@@ -31,6 +31,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test"
+# The CUDA engine's emulated kernels are compiled by the host's C++ compiler.
+scripts/apt_install.sh c++ g++
 cargo test --workspace --locked
 
 echo "== deploy/ manifests against the Kubernetes and KServe schemas"
