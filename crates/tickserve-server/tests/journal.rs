@@ -870,3 +870,103 @@ async fn files_end_by_age_as_well_as_by_size() {
     assert_eq!(report.records(), 15);
     assert_eq!(report.streams[0].files, 3);
 }
+
+/// Each record file's stream version, and its records' count.
+fn records_per_version(dir: &Path) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for path in walk(dir) {
+        let file = read_file(&path).unwrap();
+        let rows: usize = file
+            .batches
+            .iter()
+            .map(arrow_array::RecordBatch::num_rows)
+            .sum();
+        *out.entry(file.file.stream.version.clone()).or_insert(0) += rows;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_models_sequence_is_journaled_under_the_version_that_keeps_it() {
+    let repository = tempfile::tempdir().unwrap();
+    for v in [1, 2] {
+        common::deploy_version(repository.path(), "journal_split", v, "seq_lstm_step");
+    }
+    let state =
+        std::fs::read_to_string(common::root().join("config/models/seq_lstm_step/model.toml"))
+            .unwrap();
+    std::fs::write(
+        repository.path().join("journal_split/model.toml"),
+        format!("version_policy = \"all\"\n\n[split]\nstable = 50\ncanary = 50\n\n{state}"),
+    )
+    .unwrap();
+    std::fs::write(
+        repository.path().join("journal_split/labels.toml"),
+        "stable = 1\ncanary = 2\n",
+    )
+    .unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let server = common::start(&journaled(repository.path(), journal.path())).await;
+    let url = format!("http://{}/v2/models/journal_split/infer", server.http_addr);
+    // One sequence, 40 ticks: the split draws either version for each, and
+    // every tick goes to the version the sequence started on.
+    let mut answered = std::collections::BTreeSet::new();
+    for t in 0..40 {
+        answered.insert(common::answered_version(&url, &seq_tick_of(3, t == 0, 0.1)).await);
+    }
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    flush(&server).await;
+    server.shutdown().await.unwrap();
+    // Its 40 records are in that version's file, none in the other's.
+    let counts = records_per_version(journal.path());
+    let kept = answered.into_iter().next().unwrap();
+    assert_eq!(counts.get(&kept), Some(&40), "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 40, "{counts:?}");
+}
+
+/// A tick of sequence `id` of `seq_lstm_step` (8 features of `value`).
+fn seq_tick_of(id: u64, start: bool, value: f32) -> serde_json::Value {
+    serde_json::json!({
+        "parameters": {"sequence_id": id, "sequence_start": start},
+        "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": vec![value; 8]}]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prediction_the_journal_cannot_keep_is_refused_before_it_is_computed() {
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = journaled(&common::root().join("config/models"), journal.path());
+    config.journal.when_full = WhenFull::Refuse;
+    let server = common::start(&config).await;
+    let base = format!("http://{}", server.http_addr);
+    let handle = Arc::clone(server.edge().journal.as_ref().unwrap());
+    let runs = || {
+        server
+            .edge()
+            .runtime
+            .model("alpha_mlp", None)
+            .unwrap()
+            .replica_runs()
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    assert_eq!(post_alpha(&base, 1).await, reqwest::StatusCode::OK);
+    flush(&server).await;
+    // The journal cannot write: the first request finds out (it runs, its
+    // record fails, it is refused); from then on requests are refused at
+    // admission and the model does not run for them (but for one probe a
+    // second, which may fall in here).
+    handle.fail_writes(true);
+    let before = runs();
+    for n in 2..12 {
+        assert_eq!(
+            post_alpha(&base, n).await,
+            reqwest::StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    let ran = runs() - before;
+    assert!(ran <= 2, "10 refused requests, {ran} runs");
+    handle.fail_writes(false);
+    server.shutdown().await.unwrap();
+}
