@@ -27,6 +27,7 @@ during the drain and over the whole run, the sequences lost to the kill.
 """
 import argparse
 import concurrent.futures
+import os
 import pathlib
 import sys
 import tempfile
@@ -36,9 +37,14 @@ import urllib.request
 import json
 
 import numpy as np
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+
+# A replica is started again while the gRPC clients run: without this, gRPC's fork
+# handlers run in the forked child before it execs tickserve, and can abort it
+# (`epoll_wait error: Bad file descriptor`, then SIGABRT). Read when grpc loads.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
