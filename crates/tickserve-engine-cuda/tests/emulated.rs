@@ -15,16 +15,16 @@
 use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel, SOLE_MEMBER};
+
 use tickserve_engine_cuda::kernels::{Kernel, gate_name, module_source, reset_name};
 use tickserve_engine_cuda::plan::{Cell, Op, Plan, Recurrent, ValueId};
 use tickserve_engine_cuda::reference::random_rows;
 use tickserve_engine_cuda::{arrange, import};
-use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
+use tickserve_engine_ort::OrtEngine;
 
 mod common;
 
-use common::{fixtures, read, root};
+use common::{fixtures, onnx_runtime, onnx_runtime_outputs, read, root};
 
 /// What the module needs to build and run as host code.
 const EMULATION: &str = r#"
@@ -372,13 +372,6 @@ fn recurrent(
     }
 }
 
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 /// `path`'s plan through the emulated kernels against ONNX Runtime.
 fn matches_onnx_runtime(engine: &OrtEngine, path: &Path, rows: usize, seed: u64) {
     let model = read(path);
@@ -392,24 +385,10 @@ fn matches_onnx_runtime(engine: &OrtEngine, path: &Path, rows: usize, seed: u64)
         .map(|(i, s)| random_rows(seed + i as u64, rows * s.dims.iter().product::<usize>()))
         .collect();
     let ours = emulate(&imported.plan, &weights, &inputs, rows);
-    let mut ort = engine
-        .compile(&OrtCompileRequest {
-            family: "emulated",
-            onnx: &model,
-            signature: &signature,
-            buckets: &Buckets::new(&[rows], None).unwrap(),
-            weights: None,
-        })
-        .unwrap();
-    for (i, data) in inputs.iter().enumerate() {
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        ort.input_mut(0, i).copy_from_slice(&bytes);
-    }
-    ort.run(0, SOLE_MEMBER).unwrap();
-    for (o, got) in ours.iter().enumerate() {
-        let want = floats(ort.output(0, o));
+    let theirs = onnx_runtime_outputs(engine, &model, &signature, &inputs, rows);
+    for (o, (got, want)) in ours.iter().zip(&theirs).enumerate() {
         assert_eq!(got.len(), want.len(), "{} output {o}", path.display());
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-5 * w.abs().max(1.0),
                 "{} output {o} element {i}: emulated kernels {g}, onnxruntime {w}",
@@ -421,13 +400,7 @@ fn matches_onnx_runtime(engine: &OrtEngine, path: &Path, rows: usize, seed: u64)
 
 #[test]
 fn the_generated_kernels_run_on_the_cpu_give_what_onnx_runtime_gives() {
-    let engine = OrtEngine::new(
-        &root().join(".local/lib/libonnxruntime.so.1.31.1"),
-        OrtOptions {
-            intra_op_threads: 1,
-        },
-    )
-    .expect("run scripts/setup.sh");
+    let engine = onnx_runtime();
     let dir = fixtures();
     let models = root().join("config/models");
     let paths = [

@@ -9,22 +9,14 @@
 use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel};
 use tickserve_engine_cuda::plan::Op;
 use tickserve_engine_cuda::reference::random_rows;
 use tickserve_engine_cuda::{arrange, import, reference};
-use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtOptions};
+use tickserve_engine_ort::OrtEngine;
 
 mod common;
 
-use common::{fixtures, read, root};
-
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
+use common::{fixtures, onnx_runtime, onnx_runtime_outputs, read, root};
 
 /// Imports `path`, runs `rows` random rows through the plan on the CPU and
 /// through ONNX Runtime, and compares every output.
@@ -34,34 +26,19 @@ fn matches_onnx_runtime(engine: &OrtEngine, path: &Path, rows: usize, seed: u64)
     let imported = import(&model, &signature.inputs, None)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let weights = arrange(&imported.plan, &imported.weights).unwrap();
-    let buckets = Buckets::new(&[rows], None).unwrap();
-    let mut ort = engine
-        .compile(&OrtCompileRequest {
-            family: "test",
-            onnx: &model,
-            signature: &signature,
-            buckets: &buckets,
-            weights: None,
-        })
-        .unwrap();
     let inputs: Vec<Vec<f32>> = signature
         .inputs
         .iter()
         .enumerate()
         .map(|(i, spec)| random_rows(seed + i as u64, rows * spec.dims.iter().product::<usize>()))
         .collect();
-    for (i, data) in inputs.iter().enumerate() {
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        ort.input_mut(0, i).copy_from_slice(&bytes);
-    }
-    ort.run(0, tickserve_core::SOLE_MEMBER).unwrap();
+    let theirs = onnx_runtime_outputs(engine, &model, &signature, &inputs, rows);
     let slices: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
     let ours = reference::run(&imported.plan, &weights, &slices, rows);
-    assert_eq!(ours.len(), ort.signature().outputs.len());
-    for (o, got) in ours.iter().enumerate() {
-        let want = floats(ort.output(0, o));
+    assert_eq!(ours.len(), theirs.len());
+    for (o, (got, want)) in ours.iter().zip(&theirs).enumerate() {
         assert_eq!(got.len(), want.len(), "{} output {o}", path.display());
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-5 * w.abs().max(1.0),
                 "{} output {o} element {i}: plan {g}, onnxruntime {w}",
@@ -72,13 +49,7 @@ fn matches_onnx_runtime(engine: &OrtEngine, path: &Path, rows: usize, seed: u64)
 }
 
 fn engine() -> OrtEngine {
-    OrtEngine::new(
-        &root().join(".local/lib/libonnxruntime.so.1.31.1"),
-        OrtOptions {
-            intra_op_threads: 1,
-        },
-    )
-    .expect("run scripts/setup.sh")
+    onnx_runtime()
 }
 
 #[test]

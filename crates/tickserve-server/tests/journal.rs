@@ -701,10 +701,7 @@ async fn a_journal_that_cannot_write_refuses_with_503_in_refuse_mode_and_answers
 
 /// A tick of `seq_lstm_step`'s sequence 7 (8 features of `value`).
 fn seq_tick(start: bool, value: f32) -> serde_json::Value {
-    serde_json::json!({
-        "parameters": {"sequence_id": 7, "sequence_start": start},
-        "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": vec![value; 8]}]
-    })
+    seq_tick_of(7, start, value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,3 +60,51 @@ pub fn fixtures() -> tempfile::TempDir {
         ),
     }
 }
+
+/// Little-endian bytes as floats.
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// ONNX Runtime (`.local/lib`, one thread), as the tests compare with.
+pub fn onnx_runtime() -> tickserve_engine_ort::OrtEngine {
+    tickserve_engine_ort::OrtEngine::new(
+        &root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        tickserve_engine_ort::OrtOptions {
+            intra_op_threads: 1,
+        },
+    )
+    .expect("run scripts/setup.sh")
+}
+
+/// `model`'s outputs from ONNX Runtime on `inputs` (one per input, `rows`
+/// rows each).
+pub fn onnx_runtime_outputs(
+    engine: &tickserve_engine_ort::OrtEngine,
+    model: &OnnxModel,
+    signature: &tickserve_onnx::PartialSignature,
+    inputs: &[Vec<f32>],
+    rows: usize,
+) -> Vec<Vec<f32>> {
+    use tickserve_core::CompiledModel;
+    let mut ort = engine
+        .compile(&tickserve_engine_ort::OrtCompileRequest {
+            family: "test",
+            onnx: model,
+            signature,
+            buckets: &tickserve_core::Buckets::new(&[rows], None).unwrap(),
+            weights: None,
+        })
+        .unwrap();
+    for (i, data) in inputs.iter().enumerate() {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        ort.input_mut(0, i).copy_from_slice(&bytes);
+    }
+    ort.run(0, tickserve_core::SOLE_MEMBER).unwrap();
+    (0..ort.signature().outputs.len())
+        .map(|o| floats(ort.output(0, o)))
+        .collect()
+}
