@@ -15,8 +15,8 @@ over gRPC at concurrency 1 and 16:
   - windowed: `seq_lstm_window`, each request one tick [1, 8] of a sequence, the server
     keeping its last 30 ticks and running `seq_lstm` on them (the same sequence flags).
 
-All three give the prediction after the latest tick (tests/sequences.rs and
-tests/windows.rs check they are equal). For each: the size of the request message (the
+All three give the prediction after the latest tick (tests/server/features/sequences.rs and
+tests/server/features/windows.rs check they are equal). For each: the size of the request message (the
 protobuf ModelInferRequest perf_analyzer sends, raw tensor contents, sequence
 parameters included; gRPC adds 5 bytes and HTTP/2 framing), throughput,
 p50 / p99 (perf_analyzer's client-side latency), the server's compute per request

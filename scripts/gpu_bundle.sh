@@ -30,7 +30,7 @@ print(found[0])' "$name"
 
 cargo build --release -p tickserve-server
 cp target/release/tickserve .gpu/tickserve
-cp "$(exe gpu test --release -p tickserve-engine-cuda --test gpu)" .gpu/gpu-engine
+cp "$(exe engine_cuda test --release -p tickserve-engine-cuda --test engine_cuda)" .gpu/gpu-engine
 cp "$(exe runtime test --release -p tickserve-runtime --test runtime)" .gpu/gpu-runtime
 cp "$(exe graph_replay bench -p tickserve-engine-cuda --bench graph_replay)" .gpu/graph_replay
 strip .gpu/tickserve .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay

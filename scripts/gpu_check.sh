@@ -150,7 +150,7 @@ fi
 
 step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
 step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
-  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1
+  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu::
 step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"

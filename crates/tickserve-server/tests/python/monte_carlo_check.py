@@ -13,7 +13,7 @@ the difference of two independent means has a standard error of sqrt(2) * s / sq
 the difference of two standard deviations about s / sqrt(N) (s the reference's standard
 deviation; a normal-theory approximation). At 5 standard errors a false alarm is a
 one-in-a-million event per element. Also: one seed twice gives identical answers.
-Started by crates/tickserve-server/tests/monte_carlo.rs; prints `done`.
+Started by crates/tickserve-server/tests/server/features/monte_carlo.rs; prints `done`.
 """
 import argparse
 import json

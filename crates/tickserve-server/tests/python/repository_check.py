@@ -12,7 +12,7 @@ matches onnxruntime (Python) in every bucket; unloading a model while requests
 for it are in flight answers every admitted request (never an internal error)
 and then reports it unavailable; a failed load (a broken version 2) leaves
 version 1 serving; loading a name that is not in the repository is refused.
-Started by crates/tickserve-server/tests/repository.rs.
+Started by crates/tickserve-server/tests/server/operations/repository.rs.
 """
 import argparse
 import pathlib

@@ -27,7 +27,7 @@ batch needs, whose kernels differ from the offline run's by an ulp or two, and t
 state carries that difference into every later tick; predictions near zero then differ
 by about 1e-7 absolute. The script prints the worst error seen.) The first tick says sequence_start, the last
 sequence_end; the server keeps no sequence afterwards. Prints `done`.
-Started by crates/tickserve-server/tests/sequences.rs (a smaller run); the full bar
+Started by crates/tickserve-server/tests/server/features/sequences.rs (a smaller run); the full bar
 (200 x 500 from 8 clients) is the default.
 """
 import argparse

@@ -11,7 +11,7 @@
   too many rows (INVALID_ARGUMENT), each followed by a good request that is served.
 - A client killed in the middle of a request (SIGKILL while its request is in flight)
   leaves the others served, and the server answers the next client at once.
-Prints `done`. Started by crates/tickserve-server/tests/shm.rs.
+Prints `done`. Started by crates/tickserve-server/tests/server/front_ends/shm.rs.
 """
 import argparse
 import json

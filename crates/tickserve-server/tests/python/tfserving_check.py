@@ -12,7 +12,7 @@ calls below are what a `tensorflow_serving.apis.prediction_service_pb2_grpc` use
 REST: `POST /v1/models/NAME:predict` in the row and column formats. Every model of
 the repository that has only numeric inputs is run at 1, 3, 64, 65 and 200 rows and
 compared with onnxruntime (Python) on the same inputs: equal within 1e-5 relative.
-Started by the Rust test crates/tickserve-server/tests/tfserving.rs; prints `done`.
+Started by the Rust test crates/tickserve-server/tests/server/front_ends/tfserving.rs; prints `done`.
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """TLS with Triton's official Python clients against a running tickserve whose
-front ends speak TLS (the certificates are made by crates/tickserve-server/tests/tls.rs).
+front ends speak TLS (the certificates are made by crates/tickserve-server/tests/server/front_ends/tls.rs).
 
     python crates/tickserve-server/tests/python/tls_check.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \
         --ca ca.pem [--client-cert client.pem --client-key client.key] [--restricted KEY]

@@ -8,7 +8,7 @@ Checks server and model metadata, then runs every model of the repository with
 1 to 200 rows (every bucket, and splits) over HTTP (binary tensors and JSON) and gRPC, and
 compares every output with onnxruntime (Python) on the same inputs: equal within
 1e-5 relative. Exits non-zero on the first mismatch. Started by the Rust test
-crates/tickserve-server/tests/tritonclient.rs.
+crates/tickserve-server/tests/server/front_ends/tritonclient.rs.
 """
 import argparse
 import pathlib

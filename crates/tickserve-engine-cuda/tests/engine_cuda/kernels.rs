@@ -1,0 +1,136 @@
+//! The kernels generated for real plans compile with NVRTC (a compiler, no
+//! GPU needed: `scripts/setup.sh` installs libnvrtc.so.13 into `.local/lib`,
+//! and `scripts/test.sh` puts it on LD_LIBRARY_PATH), and each step that
+//! needs one gets an entry point.
+
+use std::path::Path;
+
+use tickserve_core::config::ModelConfig;
+use tickserve_engine_cuda::import;
+use tickserve_engine_cuda::kernels::{Launch, compile, lowerable, module_source};
+use tickserve_engine_cuda::plan::Op;
+
+use crate::support;
+
+use support::{fixtures, read, root};
+
+fn plan_of(path: &Path) -> tickserve_engine_cuda::plan::Plan {
+    let model = read(path);
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    import(&model, &signature.inputs, None).unwrap().plan
+}
+
+#[test]
+fn generated_kernels_compile_with_nvrtc() {
+    let dir = fixtures();
+    let models = [
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        root().join("config/models/tick_000/1/model.onnx"),
+        dir.path().join("cuda_ops/1/model.onnx"),
+        dir.path().join("cuda_sequence_ops/1/model.onnx"),
+        dir.path().join("cuda_conv/1/model.onnx"),
+    ];
+    for path in &models {
+        let plan = plan_of(path);
+        let (source, kernels) = module_source(&plan);
+        assert!(!kernels.is_empty());
+        let compiled = compile(&source, "sm_90").unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}\n(run scripts/setup.sh; LD_LIBRARY_PATH=.local/lib)\n{source}",
+                path.display()
+            )
+        });
+        // Machine code for the architecture asked (an ELF image), so the
+        // driver compiles nothing at load; the PTX beside it as a fallback.
+        let cubin = compiled.cubin.as_deref().unwrap_or_default();
+        assert!(
+            cubin.starts_with(b"\x7fELF"),
+            "{}: no CUBIN",
+            path.display()
+        );
+        let ptx = &compiled.ptx;
+        for kernel in &kernels {
+            assert!(
+                ptx.contains(&format!(".entry {}(", kernel.name)),
+                "{}: no entry {} in the PTX",
+                path.display(),
+                kernel.name
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_and_layer_norm_run_a_warp_per_segment() {
+    let plan = plan_of(&root().join("config/models/alpha_mlp/1/model.onnx"));
+    let (source, kernels) = module_source(&plan);
+    assert_eq!(kernels.len(), 3, "{source}");
+    assert_eq!(kernels[2].launch, Launch::PerSegment(3));
+    // 64 rows of 3-wide segments: 64 warps, 16 blocks of 128 threads.
+    assert_eq!(kernels[2].dims(64, 3), (16, 128));
+    // Gemm 1's epilogue (bias + Relu), 64 rows × 64 wide.
+    assert_eq!(kernels[0].dims(64, 64), (32, 128));
+    // A bad kernel is a clear error, not a panic.
+    let error = compile("this is not CUDA", "sm_90").unwrap_err();
+    assert!(error.to_string().contains("NVRTC"), "{error}");
+}
+
+#[test]
+fn layout_ops_and_recurrent_gates_run_one_thread_per_element() {
+    let dir = fixtures();
+    let plan = plan_of(&dir.path().join("cuda_sequence_ops/1/model.onnx"));
+    lowerable(&plan).unwrap();
+    let (source, kernels) = module_source(&plan);
+    let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).collect();
+    // LSTM, GRU (reset after its product), Slice, GRU (reset first: a reset
+    // kernel, then the gates), Gather, Concat, Transpose, and the head's
+    // product, which needs no kernel.
+    assert_eq!(
+        names,
+        [
+            "step_0",
+            "step_1",
+            "step_2",
+            "step_3_reset",
+            "step_3",
+            "step_4",
+            "step_5",
+            "step_6"
+        ],
+        "{source}"
+    );
+    assert!(kernels.iter().all(|k| k.launch == Launch::PerElement));
+    // The Transpose of [batch, 5, 2] to [batch, 2, 5] reads column (c / 5, c % 5)
+    // from (c % 5) * 2 + c / 5.
+    assert!(
+        source.contains("a[row * 10 + (0 + (col / 1 % 5) * 2 + (col / 5 % 2) * 1)]"),
+        "{source}"
+    );
+    // The LSTM's gate kernel reads step t's projection of its row and writes
+    // every step's hidden state (Y is read).
+    assert!(source.contains("RECURRENT(step_0)"), "{source}");
+    assert!(
+        source.contains("const float* x = xw + ((long long)row * 6 + t) * 20;"),
+        "{source}"
+    );
+    assert!(
+        source.contains("y[((long long)row * 6 + t) * 5 + u] = hn;"),
+        "{source}"
+    );
+    // One thread per hidden unit and row: 64 rows of 5, three blocks.
+    assert_eq!(kernels[0].dims(64, 5), (3, 128));
+}
+
+#[test]
+fn a_concat_of_three_activations_is_not_lowered() {
+    let mut plan = plan_of(&root().join("config/models/alpha_mlp/1/model.onnx"));
+    lowerable(&plan).unwrap();
+    let input = plan.inputs[0].1;
+    plan.steps[0].op = Op::Concat {
+        inputs: vec![input, input, input],
+        outer: 1,
+        chunks: vec![50, 50, 50],
+    };
+    let error = lowerable(&plan).unwrap_err();
+    assert!(error.contains("Concat of 3 activations"), "{error}");
+}

@@ -1,0 +1,104 @@
+//! What the engine's tests share: the repository root, reading a model, and
+//! the fixture repository.
+
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use tickserve_onnx::OnnxModel;
+
+pub use tickserve_testing::root;
+
+/// Parses the ONNX file at `path`.
+pub fn read(path: &Path) -> OnnxModel {
+    OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The Python that writes the fixtures: `TICKSERVE_PYTHON`, else the
+/// project's `.venv` (scripts/setup.sh), else `python3` (the GPU machine's,
+/// which has onnx and numpy).
+pub fn python() -> PathBuf {
+    if let Some(python) = std::env::var_os("TICKSERVE_PYTHON") {
+        return python.into();
+    }
+    let venv = root().join(".venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// `scripts/make_models.py --fixtures` into a temporary directory; fails the
+/// test, saying which Python it ran, where that Python lacks onnx or numpy
+/// (run scripts/setup.sh, or set `TICKSERVE_PYTHON`).
+pub fn fixtures() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let python = python();
+    let output = std::process::Command::new(&python)
+        .arg(root().join("scripts/make_models.py"))
+        .arg("--fixtures")
+        .arg(dir.path())
+        .output();
+    match output {
+        Ok(out) if out.status.success() => dir,
+        Ok(out) => panic!(
+            "{} scripts/make_models.py --fixtures failed (run scripts/setup.sh, or set \
+             TICKSERVE_PYTHON to a Python with onnx and numpy): {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!(
+            "{} cannot run (run scripts/setup.sh, or set TICKSERVE_PYTHON): {e}",
+            python.display()
+        ),
+    }
+}
+
+/// Little-endian bytes as floats.
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// ONNX Runtime (`.local/lib`, one thread), as the tests compare with.
+pub fn onnx_runtime() -> tickserve_engine_ort::OrtEngine {
+    tickserve_engine_ort::OrtEngine::new(
+        &root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        tickserve_engine_ort::OrtOptions {
+            intra_op_threads: 1,
+        },
+    )
+    .expect("run scripts/setup.sh")
+}
+
+/// `model`'s outputs from ONNX Runtime on `inputs` (one per input, `rows`
+/// rows each).
+pub fn onnx_runtime_outputs(
+    engine: &tickserve_engine_ort::OrtEngine,
+    model: &OnnxModel,
+    signature: &tickserve_onnx::PartialSignature,
+    inputs: &[Vec<f32>],
+    rows: usize,
+) -> Vec<Vec<f32>> {
+    use tickserve_core::CompiledModel;
+    let mut ort = engine
+        .compile(&tickserve_engine_ort::OrtCompileRequest {
+            family: "test",
+            onnx: model,
+            signature,
+            buckets: &tickserve_core::Buckets::new(&[rows], None).unwrap(),
+            weights: None,
+        })
+        .unwrap();
+    for (i, data) in inputs.iter().enumerate() {
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        ort.input_mut(0, i).copy_from_slice(&bytes);
+    }
+    ort.run(0, tickserve_core::SOLE_MEMBER).unwrap();
+    (0..ort.signature().outputs.len())
+        .map(|o| floats(ort.output(0, o)))
+        .collect()
+}

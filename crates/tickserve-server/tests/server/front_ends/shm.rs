@@ -1,0 +1,326 @@
+//! The shared-memory front end against a real server, through the Rust
+//! client (`tickserve-client`): answers equal gRPC's for the same rows,
+//! bad input gets the other front ends' error kinds (and a good request
+//! after it is served), the metrics say `protocol="shm"`, and request
+//! parameters (sequences, priority, timeout) ride in the parameter block. (Every sample
+//! model against onnxruntime through the Python client:
+//! `tests/python/shm_check.py`.)
+
+use crate::support;
+
+use tickserve_client::{ClientError, GrpcClient, ParamValue, Parameter, ShmClient, Tensor};
+
+/// A server on the sample repository with `[shm]` on, under a service name
+/// of this test's own (tests run at once).
+async fn server(name: &str) -> (tickserve_server::Server, String) {
+    let mut config = support::config(&support::root().join("config/models"));
+    let service = format!("tickserve-test-{}-{name}", std::process::id());
+    config.shm.enabled = true;
+    config.shm.service = service.clone();
+    (support::start(&config).await, service)
+}
+
+fn alpha_row(seed: f32) -> Tensor {
+    let values: Vec<f32> = (0..50).map(|i| ((i as f32 + seed) * 0.37).sin()).collect();
+    Tensor::from_f32("features", &[1, 50], &values)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_answers_equal_grpc() {
+    if support::alone(module_path!(), "shared_memory_answers_equal_grpc") {
+        return;
+    }
+    let (server, service) = server("equal").await;
+    let grpc = GrpcClient::connect(&format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        (0..20)
+            .map(|i| client.infer("alpha_mlp", &[alpha_row(i as f32)]).unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for (i, answer) in answers.iter().enumerate() {
+        let expected = grpc
+            .infer("alpha_mlp", &[alpha_row(i as f32)])
+            .await
+            .unwrap();
+        assert_eq!(answer, &expected, "row {i}");
+        assert_eq!(answer[0].name, "probabilities");
+        assert_eq!(answer[0].shape, vec![1, 3]);
+    }
+    let metrics = support::metrics_text(&format!("http://{}", server.http_addr)).await;
+    // Other tests of this binary count in the same process-wide metrics: at least these 20.
+    let served: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                r#"tickserve_requests_total{model="alpha_mlp",protocol="shm",code="ok"} "#,
+            )
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(served >= 20.0, "{metrics}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_same_error_kinds_and_harms_nothing() {
+    let (server, service) = server("errors").await;
+    tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        let code = |result: Result<Vec<Tensor>, ClientError>| match result {
+            Err(ClientError::Server { code, message }) => (code, message),
+            other => panic!("{other:?}"),
+        };
+        let (c, m) = code(client.infer("no_such_model", &[alpha_row(0.0)]));
+        assert_eq!(c, "NOT_FOUND", "{m}");
+        let mut wrong_name = alpha_row(0.0);
+        wrong_name.name = "x".into();
+        let (c, m) = code(client.infer("alpha_mlp", &[wrong_name]));
+        assert_eq!(c, "INVALID_ARGUMENT");
+        assert!(m.contains("alpha_mlp") && m.contains("'x'"), "{m}");
+        let short = Tensor::from_f32("features", &[1, 50], &[0.0; 49]);
+        let (c, m) = code(client.infer("alpha_mlp", &[short]));
+        assert_eq!(c, "INVALID_ARGUMENT", "{m}");
+        let mut nan = alpha_row(0.0);
+        nan.data[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        let (c, m) = code(client.infer("alpha_mlp", &[nan]));
+        assert_eq!(c, "INVALID_ARGUMENT", "{m}");
+        let too_many = Tensor::from_f32("features", &[100_000, 50], &vec![0.0; 5_000_000]);
+        let (c, m) = code(client.infer("alpha_mlp", &[too_many]));
+        assert_eq!(c, "PAYLOAD_TOO_LARGE", "{m}");
+        // And a good request after all of them.
+        let answer = client.infer("alpha_mlp", &[alpha_row(1.0)]).unwrap();
+        assert_eq!(answer[0].shape, vec![1, 3]);
+    })
+    .await
+    .unwrap();
+    server.shutdown().await.unwrap();
+}
+
+/// The Python client on every sample model against onnxruntime, the bad-input
+/// cases, and a client killed mid-request (`tests/python/shm_check.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_matches_onnxruntime_and_survives_a_killed_client() {
+    let (server, service) = server("python").await;
+    let repository = support::root().join("config/models");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--service".as_ref(),
+        service.as_ref(),
+        "--repository".as_ref(),
+        repository.as_os_str(),
+    ];
+    support::run_python_check(&server, "shm_check.py", &args, "done").await;
+    server.shutdown().await.unwrap();
+}
+
+/// A client that outlives its server: after a restart under the same
+/// service, its next call is served (its cached handle is refused as stale
+/// and looked up again, or the connection is opened anew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_goes_on_after_the_server_restarts() {
+    let mut config = support::config(&support::root().join("config/models"));
+    let service = format!("tickserve-test-{}-restart", std::process::id());
+    config.shm.enabled = true;
+    config.shm.service = service.clone();
+    let server = support::start(&config).await;
+    let mut client = tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        client.infer("tick_003", &[tick_row()]).unwrap();
+        client.infer("alpha_mlp", &[alpha_row(0.0)]).unwrap();
+        client
+    })
+    .await
+    .unwrap();
+    let before = tokio::task::spawn_blocking(move || {
+        let answer = client.infer("alpha_mlp", &[alpha_row(2.0)]).unwrap();
+        (client, answer)
+    })
+    .await
+    .unwrap();
+    client = before.0;
+    server.shutdown().await.unwrap();
+
+    let server = support::start(&config).await;
+    let after = tokio::task::spawn_blocking(move || {
+        // The new server gives out handles anew: alpha_mlp may not be its
+        // first. At most one call fails while the client reconnects.
+        let mut last = None;
+        for _ in 0..3 {
+            match client.infer("alpha_mlp", &[alpha_row(2.0)]) {
+                Ok(answer) => return answer,
+                Err(e) => last = Some(e),
+            }
+        }
+        panic!("the client did not recover: {last:?}");
+    })
+    .await
+    .unwrap();
+    assert_eq!(after, before.1, "another model answered after the restart");
+    server.shutdown().await.unwrap();
+}
+
+fn tick_row() -> Tensor {
+    Tensor::from_f32("features", &[1, 16], &[0.5; 16])
+}
+
+/// One tick of `seq_lstm_step`: 8 features.
+fn step_tick(t: usize) -> Vec<f32> {
+    (0..8).map(|i| ((t * 8 + i) as f32 * 0.21).sin()).collect()
+}
+
+/// The same ticks of one sequence over shared memory (with its parameters
+/// in the block) and over HTTP give the same answers: the server kept the
+/// sequence's state between shared-memory requests. `priority` rides along;
+/// a parameter of the wrong type is INVALID_ARGUMENT naming it; of a
+/// parameter given twice, the last counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_and_priority_parameters_ride_in_the_parameter_block() {
+    let (server, service) = server("parameters").await;
+    let base = format!("http://{}", server.http_addr);
+    let over_shm = tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        let answers: Vec<Vec<Tensor>> = (0..5)
+            .map(|t| {
+                let parameters = [
+                    Parameter {
+                        name: "sequence_id",
+                        value: ParamValue::Str("AAPL"),
+                    },
+                    Parameter {
+                        name: "sequence_start",
+                        value: ParamValue::Bool(t == 0),
+                    },
+                    Parameter {
+                        name: "priority",
+                        value: ParamValue::Uint(1),
+                    },
+                    Parameter {
+                        name: "timeout",
+                        value: ParamValue::Int(0),
+                    },
+                ];
+                let tick = Tensor::from_f32("tick", &[1, 8], &step_tick(t));
+                client
+                    .infer_with("seq_lstm_step", &[tick], &parameters)
+                    .unwrap()
+            })
+            .collect();
+        // Without sequence parameters a stateful model refuses, naming them.
+        let tick = Tensor::from_f32("tick", &[1, 8], &step_tick(0));
+        let refused = client.infer("seq_lstm_step", std::slice::from_ref(&tick));
+        let Err(ClientError::Server { code, message }) = refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(code, "INVALID_ARGUMENT", "{message}");
+        assert!(message.contains("sequence_id"), "{message}");
+        for (name, value, words) in [
+            (
+                "sequence_id",
+                ParamValue::Double(1.5),
+                "parameter sequence_id must be",
+            ),
+            (
+                "priority",
+                ParamValue::Str("high"),
+                "parameter priority must be",
+            ),
+            ("timeout", ParamValue::Int(-1), "parameter timeout must be"),
+        ] {
+            let refused = client.infer_with(
+                "seq_lstm_step",
+                std::slice::from_ref(&tick),
+                &[Parameter { name, value }],
+            );
+            let Err(ClientError::Server { code, message }) = refused else {
+                panic!("{name}: {refused:?}");
+            };
+            assert_eq!(code, "INVALID_ARGUMENT", "{name}: {message}");
+            assert!(message.contains(words), "{name}: {message}");
+        }
+        // A parameter given twice: the last counts, as over HTTP and gRPC.
+        let twice = [
+            Parameter {
+                name: "sequence_id",
+                value: ParamValue::Str("AAPL"),
+            },
+            Parameter {
+                name: "priority",
+                value: ParamValue::Uint(1),
+            },
+            Parameter {
+                name: "priority",
+                value: ParamValue::Str("high"),
+            },
+        ];
+        let refused = client.infer_with("seq_lstm_step", std::slice::from_ref(&tick), &twice);
+        let Err(ClientError::Server { code, message }) = refused else {
+            panic!("the first of two priorities counted: {refused:?}");
+        };
+        assert_eq!(code, "INVALID_ARGUMENT", "{message}");
+        assert!(message.contains("parameter priority must be"), "{message}");
+        answers
+    })
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    for (t, answer) in over_shm.iter().enumerate() {
+        let body = serde_json::json!({
+            "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, 8], "data": step_tick(t)}],
+            "parameters": {"sequence_id": "MSFT", "sequence_start": t == 0},
+        });
+        let reply: serde_json::Value = http
+            .post(format!("{base}/v2/models/seq_lstm_step/infer"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let expected: Vec<f32> = reply["outputs"][0]["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let output = answer
+            .iter()
+            .find(|o| o.name == reply["outputs"][0]["name"])
+            .unwrap();
+        let got = output.to_f32().unwrap();
+        assert_eq!(got.len(), expected.len(), "tick {t}");
+        for (g, e) in got.iter().zip(&expected) {
+            assert!(
+                (g - e).abs() <= 1e-6 * e.abs().max(1.0),
+                "tick {t}: {got:?} vs {expected:?}"
+            );
+        }
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// The header's `timeout_us` is the request's deadline: 1 µs runs out
+/// before the request is computed, and the server says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_in_the_header_is_kept() {
+    let (server, service) = server("deadline").await;
+    tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        client.set_deadline(Some(std::time::Duration::from_micros(1)));
+        let refused = client.infer("alpha_mlp", &[alpha_row(0.0)]);
+        let Err(ClientError::Server { code, message }) = refused else {
+            panic!("a 1 µs deadline was not kept: {refused:?}");
+        };
+        assert_eq!(code, "DEADLINE_EXCEEDED", "{message}");
+        assert!(message.contains("alpha_mlp"), "{message}");
+        client.set_deadline(None);
+        client.infer("alpha_mlp", &[alpha_row(0.0)]).unwrap();
+    })
+    .await
+    .unwrap();
+    server.shutdown().await.unwrap();
+}

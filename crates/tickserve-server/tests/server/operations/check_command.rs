@@ -1,0 +1,138 @@
+//! `tickserve check --cuda-reference`, run as a user runs it: one line per
+//! model in the documented form, exit 0 when every model matches ONNX
+//! Runtime or is refused by name, non-zero on a mismatch.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::support;
+
+fn cuda_reference(repository: &Path, extra: &[&str]) -> (Output, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args([
+            "check",
+            "--cuda-reference",
+            "--config",
+            "config/tickserve.toml",
+        ])
+        .arg("--model-repository")
+        .arg(repository)
+        .args(extra)
+        .current_dir(support::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    (output, stdout)
+}
+
+/// The `max_rel` of `line`, which must read `MODEL cuda-reference ok max_rel=R`.
+fn ok_within(line: &str, model: &str) -> f64 {
+    let rest = line
+        .strip_prefix(&format!("{model} cuda-reference ok max_rel="))
+        .unwrap_or_else(|| panic!("not an ok line for {model}: {line}"));
+    rest.parse().unwrap()
+}
+
+#[test]
+fn every_sample_model_matches_onnx_runtime() {
+    let (output, stdout) = cuda_reference(&support::root().join("config/models"), &[]);
+    assert!(output.status.success());
+    let lines: Vec<&str> = stdout.lines().collect();
+    let models = [
+        "alpha_mlp",
+        "seq_lstm",
+        "seq_lstm_step",
+        "seq_lstm_window",
+        "tick_000",
+        "tick_001",
+        "tick_002",
+        "tick_003",
+        "tick_004",
+        "tick_005",
+        "tick_006",
+        "tick_007",
+    ];
+    assert_eq!(lines.len(), models.len(), "{stdout}");
+    for (line, model) in lines.iter().zip(models) {
+        assert!(ok_within(line, model) <= 1e-5, "{line}");
+    }
+}
+
+#[test]
+fn a_refused_model_is_named_and_a_mismatch_fails_the_command() {
+    let fixtures = support::fixture_repository();
+    let repository = tempfile::tempdir().unwrap();
+    for model in ["cuda_sequence_ops", "cuda_bidirectional"] {
+        let dir = repository.path().join(model).join("1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            fixtures.path().join(model).join("1/model.onnx"),
+            dir.join("model.onnx"),
+        )
+        .unwrap();
+    }
+    let (output, stdout) = cuda_reference(repository.path(), &[]);
+    assert!(output.status.success(), "unsupported is not a failure");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        "cuda_bidirectional cuda-reference unsupported: op LSTM (node 'h'): direction \
+         'bidirectional' (only forward is supported)"
+    );
+    assert!(ok_within(lines[1], "cuda_sequence_ops") <= 1e-5);
+
+    // No tolerance at all: float rounding alone is a mismatch, and the
+    // command fails, saying where the largest difference was.
+    let (output, stdout) = cuda_reference(repository.path(), &["--tolerance", "0"]);
+    assert!(!output.status.success());
+    assert!(
+        stdout.contains("cuda_sequence_ops cuda-reference mismatch max_rel="),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cuda_sequence_ops: the largest difference: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sequence_models_from_pytorch_and_tf2onnx_match_onnx_runtime() {
+    let corpus = support::root().join("crates/tickserve-engine-cuda/tests/exported");
+    let (output, stdout) = cuda_reference(&corpus, &[]);
+    assert!(output.status.success());
+    let lines: Vec<&str> = stdout.lines().collect();
+    let imported = [
+        "pt2_gru2",
+        "pt2_lstm1",
+        "pt_gru1",
+        "pt_gru2",
+        "pt_lstm1",
+        "pt_lstm2",
+        "pt_lstm_multi",
+        "pt_lstm_state",
+        "tf_gru1",
+        "tf_gru2",
+    ];
+    assert_eq!(lines.len(), imported.len() + 4, "{stdout}");
+    for (line, model) in lines.iter().zip(imported) {
+        assert!(ok_within(line, model) <= 1e-5, "{line}");
+    }
+    // tf2onnx writes a Keras GRU with reset_after=False as a Loop of its own.
+    assert!(
+        lines[10].starts_with("tf_gru_v1 cuda-reference unsupported: op Less"),
+        "{}",
+        lines[10]
+    );
+    for (line, model) in lines[11..]
+        .iter()
+        .zip(["tf_lstm1", "tf_lstm2", "tf_lstm_multi"])
+    {
+        assert!(ok_within(line, model) <= 1e-5, "{line}");
+    }
+}
