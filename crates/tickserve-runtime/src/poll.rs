@@ -212,3 +212,6 @@ impl Runtime {
         applied
     }
 }
+
+#[cfg(test)]
+mod tests;

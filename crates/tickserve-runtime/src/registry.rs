@@ -494,3 +494,6 @@ impl Models {
         index
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,20 +1,23 @@
 //! The runtime's integration tests, one binary: the runtime on the real ONNX
 //! Runtime engine and the sample repository (rows batched, padded and split;
-//! rows that depend on each other; warm-up), faults injected through a test
-//! engine wrapped around it (supervision, a GPU that cannot compile, shedding
-//! and reserved executors at a gate), and the process's own threads (pinning,
-//! reloads). Those last two read every thread of the process, so they run
-//! alone in a copy of this binary ([`support::alone`]).
+//! rows that depend on each other; warm-up; the repository poll), faults
+//! injected through a test engine wrapped around it (supervision, a GPU that
+//! cannot compile, shedding and reserved executors at a gate), and the
+//! process's own threads (pinning, reloads). Those last two read every thread
+//! of the process, so they run alone in a copy of this binary
+//! ([`support::alone`]).
 
 #![allow(clippy::panic, clippy::unwrap_used, missing_docs)]
 
 mod gpu_fallback;
 mod mixed_rows;
 mod pinning;
+mod poll;
 mod reload_threads;
 mod reserved_executors;
 mod runtime;
 mod shedding;
 mod supervision;
 mod support;
+mod versions;
 mod warm_here;
