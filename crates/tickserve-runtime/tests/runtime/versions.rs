@@ -1,6 +1,7 @@
-//! What a model's versions settle into when it loads: the shadows its
-//! `model.toml` asks for, on the ready versions whose inputs and outputs
-//! allow them.
+//! What a model's versions settle into when it loads, and how a request
+//! finds one: the shadows its `model.toml` asks for, on the ready versions
+//! whose inputs and outputs allow them; which lookups a sequence's tick may
+//! move to the version the sequence lives on.
 
 use std::path::Path;
 
@@ -46,4 +47,27 @@ fn a_shadow_whose_inputs_differ_from_its_primarys_is_left_out() {
         .collect();
     assert_eq!(of_one, ["3"], "{shadows:?}");
     assert_eq!(shadows.len(), 1, "{shadows:?}");
+}
+
+#[test]
+fn only_a_request_that_names_no_version_of_a_model_of_several_is_sticky() {
+    let dir = tempfile::tempdir().unwrap();
+    version(dir.path(), "several", 1, "alpha_mlp");
+    version(dir.path(), "several", 2, "alpha_mlp");
+    std::fs::write(
+        dir.path().join("several/model.toml"),
+        "version_policy = \"all\"\n",
+    )
+    .unwrap();
+    version(dir.path(), "single", 1, "alpha_mlp");
+    let mut config = ServerConfig::default();
+    config.repository.path = dir.path().to_path_buf();
+    config.runtime.onnxruntime_library = library();
+    let runtime = Runtime::load(&config).expect("the engine starts (run scripts/setup.sh first)");
+    // Sticky: a sequence's tick then goes to the version the sequence lives on.
+    assert!(runtime.route("several", None).unwrap().sticky);
+    assert!(runtime.route("several", Some("")).unwrap().sticky);
+    // A version named is the version asked for; one version has no choice.
+    assert!(!runtime.route("several", Some("1")).unwrap().sticky);
+    assert!(!runtime.route("single", None).unwrap().sticky);
 }
