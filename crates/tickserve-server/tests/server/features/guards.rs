@@ -14,8 +14,7 @@ use tickserve_proto::tensorflow::serving::prediction_service_client::PredictionS
 
 /// `alpha_mlp` under `name`, with `toml` as its `model.toml`.
 fn alpha(repository: &Path, name: &str, toml: &str) {
-    support::deploy_version(repository, name, 1, "alpha_mlp");
-    std::fs::write(repository.join(name).join("model.toml"), toml).unwrap();
+    support::sample(repository, "alpha_mlp", name, 1, Some(toml));
 }
 
 /// A repository: `alpha_tight` (every probability is above 0: always trips),

@@ -23,14 +23,7 @@ fn body(rows: usize, parameters: Value) -> (Vec<u8>, usize) {
 fn repository(models: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for (name, toml) in models {
-        let version = dir.path().join(name).join("1");
-        std::fs::create_dir_all(&version).unwrap();
-        std::fs::copy(
-            support::root().join("config/models/seq_lstm/1/model.onnx"),
-            version.join("model.onnx"),
-        )
-        .unwrap();
-        std::fs::write(dir.path().join(name).join("model.toml"), toml).unwrap();
+        support::sample(dir.path(), "seq_lstm", name, 1, Some(toml));
     }
     dir
 }

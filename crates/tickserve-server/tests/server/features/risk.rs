@@ -19,8 +19,7 @@ const KEY: &str = "risk-officer";
 
 /// `alpha_mlp` as `name` version `version`, with `toml` as its `model.toml`.
 fn alpha(repository: &Path, name: &str, version: u64, toml: &str) {
-    support::deploy_version(repository, name, version, "alpha_mlp");
-    std::fs::write(repository.join(name).join("model.toml"), toml).unwrap();
+    support::sample(repository, "alpha_mlp", name, version, Some(toml));
 }
 
 /// A row of `value` in every feature: 0.0 answers probabilities below 0.34,

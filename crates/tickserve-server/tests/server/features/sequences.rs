@@ -35,28 +35,12 @@ fn tick(seed: u64, t: usize) -> Vec<f32> {
 /// `seq_lstm_step` again as each `(name, model.toml)`.
 fn repository(extra: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let copy = |from: &str, to: &str, toml: Option<&str>| {
-        let version = dir.path().join(to).join("1");
-        std::fs::create_dir_all(&version).unwrap();
-        std::fs::copy(
-            support::root().join(format!("config/models/{from}/1/model.onnx")),
-            version.join("model.onnx"),
-        )
-        .unwrap();
-        let toml = toml.map(str::to_string).or_else(|| {
-            std::fs::read_to_string(
-                support::root().join(format!("config/models/{from}/model.toml")),
-            )
-            .ok()
-        });
-        if let Some(toml) = toml {
-            std::fs::write(dir.path().join(to).join("model.toml"), toml).unwrap();
-        }
-    };
-    copy("seq_lstm", "seq_lstm", None);
-    copy("seq_lstm_step", "seq_lstm_step", None);
+    for name in ["seq_lstm", "seq_lstm_step"] {
+        let toml = support::sample_toml(name);
+        support::sample(dir.path(), name, name, 1, toml.as_deref());
+    }
     for (name, toml) in extra {
-        copy("seq_lstm_step", name, Some(toml));
+        support::sample(dir.path(), "seq_lstm_step", name, 1, Some(toml));
     }
     dir
 }

@@ -30,28 +30,15 @@ fn tick(seed: u64, t: usize) -> Vec<f32> {
 /// window.
 fn repository() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let samples = support::root().join("config/models");
-    let copy = |from: &str, to: &str, toml: Option<String>| {
-        let version = dir.path().join(to).join("1");
-        std::fs::create_dir_all(&version).unwrap();
-        std::fs::copy(
-            samples.join(from).join("1/model.onnx"),
-            version.join("model.onnx"),
-        )
-        .unwrap();
-        if let Some(toml) = toml {
-            std::fs::write(dir.path().join(to).join("model.toml"), toml).unwrap();
-        }
-    };
-    let window_toml = std::fs::read_to_string(samples.join(MODEL).join("model.toml")).unwrap();
-    copy("seq_lstm", "seq_lstm", None);
-    copy("seq_lstm", MODEL, Some(window_toml.clone()));
+    let window_toml = support::sample_toml(MODEL).unwrap();
+    support::sample(dir.path(), "seq_lstm", "seq_lstm", 1, None);
+    support::sample(dir.path(), "seq_lstm", MODEL, 1, Some(&window_toml));
     let wait = window_toml.replace("window_warmup = \"pad\"", "window_warmup = \"wait\"");
     assert_ne!(
         wait, window_toml,
         "the sample's model.toml sets window_warmup"
     );
-    copy("seq_lstm", "seq_lstm_wait", Some(wait));
+    support::sample(dir.path(), "seq_lstm", "seq_lstm_wait", 1, Some(&wait));
     dir
 }
 

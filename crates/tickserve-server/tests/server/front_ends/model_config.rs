@@ -11,19 +11,9 @@ use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServ
 /// A repository with `alpha_mlp` configured away from every default.
 fn configured_repository() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("alpha_mlp");
-    std::fs::create_dir_all(model.join("1")).unwrap();
-    std::fs::copy(
-        support::root().join("config/models/alpha_mlp/1/model.onnx"),
-        model.join("1/model.onnx"),
-    )
-    .unwrap();
-    std::fs::write(
-        model.join("model.toml"),
-        "buckets = [1, 4, 16]\nexecutors = 2\nmax_queue_delay = \"250us\"\n\
-         max_request_rows = 48\ndevices = [\"cpu\", \"cpu\"]\n",
-    )
-    .unwrap();
+    let toml = "buckets = [1, 4, 16]\nexecutors = 2\nmax_queue_delay = \"250us\"\n\
+                max_request_rows = 48\ndevices = [\"cpu\", \"cpu\"]\n";
+    support::sample(dir.path(), "alpha_mlp", "alpha_mlp", 1, Some(toml));
     dir
 }
 

@@ -34,14 +34,7 @@ fn repository() -> tempfile::TempDir {
         ("slow_batcher", "max_queue_delay = \"100000000000s\"\n"),
         ("patient", "timeout = \"10000000000000000000s\"\n"),
     ] {
-        let model = dir.path().join(name);
-        std::fs::create_dir_all(model.join("1")).unwrap();
-        std::fs::copy(
-            support::root().join("config/models/alpha_mlp/1/model.onnx"),
-            model.join("1/model.onnx"),
-        )
-        .unwrap();
-        std::fs::write(model.join("model.toml"), toml).unwrap();
+        support::sample(dir.path(), "alpha_mlp", name, 1, Some(toml));
     }
     dir
 }

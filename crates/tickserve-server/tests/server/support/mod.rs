@@ -54,6 +54,21 @@ pub async fn run_python_check(
     assert!(text.contains(done), "{script} did not finish:\n{text}");
 }
 
+/// Sample model `from` (its version 1 in config/models) as version `version`
+/// of `name` in `repository` (deployed as [`deploy_version`] does), with `toml`
+/// as its `model.toml` where given.
+pub fn sample(repository: &Path, from: &str, name: &str, version: u64, toml: Option<&str>) {
+    deploy_version(repository, name, version, from);
+    if let Some(toml) = toml {
+        std::fs::write(repository.join(name).join("model.toml"), toml).unwrap();
+    }
+}
+
+/// Sample model `name`'s own `model.toml` (config/models), if it has one.
+pub fn sample_toml(name: &str) -> Option<String> {
+    std::fs::read_to_string(root().join("config/models").join(name).join("model.toml")).ok()
+}
+
 /// Copies sample model `from`'s version 1 file (config/models) into
 /// `model/version` of `repository` the way a deployment should: written
 /// under `.version` (the repository poll ignores it), then renamed.
