@@ -1,6 +1,7 @@
-//! What the workspace's integration tests share: where the checkout and its
-//! installed parts are, and [`alone`], which runs a test in a process of its
-//! own when what it measures belongs to the process.
+//! Support shared by the workspace's integration tests: paths into the
+//! checkout (its root, the installed ONNX Runtime, Python, the sample models),
+//! the process's peak memory, and [`alone`], which runs a test in a process of
+//! its own when what it measures belongs to the process.
 //!
 //! Each crate's integration tests are one binary, so its tests share one
 //! process: the metrics recorder, the peak resident memory, the thread list
@@ -29,6 +30,18 @@ pub fn root() -> PathBuf {
 /// The ONNX Runtime library `scripts/setup.sh` installs.
 pub fn onnxruntime_library() -> PathBuf {
     root().join(".local/lib/libonnxruntime.so.1.31.1")
+}
+
+/// Copies sample model `from` (its version 1 in `config/models`) to
+/// `repository/name/version/model.onnx`.
+pub fn sample_version(repository: &Path, from: &str, name: &str, version: u64) {
+    let dir = repository.join(name).join(version.to_string());
+    std::fs::create_dir_all(&dir).expect("a version directory");
+    std::fs::copy(
+        root().join("config/models").join(from).join("1/model.onnx"),
+        dir.join("model.onnx"),
+    )
+    .expect("the sample model (run from a checkout)");
 }
 
 /// The project's Python, with onnxruntime, onnx and Triton's clients

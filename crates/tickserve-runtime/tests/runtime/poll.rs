@@ -14,7 +14,9 @@ use std::time::Duration;
 use tickserve_core::config::ServerConfig;
 use tickserve_runtime::{ModelHandle, Poller, Runtime, VersionState};
 
-use crate::support::{copy_sample_model, library, root};
+use tickserve_testing::sample_version;
+
+use crate::support::{copy_sample_model, library};
 
 fn runtime(repository: &Path) -> Runtime {
     let mut config = ServerConfig::default();
@@ -89,13 +91,7 @@ fn a_version_changed_in_place_reloads_and_a_new_one_leaves_the_others_serving() 
     );
 
     // A new version loads; version 1 serves on as it was.
-    let two = dir.path().join("alpha_mlp/2");
-    std::fs::create_dir_all(&two).unwrap();
-    std::fs::copy(
-        root().join("config/models/alpha_mlp/1/model.onnx"),
-        two.join("model.onnx"),
-    )
-    .unwrap();
+    sample_version(dir.path(), "alpha_mlp", "alpha_mlp", 2);
     assert_eq!(poll_twice(&runtime, &mut poller), (0, 1));
     serving(&runtime, "alpha_mlp", 2);
     assert!(
@@ -114,14 +110,8 @@ fn a_model_toml_that_does_not_parse_is_the_new_models_error_and_leaves_a_serving
 
     // A new model whose model.toml does not parse: in the index, with why,
     // as a failure of a change while serving (the server stays ready).
-    let broken = dir.path().join("broken_toml");
-    std::fs::create_dir_all(broken.join("1")).unwrap();
-    std::fs::copy(
-        dir.path().join("alpha_mlp/1/model.onnx"),
-        broken.join("1/model.onnx"),
-    )
-    .unwrap();
-    std::fs::write(broken.join("model.toml"), "buckets = [\n").unwrap();
+    sample_version(dir.path(), "alpha_mlp", "broken_toml", 1);
+    std::fs::write(dir.path().join("broken_toml/model.toml"), "buckets = [\n").unwrap();
     // The serving model's model.toml broken the same way.
     std::fs::write(dir.path().join("alpha_mlp/model.toml"), "buckets = [\n").unwrap();
     assert_eq!(poll_twice(&runtime, &mut poller), (0, 2));

@@ -1,32 +1,20 @@
-//! What a model's versions settle into when it loads, and how a request
-//! finds one: the shadows its `model.toml` asks for, on the ready versions
-//! whose inputs and outputs allow them; which lookups a sequence's tick may
-//! move to the version the sequence lives on.
-
-use std::path::Path;
+//! A model of several versions, as loaded: a shadow is kept only on a ready
+//! version whose inputs and outputs are its own, and only a lookup that names
+//! no version may move a sequence's tick to the version it lives on.
 
 use tickserve_core::config::ServerConfig;
 use tickserve_runtime::Runtime;
 
-use crate::support::{library, root};
+use tickserve_testing::sample_version;
 
-/// Sample model `from`'s file as version `version` of `model` in `repository`.
-fn version(repository: &Path, model: &str, version: u64, from: &str) {
-    let dir = repository.join(model).join(version.to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        root().join("config/models").join(from).join("1/model.onnx"),
-        dir.join("model.onnx"),
-    )
-    .unwrap();
-}
+use crate::support::library;
 
 #[test]
 fn a_shadow_whose_inputs_differ_from_its_primarys_is_left_out() {
     let dir = tempfile::tempdir().unwrap();
-    version(dir.path(), "mixed", 1, "tick_000");
-    version(dir.path(), "mixed", 2, "alpha_mlp");
-    version(dir.path(), "mixed", 3, "tick_001");
+    sample_version(dir.path(), "tick_000", "mixed", 1);
+    sample_version(dir.path(), "alpha_mlp", "mixed", 2);
+    sample_version(dir.path(), "tick_001", "mixed", 3);
     std::fs::write(
         dir.path().join("mixed/model.toml"),
         "version_policy = \"all\"\n\n\
@@ -52,14 +40,14 @@ fn a_shadow_whose_inputs_differ_from_its_primarys_is_left_out() {
 #[test]
 fn only_a_request_that_names_no_version_of_a_model_of_several_is_sticky() {
     let dir = tempfile::tempdir().unwrap();
-    version(dir.path(), "several", 1, "alpha_mlp");
-    version(dir.path(), "several", 2, "alpha_mlp");
+    sample_version(dir.path(), "alpha_mlp", "several", 1);
+    sample_version(dir.path(), "alpha_mlp", "several", 2);
     std::fs::write(
         dir.path().join("several/model.toml"),
         "version_policy = \"all\"\n",
     )
     .unwrap();
-    version(dir.path(), "single", 1, "alpha_mlp");
+    sample_version(dir.path(), "alpha_mlp", "single", 1);
     let mut config = ServerConfig::default();
     config.repository.path = dir.path().to_path_buf();
     config.runtime.onnxruntime_library = library();

@@ -48,13 +48,7 @@ pub use tickserve_testing::onnxruntime_library as library;
 /// Copies sample model `name` (version 1) into `repository`, with
 /// `model_toml` as its `model.toml` when given.
 pub fn copy_sample_model(repository: &Path, name: &str, model_toml: Option<&str>) {
-    let version = repository.join(name).join("1");
-    std::fs::create_dir_all(&version).unwrap();
-    std::fs::copy(
-        root().join(format!("config/models/{name}/1/model.onnx")),
-        version.join("model.onnx"),
-    )
-    .unwrap();
+    tickserve_testing::sample_version(repository, name, name, 1);
     if let Some(text) = model_toml {
         std::fs::write(repository.join(name).join("model.toml"), text).unwrap();
     }
