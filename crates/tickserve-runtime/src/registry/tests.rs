@@ -43,3 +43,42 @@ fn sequences_spread_at_the_weights_and_each_keeps_its_version() {
         assert_eq!(split.for_sequence(id), split.for_sequence(id), "{id:?}");
     }
 }
+
+#[test]
+fn a_version_that_never_loaded_is_not_counted_as_unloaded() {
+    use super::{ModelVersions, Models, VersionState};
+    let models = Models::default();
+    let old = ModelVersions {
+        versions: BTreeMap::from([(1, VersionState::Failed("no model.onnx".into()))]),
+        ..ModelVersions::default()
+    };
+    assert_eq!(models.mark_gone("m", &old), 0);
+}
+
+#[test]
+fn the_index_clips_a_reason_as_an_error_message_is_clipped() {
+    use super::{ModelVersions, Models, VersionState};
+    use tickserve_core::text::MAX_MESSAGE_BYTES;
+    let long = "x".repeat(3 * MAX_MESSAGE_BYTES);
+    let models = Models::default();
+    models.set_all(std::collections::HashMap::from([(
+        "m".to_string(),
+        ModelVersions {
+            versions: BTreeMap::from([(1, VersionState::Failed(long.clone()))]),
+            error: Some(long.clone()),
+            ..ModelVersions::default()
+        },
+    )]));
+    let index = models.index(&[]);
+    assert_eq!(index.len(), 2);
+    for entry in index {
+        assert!(
+            entry.reason.len() < MAX_MESSAGE_BYTES + 64
+                && entry.reason.ends_with(&format!("of {} bytes)", long.len())),
+            "version {:?}: {} bytes: {}",
+            entry.version,
+            entry.reason.len(),
+            &entry.reason[entry.reason.len().saturating_sub(80)..]
+        );
+    }
+}
