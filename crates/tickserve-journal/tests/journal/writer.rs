@@ -1,0 +1,443 @@
+//! The journal's writer as the edge drives it: records of a loaded model's
+//! versions handed to [`Journal`], then its directory read back with
+//! `verify` and `read`. No server: what a front end adds is the server's
+//! `features::journal` tests.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use arrow_array::{Array, StringArray, UInt64Array};
+use tickserve_core::Error;
+use tickserve_core::config::{JournalConfig, ServerConfig, WhenFull};
+use tickserve_journal::read::{read_file, scan_dir};
+use tickserve_journal::verify::{Report, verify};
+use tickserve_journal::{Journal, Outputs, Parameters, Record};
+use tickserve_runtime::{ModelHandle, Runtime};
+
+/// Two models loaded once for every test: `alpha` (journaled) and `beta`
+/// (`journal = false` in its `model.toml`), both the sample `alpha_mlp`.
+fn models() -> &'static (Runtime, tempfile::TempDir) {
+    static MODELS: OnceLock<(Runtime, tempfile::TempDir)> = OnceLock::new();
+    MODELS.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        tickserve_testing::sample_version(dir.path(), "alpha_mlp", "alpha", 1);
+        tickserve_testing::sample_version(dir.path(), "alpha_mlp", "alpha", 2);
+        std::fs::write(
+            dir.path().join("alpha/model.toml"),
+            "version_policy = \"all\"\nbuckets = [1]\n",
+        )
+        .expect("alpha's model.toml");
+        tickserve_testing::sample_version(dir.path(), "alpha_mlp", "beta", 1);
+        std::fs::write(
+            dir.path().join("beta/model.toml"),
+            "journal = false\nbuckets = [1]\n",
+        )
+        .expect("beta's model.toml");
+        let mut config = ServerConfig::default();
+        config.repository.path = dir.path().to_path_buf();
+        config.runtime.onnxruntime_library = tickserve_testing::onnxruntime_library();
+        let runtime =
+            Runtime::load(&config).expect("the engine starts (run scripts/setup.sh first)");
+        (runtime, dir)
+    })
+}
+
+fn handle(model: &str, version: &str) -> Arc<ModelHandle> {
+    models()
+        .0
+        .route(model, Some(version))
+        .expect("a loaded version")
+        .handle
+}
+
+/// A journal over a fresh directory, `adjust`ed from the defaults.
+fn journal(adjust: impl FnOnce(&mut JournalConfig)) -> (Arc<Journal>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut config = JournalConfig {
+        enabled: true,
+        directory: dir.path().join("journal"),
+        ..JournalConfig::default()
+    };
+    adjust(&mut config);
+    config.validate().expect("a valid journal config");
+    let machine = [("cpu".to_string(), "test".to_string())].into();
+    let journal = Journal::start(&config, &machine).expect("the journal starts");
+    (journal, dir)
+}
+
+/// A record of a request refused before it was validated (no tensors),
+/// whose error text is `error_bytes` long: the record's size in the queue.
+fn record(handle: &Arc<ModelHandle>, id: &str, error_bytes: usize) -> Record {
+    let now = SystemTime::now();
+    Record {
+        handle: Arc::clone(handle),
+        received: now,
+        answered: now,
+        queue: Duration::ZERO,
+        compute: Duration::ZERO,
+        protocol: "http",
+        id: id.to_string(),
+        traceparent: None,
+        key: None,
+        bucket: None,
+        status: "invalid_argument",
+        error: Some("e".repeat(error_bytes)),
+        parameters: Parameters::default(),
+        inputs: None,
+        outputs: Outputs::Model(Vec::new()),
+        state: Vec::new(),
+        window_ticks: None,
+    }
+}
+
+fn report(dir: &Path) -> Report {
+    verify(&dir.join("journal")).expect("the journal reads")
+}
+
+/// Every stream's request ids and record numbers, in file and record order,
+/// by `model/version`.
+fn written(dir: &Path) -> Vec<(String, Vec<(u64, String)>)> {
+    let journal = scan_dir(&dir.join("journal")).expect("the journal reads");
+    assert!(journal.unreadable.is_empty(), "{:?}", journal.unreadable);
+    let mut out = Vec::new();
+    for (stream, files) in &journal.streams {
+        let mut records = Vec::new();
+        for file in files {
+            let read = read_file(&file.path).expect("a journal file");
+            assert_eq!(read.damage, None, "{}", file.path.display());
+            for batch in &read.batches {
+                let numbers = batch
+                    .column_by_name("record")
+                    .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+                    .expect("the record column");
+                let ids = batch
+                    .column_by_name("request_id")
+                    .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                    .expect("the request_id column");
+                for i in 0..batch.num_rows() {
+                    records.push((numbers.value(i), ids.value(i).to_string()));
+                }
+            }
+        }
+        out.push((format!("{}/{}", stream.model, stream.version), records));
+    }
+    out
+}
+
+fn numbered(ids: &[&str]) -> Vec<(u64, String)> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| (i as u64, id.to_string()))
+        .collect()
+}
+
+#[test]
+fn records_are_written_in_order_one_numbered_chained_stream_per_version() {
+    let (journal, dir) = journal(|_| {});
+    let (one, two) = (handle("alpha", "1"), handle("alpha", "2"));
+    for (i, h) in [&one, &two, &one, &one, &two].into_iter().enumerate() {
+        assert!(journal.submit(record(h, &format!("r{i}"), 10)).is_none());
+    }
+    journal.flush();
+    assert_eq!(
+        written(dir.path()),
+        [
+            ("alpha/1".to_string(), numbered(&["r0", "r2", "r3"])),
+            ("alpha/2".to_string(), numbered(&["r1", "r4"])),
+        ]
+    );
+    let before_close = report(dir.path());
+    for s in &before_close.streams {
+        assert!(s.gaps.is_empty() && s.broken_chain.is_empty(), "{s:?}");
+        assert!(!s.closed, "a file still open has no end marker: {s:?}");
+    }
+    // More records after a flush continue each stream's numbering.
+    journal.submit(record(&one, "r5", 10));
+    journal.close();
+    let report = report(dir.path());
+    let counts: Vec<(u64, usize, bool)> = report
+        .streams
+        .iter()
+        .map(|s| (s.records, s.files, s.closed))
+        .collect();
+    assert_eq!(counts, [(4, 1, true), (2, 1, true)], "{report:?}");
+    for s in &report.streams {
+        assert!(s.gaps.is_empty() && s.broken_chain.is_empty(), "{s:?}");
+        assert_eq!(
+            (s.truncated_tail.as_deref(), s.damaged_files.len()),
+            (None, 0)
+        );
+        assert_eq!(s.model_digest, one.digest);
+    }
+    assert_eq!(report.runs.len(), 1, "{report:?}");
+    assert_eq!(report.runs[0].run, journal.run());
+    assert_eq!(report.runs[0].dropped, Some(0));
+    assert!(report.runs[0].final_count, "{report:?}");
+}
+
+#[test]
+fn files_and_directories_are_the_servers_users_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let (journal, dir) = journal(|_| {});
+    journal.submit(record(&handle("alpha", "1"), "r", 10));
+    journal.close();
+    let version_dir = dir.path().join("journal/alpha/1");
+    let mode = |p: &Path| {
+        std::fs::metadata(p)
+            .expect("it exists")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(&dir.path().join("journal")), 0o700);
+    assert_eq!(mode(&version_dir), 0o700);
+    let files: Vec<_> = std::fs::read_dir(&version_dir)
+        .expect("the version's directory")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().and_then(|n| n.to_str()).unwrap_or("");
+    assert_eq!(name, format!("{}-000000000000.arrows", journal.run()));
+    assert_eq!(mode(&files[0]), 0o600);
+}
+
+#[test]
+fn only_journaled_models_are_wanted_and_sampling_takes_exactly_its_fraction() {
+    let (every, _dir) = journal(|_| {});
+    let (alpha, beta) = (handle("alpha", "1"), handle("beta", "1"));
+    assert!((0..10).all(|_| every.wants(&alpha)));
+    assert!((0..10).all(|_| !every.wants(&beta)));
+    let (quarter, _dir) = journal(|c| c.sample = 0.25);
+    let taken: Vec<bool> = (0..12).map(|_| quarter.wants(&alpha)).collect();
+    assert_eq!(taken.iter().filter(|&&t| t).count(), 3, "{taken:?}");
+    assert!(!quarter.wants(&beta));
+    let (none, _dir) = journal(|c| c.sample = 0.0);
+    assert!((0..10).all(|_| !none.wants(&alpha)));
+}
+
+#[test]
+fn a_file_past_rotate_bytes_is_closed_and_the_next_batch_begins_a_new_one() {
+    let (journal, dir) = journal(|c| c.rotate_bytes = 64 * 1024);
+    let alpha = handle("alpha", "1");
+    // Each record is larger than rotate_bytes: each flush's batch ends up
+    // in a file of its own, numbered from its first record.
+    for i in 0..3 {
+        journal.submit(record(&alpha, &format!("r{i}"), 70_000));
+        journal.flush();
+    }
+    journal.close();
+    let report = report(dir.path());
+    let s = &report.streams[0];
+    assert_eq!((s.files, s.records, s.closed), (3, 3, true), "{s:?}");
+    assert!(s.gaps.is_empty() && s.broken_chain.is_empty() && s.damaged_files.is_empty());
+    let mut names: Vec<String> = std::fs::read_dir(dir.path().join("journal/alpha/1"))
+        .expect("the version's directory")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    let run = journal.run();
+    assert_eq!(
+        names,
+        [0, 1, 2].map(|first| format!("{run}-{first:012}.arrows"))
+    );
+}
+
+#[test]
+fn batches_below_rotate_bytes_share_one_file() {
+    let (journal, dir) = journal(|c| c.rotate_bytes = 64 * 1024);
+    let alpha = handle("alpha", "1");
+    for i in 0..3 {
+        journal.submit(record(&alpha, &format!("r{i}"), 1_000));
+        journal.flush();
+    }
+    journal.close();
+    let s = &report(dir.path()).streams[0];
+    assert_eq!((s.files, s.records, s.closed), (1, 3, true), "{s:?}");
+}
+
+#[test]
+fn a_file_older_than_rotate_interval_is_closed_and_the_next_record_begins_a_new_one() {
+    let (journal, dir) = journal(|c| c.rotate_interval = Duration::from_millis(20));
+    let alpha = handle("alpha", "1");
+    journal.submit(record(&alpha, "r0", 10));
+    journal.flush();
+    // The writer closes it once it is old, with no record to write.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let idle = report(dir.path());
+    assert!(idle.streams[0].closed, "{idle:?}");
+    journal.submit(record(&alpha, "r1", 10));
+    journal.close();
+    let s = &report(dir.path()).streams[0];
+    assert_eq!((s.files, s.records, s.closed), (2, 2, true), "{s:?}");
+    assert!(s.gaps.is_empty() && s.broken_chain.is_empty());
+}
+
+#[test]
+fn in_drop_mode_what_does_not_fit_the_queue_is_dropped_and_every_record_is_accounted_for() {
+    let (journal, dir) = journal(|c| c.max_queued_bytes = 64 * 1024);
+    let alpha = handle("alpha", "1");
+    // Two 40 KB records do not fit 64 KiB together: while the writer
+    // gathers (20 ms between takes), most are dropped.
+    let sent = 200;
+    for i in 0..sent {
+        assert!(
+            journal
+                .submit(record(&alpha, &format!("r{i}"), 40_000))
+                .is_none()
+        );
+    }
+    journal.close();
+    let report = report(dir.path());
+    let s = &report.streams[0];
+    let dropped = journal.dropped();
+    assert!(dropped > 0, "{s:?}");
+    assert_eq!(s.records + dropped, sent, "{s:?}");
+    assert_eq!(report.runs[0].dropped, Some(dropped), "{report:?}");
+    assert!(s.gaps.is_empty() && s.broken_chain.is_empty(), "{s:?}");
+    // Each written record says how many were dropped before it, and the
+    // drop count names how many came after the last.
+    let after = report.runs[0].dropped_after_last_record.expect("known");
+    assert_eq!(s.dropped_so_far + after, dropped, "{report:?}");
+}
+
+#[test]
+fn a_record_larger_than_the_queue_is_kept_when_the_queue_is_empty() {
+    let (journal, dir) = journal(|c| c.max_queued_bytes = 64 * 1024);
+    journal.submit(record(&handle("alpha", "1"), "big", 100_000));
+    journal.close();
+    assert_eq!(journal.dropped(), 0);
+    assert_eq!(report(dir.path()).streams[0].records, 1);
+}
+
+#[test]
+fn writes_that_fail_drop_and_count_their_records_and_leave_no_empty_file() {
+    let (journal, dir) = journal(|_| {});
+    let alpha = handle("alpha", "1");
+    journal.fail_writes(true);
+    for i in 0..3 {
+        journal.submit(record(&alpha, &format!("lost{i}"), 10));
+    }
+    journal.flush();
+    assert_eq!(journal.dropped(), 3);
+    assert!(
+        !dir.path().join("journal/alpha/1").exists()
+            || std::fs::read_dir(dir.path().join("journal/alpha/1"))
+                .expect("the version's directory")
+                .next()
+                .is_none(),
+        "a file that holds no record is removed"
+    );
+    journal.fail_writes(false);
+    journal.submit(record(&alpha, "kept0", 10));
+    journal.submit(record(&alpha, "kept1", 10));
+    journal.close();
+    assert_eq!(
+        written(dir.path()),
+        [("alpha/1".to_string(), numbered(&["kept0", "kept1"]))]
+    );
+    let report = report(dir.path());
+    assert_eq!(report.streams[0].dropped_so_far, 3, "{report:?}");
+    assert_eq!(report.runs[0].dropped, Some(3), "{report:?}");
+}
+
+#[test]
+fn a_record_handed_over_after_close_is_dropped_and_counted() {
+    let (journal, dir) = journal(|_| {});
+    journal.close();
+    assert!(
+        journal
+            .submit(record(&handle("alpha", "1"), "late", 10))
+            .is_none()
+    );
+    assert_eq!(journal.dropped(), 1);
+    assert!(report(dir.path()).streams.is_empty());
+}
+
+#[tokio::test]
+async fn in_refuse_mode_an_answer_waits_for_its_record_and_a_failing_journal_refuses_but_probes_once_a_second()
+ {
+    let (journal, dir) = journal(|c| c.when_full = WhenFull::Refuse);
+    let alpha = handle("alpha", "1");
+    assert!(journal.refuses());
+    assert!(journal.admit("alpha").is_ok());
+    let reply = journal.submit(record(&alpha, "r0", 10)).expect("a reply");
+    assert_eq!(reply.await, Ok(true));
+    assert_eq!(
+        report(dir.path()).streams[0].records,
+        1,
+        "written before the reply"
+    );
+
+    journal.fail_writes(true);
+    let lost = journal.submit(record(&alpha, "lost", 10)).expect("a reply");
+    assert_eq!(lost.await, Ok(false));
+    assert_eq!(journal.dropped(), 1);
+    let refusal = |r: Result<(), Error>| match r {
+        Err(Error::JournalUnavailable { model, reason }) => format!("{model}: {reason}"),
+        other => format!("not refused: {other:?}"),
+    };
+    // Failing: refused, except one request a second to find out whether
+    // it can write again.
+    let mut admitted = 0;
+    for _ in 0..5 {
+        match journal.admit("alpha") {
+            Ok(()) => admitted += 1,
+            r => assert_eq!(refusal(r), "alpha: its last write failed"),
+        }
+    }
+    assert!(admitted <= 1, "{admitted} of 5 probes at once");
+    journal.fail_writes(false);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(journal.admit("alpha").is_ok(), "the probe, a second later");
+    assert_eq!(
+        refusal(journal.admit("alpha")),
+        "alpha: its last write failed"
+    );
+    let probe = journal
+        .submit(record(&alpha, "probe", 10))
+        .expect("a reply");
+    assert_eq!(probe.await, Ok(true));
+    assert!(journal.admit("alpha").is_ok(), "writing again");
+    journal.close();
+    assert_eq!(
+        written(dir.path()),
+        [("alpha/1".to_string(), numbered(&["r0", "probe"]))]
+    );
+}
+
+#[tokio::test]
+async fn in_refuse_mode_every_record_is_answered_written_or_not() {
+    let (journal, dir) = journal(|c| {
+        c.when_full = WhenFull::Refuse;
+        c.max_queued_bytes = 64 * 1024;
+    });
+    let alpha = handle("alpha", "1");
+    // 40 KB records at once: one that finds the queue taken is answered
+    // false at once; each answer is true (written) or false (dropped and
+    // counted), never lost.
+    let replies: Vec<_> = (0..50)
+        .map(|i| {
+            journal
+                .submit(record(&alpha, &format!("r{i}"), 40_000))
+                .expect("a reply")
+        })
+        .collect();
+    let (mut kept, mut lost) = (0u64, 0u64);
+    for reply in replies {
+        match reply.await {
+            Ok(true) => kept += 1,
+            Ok(false) => lost += 1,
+            Err(e) => panic!("a reply lost: {e}"),
+        }
+    }
+    assert_eq!(lost, journal.dropped());
+    assert!(kept >= 1);
+    journal.close();
+    assert_eq!(report(dir.path()).streams[0].records, kept);
+}
