@@ -763,5 +763,34 @@ mod tests {
         assert_eq!(civil(0), (1970, 1, 1));
         assert_eq!(civil(20_416), (2025, 11, 24));
         assert_eq!(civil(11_016), (2000, 2, 29));
+        // Past the first century of the 400-year era, and its last day.
+        assert_eq!(civil(47_540), (2100, 2, 28));
+        assert_eq!(civil(47_541), (2100, 3, 1));
+        assert_eq!(civil(84_370), (2200, 12, 31));
+        assert_eq!(civil(157_053), (2399, 12, 31));
+        assert_eq!(civil(157_113), (2400, 2, 29));
+        assert_eq!(civil(-1), (1969, 12, 31));
+    }
+
+    /// `20261124T103137Z-4242`: today's date, the time now, this process.
+    #[test]
+    fn a_run_is_named_by_its_start_and_process() {
+        let before = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let name = run_name();
+        let (stamp, pid) = name.split_once('-').expect("a pid after the time");
+        assert_eq!(pid, std::process::id().to_string());
+        let (date, time) = stamp.split_once('T').expect("a date, then a time");
+        let year: u32 = date[..4].parse().expect("a year");
+        assert!((2026..2100).contains(&year), "{name}");
+        let time = time.strip_suffix('Z').expect("UTC");
+        let part = |i: usize| -> u64 { time[i..i + 2].parse().expect("two digits") };
+        let (h, m, sec) = (part(0), part(2), part(4));
+        assert!(h < 24 && m < 60 && sec < 60, "{name}");
+        let of_day = h * 3600 + m * 60 + sec;
+        // Within a few seconds of when it was asked for (across midnight too).
+        let drift = (of_day + 86_400 - before % 86_400) % 86_400;
+        assert!(drift <= 5, "{name}: {drift} s from now");
     }
 }

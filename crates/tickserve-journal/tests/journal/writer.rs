@@ -441,3 +441,115 @@ async fn in_refuse_mode_every_record_is_answered_written_or_not() {
     journal.close();
     assert_eq!(report(dir.path()).streams[0].records, kept);
 }
+
+#[test]
+fn a_journal_dropped_without_close_still_ends_its_files() {
+    let (journal, dir) = journal(|_| {});
+    journal.submit(record(&handle("alpha", "1"), "r", 10));
+    drop(journal);
+    let report = report(dir.path());
+    assert!(report.streams[0].closed, "{report:?}");
+    assert!(report.runs[0].final_count, "{report:?}");
+}
+
+#[test]
+fn the_writer_thread_yields_to_the_threads_that_answer() {
+    let (_journal, _dir) = journal(|_| {});
+    let tasks = std::fs::read_dir("/proc/self/task").expect("Linux's /proc");
+    let nice: Vec<i64> = tasks
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            (comm.trim() == "tickserve-journ").then_some(())?;
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // Field 19 (nice), counted after the parenthesised name.
+            stat.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(16)?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(
+        nice.contains(&10),
+        "the writer threads' nice values: {nice:?}"
+    );
+}
+
+#[test]
+fn in_drop_mode_records_that_arrive_together_are_written_as_one_batch() {
+    let (journal, dir) = journal(|_| {});
+    let alpha = handle("alpha", "1");
+    // 200 records, one every 100 µs: the writer gathers for 20 ms between
+    // takes, so a handful of batches hold them all, not one each.
+    let records = 200;
+    for i in 0..records {
+        journal.submit(record(&alpha, &format!("r{i}"), 10));
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    journal.close();
+    let scanned = scan_dir(&dir.path().join("journal")).expect("the journal reads");
+    let batches: Vec<usize> = scanned
+        .streams
+        .values()
+        .flatten()
+        .flat_map(|f| read_file(&f.path).expect("a journal file").batches)
+        .map(|b| b.num_rows())
+        .collect();
+    assert_eq!(batches.iter().sum::<usize>(), records);
+    assert!(batches.len() * 10 <= records, "batches of {batches:?} rows");
+}
+
+#[test]
+fn the_drop_count_reaches_its_file_while_the_journal_runs() {
+    let (journal, dir) = journal(|_| {});
+    let alpha = handle("alpha", "1");
+    // Past the first second: the count file is rewritten at most once a
+    // second, and only when the count moved.
+    std::thread::sleep(Duration::from_millis(1_100));
+    journal.fail_writes(true);
+    for i in 0..3 {
+        journal.submit(record(&alpha, &format!("lost{i}"), 10));
+    }
+    journal.flush();
+    let runs = tickserve_journal::drops::read_all(&dir.path().join("journal"));
+    let counts: Vec<(u64, bool)> = runs.iter().map(|d| (d.dropped, d.last)).collect();
+    assert_eq!(counts, [(3, false)], "while it runs");
+    journal.close();
+    let runs = tickserve_journal::drops::read_all(&dir.path().join("journal"));
+    let counts: Vec<(u64, bool)> = runs.iter().map(|d| (d.dropped, d.last)).collect();
+    assert_eq!(counts, [(3, true)], "once it closed");
+}
+
+#[test]
+fn in_refuse_mode_a_full_queue_is_refused_naming_its_limit() {
+    let (journal, _dir) = journal(|c| {
+        c.when_full = WhenFull::Refuse;
+        c.max_queued_bytes = 64 * 1024;
+    });
+    let alpha = handle("alpha", "1");
+    // A 16 MiB record takes the writer milliseconds: admitting right after
+    // handing it over finds the queue over its limit.
+    let mut full = 0;
+    for _ in 0..3 {
+        let reply = journal.submit(record(&alpha, "big", 16 << 20));
+        match journal.admit("alpha") {
+            Ok(()) => {}
+            Err(Error::JournalUnavailable { model, reason }) => {
+                assert_eq!(
+                    (model.as_str(), reason.as_str()),
+                    (
+                        "alpha",
+                        "its queue is at journal.max_queued_bytes (65536 bytes)"
+                    )
+                );
+                full += 1;
+            }
+            Err(other) => panic!("{other}"),
+        }
+        drop(reply);
+        journal.flush();
+    }
+    assert!(full >= 1, "never full");
+}
