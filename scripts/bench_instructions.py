@@ -87,7 +87,8 @@ REQUESTS = {}
 LAYERS = [
     ("engine", ["libonnxruntime", "tickserve_engine_ort", "tickserve-engine-ort", "/ort-"]),
     ("journal", ["tickserve_journal", "tickserve-journal"]),
-    ("metrics", ["metrics", "tickserve_server::observe", "tickserve-server/src/observe"]),
+    ("metrics", ["metrics", "tickserve_server::observe", "tickserve-server/src/observe",
+                 "tickserve_edge::observe", "tickserve-edge/src/observe"]),
     ("allocation", ["jemalloc", "__rust_alloc", "__rust_dealloc", "__rust_realloc",
                     "__rdl_", "alloc::raw_vec"]),
     ("copies", ["memmove", "memcpy", "memset", "memcmp"]),
@@ -97,11 +98,12 @@ LAYERS = [
                   "tickserve_server::tfserving", "tickserve-server/src/tfserving",
                   "tickserve_server::shm", "tickserve-server/src/shm", "tonic::codec",
                   "tonic-0.14.9/src/codec", "base64", "ryu", "itoa"]),
-    ("edge", ["tickserve_server::edge", "tickserve-server/src/edge"]),
+    ("edge", ["tickserve_edge", "tickserve-edge/src"]),
     ("runtime", ["tickserve_runtime", "tickserve-runtime", "tickserve_core",
                  "tickserve-core"]),
     ("transport", ["tokio", "hyper", "/h2-", "h2::", "tonic", "axum", "tower", "iceoryx2",
                    "iceoryx", "/http-", "http::", "http_body", "/bytes-", "bytes::", "mio",
+                   "tickserve_server::transport", "tickserve-server/src/transport",
                    "tickserve_server::listen", "tickserve-server/src/listen",
                    "tickserve_server::ports", "tickserve-server/src/ports",
                    "tickserve_server::", "tickserve-server/src/", "futures", "slab",
@@ -231,7 +233,7 @@ PARTS = {
     "v2 HTTP binary": [
         ("request decoding: `JsonBody::decode` (the JSON header, read by hand where it is "
          "plain JSON; the binary split)",
-         [(1, "JsonBody as tickserve_server::edge::infer::Payload>::decode", "case")]),
+         [(1, "JsonBody as tickserve_edge::infer::Payload>::decode", "case")]),
         ("answer encoding: `http::codec::encode` (the JSON header, binary outputs)",
          [(1, "tickserve_server::http::codec::encode", "case")]),
         ("reading the body: `body::read_request` (its limits)",
@@ -242,7 +244,7 @@ PARTS = {
         ("edge, before the run: `Edge::admit_now` less the decoding (lookup, admission, "
          "the core's request, validation)",
          [(1, "Edge>::admit_now", "case"),
-          (-1, "JsonBody as tickserve_server::edge::infer::Payload>::decode", "case")]),
+          (-1, "JsonBody as tickserve_edge::infer::Payload>::decode", "case")]),
         ("runtime: `ModelHandle::run_now` less ONNX Runtime's calls",
          [(1, "ModelHandle::run_now", "case"), (-1, "engine", "case")]),
         ("edge, after the run: `Admitted::run_now` less `ModelHandle::run_now` (metrics, "

@@ -5,17 +5,25 @@
 1. No import circle between the module files of any crate (a file and the
    folder module it belongs to may use each other).
 2. In tickserve-server, no front end imports another (`http`, `grpc`,
-   `tfserving`, `shm`), and the edge (`edge/`) imports no front end and no
-   port: front ends call the edge, ports put front ends together.
+   `tfserving`, `shm`), and what reads the wire (`transport/`) imports no
+   front end and no port: front ends call the edge, ports put front ends
+   together.
+3. The edge (`crates/tickserve-edge`, the one request path) knows no wire:
+   `cargo tree -p tickserve-edge -e normal` names no HTTP, gRPC or
+   shared-memory crate, and prost only below tickserve-onnx (the runtime's
+   reader of ONNX model files).
 
 Prints each break and exits 1 when there is one: `python3 scripts/check_layers.py`.
 """
 import pathlib
 import re
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FRONT_ENDS = ("http", "grpc", "tfserving", "shm")
+WIRE_CRATES = ("axum", "hyper", "hyper-util", "tonic", "prost", "http", "http-body", "h2",
+               "tower", "iceoryx2", "tickserve-proto", "tickserve-shm-protocol")
 
 
 def modules(src):
@@ -87,6 +95,30 @@ def top(name):
     return name.split("/")[0]
 
 
+def wire_in_edge():
+    """The wire crates the edge depends on, directly or not (rule 3). prost
+    is allowed only below tickserve-onnx, which reads ONNX model files
+    (protobuf) for the runtime: no request's bytes reach it."""
+    def tree(*args):
+        out = subprocess.run(
+            ["cargo", "tree", "-p", "tickserve-edge", "-e", "normal", "--prefix", "none",
+             "--locked", *args], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr.strip())
+        return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+    try:
+        names = tree()
+        broken = []
+        for name in sorted(names & set(WIRE_CRATES)):
+            users = tree("-i", name, "--depth", "1") - {name}
+            if name == "prost" and users <= {"tickserve-onnx"}:
+                continue
+            broken.append(f"tickserve-edge: depends on the wire crate {name} (through {', '.join(sorted(users))})")
+        return broken
+    except RuntimeError as e:
+        return [f"tickserve-edge: cargo tree failed: {e}"]
+
+
 def main():
     broken = []
     for crate in sorted((ROOT / "crates").iterdir()):
@@ -103,8 +135,9 @@ def main():
             for t in sorted(targets):
                 if top(m) in FRONT_ENDS and top(t) in FRONT_ENDS and top(m) != top(t):
                     broken.append(f"{crate.name}: front end {top(m)} imports front end {top(t)} ({m} -> {t})")
-                if top(m) == "edge" and top(t) in FRONT_ENDS + ("ports",):
-                    broken.append(f"{crate.name}: the edge imports {top(t)} ({m} -> {t})")
+                if top(m) == "transport" and top(t) in FRONT_ENDS + ("ports",):
+                    broken.append(f"{crate.name}: the transport imports {top(t)} ({m} -> {t})")
+    broken += wire_in_edge()
     for line in broken:
         print(line)
     print(f"{len(broken)} breaks of the structure rules")

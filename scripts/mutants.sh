@@ -7,7 +7,7 @@
 # output folder when the time budget runs out.
 #
 #   scripts/mutants.sh [MINUTES] [FILE...]
-#   MUTANTS_TEST_ARGS=--lib scripts/mutants.sh 30 crates/tickserve-server/src/edge/params.rs
+#   MUTANTS_TEST_ARGS=--lib scripts/mutants.sh 30 crates/tickserve-edge/src/params.rs
 #
 # MINUTES (default 60) bounds the run; FILEs default to the request path below.
 # MUTANTS_TEST_ARGS go to `cargo test` (`--lib`: the unit tests only, for the
@@ -25,9 +25,9 @@ if [ ${#files[@]} -eq 0 ]; then
         crates/tickserve-core/src/validate.rs
         crates/tickserve-core/src/buckets.rs
         crates/tickserve-core/src/durations.rs
-        crates/tickserve-server/src/edge/params.rs
-        crates/tickserve-server/src/edge/routes.rs
-        crates/tickserve-server/src/edge/access.rs
+        crates/tickserve-edge/src/params.rs
+        crates/tickserve-server/src/transport/routes.rs
+        crates/tickserve-server/src/transport/access.rs
         crates/tickserve-runtime/src/admission.rs
         crates/tickserve-runtime/src/batcher.rs
         crates/tickserve-runtime/src/worker.rs

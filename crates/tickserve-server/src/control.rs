@@ -15,8 +15,8 @@ use tickserve_core::config::ModelControlMode;
 use tickserve_core::metrics as names;
 use tickserve_runtime::IndexEntry;
 
-use crate::edge::Edge;
-use crate::observe::Protocol;
+use tickserve_edge::Edge;
+use tickserve_edge::observe::Protocol;
 
 /// A model control operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

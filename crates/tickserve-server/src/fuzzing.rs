@@ -19,9 +19,9 @@ use tickserve_core::{DataType, Signature, TensorSpec};
 use tickserve_proto::inference as pb;
 use tickserve_proto::{bounded, view};
 
-use crate::edge::deadline;
 use crate::grpc::convert;
 use crate::http::codec;
+use crate::transport::deadline;
 
 /// The signature requests are decoded and validated against: one input of
 /// each kind a model may take.
@@ -79,7 +79,7 @@ pub fn grpc_request(data: &[u8]) {
         let _ = deadline::parse_grpc_timeout(text);
     }
     // What the unary path reads in place, prost decodes alike.
-    if let Some(view) = view::infer_request(data, crate::edge::MAX_TENSORS) {
+    if let Some(view) = view::infer_request(data, tickserve_edge::MAX_TENSORS) {
         let decoded = pb::ModelInferRequest::decode(data);
         assert!(
             decoded

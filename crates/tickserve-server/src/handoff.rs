@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::edge::Edge;
+use tickserve_edge::Edge;
 
 /// How often the server looks for sequences other replicas ask for: a
 /// claim waits about this long for a live keeper.

@@ -1,12 +1,15 @@
 //! The tickserve server: the front ends (KServe v2 over HTTP/JSON and gRPC,
-//! TF Serving's REST and gRPC APIs, shared memory), the edge they all call,
-//! the Prometheus endpoint, and the `serve` and `check` commands.
+//! TF Serving's REST and gRPC APIs, shared memory), what reads their wire
+//! (`transport`), the Prometheus endpoint, and the `serve` and `check`
+//! commands.
 //!
 //! Front ends are thin: they turn their bytes into the edge's request and
-//! the edge's answer into their bytes; the edge ([`edge`]) is the one request
-//! path (routes and keys, admission, lookup, parameters, the runtime call,
-//! metrics, errors). The ports ([`ports`]) put each listener's front ends
-//! together. [`Server::start`] binds both listeners (port 0 picks a free
+//! the edge's answer into their bytes; the edge (the `tickserve-edge` crate)
+//! is the one request path (admission, lookup, parameters, the runtime call,
+//! what follows an answer, metrics). `transport` holds what knows HTTP and
+//! gRPC: routes and keys, body reading, header lookups, each transport's
+//! entrance, and what an error becomes on each protocol. The ports
+//! ([`ports`]) put each listener's front ends together. [`Server::start`] binds both listeners (port 0 picks a free
 //! port, which the integration tests use) and serves until
 //! [`Server::shutdown`].
 
@@ -22,7 +25,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 pub mod cli;
 mod control;
-mod edge;
 #[doc(hidden)]
 pub mod faults;
 #[doc(hidden)]
@@ -41,10 +43,11 @@ mod shm;
 mod tfserving;
 mod timing;
 mod tls;
+mod transport;
 mod warm;
 
-pub use edge::Edge;
 pub use observe::render as render_metrics;
+pub use tickserve_edge::Edge;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,7 +56,7 @@ use anyhow::Context;
 use tickserve_core::config::{FrontEnd, ModelControlMode, ServerConfig};
 use tickserve_runtime::Runtime;
 
-use crate::edge::access::Access;
+use crate::transport::access::Access;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -114,8 +117,8 @@ impl Server {
         }
         // Before the models: a halts file that cannot be read stops the start
         // at once (a halt an operator set must not be dropped).
-        let halts =
-            edge::halts::Halts::open(config.risk.halts_file.clone()).map_err(anyhow::Error::msg)?;
+        let halts = tickserve_edge::halts::Halts::open(config.risk.halts_file.clone())
+            .map_err(anyhow::Error::msg)?;
         let runtime = {
             let owned = config.clone();
             tokio::task::spawn_blocking(move || Runtime::load(&owned))

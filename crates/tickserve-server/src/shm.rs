@@ -44,9 +44,10 @@ use tickserve_core::{DataType, Error, InferResponse, InputTensor, TensorSpec};
 use tickserve_runtime::ModelHandle;
 use tickserve_shm_protocol as wire;
 
-use crate::edge::params::{Param, Parameters};
-use crate::edge::{Call, Decoded, Edge, Payload, RequestBytes, status};
-use crate::observe::Protocol;
+use crate::transport::status;
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::params::{Param, Parameters};
+use tickserve_edge::{Call, Decoded, Edge, Payload, RequestBytes};
 
 /// How often a sleeping front-end thread wakes to clean up after dead clients.
 pub const TICK: Duration = Duration::from_millis(100);

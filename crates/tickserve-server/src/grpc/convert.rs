@@ -12,8 +12,8 @@ use tickserve_core::{DataType, Error, InferResponse, InputTensor, Signature};
 use tickserve_runtime::ModelHandle;
 
 use super::pb;
-use crate::edge::params::{Param, Parameters};
-use crate::edge::{Decoded, Payload};
+use tickserve_edge::params::{Param, Parameters};
+use tickserve_edge::{Decoded, Payload};
 
 /// A `ModelInferRequest` as tonic decoded it, for the edge to decode
 /// against its model.

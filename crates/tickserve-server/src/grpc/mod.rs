@@ -3,7 +3,7 @@
 //! ModelStatistics), and the sequence-state service ([`sequences`]). The
 //! gRPC port ([`crate::ports::grpc`]) serves them beside TF Serving's.
 //! Inference goes through the edge's pipeline; errors become statuses in
-//! [`crate::edge::status`].
+//! [`crate::transport::status`].
 
 pub mod answer;
 pub mod convert;
@@ -19,13 +19,13 @@ use tickserve_runtime::ModelHandle;
 use tonic::{Request, Response, Status};
 
 use crate::control;
-use crate::edge::Edge;
-use crate::edge::status::grpc as status;
 use crate::identity::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::model_view::{
     DurationView, InstanceKind, ModelConfigView, SequenceBatchingView, StatisticsView,
 };
-use crate::observe::Protocol;
+use crate::transport::status::grpc as status;
+use tickserve_edge::Edge;
+use tickserve_edge::observe::Protocol;
 
 use tickserve_proto::inference as pb;
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::status;
-use crate::edge::Edge;
-use crate::edge::halts::{self, MAX_REASON_BYTES};
+use tickserve_edge::Edge;
+use tickserve_edge::halts::{self, MAX_REASON_BYTES};
 
 use tickserve_proto::tickserve as pb;
 

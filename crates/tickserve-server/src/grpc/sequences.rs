@@ -12,8 +12,8 @@ use tickserve_runtime::Sequences;
 use tonic::{Request, Response, Status};
 
 use super::{optional, status};
-use crate::edge::Edge;
-use crate::edge::state_turn_deadline;
+use tickserve_edge::Edge;
+use tickserve_edge::state_turn_deadline;
 
 use tickserve_proto::tickserve as pb;
 

@@ -34,9 +34,10 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{convert, optional, pb};
 use tickserve_core::sequence::KeyId;
 
-use crate::edge::admission::BodyBytes;
-use crate::edge::{Call, Edge, Kept, RequestBytes, trace};
-use crate::observe::Protocol;
+use crate::transport::trace;
+use tickserve_edge::admission::BodyBytes;
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::{Call, Edge, Kept, RequestBytes};
 
 /// Requests of one stream in the server at once.
 pub const STREAM_IN_FLIGHT: usize = 256;

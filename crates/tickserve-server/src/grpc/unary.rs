@@ -23,10 +23,11 @@ use tonic::{Request, Response, Status};
 
 use super::answer::Answer;
 use super::{convert, optional, pb};
-use crate::edge::params::Parameters;
-use crate::edge::status::grpc as status;
-use crate::edge::{Decoded, Edge, Entrance, MAX_TENSORS, Payload, sequence_key};
-use crate::observe::Protocol;
+use crate::transport::status::grpc as status;
+use crate::transport::{entrance::Entrance, sequence_key};
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::params::Parameters;
+use tickserve_edge::{Decoded, Edge, MAX_TENSORS, Payload};
 
 /// A boxed future, as tonic's generated services box theirs.
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

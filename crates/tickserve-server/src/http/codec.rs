@@ -17,9 +17,9 @@ use tickserve_core::validate::unknown_datatype;
 use tickserve_core::{DataType, Error, InferResponse, InputTensor, OutputTensor, Signature};
 
 use super::request_header::{Entries, Params, json_header, json_parameters};
-use crate::edge::Decoded;
-use crate::edge::params::{self, Param, Parameters};
 use crate::scalar::{Scalar, push_scalar};
+use tickserve_edge::Decoded;
+use tickserve_edge::params::{self, Param, Parameters};
 
 /// The header that splits a binary-extension body into JSON and tensor bytes.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";

@@ -3,9 +3,9 @@
 //! sequence-state API ([`sequences`]).
 //!
 //! Each handler takes the route the HTTP port's table parsed
-//! ([`crate::edge::routes`]) and answers; inference goes through the edge's
-//! pipeline ([`crate::edge::infer`]). Errors are `{"error": "..."}` with the
-//! status of their kind ([`crate::edge::status`]).
+//! ([`crate::transport::routes`]) and answers; inference goes through the edge's
+//! pipeline ([`tickserve_edge::infer`]). Errors are `{"error": "..."}` with the
+//! status of their kind ([`crate::transport::status`]).
 
 mod answer_header;
 pub mod codec;
@@ -26,13 +26,14 @@ use tickserve_core::Error;
 use tickserve_runtime::ModelHandle;
 
 use crate::control;
-use crate::edge::headers::InferHeaders;
-use crate::edge::routes::ModelRef;
-use crate::edge::status::HttpError;
-use crate::edge::{Decoded, Edge, Entrance, Payload, body, sequence_key};
 use crate::identity::{EXTENSIONS, SERVER_NAME, SERVER_VERSION};
 use crate::model_view::{ModelConfigView, StatisticsView};
-use crate::observe::Protocol;
+use crate::transport::headers::InferHeaders;
+use crate::transport::routes::ModelRef;
+use crate::transport::status::HttpError;
+use crate::transport::{body, entrance::Entrance, sequence_key};
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::{Decoded, Edge, Payload};
 
 /// The most bytes of a repository or sequence-state request's JSON body.
 const SMALL_BODY_BYTES: usize = 64 * 1024;

@@ -17,8 +17,8 @@ use smallvec::SmallVec;
 use super::request_header::{
     Entries, Header, InputHeader, MAX_PARAMETER_BYTES, MAX_RANK, OutputHeader, Params,
 };
-use crate::edge::MAX_TENSORS;
-use crate::edge::params;
+use tickserve_edge::MAX_TENSORS;
+use tickserve_edge::params;
 
 /// The parameters a request's, an input's or an output's `parameters`
 /// usually hold, matched in place (any other is read as a string).

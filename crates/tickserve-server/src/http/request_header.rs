@@ -12,7 +12,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use smallvec::SmallVec;
 
-use crate::edge::MAX_TENSORS;
+use tickserve_edge::MAX_TENSORS;
 
 /// The most dimensions one input's shape may have.
 pub const MAX_RANK: usize = 32;

@@ -8,13 +8,13 @@ use serde_json::{Value, json};
 use tickserve_core::Error;
 
 use super::{HttpError, SMALL_BODY_BYTES};
-use crate::edge::Edge;
-use crate::edge::body;
-use crate::edge::routes::ModelRef;
+use crate::transport::body;
+use crate::transport::routes::ModelRef;
+use tickserve_edge::Edge;
 
 /// `POST .../versions/V/halt`.
 pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
-    let handle = crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
     let body = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
     let reason = if body.is_empty() {
@@ -49,7 +49,7 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
 
 /// `POST .../versions/V/resume`.
 pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
-    let handle = crate::edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
     let _ = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
     let (halt, kept) = edge.halts.resume(&handle, "http");

@@ -22,9 +22,10 @@ use tickserve_runtime::ModelHandle;
 use tickserve_runtime::Sequences;
 
 use super::{SMALL_BODY_BYTES, codec};
-use crate::edge::routes::ModelRef;
-use crate::edge::status::HttpError;
-use crate::edge::{Edge, body, params, state_turn_deadline};
+use crate::transport::body;
+use crate::transport::routes::ModelRef;
+use crate::transport::status::HttpError;
+use tickserve_edge::{Edge, params, state_turn_deadline};
 
 /// The model asked for, which must keep sequences.
 fn stateful(edge: &Edge, path: &ModelRef) -> Result<(Arc<ModelHandle>, Arc<Sequences>), Error> {

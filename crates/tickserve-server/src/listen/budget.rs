@@ -22,8 +22,8 @@ use http_body::{Body, Frame, SizeHint};
 use tickserve_core::Error;
 use tokio::time::Sleep;
 
-use crate::edge::Edge;
-use crate::edge::admission::{BodyBytes, ConnectionBudget};
+use tickserve_edge::Edge;
+use tickserve_edge::admission::{BodyBytes, ConnectionBudget};
 
 /// The error a body ends with, as a port's handlers read it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -134,7 +134,7 @@ pub fn count<B>(
     } else {
         // At most a request's limit: a larger body is refused for its size
         // (413) by its reader, not for the budget.
-        crate::edge::body::declared_length(&parts.headers)
+        crate::transport::body::declared_length(&parts.headers)
             .unwrap_or(0)
             .min(edge.max_request_bytes)
     };

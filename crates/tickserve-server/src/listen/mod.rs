@@ -34,12 +34,12 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::edge::Edge;
-use crate::edge::admission::ConnectionBudget;
 use crate::tls::Tls;
 use activity::Activity;
 use budget::BodyRules;
 use stall::{Watched, WriteStall};
+use tickserve_edge::Edge;
+use tickserve_edge::admission::ConnectionBudget;
 
 /// The most an HTTP/1 connection reads ahead of its handler (hyper's read
 /// buffer; its default is about 400 KiB).

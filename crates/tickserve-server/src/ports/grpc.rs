@@ -12,14 +12,14 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::edge::Edge;
-use crate::edge::access::Access;
-use crate::edge::routes::grpc_group;
-use crate::edge::status::{self, Refusal};
 use crate::listen::budget::BodyRules;
 use crate::listen::{self, ConnectionLimits};
 use crate::tls::Tls;
+use crate::transport::access::Access;
+use crate::transport::routes::grpc_group;
+use crate::transport::status::{self, Refusal};
 use crate::{grpc, tfserving};
+use tickserve_edge::Edge;
 
 /// Serves gRPC on `listener` behind `access`, over `tls` when given, within
 /// `limits`, until `stop` turns true.

@@ -14,15 +14,15 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::watch;
 
 use crate::control::Operation;
-use crate::edge::Edge;
-use crate::edge::access::Access;
-use crate::edge::body::BodyRefused;
-use crate::edge::routes::{self, HttpRoute, ModelEndpoint};
-use crate::edge::status::Refusal;
 use crate::listen::budget::BodyRules;
 use crate::listen::{self, ConnectionLimits};
 use crate::tls::Tls;
+use crate::transport::access::Access;
+use crate::transport::body::BodyRefused;
+use crate::transport::routes::{self, HttpRoute, ModelEndpoint};
+use crate::transport::status::Refusal;
 use crate::{http, observe, tfserving};
+use tickserve_edge::Edge;
 
 /// What the port's one handler holds.
 struct Port {

@@ -11,10 +11,11 @@ use tonic::{Request, Response, Status};
 
 use super::tensor;
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, check_signature, output, tf_dtype};
-use crate::edge::params::Parameters;
-use crate::edge::status::grpc as status;
-use crate::edge::{Decoded, Edge, Entrance, Payload};
-use crate::observe::Protocol;
+use crate::transport::entrance::Entrance;
+use crate::transport::status::grpc as status;
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::params::Parameters;
+use tickserve_edge::{Decoded, Edge, Payload};
 
 use tickserve_proto::tensorflow as pb;
 

@@ -300,10 +300,10 @@ fn named_fields(raw: &str) -> Result<Vec<(Cow<'_, str>, &RawValue)>, String> {
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut fields = Vec::new();
             while let Some(entry) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
-                if fields.len() == crate::edge::MAX_TENSORS {
+                if fields.len() == tickserve_edge::MAX_TENSORS {
                     return Err(de::Error::custom(format!(
                         "more than {} named tensors (tickserve's limit)",
-                        crate::edge::MAX_TENSORS
+                        tickserve_edge::MAX_TENSORS
                     )));
                 }
                 fields.push(entry);

@@ -4,7 +4,7 @@
 //! - `GET /v1/models/NAME[/versions/N]` (model status),
 //! - `GET /v1/models/NAME[/versions/N]/metadata` (the signature).
 //!
-//! The HTTP port's route table reads the path ([`crate::edge::routes`]);
+//! The HTTP port's route table reads the path ([`crate::transport::routes`]);
 //! inference goes through the edge's pipeline. Errors are `{"error": "..."}`
 //! with the status of their kind (TF Serving's mapping agrees: bad input 400,
 //! unknown model 404, overload 429, deadline 504, not ready 503).
@@ -21,12 +21,13 @@ use tickserve_runtime::ModelHandle;
 
 use super::json::{self as tfjson, Format};
 use super::{PREDICT_METHOD, SIGNATURE_NAME, alias, tf_dtype, tf_dtype_name};
-use crate::edge::headers::InferHeaders;
-use crate::edge::params::Parameters;
-use crate::edge::routes::TfRoute;
-use crate::edge::status::HttpError;
-use crate::edge::{Decoded, Edge, Entrance, Payload, body};
-use crate::observe::Protocol;
+use crate::transport::headers::InferHeaders;
+use crate::transport::routes::TfRoute;
+use crate::transport::status::HttpError;
+use crate::transport::{body, entrance::Entrance};
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::params::Parameters;
+use tickserve_edge::{Decoded, Edge, Payload};
 
 /// A path under `/v1/models/` TF Serving would not read: 400 with its words.
 pub fn malformed(message: &str) -> Response {
@@ -198,7 +199,7 @@ pub async fn serve(
     } else if method == Method::GET || method == Method::HEAD {
         get(edge, t)
     } else {
-        crate::edge::status::Refusal::WrongMethod {
+        crate::transport::status::Refusal::WrongMethod {
             path: format!("/v1/models/{}", t.model),
             method: method.to_string(),
         }

@@ -247,14 +247,14 @@ pub fn grpc_missing_message_is_invalid_argument(
         format!("the call carried no request message; {method} takes one"),
     );
     let protocol = if method.starts_with("/tensorflow.") {
-        crate::observe::Protocol::TfServingGrpc
+        tickserve_edge::observe::Protocol::TfServingGrpc
     } else {
-        crate::observe::Protocol::Grpc
+        tickserve_edge::observe::Protocol::Grpc
     };
     // Refused before anything ran: its duration is nothing worth a clock read
     // on every call's way.
     let now = std::time::Instant::now();
-    crate::observe::record_request(protocol, "_unknown", now, Some(&error));
+    tickserve_edge::observe::record_request(protocol, "_unknown", now, Some(&error));
     grpc(&error).into_http::<axum::body::Body>()
 }
 

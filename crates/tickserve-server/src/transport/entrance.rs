@@ -6,14 +6,16 @@
 //! writes its own; a `ModelStreamInfer` stream's messages carry only their
 //! own parameters).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tickserve_core::sequence::KeyId;
+use tickserve_edge::admission::BodyBytes;
+use tickserve_edge::observe::Protocol;
+use tickserve_edge::{Call, RequestBytes};
 
 use super::headers::InferHeaders;
-use super::infer::{Call, RequestBytes};
 use super::{deadline, sequence_key, trace};
-use crate::observe::Protocol;
 
 /// A request's deadline, trace, key, routing header and bytes, as its
 /// transport carried them.
@@ -41,7 +43,7 @@ impl Entrance {
             traceparent: trace::of(found.traceparent),
             key: extensions.get().copied(),
             sequence_key: sequence_key::of(found.sequence_key.iter().copied()),
-            bytes: RequestBytes::of(extensions, len),
+            bytes: request_bytes(extensions, len),
         }
     }
 
@@ -59,7 +61,7 @@ impl Entrance {
                     .get_all(&sequence_key::NAME)
                     .iter(),
             ),
-            bytes: RequestBytes::of(request.extensions(), 0),
+            bytes: request_bytes(request.extensions(), 0),
         }
     }
 
@@ -104,5 +106,15 @@ impl Entrance {
                 Ok(None)
             },
         }
+    }
+}
+
+/// What the body of the request with `extensions` holds, taken from it (the
+/// listener counts every body as it arrives); for a request that came
+/// another way, its `len` bytes to admit.
+fn request_bytes(extensions: &http::Extensions, len: usize) -> RequestBytes {
+    match extensions.get::<Arc<BodyBytes>>() {
+        Some(body) => RequestBytes::Held(body.take()),
+        None => RequestBytes::Count(len),
     }
 }

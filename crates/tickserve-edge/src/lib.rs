@@ -1,17 +1,12 @@
 //! The edge: the one request path every front end calls.
 //!
-//! A front end turns its bytes into the edge's request and the edge's answer
-//! into its bytes; nothing else. Everything between is here, once:
+//! A front end turns its bytes into the edge's request ([`Call`]) and the
+//! edge's answer into its bytes; nothing else. Everything between is here,
+//! once, and knows no wire (no HTTP, gRPC or shared-memory type: the
+//! server's `transport` holds what reads them):
 //!
-//! - [`routes`]: one route table per port, decoded once; it dispatches and
-//!   names the key group;
-//! - [`access`]: keys per group, checked on the route the handler serves;
 //! - [`admission`]: a slot and the request's bytes in the server-wide budget;
 //! - [`params`]: the one parameter reader;
-//! - [`deadline`]: the transport's deadline headers;
-//! - [`headers`]: the headers an HTTP inference request's path reads, found
-//!   in one pass;
-//! - [`body`]: an HTTP body read within the byte limit;
 //! - [`infer`]: the pipeline: readiness, admission, the one model lookup,
 //!   decoding (large payloads off the async workers), parameters, the
 //!   runtime call, metrics;
@@ -19,27 +14,20 @@
 //!   it is answered;
 //! - [`shadow`]: a request's copy for its version's shadows, sent once it
 //!   is answered;
-//! - [`trace`]: the W3C `traceparent` a request carries;
-//! - [`status`]: what a failure becomes on each protocol.
-//!
-//! The edge imports no front end (`scripts/check_layers.py` checks it).
+//! - [`halts`] and [`breaker`]: the kill switch and the breakers that halt
+//!   a version;
+//! - [`sequence_key`]: what the sequence-id header names;
+//! - [`observe`]: the metrics every request records.
 
-pub mod access;
 pub mod admission;
-pub mod body;
 pub mod breaker;
-pub mod deadline;
-pub mod entrance;
 pub mod halts;
-pub mod headers;
 pub mod infer;
 pub mod journal;
+pub mod observe;
 pub mod params;
-pub mod routes;
 pub mod sequence_key;
 pub mod shadow;
-pub mod status;
-pub mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -49,7 +37,6 @@ use tickserve_core::config::{ModelControlMode, ServerConfig};
 use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
-pub use entrance::Entrance;
 pub use infer::{Call, Decoded, Kept, Payload, RequestBytes};
 
 /// The most inputs, and the most outputs, one request may name (every JSON

@@ -47,7 +47,7 @@ impl ConnectionBudget {
 
     /// True for the first request on this connection that asks, false
     /// after: the first answer's headers may teach HTTP/2's header
-    /// compression names that later answers refer to ([`crate::timing`]).
+    /// compression names that later answers refer to (the server's `timing`).
     pub fn first_answer(&self) -> bool {
         // Read first: after the first answer no request writes the line.
         !self.answered.load(Ordering::Relaxed) && !self.answered.swap(true, Ordering::Relaxed)

@@ -4,7 +4,7 @@
 //! request's metrics. A front end describes its request ([`Call`]) and hands
 //! over its undecoded payload ([`Payload`]); it gets back the answer and
 //! what it needs to encode it ([`Answer`]), or the error to word in its
-//! protocol ([`super::status`]).
+//! protocol (the server's `transport::status`).
 //!
 //! [`Edge::admit_request`] is the synchronous-order half (a stream admits
 //! its messages in the order they came, so one sequence's requests keep
@@ -20,7 +20,7 @@ use tickserve_runtime::ModelHandle;
 use tickserve_runtime::{HeldState, Prepared, ShadowPlan};
 
 use super::Edge;
-use super::admission::{BodyBytes, HeldBytes, Slot};
+use super::admission::{HeldBytes, Slot};
 use super::breaker::Breakers;
 use super::journal::Pending;
 use super::params::Parameters;
@@ -51,9 +51,9 @@ pub struct Call<'a> {
     /// The key it carried, where keys guard inference (a model with
     /// `bind_to_key` keeps its sequences apart by key).
     pub key: Option<KeyId>,
-    /// The W3C `traceparent` it carried ([`super::trace`]), for the journal.
+    /// The W3C `traceparent` it carried (valid, or left out), for the journal.
     pub traceparent: Option<String>,
-    /// The `tickserve-sequence-id` header it carried ([`super::sequence_key`]),
+    /// The `tickserve-sequence-id` header it carried ([`crate::sequence_key`]),
     /// or the words for a malformed one.
     pub sequence_key: Result<Option<String>, String>,
 }
@@ -67,16 +67,6 @@ pub enum RequestBytes {
 }
 
 impl RequestBytes {
-    /// What the body of the request with `extensions` holds, taken from it
-    /// (the listener counts every body as it arrives); for a request that
-    /// came another way, its `len` bytes to admit.
-    pub fn of(extensions: &http::Extensions, len: usize) -> RequestBytes {
-        match extensions.get::<Arc<BodyBytes>>() {
-            Some(body) => RequestBytes::Held(body.take()),
-            None => RequestBytes::Count(len),
-        }
-    }
-
     /// True for the first request on its connection that asks (see
     /// [`super::admission::ConnectionBudget::first_answer`]); false for
     /// bytes of no connection.

@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, header};
 use tickserve_core::Error;
 
-use super::Edge;
+use tickserve_edge::Edge;
 
 /// How much of an oversized body is read and dropped before the 413 goes out.
 /// Closing a connection with unread request bytes makes the kernel reset it,
