@@ -17,66 +17,19 @@ use std::time::{Duration, Instant};
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
 use tickserve_runtime::ModelHandle;
-use tickserve_runtime::{HeldState, Prepared, ShadowPlan};
+use tickserve_runtime::{HeldState, Prepared};
 
 use super::Edge;
 use super::admission::{HeldBytes, Slot};
 use super::breaker::Breakers;
-use super::journal::Pending;
 use super::params::Parameters;
 use super::sequence_key;
-use super::shadow::Mirror;
-use crate::observe::{self, Protocol};
+use crate::call::{Call, RequestBytes};
+use crate::follow::Followers;
 
 /// Payloads that decode in more than this many bytes go to a blocking
 /// thread, so that they do not hold up every other connection meanwhile.
 pub const DECODE_IN_PLACE_BYTES: usize = 256 * 1024;
-
-/// One inference request as its front end describes it, before decoding.
-pub struct Call<'a> {
-    /// The front end, for metrics.
-    pub protocol: Protocol,
-    /// The model asked for.
-    pub model: &'a str,
-    /// The version asked for (`None`: the default version).
-    pub version: Option<&'a str>,
-    /// The request's bytes as they came, held in `server.max_inflight_bytes`
-    /// until it is answered.
-    pub bytes: RequestBytes,
-    /// The deadline the transport carried (`grpc-timeout`,
-    /// `tickserve-timeout`), or the words for a malformed one.
-    pub timeout: Result<Option<Duration>, String>,
-    /// When the request came.
-    pub started: Instant,
-    /// The key it carried, where keys guard inference (a model with
-    /// `bind_to_key` keeps its sequences apart by key).
-    pub key: Option<KeyId>,
-    /// The W3C `traceparent` it carried (valid, or left out), for the journal.
-    pub traceparent: Option<String>,
-    /// The `tickserve-sequence-id` header it carried ([`crate::sequence_key`]),
-    /// or the words for a malformed one.
-    pub sequence_key: Result<Option<String>, String>,
-}
-
-/// A request's bytes in `server.max_inflight_bytes`.
-pub enum RequestBytes {
-    /// Held already, as they arrived (an HTTP body, a gRPC message).
-    Held(HeldBytes),
-    /// Not held yet (shared memory): admitted with the request.
-    Count(usize),
-}
-
-impl RequestBytes {
-    /// True for the first request on its connection that asks (see
-    /// [`super::admission::ConnectionBudget::first_answer`]); false for
-    /// bytes of no connection.
-    pub fn first_on_connection(&self) -> bool {
-        match self {
-            RequestBytes::Held(held) => held.connection().is_some_and(|c| c.first_answer()),
-            RequestBytes::Count(_) => false,
-        }
-    }
-}
 
 /// A front end's undecoded request: decoded by the edge against the model it
 /// names, in place or on a blocking thread.
@@ -173,43 +126,15 @@ pub struct Admitted<E> {
 /// what it records, and what it holds until then.
 struct AfterRun<E> {
     handle: Arc<ModelHandle>,
-    /// The copy its shadows get, if it has any that want it.
-    /// Boxed, as the journal's record: most requests have neither, and an
-    /// admitted request moves several times on its way to the run.
-    mirror: Option<Box<Mirror>>,
     encoding: E,
-    record: Record,
-    journal: Option<Box<Pending>>,
+    /// The metrics, the journal's record, the shadows' copy.
+    followers: Followers,
     /// The sequence a tick continues, for its answer's header.
     sequence: Option<String>,
     /// Where a guard trip is counted, for a model with a breaker.
     breakers: Option<Arc<Breakers>>,
     slot: Slot,
     bytes: HeldBytes,
-}
-
-/// What the request's metrics are recorded under.
-struct Record {
-    protocol: Protocol,
-    label: Label,
-    started: Instant,
-}
-
-/// The `model` label: the model's name, or what stands for a model the
-/// server does not have.
-enum Label {
-    Model(Arc<ModelHandle>),
-    Other(String),
-}
-
-impl Record {
-    fn outcome(&self, error: Option<&Error>) {
-        let label = match &self.label {
-            Label::Model(handle) => handle.name.as_str(),
-            Label::Other(label) => label.as_str(),
-        };
-        observe::record_request(self.protocol, label, self.started, error);
-    }
 }
 
 /// Where a request stands after `Edge::admit_now`.
@@ -273,42 +198,17 @@ impl Edge {
     fn admit_now<P: Payload>(self: &Arc<Self>, call: Call<'_>, payload: P) -> Admitting<P> {
         // The one lookup of this request's model.
         let routed = self.runtime.route(call.model, call.version);
-        let (drawn, sticky, shadows) = match &routed {
-            Ok(r) => (r.drawn, r.sticky, r.shadows.clone()),
-            Err(_) => (false, false, None),
-        };
+        let mut followers = Followers::new(self, &call, &routed);
+        let sticky = routed.as_ref().is_ok_and(|r| r.sticky);
         let handle = routed.map(|r| r.handle);
-        let record = Record {
-            protocol: call.protocol,
-            label: match &handle {
-                Ok(h) => Label::Model(Arc::clone(h)),
-                Err(_) => Label::Other(self.runtime.model_label(call.model)),
-            },
-            started: call.started,
-        };
-        // A journaled model's request collects its record as it goes.
-        let mut journal = match (&self.journal, &handle) {
-            (Some(journal), Ok(h)) if journal.wants(h) => Some(Box::new(Pending::new(
-                journal,
-                h,
-                call.protocol.label(),
-                call.started,
-                call.key,
-                call.traceparent.clone(),
-            ))),
-            _ => None,
-        };
-        let (held, work) = match self.begin(call, handle, &payload, &mut journal) {
+        let (held, work) = match self.begin(call, handle, &payload, &mut followers) {
             Ok(begun) => begun,
-            Err(error) => return Admitting::Done(Err(refuse(error, &record, journal))),
+            Err(error) => return Admitting::Done(Err(followers.refused(error))),
         };
         let admission = Admission {
             held,
-            drawn,
             sticky,
-            shadows,
-            record,
-            journal,
+            followers,
         };
         if work > DECODE_IN_PLACE_BYTES {
             return Admitting::Decode(Decoding { payload, admission });
@@ -326,14 +226,12 @@ impl Edge {
         call: Call<'_>,
         handle: Result<Arc<ModelHandle>, Error>,
         payload: &P,
-        journal: &mut Option<Box<Pending>>,
+        followers: &mut Followers,
     ) -> Result<(Held, usize), Error> {
         if !self.ready() {
             return Err(Error::ShuttingDown);
         }
-        if let Some(pending) = journal {
-            pending.admit()?;
-        }
+        followers.admit()?;
         let slot = self.admit()?;
         let bytes = match call.bytes {
             RequestBytes::Held(held) => held,
@@ -349,9 +247,7 @@ impl Edge {
                 });
             };
             handle = fallback;
-            if let Some(pending) = journal.as_mut() {
-                pending.served_by(&handle);
-            }
+            followers.served_by(&handle);
         }
         let transport_timeout = call
             .timeout
@@ -397,11 +293,8 @@ impl Edge {
     ) -> Result<Admitted<E>, Error> {
         let Admission {
             held,
-            drawn,
             sticky,
-            shadows,
-            record,
-            mut journal,
+            mut followers,
         } = admission;
         let Held {
             handle,
@@ -411,18 +304,24 @@ impl Edge {
             slot,
             bytes,
         } = held;
+        let routing = Routing {
+            key,
+            transport_timeout,
+            sticky,
+        };
         let prepared = decoded.and_then(|mut decoded| {
             routing_key(&handle.name, sequence_key, &mut decoded.parameters)?;
-            let context = (key, transport_timeout, drawn, sticky);
-            self.prepare(handle, context, decoded, &mut journal)
+            self.prepare(handle, &routing, decoded, &mut followers)
         });
         match prepared {
-            Ok((handle, prepared, encoding, more)) => Ok(Admitted {
+            Ok(Ready {
+                handle,
+                prepared,
+                encoding,
+                monte_carlo,
+            }) => Ok(Admitted {
                 after: AfterRun {
                     sequence: prepared.sequence().map(sequence_key::text),
-                    mirror: shadows
-                        .and_then(|plans| Mirror::of(plans, &handle, &prepared, journal.as_deref()))
-                        .map(Box::new),
                     breakers: handle
                         .settings
                         .breaker
@@ -430,33 +329,31 @@ impl Edge {
                         .then(|| Arc::clone(&self.breakers)),
                     handle,
                     encoding,
-                    record,
-                    journal,
+                    followers,
                     slot,
-                    bytes: bytes.join(more),
+                    bytes: bytes.join(monte_carlo),
                 },
                 prepared,
             }),
-            Err(error) => Err(refuse(error, &record, journal)),
+            Err(error) => Err(followers.refused(error)),
         }
     }
 
     /// A decoded request's version (a sequence's), deadline and the
     /// runtime's checks; the bytes a Monte Carlo run holds besides.
-    #[allow(clippy::type_complexity)]
     fn prepare<E>(
         self: &Arc<Self>,
         handle: Arc<ModelHandle>,
-        (key, transport_timeout, drawn, sticky): (Option<KeyId>, Option<Duration>, bool, bool),
+        routing: &Routing,
         mut decoded: Decoded<E>,
-        journal: &mut Option<Box<Pending>>,
-    ) -> Result<(Arc<ModelHandle>, Prepared, E, HeldBytes), Error> {
+        followers: &mut Followers,
+    ) -> Result<Ready<E>, Error> {
         let mut handle = handle;
         if let Some(sequence) = decoded.parameters.sequence.as_mut() {
-            sequence.owner = key;
+            sequence.owner = routing.key;
             // A sequence stays on one version, the one it lives on, when
             // the request names none (a new version arrived, or a split).
-            if sticky
+            if routing.sticky
                 && let Some(sticky) = self.runtime.model_for_sequence(&handle.name, sequence)
                 && !Arc::ptr_eq(&sticky, &handle)
                 && sticky.signature == handle.signature
@@ -471,43 +368,47 @@ impl Edge {
                     });
                 }
                 handle = sticky;
-                if let Some(pending) = journal.as_mut() {
-                    pending.served_by(&handle);
-                }
+                followers.served_by(&handle);
             }
         }
-        if drawn {
-            handle.count_routed();
-        }
-        if let Some(pending) = journal.as_mut() {
-            pending.asked(&decoded.id, &decoded.parameters);
-        }
-        let deadline = [transport_timeout, decoded.parameters.timeout]
+        followers.asked(&handle, &decoded.id, &decoded.parameters);
+        let deadline = [routing.transport_timeout, decoded.parameters.timeout]
             .into_iter()
             .flatten()
             .min()
             .map(|t| durations::deadline_after(Instant::now(), t));
         let (request, encoding) = decoded.into_request(deadline);
         let mut prepared = handle.prepare(request)?;
-        if let Some(pending) = journal.as_mut() {
-            pending.prepared(&mut prepared);
-        }
+        followers.prepared(&handle, &mut prepared);
         // A Monte Carlo run's noisy copies and their answer are held too.
-        let more = self.admit_bytes(prepared.held_bytes())?;
-        Ok((handle, prepared, encoding, more))
+        let monte_carlo = self.admit_bytes(prepared.held_bytes())?;
+        Ok(Ready {
+            handle,
+            prepared,
+            encoding,
+            monte_carlo,
+        })
     }
 }
 
-/// A refused request's outcome recorded, and its journal record written.
-fn refuse(error: Error, record: &Record, journal: Option<Box<Pending>>) -> Error {
-    record.outcome(Some(&error));
-    if let Some(pending) = journal {
-        // A request the journal itself refused has no record.
-        if !matches!(error, Error::JournalUnavailable { .. }) {
-            (*pending).refused(&error);
-        }
-    }
-    error
+/// What a request's transport and lookup say about where it runs.
+struct Routing {
+    /// The key it carried.
+    key: Option<KeyId>,
+    /// The transport's deadline.
+    transport_timeout: Option<Duration>,
+    /// It named no version of a model of several: a sequence's tick goes
+    /// to the version its sequence lives on.
+    sticky: bool,
+}
+
+/// A request prepared: the version that runs it, the runtime's request,
+/// the front end's encoding, and the bytes a Monte Carlo run holds.
+struct Ready<E> {
+    handle: Arc<ModelHandle>,
+    prepared: Prepared,
+    encoding: E,
+    monte_carlo: HeldBytes,
 }
 
 /// What an admitted request holds before it is decoded: its model, its
@@ -526,11 +427,8 @@ struct Held {
 /// and what it records.
 struct Admission {
     held: Held,
-    drawn: bool,
     sticky: bool,
-    shadows: Option<Arc<Vec<ShadowPlan>>>,
-    record: Record,
-    journal: Option<Box<Pending>>,
+    followers: Followers,
 }
 
 /// A request whose payload decodes on a blocking thread, admitted so far
@@ -593,7 +491,7 @@ impl<E> Admitted<E> {
     /// a request the runtime runs at once ([`ModelHandle::run_now`]) and no
     /// journal records. Else the request comes back for [`Admitted::run`].
     pub fn run_now(mut self) -> Running<E> {
-        if self.after.journal.is_some() {
+        if self.after.followers.waits() {
             return Running::Later(self);
         }
         match self.after.handle.run_now(&mut self.prepared) {
@@ -604,63 +502,49 @@ impl<E> Admitted<E> {
 }
 
 impl<E> AfterRun<E> {
-    /// The shadows' copy sent, the journal's record written (it waits for
-    /// room), a sequence tick's new state kept only if the answer goes (not
-    /// when the journal refuses it: a tick answered "not answered" has not
-    /// moved its sequence), the outcome recorded: the answer, and what the
-    /// request held.
+    /// The followers told the model's answer, the output guards applied,
+    /// the journal's record written (it waits for room), a sequence tick's
+    /// new state kept only if the answer goes (not when the journal refuses
+    /// it: a tick answered "not answered" has not moved its sequence): the
+    /// answer, and what the request held.
     async fn conclude(
         mut self,
         result: Result<InferResponse, Error>,
         held: Option<HeldState>,
     ) -> (Result<Answer<E>, Error>, Kept) {
-        self.mirror_answer(&result);
+        self.followers.ran(&result);
         let (result, withheld) = guard(
             &self.handle,
             result,
             self.breakers.as_deref(),
             held.as_ref(),
         );
-        let result = match self.journal.take() {
-            Some(pending) => (*pending).answered(result, withheld.as_ref()).await,
-            None => result,
-        };
-        if let (Ok(_), Some(held)) = (&result, held) {
-            held.apply();
-        }
         let AfterRun {
             handle,
             encoding,
-            record,
+            followers,
             slot,
             bytes,
             sequence,
             ..
         } = self;
+        let result = followers.answered(result, withheld.as_ref()).await;
+        if let (Ok(_), Some(held)) = (&result, held) {
+            held.apply();
+        }
         (
-            conclude(result, (handle, sequence), encoding, &record),
+            into_answer(result, (handle, sequence), encoding),
             Kept { _slot: slot, bytes },
         )
     }
 
-    /// [`AfterRun::conclude`] for a request no journal records, answered
+    /// [`AfterRun::conclude`] for a request no follower waits for, answered
     /// before its slot and bytes go.
     fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
-        self.mirror_answer(&result);
+        self.followers.ran(&result);
         let (result, _) = guard(&self.handle, result, self.breakers.as_deref(), None);
-        conclude(
-            result,
-            (self.handle, self.sequence),
-            self.encoding,
-            &self.record,
-        )
-    }
-
-    /// Sends the shadows their copy, after a prediction.
-    fn mirror_answer(&mut self, result: &Result<InferResponse, Error>) {
-        if let (Some(mirror), Ok(response)) = (self.mirror.take(), result) {
-            mirror.send(response);
-        }
+        let result = self.followers.answered_now(result);
+        into_answer(result, (self.handle, self.sequence), self.encoding)
     }
 }
 
@@ -706,15 +590,13 @@ fn guard(
     (Err(error), Some(withheld))
 }
 
-/// A run's outcome recorded under `record`, and its answer (from `handle`,
-/// for `sequence`).
-fn conclude<E>(
+/// A run's outcome as the front end's answer (from `handle`, for
+/// `sequence`).
+fn into_answer<E>(
     result: Result<InferResponse, Error>,
     (handle, sequence): (Arc<ModelHandle>, Option<String>),
     encoding: E,
-    record: &Record,
 ) -> Result<Answer<E>, Error> {
-    record.outcome(result.as_ref().err());
     result.map(|response| Answer {
         response,
         sequence,

@@ -5,11 +5,14 @@
 //! once, and knows no wire (no HTTP, gRPC or shared-memory type: the
 //! server's `transport` holds what reads them):
 //!
+//! - [`call`]: a request as its front end describes it, before decoding;
 //! - [`admission`]: a slot and the request's bytes in the server-wide budget;
 //! - [`params`]: the one parameter reader;
 //! - [`infer`]: the pipeline: readiness, admission, the one model lookup,
 //!   decoding (large payloads off the async workers), parameters, the
 //!   runtime call, metrics;
+//! - `follow`: what follows a request at the pipeline's fixed points (its
+//!   metrics, the journal's record, the shadows' copy, the split's count);
 //! - [`journal`]: a journaled request's record, handed to the journal when
 //!   it is answered;
 //! - [`shadow`]: a request's copy for its version's shadows, sent once it
@@ -21,6 +24,8 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod call;
+mod follow;
 pub mod halts;
 pub mod infer;
 pub mod journal;
@@ -37,7 +42,8 @@ use tickserve_core::config::{ModelControlMode, ServerConfig};
 use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
-pub use infer::{Call, Decoded, Kept, Payload, RequestBytes};
+pub use call::{Call, RequestBytes};
+pub use infer::{Decoded, Kept, Payload};
 
 /// The most inputs, and the most outputs, one request may name (every JSON
 /// front end).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::Edge;
+use tickserve_edge::Edge;
 
 /// How long each warm-up task waits for the others to hold a worker of
 /// their own before it runs anyway.

@@ -1,0 +1,57 @@
+//! One inference request as its front end describes it, before decoding:
+//! what its transport carried ([`Call`]) and its bytes in the server-wide
+//! budget ([`RequestBytes`]). Each transport makes its `Call` once (the
+//! server's `transport::entrance`; shared memory its own).
+
+use std::time::{Duration, Instant};
+
+use tickserve_core::sequence::KeyId;
+
+use crate::admission::HeldBytes;
+use crate::observe::Protocol;
+
+/// One inference request as its front end describes it, before decoding.
+pub struct Call<'a> {
+    /// The front end, for metrics.
+    pub protocol: Protocol,
+    /// The model asked for.
+    pub model: &'a str,
+    /// The version asked for (`None`: the default version).
+    pub version: Option<&'a str>,
+    /// The request's bytes as they came, held in `server.max_inflight_bytes`
+    /// until it is answered.
+    pub bytes: RequestBytes,
+    /// The deadline the transport carried (`grpc-timeout`,
+    /// `tickserve-timeout`), or the words for a malformed one.
+    pub timeout: Result<Option<Duration>, String>,
+    /// When the request came.
+    pub started: Instant,
+    /// The key it carried, where keys guard inference (a model with
+    /// `bind_to_key` keeps its sequences apart by key).
+    pub key: Option<KeyId>,
+    /// The W3C `traceparent` it carried (valid, or left out), for the journal.
+    pub traceparent: Option<String>,
+    /// The `tickserve-sequence-id` header it carried ([`crate::sequence_key`]),
+    /// or the words for a malformed one.
+    pub sequence_key: Result<Option<String>, String>,
+}
+
+/// A request's bytes in `server.max_inflight_bytes`.
+pub enum RequestBytes {
+    /// Held already, as they arrived (an HTTP body, a gRPC message).
+    Held(HeldBytes),
+    /// Not held yet (shared memory): admitted with the request.
+    Count(usize),
+}
+
+impl RequestBytes {
+    /// True for the first request on its connection that asks (see
+    /// [`super::admission::ConnectionBudget::first_answer`]); false for
+    /// bytes of no connection.
+    pub fn first_on_connection(&self) -> bool {
+        match self {
+            RequestBytes::Held(held) => held.connection().is_some_and(|c| c.first_answer()),
+            RequestBytes::Count(_) => false,
+        }
+    }
+}
