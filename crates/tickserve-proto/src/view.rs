@@ -54,6 +54,45 @@ pub struct InputView<'a> {
     pub shape: Vec<i64>,
 }
 
+impl InferRequestView<'_> {
+    /// Whether this reading of `bytes` says what prost's decoding of them,
+    /// `message`, says: every field, each input's and output's, and each
+    /// raw content's bytes. The unit tests and the `grpc_request` fuzz
+    /// target hold the reading to it.
+    pub fn agrees_with(&self, bytes: &[u8], message: &crate::inference::ModelInferRequest) -> bool {
+        let view = self;
+        let parameters: std::collections::HashMap<String, InferParameter> = view
+            .parameters
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.clone()))
+            .collect();
+        view.model_name == message.model_name
+            && view.model_version == message.model_version
+            && view.id == message.id
+            && parameters == message.parameters
+            && view.inputs.len() == message.inputs.len()
+            && view.inputs.iter().zip(&message.inputs).all(|(v, m)| {
+                v.name == m.name
+                    && v.datatype == m.datatype
+                    && v.shape == m.shape
+                    && m.parameters.is_empty()
+                    && m.contents.is_none()
+            })
+            && view.outputs.len() == message.outputs.len()
+            && view
+                .outputs
+                .iter()
+                .zip(&message.outputs)
+                .all(|(v, m)| *v == m.name && m.parameters.is_empty())
+            && view.raw_input_contents.len() == message.raw_input_contents.len()
+            && view
+                .raw_input_contents
+                .iter()
+                .zip(&message.raw_input_contents)
+                .all(|(range, m)| bytes.get(range.clone()) == Some(&m[..]))
+    }
+}
+
 /// Reads `bytes` as a `ModelInferRequest` of the common shape with at most
 /// `max_entries` inputs, outputs, raw contents and request parameters each;
 /// `None` for any other message (see the module's documentation).

@@ -2,7 +2,10 @@
 //! decoder (with and without the binary-tensor split), the gRPC request
 //! conversion, the shared-memory protocol, TF Serving's JSON and TensorProto
 //! decoding, the sequence snapshot reader, and the configuration parsers. Each takes arbitrary bytes and
-//! must return, never panic; what it returns does not matter.
+//! must return, never panic. The two hand-written readers beside a library
+//! are held to it too: whatever the HTTP header reader reads, serde_json
+//! reads alike (`http_binary`); whatever the gRPC message is read as in
+//! place, prost decodes alike, field by field (`grpc_request`).
 //!
 //! The cargo-fuzz targets in `fuzz/` call these (nightly, libFuzzer); the
 //! `fuzz_corpus` integration test replays the committed corpus through them on
@@ -65,6 +68,17 @@ pub fn http_binary(data: &[u8]) {
         return;
     };
     let header_length = usize::from(u16::from_le_bytes(*length));
+    // The hand reader of the JSON header reads what serde_json reads.
+    let text = &body[..header_length.min(body.len())];
+    if let Some(plain) = crate::http::plain::header(text) {
+        let json = crate::http::request_header::json_header(text);
+        let agree = json.as_ref().map(crate::http::request_header::comparable);
+        assert!(
+            agree.as_ref().ok() == Some(&crate::http::request_header::comparable(&plain)),
+            "read by hand as {}, by serde_json as {agree:?}",
+            crate::http::request_header::comparable(&plain)
+        );
+    }
     let body = bytes::Bytes::copy_from_slice(body);
     if let Ok(decoded) = codec::decode("m", &body, Some(header_length), &signature()) {
         let (request, _) = decoded.into_request(None);
@@ -78,15 +92,11 @@ pub fn grpc_request(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = deadline::parse_grpc_timeout(text);
     }
-    // What the unary path reads in place, prost decodes alike.
+    // What the unary path reads in place, prost decodes alike, every field.
     if let Some(view) = view::infer_request(data, tickserve_edge::MAX_TENSORS) {
         let decoded = pb::ModelInferRequest::decode(data);
         assert!(
-            decoded
-                .as_ref()
-                .is_ok_and(|m| m.model_name == view.model_name
-                    && m.inputs.len() == view.inputs.len()
-                    && m.raw_input_contents.len() == view.raw_input_contents.len()),
+            decoded.as_ref().is_ok_and(|m| view.agrees_with(data, m)),
             "read in place as {view:?}, decoded by prost as {decoded:?}"
         );
     }

@@ -82,37 +82,6 @@ fn requests() -> Vec<ModelInferRequest> {
 }
 
 /// Whether `view` reads as prost's decoding of the same bytes.
-fn same(view: &InferRequestView<'_>, bytes: &[u8], message: &ModelInferRequest) -> bool {
-    let parameters: HashMap<String, InferParameter> = view
-        .parameters
-        .iter()
-        .map(|(key, value)| (key.to_string(), value.clone()))
-        .collect();
-    view.model_name == message.model_name
-        && view.model_version == message.model_version
-        && view.id == message.id
-        && parameters == message.parameters
-        && view.inputs.len() == message.inputs.len()
-        && view.inputs.iter().zip(&message.inputs).all(|(v, m)| {
-            v.name == m.name
-                && v.datatype == m.datatype
-                && v.shape == m.shape
-                && m.parameters.is_empty()
-                && m.contents.is_none()
-        })
-        && view.outputs.len() == message.outputs.len()
-        && view
-            .outputs
-            .iter()
-            .zip(&message.outputs)
-            .all(|(v, m)| *v == m.name && m.parameters.is_empty())
-        && view.raw_input_contents.len() == message.raw_input_contents.len()
-        && view
-            .raw_input_contents
-            .iter()
-            .zip(&message.raw_input_contents)
-            .all(|(range, m)| bytes[range.clone()] == m[..])
-}
 
 #[test]
 fn the_common_shape_reads_as_prost_decodes_it() {
@@ -121,7 +90,7 @@ fn the_common_shape_reads_as_prost_decodes_it() {
         let bytes = message.encode_to_vec();
         let view = infer_request(&bytes, 64).expect("read in place");
         assert!(
-            same(&view, &bytes, &message),
+            view.agrees_with(&bytes, &message),
             "{view:?} against {message:?}"
         );
     }
@@ -157,7 +126,7 @@ fn an_unpacked_shape_and_repeated_names_read_as_prost_reads_them() {
     let view = infer_request(&bytes, 64).unwrap();
     assert_eq!(view.model_name, "b");
     assert_eq!(view.inputs[0].shape, [2, 3]);
-    assert!(same(&view, &bytes, &message));
+    assert!(view.agrees_with(&bytes, &message));
 }
 
 /// Every byte string the view reads is one prost decodes the same way and
@@ -197,7 +166,7 @@ fn what_the_view_reads_prost_decodes_alike() {
             let Ok(message) = decoded else {
                 panic!("the view read {bytes:?}, which prost refuses: {decoded:?}");
             };
-            assert!(same(&view, &bytes, &message), "{bytes:?}: {view:?}");
+            assert!(view.agrees_with(&bytes, &message), "{bytes:?}: {view:?}");
             assert_eq!(check_infer_request(&bytes), Ok(()));
         }
     }

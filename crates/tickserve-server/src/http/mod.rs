@@ -9,9 +9,9 @@
 
 mod answer_header;
 pub mod codec;
-mod plain;
+pub(crate) mod plain;
 mod reply;
-mod request_header;
+pub(crate) mod request_header;
 pub mod risk;
 pub mod sequences;
 

@@ -233,3 +233,46 @@ pub fn json_parameters(text: &str) -> Result<Entries<'_>, String> {
 pub fn json_header(text: &[u8]) -> serde_json::Result<Header<'_>> {
     serde_json::from_slice::<RequestJson>(text).map(Header::from)
 }
+
+/// A `parameters` object's entries as text: serde_json's reading of
+/// its text, or the entries read by hand.
+fn entries(params: &Option<Params<'_>>) -> String {
+    match params {
+        None => "none".to_string(),
+        Some(Params::Read(entries)) => format!("{:?}", entries.0),
+        Some(Params::Text(text)) => match json_parameters(text) {
+            Ok(entries) => format!("{:?}", entries.0),
+            Err(e) => e,
+        },
+    }
+}
+
+/// A header as comparable text: what the hand reader ([`super::plain`])
+/// and serde_json's must agree on (its unit tests and the `http_binary` fuzz
+/// target hold it to that).
+pub fn comparable(header: &Header<'_>) -> String {
+    let inputs: Vec<String> = header
+        .inputs
+        .iter()
+        .map(|i| {
+            format!(
+                "{}|{:?}|{}|{}|{:?}",
+                i.name,
+                i.shape,
+                i.datatype,
+                entries(&i.parameters),
+                i.data.map(|d| d.get())
+            )
+        })
+        .collect();
+    let outputs: Option<Vec<String>> = header.outputs.as_ref().map(|list| {
+        list.iter()
+            .map(|o| format!("{}|{}", o.name, entries(&o.parameters)))
+            .collect()
+    });
+    format!(
+        "{:?} {} {inputs:?} {outputs:?}",
+        header.id,
+        entries(&header.parameters)
+    )
+}

@@ -1,46 +1,5 @@
-use super::super::request_header::{json_header, json_parameters};
+use super::super::request_header::{comparable as shown, json_header};
 use super::*;
-
-/// A `parameters` object's entries as text: serde_json's reading of
-/// its text, or the entries read by hand.
-fn entries(params: &Option<Params<'_>>) -> String {
-    match params {
-        None => "none".to_string(),
-        Some(Params::Read(entries)) => format!("{:?}", entries.0),
-        Some(Params::Text(text)) => match json_parameters(text) {
-            Ok(entries) => format!("{:?}", entries.0),
-            Err(e) => e,
-        },
-    }
-}
-
-/// A header as comparable text: what both readings must agree on.
-fn shown(header: &Header<'_>) -> String {
-    let inputs: Vec<String> = header
-        .inputs
-        .iter()
-        .map(|i| {
-            format!(
-                "{}|{:?}|{}|{}|{:?}",
-                i.name,
-                i.shape,
-                i.datatype,
-                entries(&i.parameters),
-                i.data.map(|d| d.get())
-            )
-        })
-        .collect();
-    let outputs: Option<Vec<String>> = header.outputs.as_ref().map(|list| {
-        list.iter()
-            .map(|o| format!("{}|{}", o.name, entries(&o.parameters)))
-            .collect()
-    });
-    format!(
-        "{:?} {} {inputs:?} {outputs:?}",
-        header.id,
-        entries(&header.parameters)
-    )
-}
 
 const HEADERS: [&str; 4] = [
     r#"{"inputs":[{"name":"features","shape":[1,16],"datatype":"FP32","parameters":{"binary_data_size":64}}],"parameters":{"binary_data_output":true}}"#,
