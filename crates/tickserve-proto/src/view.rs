@@ -61,15 +61,24 @@ impl InferRequestView<'_> {
     /// target hold the reading to it.
     pub fn agrees_with(&self, bytes: &[u8], message: &crate::inference::ModelInferRequest) -> bool {
         let view = self;
-        let parameters: std::collections::HashMap<String, InferParameter> = view
+        // Each value by its encoding: a NaN read alike is the same value
+        // (as a float it is unequal to itself). A repeated name keeps its
+        // last value, as prost's map does.
+        let encoded = |value: &InferParameter| value.encode_to_vec();
+        let parameters: std::collections::HashMap<&str, Vec<u8>> = view
             .parameters
             .iter()
-            .map(|(key, value)| (key.to_string(), value.clone()))
+            .map(|(key, value)| (*key, encoded(value)))
+            .collect();
+        let decoded: std::collections::HashMap<&str, Vec<u8>> = message
+            .parameters
+            .iter()
+            .map(|(key, value)| (key.as_str(), encoded(value)))
             .collect();
         view.model_name == message.model_name
             && view.model_version == message.model_version
             && view.id == message.id
-            && parameters == message.parameters
+            && parameters == decoded
             && view.inputs.len() == message.inputs.len()
             && view.inputs.iter().zip(&message.inputs).all(|(v, m)| {
                 v.name == m.name

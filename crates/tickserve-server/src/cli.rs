@@ -220,7 +220,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let started = std::time::Instant::now();
-        let mut server = crate::Server::start(&config).await?;
+        let mut server = crate::server::Server::start(&config).await?;
         log_models(&server.edge().runtime);
         tracing::info!(
             http = %server.http_addr,
