@@ -489,10 +489,10 @@ impl ModelHandle {
             }
             _ => (self.submit(submission).await?, false, Vec::new(), None),
         };
+        // A warming-up tick has no outputs: its summary is the answer as it is.
         let mut answer = match monte_carlo {
-            // A warming-up tick has no outputs to summarize.
-            Some(plan) if !answer.outputs.is_empty() => plan.reduce(answer),
-            _ => answer,
+            Some(plan) => plan.reduce(answer),
+            None => answer,
         };
         answer.sequence_restarted = restarted;
         answer.state_read = state_read;
