@@ -40,6 +40,7 @@ mod admission;
 mod affinity;
 mod batcher;
 pub mod cuda_reference;
+mod draw;
 mod engines;
 mod executor;
 mod family;

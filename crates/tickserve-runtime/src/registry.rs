@@ -78,11 +78,9 @@ impl Split {
     /// The next version for a request of no sequence: SplitMix64 over a
     /// counter, so any run of draws keeps close to the weights.
     fn next(&self) -> u64 {
-        let n = self.draws.fetch_add(1, Ordering::Relaxed);
-        let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        self.pick(z ^ (z >> 31))
+        self.pick(crate::draw::splitmix64(
+            self.draws.fetch_add(1, Ordering::Relaxed),
+        ))
     }
 
     /// The version for sequence `id`: the same for every tick of it while

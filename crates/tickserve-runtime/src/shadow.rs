@@ -178,11 +178,7 @@ pub fn compare(primary: &[OutputTensor], shadow: &[OutputTensor]) -> Compared {
 /// Whether draw `n` falls in `fraction`: SplitMix64 of `n` as a number in
 /// [0, 1), below `fraction`, so any run of draws takes its share.
 fn drawn(n: u64, fraction: f64) -> bool {
-    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    let unit = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
-    unit < fraction
+    crate::draw::unit(n) < fraction
 }
 
 /// A row's top class: its arg-max, or its sign when it has one value.
@@ -266,6 +262,10 @@ mod tests {
         assert_eq!(top(&[0.0]), 0);
         assert_eq!(top(&[0.1, 0.7, 0.2]), 1);
         assert_eq!(top(&[0.9, 0.7, 0.2]), 0);
+        // Equal maxima: the first, as numpy's argmax; a row of NaN has no
+        // top class, and agrees with no row that has one.
+        assert_eq!(top(&[0.5, 0.5, 0.1]), 0);
+        assert_eq!(top(&[f64::NAN, f64::NAN]), -1);
     }
 
     fn fp32(name: &str, shape: &[i64], v: &[f32]) -> OutputTensor {
