@@ -72,17 +72,55 @@ pub fn check_keep_warm(key: &str, value: Duration) -> Result<(), String> {
     check(key, value, MAX_KEEP_WARM)
 }
 
-/// A duration as configuration files write it (`"10s"`, `"250us"`), for
+/// The one reader of a duration as people write it (`"10s"`, `"250us"`,
+/// `"1m 30s"`; spaces around it ignored): every configuration file's and
+/// the `tickserve-timeout` header's. The error quotes the text (clipped)
+/// and says what a duration looks like.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "{} is not a duration like \"250us\", \"2ms\" or \"10s\" ({e})",
+            crate::text::quote(text)
+        )
+    })
+}
+
+/// A duration as configuration files write it ([`parse`]), for
 /// `#[serde(deserialize_with)]`.
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    humantime::parse_duration(&s)
-        .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))
+    parse(&s).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every configuration key of a duration reads it alike: one reader.
+    #[test]
+    fn every_duration_is_read_by_one_reader() {
+        assert_eq!(parse(" 250us "), Ok(Duration::from_micros(250)));
+        assert_eq!(parse("1m 30s"), Ok(Duration::from_secs(90)));
+        let refused = parse("ten seconds").unwrap_err();
+        assert!(
+            refused.starts_with("\"ten seconds\" is not a duration like \"250us\""),
+            "{refused}"
+        );
+        let long = "9".repeat(10_000);
+        assert!(parse(&long).unwrap_err().len() < 300, "the text is clipped");
+        // The same text, as three keys of three files see it.
+        let sequence = toml::from_str::<crate::sequence::SequenceConfig>(
+            "max_sequence_idle = \"ten seconds\"",
+        );
+        let journal =
+            toml::from_str::<crate::config::JournalConfig>("rotate_interval = \"ten seconds\"");
+        for error in [
+            sequence.map(|_| ()).unwrap_err().to_string(),
+            journal.map(|_| ()).unwrap_err().to_string(),
+        ] {
+            assert!(error.contains(&refused), "{error}");
+        }
+    }
 
     #[test]
     fn a_huge_timeout_is_the_longest_deadline_not_a_panic() {

@@ -53,10 +53,7 @@ pub struct QueuePolicyConfig {
 }
 
 fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(text.trim())
-        .map(|t| (!t.is_zero()).then_some(t))
-        .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration: {e}")))
+    crate::durations::deserialize(d).map(|t| (!t.is_zero()).then_some(t))
 }
 
 /// A model's priority settings as `model.toml` writes them.

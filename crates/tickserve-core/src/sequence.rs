@@ -97,9 +97,7 @@ pub struct SequenceConfig {
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(text.trim())
-        .map_err(|e| serde::de::Error::custom(format!("{text:?} is not a duration: {e}")))
+    crate::durations::deserialize(d)
 }
 
 /// Where a graph input's data comes from for a stateful model.

@@ -112,13 +112,9 @@ impl<'de> Deserialize<'de> for Fsync {
         if s == "never" {
             return Ok(Fsync::Never);
         }
-        humantime::parse_duration(&s)
+        crate::durations::parse(&s)
             .map(Fsync::Every)
-            .map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "journal.fsync is '{s}': expected an interval (\"1s\") or \"never\" ({e})"
-                ))
-            })
+            .map_err(|e| serde::de::Error::custom(format!("journal.fsync: {e}, or \"never\"")))
     }
 }
 
@@ -137,9 +133,7 @@ pub enum WhenFull {
 }
 
 fn interval<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s)
-        .map_err(|e| serde::de::Error::custom(format!("bad duration '{s}': {e}")))
+    crate::durations::deserialize(d)
 }
 
 #[cfg(test)]

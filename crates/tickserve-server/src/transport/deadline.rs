@@ -26,7 +26,7 @@ pub fn timeout_of(v: Option<&HeaderValue>) -> Result<Option<Duration>, String> {
     };
     v.to_str()
         .ok()
-        .and_then(|s| humantime::parse_duration(s.trim()).ok())
+        .and_then(|s| tickserve_core::durations::parse(s).ok())
         .map(Some)
         .ok_or_else(|| {
             format!(
