@@ -671,6 +671,23 @@ impl ServerConfig {
 mod tests {
     use super::*;
 
+    /// A duration in a model's `[sequence]` and in the server's `[journal]`
+    /// is refused alike, with one message: one reader.
+    #[test]
+    fn every_duration_key_refuses_alike() {
+        let refused = crate::durations::parse("ten seconds").unwrap_err();
+        let sequence =
+            toml::from_str::<ModelConfig>("[sequence]\nmax_sequence_idle = \"ten seconds\"");
+        let journal =
+            toml::from_str::<ServerConfig>("[journal]\nrotate_interval = \"ten seconds\"");
+        for error in [
+            sequence.map(|_| ()).unwrap_err().to_string(),
+            journal.map(|_| ()).unwrap_err().to_string(),
+        ] {
+            assert!(error.contains(&refused), "{error}");
+        }
+    }
+
     #[test]
     fn model_toml_parses_every_key() {
         let c: ModelConfig = toml::from_str(
