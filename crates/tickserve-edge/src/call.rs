@@ -1,7 +1,7 @@
-//! One inference request as its front end describes it, before decoding:
-//! what its transport carried ([`Call`]) and its bytes in the server-wide
-//! budget ([`RequestBytes`]). Each transport makes its `Call` once (the
-//! server's `transport::entrance`; shared memory its own).
+//! One inference request as its front end describes it, before decoding
+//! ([`Call`], whose bytes in the server-wide budget are a [`RequestBytes`]).
+//! Each transport makes its `Call` once (the server's `transport::entrance`;
+//! shared memory its own).
 
 use std::time::{Duration, Instant};
 

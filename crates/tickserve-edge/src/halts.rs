@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
+use tickserve_core::Error;
 use tickserve_journal::Journal;
 use tickserve_runtime::ModelHandle;
 
@@ -41,6 +42,15 @@ impl Halt {
             "by the API"
         };
         format!("{by} since {}: {}", self.since, self.reason)
+    }
+
+    /// What a request to `handle`'s halted version is answered.
+    pub fn refusal(&self, handle: &ModelHandle) -> Error {
+        Error::Halted {
+            model: handle.name.clone(),
+            version: handle.version.clone(),
+            reason: self.words(),
+        }
     }
 }
 

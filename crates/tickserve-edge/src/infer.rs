@@ -240,11 +240,7 @@ impl Edge {
         let mut handle = handle?;
         if let Some(halt) = self.halts.check(&handle.name, &handle.version) {
             let Some(fallback) = self.fallback(&handle) else {
-                return Err(Error::Halted {
-                    model: handle.name.clone(),
-                    version: handle.version.clone(),
-                    reason: halt.words(),
-                });
+                return Err(halt.refusal(&handle));
             };
             handle = fallback;
             followers.served_by(&handle);
@@ -361,11 +357,7 @@ impl Edge {
                 // The version its state lives on answers, or nothing does:
                 // a halted one refuses the tick (no other holds its state).
                 if let Some(halt) = self.halts.check(&sticky.name, &sticky.version) {
-                    return Err(Error::Halted {
-                        model: sticky.name.clone(),
-                        version: sticky.version.clone(),
-                        reason: halt.words(),
-                    });
+                    return Err(halt.refusal(&sticky));
                 }
                 handle = sticky;
                 followers.served_by(&handle);

@@ -2,7 +2,7 @@
 //! fresh directory, records of a refused request, and the directory read
 //! back.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -129,4 +129,15 @@ pub fn numbered(ids: &[&str]) -> Vec<(u64, String)> {
         .enumerate()
         .map(|(i, id)| (i as u64, id.to_string()))
         .collect()
+}
+
+/// The files of `alpha` version 1 in the journal under `dir`, in name order
+/// (record order within a run); none when its directory is missing.
+pub fn alpha_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir.join("journal/alpha/1")) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("an entry").path()).collect();
+    files.sort();
+    files
 }

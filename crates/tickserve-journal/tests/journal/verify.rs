@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{handle, journal, record, report};
+use crate::support::{alpha_files, handle, journal, record, report};
 
 /// A closed journal of `files` files of one record each (`alpha` version 1,
 /// request ids `id0`, `id1`, ...), and its files in record order.
@@ -19,11 +19,7 @@ fn one_record_per_file(files: usize) -> (tempfile::TempDir, Vec<PathBuf>) {
         journal.flush();
     }
     journal.close();
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir.path().join("journal/alpha/1"))
-        .expect("the version's directory")
-        .map(|e| e.expect("an entry").path())
-        .collect();
-    paths.sort();
+    let paths = alpha_files(dir.path());
     assert_eq!(paths.len(), files);
     (dir, paths)
 }

@@ -4,13 +4,15 @@
 //! `features::journal` tests.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tickserve_core::Error;
 use tickserve_core::config::WhenFull;
+use tickserve_journal::Journal;
 use tickserve_journal::read::{read_file, scan_dir};
 
-use crate::support::{handle, journal, numbered, record, report, written};
+use crate::support::{alpha_files, handle, journal, numbered, record, report, written};
 
 #[test]
 fn records_are_written_in_order_one_numbered_chained_stream_per_version() {
@@ -72,10 +74,7 @@ fn files_and_directories_are_the_servers_users_only() {
     };
     assert_eq!(mode(&dir.path().join("journal")), 0o700);
     assert_eq!(mode(&version_dir), 0o700);
-    let files: Vec<_> = std::fs::read_dir(&version_dir)
-        .expect("the version's directory")
-        .map(|e| e.expect("an entry").path())
-        .collect();
+    let files = alpha_files(dir.path());
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().and_then(|n| n.to_str()).unwrap_or("");
     assert_eq!(name, format!("{}-000000000000.arrows", journal.run()));
@@ -98,29 +97,22 @@ fn only_journaled_models_are_wanted_and_sampling_takes_exactly_its_fraction() {
 
 #[test]
 fn a_file_past_rotate_bytes_is_closed_and_the_next_batch_begins_a_new_one() {
-    let (journal, dir) = journal(|c| c.rotate_bytes = 64 * 1024);
-    let alpha = handle("alpha", "1");
     // Each record is larger than rotate_bytes: each flush's batch ends up
     // in a file of its own, numbered from its first record.
-    for i in 0..3 {
-        journal.submit(record(&alpha, &format!("r{i}"), 70_000));
-        journal.flush();
-    }
-    journal.close();
+    let (journal, dir) = three_batches_at_64_kib_rotation(70_000);
     let report = report(dir.path());
     let s = &report.streams[0];
     assert_eq!((s.files, s.records, s.closed), (3, 3, true), "{s:?}");
     assert!(s.gaps.is_empty() && s.broken_chain.is_empty() && s.damaged_files.is_empty());
-    let mut names: Vec<String> = std::fs::read_dir(dir.path().join("journal/alpha/1"))
-        .expect("the version's directory")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
+    let names: Vec<String> = alpha_files(dir.path())
+        .iter()
+        .map(|f| {
+            f.file_name()
+                .unwrap_or_default()
                 .to_string_lossy()
                 .into_owned()
         })
         .collect();
-    names.sort();
     let run = journal.run();
     assert_eq!(
         names,
@@ -128,15 +120,22 @@ fn a_file_past_rotate_bytes_is_closed_and_the_next_batch_begins_a_new_one() {
     );
 }
 
-#[test]
-fn batches_below_rotate_bytes_share_one_file() {
+/// A closed journal rotating at 64 KiB that took three records of
+/// `record_bytes` each, one batch at a time (a flush after each).
+fn three_batches_at_64_kib_rotation(record_bytes: usize) -> (Arc<Journal>, tempfile::TempDir) {
     let (journal, dir) = journal(|c| c.rotate_bytes = 64 * 1024);
     let alpha = handle("alpha", "1");
     for i in 0..3 {
-        journal.submit(record(&alpha, &format!("r{i}"), 1_000));
+        journal.submit(record(&alpha, &format!("r{i}"), record_bytes));
         journal.flush();
     }
     journal.close();
+    (journal, dir)
+}
+
+#[test]
+fn batches_below_rotate_bytes_share_one_file() {
+    let (_journal, dir) = three_batches_at_64_kib_rotation(1_000);
     let s = &report(dir.path()).streams[0];
     assert_eq!((s.files, s.records, s.closed), (1, 3, true), "{s:?}");
 }
@@ -205,12 +204,9 @@ fn writes_that_fail_drop_and_count_their_records_and_leave_no_empty_file() {
     }
     journal.flush();
     assert_eq!(journal.dropped(), 3);
-    assert!(
-        !dir.path().join("journal/alpha/1").exists()
-            || std::fs::read_dir(dir.path().join("journal/alpha/1"))
-                .expect("the version's directory")
-                .next()
-                .is_none(),
+    assert_eq!(
+        alpha_files(dir.path()),
+        Vec::<std::path::PathBuf>::new(),
         "a file that holds no record is removed"
     );
     journal.fail_writes(false);
