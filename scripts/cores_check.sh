@@ -9,7 +9,7 @@
 # Here, first (builds .cores/, then a dry run on 2 cores: server on 0, clients on 1, with
 # fewer instances):
 #   scripts/cores_bundle.sh && OUT=/tmp/cores-dry CORES_SWEEP="1:2000 8:200 64:20" bash scripts/cores_check.sh
-# There (the device tool; carry .cores and .local/lib/libonnxruntime.so.1.31.1):
+# There (the device tool, carry [".pack/cores.tar.xz"]: .cores and the ONNX Runtime library, packed):
 #   bash scripts/cores_check.sh
 #
 # Steps: 1 the machine; 2 the per-tick harness (tickserve-bench) on the 2x128 LSTM tick
@@ -22,6 +22,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# The bundle travels packed (scripts/cores_bundle.sh): unpack it where it came.
+if [ -f .pack/cores.tar.xz ]; then
+  tar xJf .pack/cores.tar.xz 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' .pack/cores.tar.xz
+fi
 OUT=${OUT:-/tmp/cores-check}
 mkdir -p "$OUT"
 cap=${CORES_CHECK_SECONDS:-360}
@@ -135,6 +140,8 @@ chmod +x "$serve"
 h=$work/harness.sh
 
 # INSTANCES:TICKS pairs (a dry run here takes fewer: CORES_SWEEP="1:2000 8:200 64:20").
+# CORES_STEPS: which of steps 2-5 run (all by default), e.g. CORES_STEPS="2 5".
+wanted() { [[ " ${CORES_STEPS:-2 3 4 5} " == *" $1 "* ]]; }
 export CORES_SWEEP=${CORES_SWEEP:-1:10000 8:2000 64:400 256:100 512:50}
 sweep() {
   for pair in $CORES_SWEEP; do
@@ -144,7 +151,7 @@ sweep() {
 }
 export -f sweep
 export h
-step "2. bench_lstm over shared memory at 1 to 512 instances" 120 sweep.log "$serve" "$plain" bash -c sweep
+wanted 2 && step "2. bench_lstm over shared memory at 1 to 512 instances" 120 sweep.log "$serve" "$plain" bash -c sweep
 
 others() {
   "$h" tickserve-cores-plain "bench_trees, shm, 1 instance" --model bench_trees --ticks 5000 --warmup 500
@@ -153,7 +160,7 @@ others() {
   "$h" tickserve-cores-plain "bench_lstm_window, shm, 1 instance" --model bench_lstm_window --ticks 1000 --warmup 100
 }
 export -f others
-step "3. the tree ensemble, the window, gRPC" 90 others.log "$serve" "$plain" bash -c others
+wanted 3 && step "3. the tree ensemble, the window, gRPC" 90 others.log "$serve" "$plain" bash -c others
 
 sparse() { # SERVICE LABEL
   for spacing in "10ms 300" "100ms 40" "1s 8"; do
@@ -163,8 +170,8 @@ sparse() { # SERVICE LABEL
   done
 }
 export -f sparse
-step "4a. sparse ticks, keep_warm off" 60 sparse.log "$serve" "$plain" env SPARSE=plain bash -c sparse
-step "4b. sparse ticks, keep_warm = 1ms" 60 sparse.log "$serve" "$warm" env SPARSE=warm bash -c sparse
+wanted 4 && step "4a. sparse ticks, keep_warm off" 60 sparse.log "$serve" "$plain" env SPARSE=plain bash -c sparse
+wanted 4 && step "4b. sparse ticks, keep_warm = 1ms" 60 sparse.log "$serve" "$warm" env SPARSE=warm bash -c sparse
 
 # 5. Batching at concurrency 32: perf_analyzer (the carried wheel's binary) over gRPC on
 # alpha_mlp, one row per request, against the shipped buckets and against buckets = [1].
@@ -173,7 +180,9 @@ wheel=$(ls $bin/perf_analyzer-*.whl 2>/dev/null | head -1)
 if [ -n "$wheel" ]; then
   python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("perf_analyzer/bin/perf_analyzer", sys.argv[2])' "$wheel" "$work/pa"
   chmod +x "$work/pa/perf_analyzer/bin/perf_analyzer"
-  "$work/pa/perf_analyzer/bin/perf_analyzer" --help >/dev/null 2>&1 && pa="$work/pa/perf_analyzer/bin/perf_analyzer"
+  # `--help` exits non-zero (an invalid option): what it prints tells whether it runs here.
+  help=$("$work/pa/perf_analyzer/bin/perf_analyzer" --help 2>&1 | head -c 4000)
+  grep -qi 'usage\|invalid long option' <<<"$help" && pa="$work/pa/perf_analyzer/bin/perf_analyzer"
 fi
 [ -z "$pa" ] && [ -x "$root/../shared/tools/perf_analyzer" ] && pa="$root/../shared/tools/perf_analyzer"
 export PA=$pa
@@ -192,7 +201,7 @@ ROW
 export -f batching
 samples=$(config samples "" "$root/config/models")
 unbatched=$(config unbatched "buckets = [1]" "$root/config/models")
-step "5a. batching at concurrency 32, batched" 45 batching.log "$serve" "$samples" bash -c 'batching batched'
-step "5b. batching at concurrency 32, unbatched" 45 batching.log "$serve" "$unbatched" bash -c 'batching unbatched'
+wanted 5 && step "5a. batching at concurrency 32, batched" 45 batching.log "$serve" "$samples" bash -c 'batching batched'
+wanted 5 && step "5b. batching at concurrency 32, unbatched" 45 batching.log "$serve" "$unbatched" bash -c 'batching unbatched'
 write_summary
 cat "$OUT/summary.md"

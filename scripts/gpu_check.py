@@ -147,6 +147,9 @@ def correctness(gpu, cpu, rng, device):
 
 def perf(pa, model, port, protocol, concurrency, work, extra=()):
     """perf_analyzer on `model`: (p50 µs, p99 µs, throughput/s), or None."""
+    if not pa:
+        say(f"  perf_analyzer {model} {protocol} c{concurrency}: skipped, no perf_analyzer runs here")
+        return None
     out = work / f"pa-{model}-{protocol}-{concurrency}-{port}.csv"
     args = [*pa, "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol,
             "--concurrency-range", str(concurrency), "--measurement-interval", "2000",
@@ -247,7 +250,7 @@ def families(args):
         swaps = metric_sum(gpu.http_port, "tickserve_weight_swaps_total")
         alone = perf(pa, names[0], gpu.grpc_port, "grpc", 16, work)
         clients = []
-        for index, name in enumerate(names[:16]):
+        for index, name in enumerate(names[:16] if pa else []):
             out = work / f"pa-member-{index}.csv"
             clients.append((out, subprocess.Popen(
                 [*pa, "-m", name, "-u", f"127.0.0.1:{gpu.grpc_port}", "-i", "grpc",
@@ -382,7 +385,8 @@ def lstm(_args):
             + [helper.make_tensor_value_info(f"{s}{layer}", TensorProto.FLOAT, [1, "b", hidden])
                for layer in range(layers) for s in "hc"],
             [helper.make_tensor_value_info(previous, TensorProto.FLOAT, [1, "b", hidden])], initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        # IR 10: the ONNX Runtime beside PyTorch may be older than the onnx package.
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -2,13 +2,13 @@
 # The GPU check: one command on the GPU machine that returns every figure the GPU half
 # of tickserve needs, each step under its own timeout, the whole under GPU_CHECK_SECONDS
 # (450), a partial run still leaving its figures. Everything it writes is under $OUT
-# (9 files): summary.md, env.log, engine.log, replay.log, e2e.log, families.log,
-# sequences.log, lstm.log, mem.csv.
+# (8 files, what the device tool returns): summary.md, env.log, engine.log, replay.log,
+# e2e.log, families.log, sequences.log (the LSTM step of step 9 too), mem.csv.
 #
 # Here, first (builds .gpu/, then a dry run: the GPU steps fail fast, the server phases
 # run on the CPU):
 #   scripts/gpu_bundle.sh && OUT=/tmp/dry bash scripts/gpu_check.sh
-# There (the device tool; carry .gpu and .local/lib/libonnxruntime.so.1.31.1, never .local):
+# There (the device tool, carry [".pack/gpu.tar.xz"]: .gpu and the ONNX Runtime library, packed):
 #   bash scripts/gpu_check.sh
 #
 # Steps: 1 machine and libraries, 2 `tickserve check`, 3 correctness against ONNX Runtime
@@ -23,6 +23,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# The bundle travels packed (scripts/gpu_bundle.sh): unpack it where it came.
+if [ -f .pack/gpu.tar.xz ]; then
+  tar xJf .pack/gpu.tar.xz 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' .pack/gpu.tar.xz
+fi
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 cap=${GPU_CHECK_SECONDS:-450}
@@ -130,7 +135,15 @@ EOF
   if [ -n "$wheel" ]; then
     python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("perf_analyzer/bin/perf_analyzer", sys.argv[2])' "$wheel" "$work/pa"
     chmod +x "$work/pa/perf_analyzer/bin/perf_analyzer"
-    "$work/pa/perf_analyzer/bin/perf_analyzer" --help >/dev/null 2>&1 && pa="$work/pa/perf_analyzer/bin/perf_analyzer"
+    # `--help` exits non-zero: what it prints tells whether the binary runs here.
+    help=$("$work/pa/perf_analyzer/bin/perf_analyzer" --help 2>&1 | head -c 4000)
+    if grep -qi 'usage\|concurrency-range\|invalid long option' <<<"$help"; then
+      pa="$work/pa/perf_analyzer/bin/perf_analyzer"
+    else
+      echo "the wheel's perf_analyzer does not run here:"
+      head -5 <<<"$help"
+      ldd "$work/pa/perf_analyzer/bin/perf_analyzer" 2>&1 | grep -i 'not found'
+    fi
   fi
   [ -z "$pa" ] && [ -x "$root/../shared/tools/perf_analyzer" ] && pa="$root/../shared/tools/perf_analyzer"
   echo "perf_analyzer: ${pa:-none runs here}"
@@ -159,9 +172,14 @@ step "6. family of 128 members under 16 clients" 120 families.log \
   "$py" scripts/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/families/family-*.log >>"$OUT/families.log" 2>/dev/null
 step "7. two replicas on gpu:0" 60 engine.log $bin/gpu-runtime --ignored two_executors_on_one_gpu
+if [ "$mode" = GPU ] && command -v gdb >/dev/null; then
+  # Where the process crashes, if it does (the binaries are stripped: library frames).
+  step "7b. two replicas under gdb (backtrace)" 60 engine.log timeout -k 5 55 gdb -q -batch -ex run -ex bt \
+    -ex 'info threads' --args $bin/gpu-runtime --ignored two_executors_on_one_gpu
+fi
 step "8. stateful LSTM ticks (seq_lstm_step): 64 sequences x 100 ticks, latency, 10,000 sequences" 90 \
   sequences.log "$py" scripts/gpu_check.py sequences --work "$work/sequences" --device "$gpu_devices"
 tail -n 30 "$work"/sequences/server-*.log >>"$OUT/sequences.log" 2>/dev/null
-step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 lstm.log "$py" scripts/gpu_check.py lstm
+step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 sequences.log "$py" scripts/gpu_check.py lstm
 write_summary
 cat "$OUT/summary.md"

@@ -435,6 +435,13 @@ async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
         let runs = gpu.model(model, None).unwrap().replica_runs();
         assert!(runs.iter().all(|(_, n)| *n > 0), "{model}: {runs:?}");
     }
+    // Executors joined before the process exits: dropped unjoined, they still held
+    // their CUDA contexts while the driver tore down, and the binary exited 139 after
+    // its test passed (H200, driver 580.159).
+    let gpu = std::sync::Arc::try_unwrap(gpu)
+        .unwrap_or_else(|_| panic!("every task that held the GPU runtime has ended"));
+    gpu.shutdown();
+    cpu.shutdown();
 }
 
 /// Bucket runs of `seq_lstm` (by any member, on any replica) so far.
