@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use iceoryx2::prelude::*;
+use iceoryx2::service::builder::request_response::RequestResponseOpenError;
 use tickserve_shm_protocol as wire;
 
 use crate::{ClientError, DataType, Parameter, Tensor};
@@ -55,7 +56,13 @@ impl Connection {
             .service_builder(&infer)
             .request_response::<[u8], [u8]>()
             .open()
-            .map_err(|e| down("no server serves it; is [shm] enabled?", &e))?;
+            .map_err(|e| match e {
+                RequestResponseOpenError::ExceedsMaxNumberOfNodes => down(
+                    "the server takes no more clients (each client is a node)",
+                    &e,
+                ),
+                _ => down("no server serves it; is [shm] enabled?", &e),
+            })?;
         if requests.dynamic_config().number_of_servers() == 0 {
             return Err(ClientError::Disconnected(format!(
                 "the service {service}/infer has no server"

@@ -128,7 +128,9 @@ pub const MAX_REQUESTS_PER_CLIENT: usize = 8;
 
 /// The most clients connected at once. (iceoryx2 sizes its shared memory
 /// for clients × requests in flight up front: these bounds are what memory
-/// the front end maps.)
+/// the front end maps.) Each client is a node of its own with a notifier on
+/// the wake-up event: both services take this many nodes besides the
+/// server's, and the event this many notifiers.
 pub const MAX_CLIENTS: usize = 32;
 
 /// The first size of a sample, in bytes; larger ones are allocated as needed.
@@ -165,6 +167,7 @@ impl ShmFrontEnd {
             .service_builder(&infer_name.as_str().try_into().context("shm.service")?)
             .request_response::<[u8], [u8]>()
             .max_clients(MAX_CLIENTS)
+            .max_nodes(MAX_CLIENTS + 1)
             .max_servers(1)
             .max_active_requests_per_client(MAX_REQUESTS_PER_CLIENT)
             .max_loaned_requests(2)
@@ -183,6 +186,8 @@ impl ShmFrontEnd {
         let wake = node
             .service_builder(&wake_name.as_str().try_into().context("shm.service")?)
             .event()
+            .max_nodes(MAX_CLIENTS + 1)
+            .max_notifiers(MAX_CLIENTS)
             .open_or_create()
             .with_context(|| format!("cannot create the iceoryx2 event {wake_name}"))?;
         let listener = wake

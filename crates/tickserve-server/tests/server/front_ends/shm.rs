@@ -66,6 +66,48 @@ async fn shared_memory_answers_equal_grpc() {
     server.shutdown().await.unwrap();
 }
 
+/// The clients the front end takes at once (`shm::MAX_CLIENTS` in the server).
+const MAX_CLIENTS: usize = 32;
+
+/// As many clients as the front end takes, each a node of its own with its
+/// own notifier (as every `ShmClient` is), connect at once and are each
+/// served; one more is refused when it connects, naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_up_to_the_limit_is_served_and_one_more_is_refused() {
+    if support::alone(
+        module_path!(),
+        "every_client_up_to_the_limit_is_served_and_one_more_is_refused",
+    ) {
+        return;
+    }
+    let (_server, service) = server("many").await;
+    let (answers, refused) = tokio::task::spawn_blocking(move || {
+        let mut clients: Vec<ShmClient> = (0..MAX_CLIENTS)
+            .map(|i| ShmClient::connect_to(&service).unwrap_or_else(|e| panic!("client {i}: {e}")))
+            .collect();
+        let refused = ShmClient::connect_to(&service).err();
+        let answers: Vec<_> = clients
+            .iter_mut()
+            .enumerate()
+            .map(|(i, client)| {
+                client
+                    .infer("alpha_mlp", &[alpha_row(i as f32)])
+                    .unwrap_or_else(|e| panic!("client {i}: {e}"))
+            })
+            .collect();
+        (answers, refused)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answers.len(), MAX_CLIENTS);
+    assert!(answers.iter().all(|a| a[0].shape == vec![1, 3]));
+    let refused = refused.expect("a client past the limit is refused");
+    assert!(
+        matches!(&refused, ClientError::Disconnected(m) if m.contains("takes no more clients")),
+        "{refused}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_same_error_kinds_and_harms_nothing() {
     let (server, service) = server("errors").await;
