@@ -79,7 +79,15 @@ pub struct ShmConfig {
     /// CPUs the front-end threads are pinned to, one per thread in turn;
     /// empty: wherever the OS schedules them.
     pub cpus: Vec<usize>,
+    /// The largest answer sent over shared memory, in bytes; a larger one is
+    /// refused (INVALID_ARGUMENT, naming the model and the limit). The server
+    /// maps clients × requests in flight × this many bytes of shared memory
+    /// for its answers, of which only the pages written are memory.
+    pub max_answer_bytes: usize,
 }
+
+/// The bounds of `shm.max_answer_bytes`.
+pub const SHM_ANSWER_BYTES: std::ops::RangeInclusive<usize> = 4096..=16 * 1024 * 1024;
 
 impl Default for ShmConfig {
     fn default() -> Self {
@@ -89,6 +97,7 @@ impl Default for ShmConfig {
             threads: 1,
             spin: Duration::from_micros(50),
             cpus: Vec::new(),
+            max_answer_bytes: 64 * 1024,
         }
     }
 }
@@ -576,6 +585,14 @@ impl ServerConfig {
         if shm.service.is_empty() || shm.service.len() > 200 {
             return Err("shm.service must be a name of 1 to 200 bytes".to_string());
         }
+        if !SHM_ANSWER_BYTES.contains(&shm.max_answer_bytes) {
+            return Err(format!(
+                "shm.max_answer_bytes is {}; it must be {} to {}",
+                shm.max_answer_bytes,
+                SHM_ANSWER_BYTES.start(),
+                SHM_ANSWER_BYTES.end()
+            ));
+        }
         crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
         crate::durations::check("runtime.spin", self.runtime.spin, MAX_SPIN)?;
         crate::durations::check(
@@ -784,6 +801,14 @@ mod tests {
             ("[shm]\nspin = \"2s\"", "shm.spin is 2s"),
             ("[shm]\nthreads = 0", "shm.threads is 0"),
             ("[shm]\nservice = \"\"", "shm.service"),
+            (
+                "[shm]\nmax_answer_bytes = 4095",
+                "shm.max_answer_bytes is 4095",
+            ),
+            (
+                "[shm]\nmax_answer_bytes = 16777217",
+                "shm.max_answer_bytes is 16777217",
+            ),
         ] {
             let config: ServerConfig = toml::from_str(text).unwrap();
             let error = config.validate().unwrap_err();

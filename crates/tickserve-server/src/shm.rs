@@ -133,9 +133,6 @@ pub const MAX_REQUESTS_PER_CLIENT: usize = 8;
 /// server's, and the event this many notifiers.
 pub const MAX_CLIENTS: usize = 32;
 
-/// The first size of a sample, in bytes; larger ones are allocated as needed.
-pub const INITIAL_SAMPLE_BYTES: usize = 1024;
-
 type Service = ipc_threadsafe::Service;
 type RequestService =
     iceoryx2::service::port_factory::request_response::PortFactory<Service, [u8], (), [u8], ()>;
@@ -176,8 +173,12 @@ impl ShmFrontEnd {
             .with_context(|| format!("cannot create the iceoryx2 service {infer_name}"))?;
         let server = service
             .server_builder()
-            .initial_max_slice_len(INITIAL_SAMPLE_BYTES)
-            .allocation_strategy(AllocationStrategy::PowerOfTwo)
+            // One segment of `max_answer_bytes` slices. A segment that grows
+            // (PowerOfTwo) gives each client connection used-chunk lists for
+            // 255 possible segments, and the server scans them all when a
+            // client leaves: 70 ms during which no client was answered.
+            .initial_max_slice_len(config.max_answer_bytes)
+            .allocation_strategy(AllocationStrategy::Static)
             .create()
             .with_context(|| {
                 format!("cannot serve {infer_name} (is another tickserve serving it?)")
@@ -202,6 +203,7 @@ impl ShmFrontEnd {
             runtime,
             handles: Mutex::new(Handles::new()),
             spin: config.spin,
+            max_answer_bytes: config.max_answer_bytes,
             _services: (service, wake),
         });
         let stop = Arc::new(AtomicBool::new(false));
@@ -257,6 +259,8 @@ struct Context_ {
     /// The handles given out.
     handles: Mutex<Handles>,
     spin: Duration,
+    /// `shm.max_answer_bytes`.
+    max_answer_bytes: usize,
     /// Kept open while serving.
     _services: (RequestService, WakeService),
 }
@@ -531,12 +535,13 @@ fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
     let mut work: Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send>> =
         Box::pin(work);
     let mut poll_context = Context::from_waker(Waker::noop());
+    let limit = context.max_answer_bytes;
     match work.as_mut().poll(&mut poll_context) {
-        Poll::Ready(result) => respond(active, request_id, result),
+        Poll::Ready(result) => respond(active, request_id, result, limit),
         Poll::Pending => {
             context.runtime.spawn(async move {
                 let result = work.await;
-                respond(active, request_id, result);
+                respond(active, request_id, result, limit);
             });
         }
     }
@@ -607,7 +612,12 @@ fn lookup(
         tensors_without_data(&inputs),
         tensors_without_data(&outputs),
     );
-    let mut answer = vec![0u8; wire::lookup_answer_len(&i, &o)];
+    let len = wire::lookup_answer_len(&i, &o);
+    if len > context.max_answer_bytes {
+        let error = too_large(&handle.name, "description", len, context.max_answer_bytes);
+        return respond_error(active, request_id, &error);
+    }
+    let mut answer = vec![0u8; len];
     wire::write_lookup_answer(&mut answer, request_id, token, &i, &o);
     send(active, &answer);
 }
@@ -624,8 +634,14 @@ fn tensors_without_data(list: &[(String, u8, Vec<i64>)]) -> Vec<wire::TensorOut<
         .collect()
 }
 
-/// Sends an inference's answer (or its error).
-fn respond(active: ActiveRequest, request_id: u64, result: Result<InferResponse, Error>) {
+/// Sends an inference's answer (or its error); an answer over `limit` bytes
+/// is refused instead.
+fn respond(
+    active: ActiveRequest,
+    request_id: u64,
+    result: Result<InferResponse, Error>,
+    limit: usize,
+) {
     let response = match result {
         Ok(response) => response,
         Err(error) => return respond_error(active, request_id, &error),
@@ -646,8 +662,13 @@ fn respond(active: ActiveRequest, request_id: u64, result: Result<InferResponse,
             data: &o.data,
         })
         .collect();
+    let len = wire::infer_answer_len(&outputs);
+    if len > limit {
+        let error = too_large(&response.model, "answer", len, limit);
+        return respond_error(active, request_id, &error);
+    }
     let micros = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
-    let mut answer = vec![0u8; wire::infer_answer_len(&outputs)];
+    let mut answer = vec![0u8; len];
     wire::write_infer_answer(
         &mut answer,
         request_id,
@@ -656,6 +677,18 @@ fn respond(active: ActiveRequest, request_id: u64, result: Result<InferResponse,
         &outputs,
     );
     send(active, &answer);
+}
+
+/// The refusal of an answer (`what`: "answer" or "description") of `len`
+/// bytes, over the front end's `limit`.
+fn too_large(model: &str, what: &str, len: usize, limit: usize) -> Error {
+    Error::request(
+        model,
+        format!(
+            "the {what} is {len} bytes; shared memory answers at most {limit} \
+             (shm.max_answer_bytes): ask for fewer rows, or use gRPC or HTTP"
+        ),
+    )
 }
 
 fn respond_error(active: ActiveRequest, request_id: u64, error: &Error) {

@@ -108,6 +108,39 @@ async fn every_client_up_to_the_limit_is_served_and_one_more_is_refused() {
     );
 }
 
+/// An answer larger than `shm.max_answer_bytes` is refused, naming the
+/// model and the limit; a small answer after it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_answer_limit_is_refused_by_name() {
+    let mut config = support::config(&support::root().join("config/models"));
+    let service = format!("tickserve-test-{}-answers", std::process::id());
+    config.shm.enabled = true;
+    config.shm.service = service.clone();
+    config.shm.max_answer_bytes = 4096;
+    let _server = support::start(&config).await;
+    tokio::task::spawn_blocking(move || {
+        let mut client = ShmClient::connect_to(&service).unwrap();
+        // 400 rows of 3 probabilities: 4,800 bytes of data alone.
+        let rows = Tensor::from_f32("features", &[400, 50], &vec![0.5; 400 * 50]);
+        match client.infer("alpha_mlp", &[rows]) {
+            Err(ClientError::Server { code, message }) => {
+                assert_eq!(code, "INVALID_ARGUMENT", "{message}");
+                assert!(
+                    message.contains("alpha_mlp")
+                        && message.contains("at most 4096")
+                        && message.contains("shm.max_answer_bytes"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let answer = client.infer("alpha_mlp", &[alpha_row(1.0)]).unwrap();
+        assert_eq!(answer[0].shape, vec![1, 3]);
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_same_error_kinds_and_harms_nothing() {
     let (server, service) = server("errors").await;
