@@ -47,16 +47,4 @@ dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with 
 printf 'commit %s%s\nbuilt %s\nglibc needed %s\n' \
   "$(git rev-parse HEAD)" "$dirty" "$(date -u +%Y-%m-%dT%H:%MZ)" "$glibc" >.gpu/BUILD
 cat .gpu/BUILD
-# What the device tool carries: the tracked tree (7 MiB, most of it fuzz corpora) and
-# what is named in carry, 64 MiB in all. .gpu and the ONNX Runtime library come to 58 MiB
-# unpacked, too much beside the tree: they travel as one xz archive (22 MiB), which
-# scripts/gpu_check.sh unpacks there.
-mkdir -p .pack
-tar cf - .gpu .local/lib/libonnxruntime.so.1.31.1 | xz -T0 -6 >.pack/gpu.tar.xz
-tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-packed=$(stat -c %s .pack/gpu.tar.xz)
-echo "carried: $(((tree + packed) >> 20)) MiB (the tracked tree and .pack/gpu.tar.xz)"
-if [ $((tree + packed)) -gt $((60 << 20)) ]; then
-  echo "over 60 MiB: the device tool carries at most 64 MiB" >&2
-  exit 1
-fi
+scripts/pack_bundle.sh gpu .gpu
