@@ -805,7 +805,12 @@ fn write_tensor(out: &mut Vec<u8>, datatype: DataType, data: &[u8], dims: &[usiz
     out.push(b']');
 }
 
+/// Writes one little-endian element as JSON text, straight into `out`:
+/// integers and booleans as serde_json writes them, floats as the shortest
+/// text that reads back as the same value (ryu, serde_json's formatter), and
+/// TF Serving's tokens for the non-finite ones.
 fn write_scalar(out: &mut Vec<u8>, datatype: DataType, bytes: &[u8]) {
+    use serde_json::ser::{CompactFormatter, Formatter};
     macro_rules! le {
         ($t:ty) => {{
             let mut a = [0u8; size_of::<$t>()];
@@ -815,33 +820,30 @@ fn write_scalar(out: &mut Vec<u8>, datatype: DataType, bytes: &[u8]) {
             <$t>::from_le_bytes(a)
         }};
     }
-    let text = match datatype {
-        DataType::Bool => (bytes.first().is_some_and(|&b| b != 0)).to_string(),
-        DataType::Uint8 => le!(u8).to_string(),
-        DataType::Uint16 => le!(u16).to_string(),
-        DataType::Uint32 => le!(u32).to_string(),
-        DataType::Uint64 => le!(u64).to_string(),
-        DataType::Int8 => le!(i8).to_string(),
-        DataType::Int16 => le!(i16).to_string(),
-        DataType::Int32 => le!(i32).to_string(),
-        DataType::Int64 => le!(i64).to_string(),
-        DataType::Fp32 => format_f32(le!(f32)),
-        DataType::Fp64 => format_f64(le!(f64)),
+    let mut f = CompactFormatter;
+    // Writing into a vector cannot fail.
+    let _ = match datatype {
+        DataType::Bool => f.write_bool(out, bytes.first().is_some_and(|&b| b != 0)),
+        DataType::Uint8 => f.write_u8(out, le!(u8)),
+        DataType::Uint16 => f.write_u16(out, le!(u16)),
+        DataType::Uint32 => f.write_u32(out, le!(u32)),
+        DataType::Uint64 => f.write_u64(out, le!(u64)),
+        DataType::Int8 => f.write_i8(out, le!(i8)),
+        DataType::Int16 => f.write_i16(out, le!(i16)),
+        DataType::Int32 => f.write_i32(out, le!(i32)),
+        DataType::Int64 => f.write_i64(out, le!(i64)),
+        DataType::Fp32 => match le!(f32) {
+            x if x.is_finite() => f.write_f32(out, x),
+            x => f.write_raw_fragment(out, non_finite(x.is_nan(), x.is_sign_positive())),
+        },
+        DataType::Fp64 => match le!(f64) {
+            x if x.is_finite() => f.write_f64(out, x),
+            x => f.write_raw_fragment(out, non_finite(x.is_nan(), x.is_sign_positive())),
+        },
     };
-    out.extend_from_slice(text.as_bytes());
 }
 
-/// The shortest text that reads back as `x` (as an f32), or TF Serving's
-/// tokens for the non-finite values.
-fn format_f32(x: f32) -> String {
-    if x.is_finite() {
-        // serde_json writes floats with ryu: the shortest round-trip text.
-        serde_json::to_string(&x).unwrap_or_default()
-    } else {
-        non_finite(x.is_nan(), x.is_sign_positive()).to_string()
-    }
-}
-
+/// `x` as an error message shows it (TF Serving's tokens for the non-finite).
 fn format_f64(x: f64) -> String {
     if x.is_finite() {
         serde_json::to_string(&x).unwrap_or_default()

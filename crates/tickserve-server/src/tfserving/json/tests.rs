@@ -390,3 +390,46 @@ fn several_outputs_are_objects() {
         r#"{"outputs":{"a":[[1,2],[3,4]],"b":[true,false]}}"#
     );
 }
+
+/// Every element is written as serde_json writes the same value (TF
+/// Serving's tokens for the non-finite floats), straight into the answer.
+#[test]
+fn elements_are_written_as_serde_json_writes_them() {
+    fn written(datatype: DataType, bytes: &[u8]) -> String {
+        let mut out = Vec::new();
+        write_scalar(&mut out, datatype, bytes);
+        String::from_utf8(out).unwrap()
+    }
+    for x in [0.1f32, -2.05, 1e-7, 3.4e38, 0.0, -0.0, 16_777_217.0] {
+        let want = serde_json::to_string(&x).unwrap();
+        assert_eq!(written(DataType::Fp32, &x.to_le_bytes()), want);
+    }
+    for x in [0.1f64, -2.05, 1e-300, f64::MAX] {
+        let want = serde_json::to_string(&x).unwrap();
+        assert_eq!(written(DataType::Fp64, &x.to_le_bytes()), want);
+    }
+    for (x, token) in [
+        (f32::NAN, "NaN"),
+        (f32::INFINITY, "Infinity"),
+        (f32::NEG_INFINITY, "-Infinity"),
+    ] {
+        assert_eq!(written(DataType::Fp32, &x.to_le_bytes()), token);
+        assert_eq!(written(DataType::Fp64, &f64::from(x).to_le_bytes()), token);
+    }
+    assert_eq!(
+        written(DataType::Int64, &i64::MIN.to_le_bytes()),
+        i64::MIN.to_string()
+    );
+    assert_eq!(
+        written(DataType::Uint64, &u64::MAX.to_le_bytes()),
+        u64::MAX.to_string()
+    );
+    assert_eq!(written(DataType::Int8, &[0xff]), "-1");
+    assert_eq!(written(DataType::Uint16, &513u16.to_le_bytes()), "513");
+    assert_eq!(written(DataType::Int32, &(-7i32).to_le_bytes()), "-7");
+    assert_eq!(written(DataType::Uint32, &7u32.to_le_bytes()), "7");
+    assert_eq!(written(DataType::Int16, &(-300i16).to_le_bytes()), "-300");
+    assert_eq!(written(DataType::Uint8, &[200]), "200");
+    assert_eq!(written(DataType::Bool, &[1]), "true");
+    assert_eq!(written(DataType::Bool, &[0]), "false");
+}

@@ -13,10 +13,19 @@ use tickserve_client::{ClientError, GrpcClient, ParamValue, Parameter, ShmClient
 /// A server on the sample repository with `[shm]` on, under a service name
 /// of this test's own (tests run at once).
 async fn server(name: &str) -> (tickserve_server::Server, String) {
+    server_with(name, |_| {}).await
+}
+
+/// [`server`], its configuration adjusted first.
+async fn server_with(
+    name: &str,
+    adjust: impl FnOnce(&mut tickserve_core::config::ServerConfig),
+) -> (tickserve_server::Server, String) {
     let mut config = support::config(&support::root().join("config/models"));
     let service = format!("tickserve-test-{}-{name}", std::process::id());
     config.shm.enabled = true;
     config.shm.service = service.clone();
+    adjust(&mut config);
     (support::start(&config).await, service)
 }
 
@@ -112,12 +121,7 @@ async fn every_client_up_to_the_limit_is_served_and_one_more_is_refused() {
 /// model and the limit; a small answer after it is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_over_the_answer_limit_is_refused_by_name() {
-    let mut config = support::config(&support::root().join("config/models"));
-    let service = format!("tickserve-test-{}-answers", std::process::id());
-    config.shm.enabled = true;
-    config.shm.service = service.clone();
-    config.shm.max_answer_bytes = 4096;
-    let _server = support::start(&config).await;
+    let (_server, service) = server_with("answers", |c| c.shm.max_answer_bytes = 4096).await;
     tokio::task::spawn_blocking(move || {
         let mut client = ShmClient::connect_to(&service).unwrap();
         // 400 rows of 3 probabilities: 4,800 bytes of data alone.
