@@ -22,7 +22,7 @@ use tickserve_core::{
     SOLE_MEMBER, TensorSpec, Weight, metrics as names,
 };
 
-use crate::job::Job;
+use crate::job::{Job, Submission};
 use crate::member::{Member, RetiredLog};
 use crate::stats::RequestCost;
 
@@ -292,30 +292,28 @@ impl Executor {
     /// Answers one request for `member`: refuses it if its deadline passed
     /// while it waited, otherwise runs it. Called by the executor thread for
     /// queued jobs and by the caller's own thread when the executor was idle.
+    /// The answer takes the submission's id (it is left empty).
     pub fn answer(
         &mut self,
         member: &Member,
-        request: &ValidRequest,
-        id: String,
-        admitted: Instant,
-        deadline: Option<Instant>,
-        level: u32,
+        submission: &mut Submission,
     ) -> Result<InferResponse, Error> {
         let started = Instant::now();
         let mut cost = RequestCost {
-            waited: started - admitted,
-            rows: request.rows,
+            waited: started - submission.admitted,
+            rows: submission.request.rows,
             ..RequestCost::default()
         };
         member.metrics.queue_wait.record(cost.waited.as_secs_f64());
-        let result = if deadline.is_some_and(|d| started >= d) {
-            member.queue.expired(level);
+        let result = if submission.deadline.is_some_and(|d| started >= d) {
+            member.queue.expired(submission.level);
             Err(Error::DeadlineExceeded {
                 model: member.name.to_string(),
                 waited: cost.waited,
             })
         } else {
-            self.run(member, request, id, &mut cost, started)
+            let id = std::mem::take(&mut submission.id);
+            self.run(member, &submission.request, id, &mut cost, started)
         };
         cost.ok = result.is_ok();
         // A computed request's total was taken with the last copy's clock
@@ -330,11 +328,11 @@ impl Executor {
     /// Answers DEADLINE_EXCEEDED to a job whose deadline passed in the queue;
     /// it is never computed.
     pub fn refuse_expired(&mut self, job: Job) {
-        let waited = job.admitted.elapsed();
-        job.member.queue.expired(job.level);
+        let waited = job.submission.admitted.elapsed();
+        job.member.queue.expired(job.submission.level);
         job.member.stats.record_request(&RequestCost {
             waited,
-            rows: job.request.rows,
+            rows: job.submission.request.rows,
             ..RequestCost::default()
         });
         let _ = job.reply.send(Err(Error::DeadlineExceeded {
@@ -359,13 +357,13 @@ impl Executor {
         let mut live: Vec<Job> = Vec::with_capacity(jobs.len());
         for job in jobs.drain(..) {
             // The deadline may pass between the queue's check and this run.
-            if job.deadline.is_some_and(|d| started >= d) {
+            if job.submission.deadline.is_some_and(|d| started >= d) {
                 self.refuse_expired(job);
                 continue;
             }
             let cost = RequestCost {
-                waited: started - job.admitted,
-                rows: job.request.rows,
+                waited: started - job.submission.admitted,
+                rows: job.submission.request.rows,
                 ..RequestCost::default()
             };
             job.member
@@ -380,7 +378,7 @@ impl Executor {
         };
         let mut batch_cost = RequestCost::default();
         let result = {
-            let requests: Vec<&ValidRequest> = live.iter().map(|j| &j.request).collect();
+            let requests: Vec<&ValidRequest> = live.iter().map(|j| &j.submission.request).collect();
             self.run_together(&member, &requests, &mut batch_cost)
         };
         let mut bucket = 0;
@@ -410,7 +408,7 @@ impl Executor {
             let _ = job.reply.send(outputs.map(|outputs| InferResponse {
                 model: job.member.name.clone(),
                 version: job.member.version.clone(),
-                id: job.id,
+                id: job.submission.id,
                 outputs,
                 timing: cost.timing(),
                 sequence_restarted: false,
@@ -422,15 +420,8 @@ impl Executor {
     }
 
     /// Answers one queued job on its own (see [`Executor::answer`]).
-    fn answer_alone(&mut self, job: Job) {
-        let result = self.answer(
-            &job.member,
-            &job.request,
-            job.id,
-            job.admitted,
-            job.deadline,
-            job.level,
-        );
+    fn answer_alone(&mut self, mut job: Job) {
+        let result = self.answer(&job.member, &mut job.submission);
         let _ = job.reply.send(result);
     }
 

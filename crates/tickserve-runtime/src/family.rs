@@ -13,15 +13,13 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use tickserve_core::validate::ValidRequest;
 use tickserve_core::{Device, EngineError, Error, InferResponse, Signature, Weight};
 use tokio::sync::oneshot;
 
 use crate::admission::{FamilyRows, Refused, Ticket};
 use crate::executor::{Executor, FamilyHealth, FamilyLinks};
-use crate::job::Job;
+use crate::job::{Job, Submission};
 use crate::member::{Member, RetiredLog, Version};
 use crate::settings::ModelSettings;
 
@@ -95,24 +93,6 @@ pub struct FamilyParts {
     pub executors: Vec<Arc<Mutex<Executor>>>,
     /// What the executors share with the family.
     pub links: FamilyLinks,
-}
-
-/// A validated request on its way into a family.
-#[derive(Debug)]
-pub struct Submission {
-    /// The validated request.
-    pub request: ValidRequest,
-    /// The request id, echoed back.
-    pub id: String,
-    /// When it was admitted at the edge.
-    pub admitted: Instant,
-    /// When its answer stops being useful.
-    pub deadline: Option<Instant>,
-    /// Its priority level, 1 the highest.
-    pub level: u32,
-    /// When it moves behind every other request (its level's timeout, with
-    /// the `delay` action).
-    pub delay_at: Option<Instant>,
 }
 
 impl Family {
@@ -302,12 +282,7 @@ impl Family {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             member: Arc::clone(member),
-            request: submission.request,
-            id: submission.id,
-            admitted: submission.admitted,
-            deadline: submission.deadline,
-            level,
-            delay_at: submission.delay_at,
+            submission,
             ticket,
             reply,
         };
@@ -357,14 +332,7 @@ impl Family {
         for executor in allowed {
             if let Ok(mut executor) = executor.try_lock() {
                 executor.forget_retired();
-                return Some(executor.answer(
-                    member,
-                    &submission.request,
-                    std::mem::take(&mut submission.id),
-                    submission.admitted,
-                    submission.deadline,
-                    submission.level,
-                ));
+                return Some(executor.answer(member, submission));
             }
         }
         None
@@ -377,7 +345,7 @@ impl Family {
     pub fn run_if_idle(
         &self,
         member: &Member,
-        submission: &Submission,
+        mut submission: Submission,
     ) -> Option<Result<InferResponse, Error>> {
         if !shadow_may_run(self.queued_rows(), self.device) {
             return None;
@@ -385,14 +353,7 @@ impl Family {
         for executor in &self.executors[..self.shared] {
             if let Ok(mut executor) = executor.try_lock() {
                 executor.forget_retired();
-                return Some(executor.answer(
-                    member,
-                    &submission.request,
-                    submission.id.clone(),
-                    submission.admitted,
-                    submission.deadline,
-                    submission.level,
-                ));
+                return Some(executor.answer(member, &mut submission));
             }
         }
         None

@@ -19,7 +19,8 @@ use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, valida
 use tickserve_core::{Device, Error, InferRequest, InferResponse, Name, Signature, Timing};
 
 use crate::admission::ModelQueue;
-use crate::family::{Family, Submission};
+use crate::family::Family;
+use crate::job::Submission;
 use crate::member::Member;
 use crate::monte_carlo::{self, Plan};
 use crate::sequences::{Entry, Purpose, Sequences, Turn, take_state, tick_row_of, with_state};
@@ -558,7 +559,7 @@ impl ModelHandle {
         };
         let (family, member) = (Arc::clone(&replica.family), Arc::clone(&replica.member));
         if family.device == Device::Cpu {
-            tokio::task::spawn_blocking(move || family.run_if_idle(&member, &submission))
+            tokio::task::spawn_blocking(move || family.run_if_idle(&member, submission))
                 .await
                 .ok()
                 .flatten()

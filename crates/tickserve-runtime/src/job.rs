@@ -19,24 +19,32 @@ use crate::admission::Ticket;
 use crate::batcher::{DELAYED, Queued};
 use crate::member::Member;
 
+/// A validated request on its way into a family.
+#[derive(Debug)]
+pub struct Submission {
+    /// The validated request.
+    pub request: ValidRequest,
+    /// The request id, echoed back.
+    pub id: String,
+    /// When it was admitted at the edge.
+    pub admitted: Instant,
+    /// When its answer stops being useful.
+    pub deadline: Option<Instant>,
+    /// Its priority level, 1 the highest.
+    pub level: u32,
+    /// When it moves behind every other request (its level's timeout, with
+    /// the `delay` action).
+    pub delay_at: Option<Instant>,
+}
+
 /// One admitted request, queued for its family's executors.
 #[derive(Debug)]
 pub struct Job {
     /// The model version it is for: whose weights, statistics and metrics.
     pub member: Arc<Member>,
-    /// The validated request.
-    pub request: ValidRequest,
-    /// The request id, echoed back.
-    pub id: String,
-    /// When the request was admitted.
-    pub admitted: Instant,
-    /// After this the request is answered DEADLINE_EXCEEDED instead of computed.
-    pub deadline: Option<Instant>,
-    /// Its priority level, 1 the highest; [`DELAYED`] once its level's
-    /// timeout moved it behind every other request.
-    pub level: u32,
-    /// When its level's timeout moves it behind every other request.
-    pub delay_at: Option<Instant>,
+    /// The request; its level becomes [`DELAYED`] once its level's timeout
+    /// moved it behind every other request.
+    pub submission: Submission,
     /// Its rows in the queue counts, until it leaves the queue.
     pub ticket: Ticket,
     /// Where the answer goes; the receiver may have been dropped (the caller left).
@@ -45,25 +53,25 @@ pub struct Job {
 
 impl Queued for Job {
     fn rows(&self) -> usize {
-        self.request.rows
+        self.submission.request.rows
     }
     fn admitted(&self) -> Instant {
-        self.admitted
+        self.submission.admitted
     }
     fn deadline(&self) -> Option<Instant> {
-        self.deadline
+        self.submission.deadline
     }
     fn member(&self) -> MemberId {
         self.member.id
     }
     fn level(&self) -> u32 {
-        self.level
+        self.submission.level
     }
     fn delay_at(&self) -> Option<Instant> {
-        self.delay_at
+        self.submission.delay_at
     }
     fn delay(&mut self) {
-        self.level = DELAYED;
-        self.delay_at = None;
+        self.submission.level = DELAYED;
+        self.submission.delay_at = None;
     }
 }

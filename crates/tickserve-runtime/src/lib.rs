@@ -72,7 +72,7 @@ pub use crate::stats::Stat;
 pub mod testing {
     pub use crate::admission::{FamilyRows, Ticket};
     pub use crate::executor::{Executor, FamilyLinks};
-    pub use crate::job::Job;
+    pub use crate::job::{Job, Submission};
     pub use crate::member::{Member, RetiredLog, Version};
     pub use crate::sequences::snapshot::read_for_fuzzing as read_snapshot;
 }

@@ -19,9 +19,9 @@ use tickserve_engine_cuda::Gpus;
 use tickserve_onnx::ModelGraph;
 use tickserve_runtime::Engines;
 use tickserve_runtime::ModelQueue;
-use tickserve_runtime::testing::Job;
 use tickserve_runtime::testing::{Executor, FamilyLinks};
 use tickserve_runtime::testing::{FamilyRows, Ticket};
+use tickserve_runtime::testing::{Job, Submission};
 use tickserve_runtime::testing::{Member, RetiredLog, Version};
 use tickserve_runtime::{ModelStats, Runtime};
 
@@ -165,12 +165,14 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
         let (reply, answer) = tokio::sync::oneshot::channel();
         jobs.push(Job {
             member: Arc::clone(&member),
-            request: valid,
-            id: format!("{first}"),
-            admitted: Instant::now(),
-            deadline: None,
-            level: 1,
-            delay_at: None,
+            submission: Submission {
+                request: valid,
+                id: format!("{first}"),
+                admitted: Instant::now(),
+                deadline: None,
+                level: 1,
+                delay_at: None,
+            },
             ticket: Ticket::admit(&queue, &family_rows, 1, 200, 1).unwrap(),
             reply,
         });
