@@ -32,5 +32,5 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind};
 pub use name::Name;
-pub use request::{InferRequest, InferResponse, InputTensor, OutputTensor, Timing};
+pub use request::{InferRequest, InferResponse, InputTensor, ModelRequest, OutputTensor, Timing};
 pub use signature::{Signature, TensorSpec};

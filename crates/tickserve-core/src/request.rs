@@ -27,13 +27,22 @@ pub struct InputTensor {
 /// the answer and in logs).
 pub const MAX_ID_BYTES: usize = 1024;
 
-/// An inference request, as decoded from either protocol.
+/// An inference request addressed to a model by name: what the runtime's
+/// `infer` looks up and answers.
 #[derive(Debug, Clone)]
 pub struct InferRequest {
     /// The model's name.
     pub model: String,
     /// The version asked for; `None` is the default (highest) version.
     pub version: Option<String>,
+    /// What it asks of that model.
+    pub request: ModelRequest,
+}
+
+/// What a request asks of one model, once the model is known (a front end
+/// has looked it up; a model handle validates and runs it).
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
     /// The request id, echoed in the response.
     pub id: String,
     /// The inputs.

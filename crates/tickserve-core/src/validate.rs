@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use serde::Deserialize;
 
-use crate::{Error, InferRequest, Signature, TensorSpec};
+use crate::{Error, InferRequest, ModelRequest, Signature, TensorSpec};
 
 /// What to do with NaN and infinity in float inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -54,14 +54,13 @@ pub fn validate(
     signature: &Signature,
     limits: &Limits,
 ) -> Result<ValidRequest, Error> {
-    validate_for(&request.model, request, signature, limits)
+    validate_for(&request.model, &request.request, signature, limits)
 }
 
-/// [`validate`] for a request of `model` (errors name it, whatever the
-/// request's own `model` says).
+/// [`validate`] for a request to `model` (errors name it).
 pub fn validate_for(
     model: &str,
-    request: &InferRequest,
+    request: &ModelRequest,
     signature: &Signature,
     limits: &Limits,
 ) -> Result<ValidRequest, Error> {

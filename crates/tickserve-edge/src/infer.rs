@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tickserve_core::sequence::KeyId;
-use tickserve_core::{Error, InferRequest, InferResponse, InputTensor, durations};
+use tickserve_core::{Error, InferResponse, InputTensor, ModelRequest, durations};
 use tickserve_runtime::ModelHandle;
 use tickserve_runtime::{HeldState, Prepared};
 
@@ -73,11 +73,9 @@ pub struct Decoded<E> {
 }
 
 impl<E> Decoded<E> {
-    /// The core's request, answered by `deadline`, and what the front end
-    /// keeps for the encoding. Its model and version stay empty: the edge
-    /// has looked the model up already, and the handle the request is
-    /// prepared by is the model (its name is the one errors give).
-    pub fn into_request(self, deadline: Option<Instant>) -> (InferRequest, E) {
+    /// What the request asks of the model the edge has looked up, answered
+    /// by `deadline`, and what the front end keeps for the encoding.
+    pub fn into_request(self, deadline: Option<Instant>) -> (ModelRequest, E) {
         let Decoded {
             id,
             inputs,
@@ -85,9 +83,7 @@ impl<E> Decoded<E> {
             parameters,
             encoding,
         } = self;
-        let request = InferRequest {
-            model: String::new(),
-            version: None,
+        let request = ModelRequest {
             id,
             inputs,
             outputs,

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tickserve_core::monte_carlo::{MonteCarlo, Summary};
 use tickserve_core::sequence::{SequenceControl, SequenceId};
-use tickserve_core::{DataType, InferRequest, InputTensor, OutputTensor};
+use tickserve_core::{DataType, InputTensor, ModelRequest, OutputTensor};
 use tickserve_runtime::{ModelHandle, Runtime};
 
 use crate::read::scan_dir;
@@ -237,9 +237,7 @@ async fn rerun(
         }
         _ => None,
     };
-    let request = InferRequest {
-        model: handle.name.clone(),
-        version: Some(handle.version.clone()),
+    let request = ModelRequest {
         id: String::new(),
         inputs,
         outputs: None,

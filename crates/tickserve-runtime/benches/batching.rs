@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tickserve_core::config::ServerConfig;
-use tickserve_core::{DataType, InferRequest, InputTensor};
+use tickserve_core::{DataType, InferRequest, InputTensor, ModelRequest};
 use tickserve_runtime::Runtime;
 
 const CONCURRENCY: [usize; 3] = [1, 8, 32];
@@ -36,18 +36,20 @@ fn one_row() -> InferRequest {
     InferRequest {
         model: "alpha_mlp".into(),
         version: None,
-        id: String::new(),
-        inputs: vec![InputTensor {
-            name: "features".into(),
-            datatype: DataType::Fp32,
-            shape: vec![1, 50],
-            data: row.into(),
-        }],
-        outputs: None,
-        deadline: None,
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
+        request: ModelRequest {
+            id: String::new(),
+            inputs: vec![InputTensor {
+                name: "features".into(),
+                datatype: DataType::Fp32,
+                shape: vec![1, 50],
+                data: row.into(),
+            }],
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        },
     }
 }
 

@@ -16,7 +16,7 @@ use tickserve_core::durations;
 use tickserve_core::priority::TimeoutAction;
 use tickserve_core::sequence::{SequenceControl, Warmup};
 use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate_for};
-use tickserve_core::{Device, Error, InferRequest, InferResponse, Name, Signature, Timing};
+use tickserve_core::{Device, Error, InferResponse, ModelRequest, Name, Signature, Timing};
 
 use crate::admission::ModelQueue;
 use crate::family::Family;
@@ -258,7 +258,7 @@ impl ModelHandle {
 
     /// Validates `request` against this version, and answers it on the
     /// replica with the shortest queue.
-    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+    pub async fn infer(&self, request: ModelRequest) -> Result<InferResponse, Error> {
         let prepared = self.prepare(request)?;
         self.run(prepared).await
     }
@@ -268,9 +268,9 @@ impl ModelHandle {
     /// for a stateful model, queues it for its sequence's turn. Requests
     /// prepared one after another run in that order within a sequence (a
     /// stream prepares its messages in order, then runs them concurrently).
-    /// The request's `model` and `version` are not read: this handle is the
-    /// version it runs on, and its name is the one errors give.
-    pub fn prepare(&self, request: InferRequest) -> Result<Prepared, Error> {
+    /// This handle is the version it runs on, and its name is the one errors
+    /// give.
+    pub fn prepare(&self, request: ModelRequest) -> Result<Prepared, Error> {
         let valid = validate_for(&self.name, &request, &self.signature, &self.settings.limits)?;
         let sequence = match (&self.sequences, request.sequence) {
             (None, None) => None,

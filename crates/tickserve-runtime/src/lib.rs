@@ -377,7 +377,7 @@ impl Runtime {
     /// front ends that have the handle already call that).
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
         let handle = self.model(&request.model, request.version.as_deref())?;
-        handle.infer(request).await
+        handle.infer(request.request).await
     }
 
     /// The repository index: every model directory, and each loaded or

@@ -136,13 +136,15 @@ fn validate_inputs(inputs: Vec<tickserve_core::InputTensor>) {
     let request = tickserve_core::InferRequest {
         model: "m".into(),
         version: None,
-        id: String::new(),
-        inputs,
-        outputs: None,
-        deadline: None,
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
+        request: tickserve_core::ModelRequest {
+            id: String::new(),
+            inputs,
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        },
     };
     let _ = validate(&request, &signature(), &limits());
 }

@@ -13,18 +13,20 @@ fn bool_bytes_other_than_0_and_1_are_read_as_true() {
     let request = InferRequest {
         model: "m".into(),
         version: None,
-        id: String::new(),
-        inputs: vec![crate::InputTensor {
-            name: "mask".into(),
-            datatype: crate::DataType::Bool,
-            shape: vec![1, 4],
-            data: Bytes::from_static(&[0, 1, 2, 255]),
-        }],
-        outputs: None,
-        deadline: None,
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
+        request: ModelRequest {
+            id: String::new(),
+            inputs: vec![crate::InputTensor {
+                name: "mask".into(),
+                datatype: crate::DataType::Bool,
+                shape: vec![1, 4],
+                data: Bytes::from_static(&[0, 1, 2, 255]),
+            }],
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        },
     };
     let limits = Limits {
         max_request_rows: 8,
@@ -55,18 +57,20 @@ fn request(shape: Vec<i64>, values: &[f32]) -> InferRequest {
     InferRequest {
         model: "m".into(),
         version: None,
-        id: String::new(),
-        inputs: vec![InputTensor {
-            name: "x".into(),
-            datatype: DataType::Fp32,
-            shape,
-            data: data.into(),
-        }],
-        outputs: None,
-        deadline: None,
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
+        request: ModelRequest {
+            id: String::new(),
+            inputs: vec![InputTensor {
+                name: "x".into(),
+                datatype: DataType::Fp32,
+                shape,
+                data: data.into(),
+            }],
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        },
     }
 }
 
@@ -125,21 +129,21 @@ fn nan_allowed_when_policy_allows() {
 #[test]
 fn unknown_missing_duplicate_inputs_and_outputs() {
     let mut req = request(vec![1, 2], &[1.0; 2]);
-    req.inputs.push(req.inputs[0].clone());
+    req.request.inputs.push(req.request.inputs[0].clone());
     assert!(
         validate(&req, &signature(), &LIMITS)
             .unwrap_err()
             .to_string()
             .contains("more than once")
     );
-    req.inputs[1].name = "z".into();
+    req.request.inputs[1].name = "z".into();
     assert!(
         validate(&req, &signature(), &LIMITS)
             .unwrap_err()
             .to_string()
             .contains("input 'z'")
     );
-    req.inputs.clear();
+    req.request.inputs.clear();
     assert!(
         validate(&req, &signature(), &LIMITS)
             .unwrap_err()
@@ -147,14 +151,14 @@ fn unknown_missing_duplicate_inputs_and_outputs() {
             .contains("no such input")
     );
     let mut req = request(vec![1, 2], &[1.0; 2]);
-    req.outputs = Some(vec!["w".into()]);
+    req.request.outputs = Some(vec!["w".into()]);
     assert!(
         validate(&req, &signature(), &LIMITS)
             .unwrap_err()
             .to_string()
             .contains("unknown output 'w'")
     );
-    req.inputs[0].datatype = DataType::Fp64;
+    req.request.inputs[0].datatype = DataType::Fp64;
     assert!(
         validate(&req, &signature(), &LIMITS)
             .unwrap_err()
@@ -203,7 +207,7 @@ fn inputs_of_different_rows_are_refused() {
     };
     let mut req = request(vec![2, 2], &[1.0; 4]);
     let three_rows: Vec<u8> = [1f32; 3].iter().flat_map(|v| v.to_le_bytes()).collect();
-    req.inputs.push(InputTensor {
+    req.request.inputs.push(InputTensor {
         name: "w".into(),
         datatype: DataType::Fp32,
         shape: vec![3, 1],
@@ -215,8 +219,8 @@ fn inputs_of_different_rows_are_refused() {
         "{err}"
     );
     let two_rows: Vec<u8> = [1f32; 2].iter().flat_map(|v| v.to_le_bytes()).collect();
-    req.inputs[1].shape = vec![2, 1];
-    req.inputs[1].data = two_rows.into();
+    req.request.inputs[1].shape = vec![2, 1];
+    req.request.inputs[1].data = two_rows.into();
     assert_eq!(validate(&req, &signature, &LIMITS).unwrap().rows, 2);
 }
 
@@ -301,13 +305,13 @@ fn non_finite_fp64_values_are_found_at_their_index() {
 #[test]
 fn unknown_names_are_answered_with_the_model_s_names() {
     let mut req = request(vec![1, 2], &[1.0; 2]);
-    req.inputs[0].name = "z".into();
+    req.request.inputs[0].name = "z".into();
     let err = validate(&req, &signature(), &LIMITS)
         .unwrap_err()
         .to_string();
     assert!(err.contains("one of the model's inputs ('x')"), "{err}");
     let mut req = request(vec![1, 2], &[1.0; 2]);
-    req.outputs = Some(vec!["w".into()]);
+    req.request.outputs = Some(vec!["w".into()]);
     let err = validate(&req, &signature(), &LIMITS)
         .unwrap_err()
         .to_string();

@@ -540,7 +540,7 @@ async fn a_request_whose_caller_left_is_never_computed() {
 async fn a_request_that_expires_in_the_queue_is_refused_and_never_computed() {
     let (runtime, handle, before, busy) = busy_seq_lstm().await;
     let mut late = request("seq_lstm", "window", vec![1, 30, 8], &features(1, 240, 9));
-    late.deadline = Some(Instant::now() + Duration::from_millis(1));
+    late.request.deadline = Some(Instant::now() + Duration::from_millis(1));
     let err = runtime.infer(late).await.unwrap_err();
     assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
     finish(runtime, busy).await;

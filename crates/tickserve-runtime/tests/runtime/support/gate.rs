@@ -95,7 +95,7 @@ pub fn row(priority: u64, first: f32) -> InferRequest {
     let values: Vec<f32> = std::iter::once(first)
         .chain((1..50).map(|i| i as f32 / 64.0))
         .collect();
-    let mut request = request("alpha_mlp", "features", vec![1, 50], &values);
-    request.priority = priority;
-    request
+    let mut row = request("alpha_mlp", "features", vec![1, 50], &values);
+    row.request.priority = priority;
+    row
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tickserve_core::{
     Buckets, CompileRequest, CompiledModel, DataType, Engine, EngineError, InferRequest,
-    InputTensor, MemberId, Signature, Weight,
+    InputTensor, MemberId, ModelRequest, Signature, Weight,
 };
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tickserve_onnx::ModelGraph;
@@ -23,22 +23,24 @@ pub fn request(model: &str, input: &str, shape: Vec<i64>, values: &[f32]) -> Inf
     InferRequest {
         model: model.to_string(),
         version: None,
-        id: "t".into(),
-        inputs: vec![InputTensor {
-            name: input.to_string(),
-            datatype: DataType::Fp32,
-            shape,
-            data: values
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        }],
-        outputs: None,
-        deadline: None,
-        monte_carlo: None,
-        priority: 0,
-        sequence: None,
+        request: ModelRequest {
+            id: "t".into(),
+            inputs: vec![InputTensor {
+                name: input.to_string(),
+                datatype: DataType::Fp32,
+                shape,
+                data: values
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+            }],
+            outputs: None,
+            deadline: None,
+            monte_carlo: None,
+            priority: 0,
+            sequence: None,
+        },
     }
 }
 
