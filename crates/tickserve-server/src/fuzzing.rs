@@ -167,11 +167,19 @@ pub fn shm_request(data: &[u8]) {
     }
 }
 
-/// A TF Serving `:predict` body (row or column format), decoded and validated.
+/// A TF Serving `:predict` body (row or column format), decoded and
+/// validated; and for a model of one input, the one-pass reading checked
+/// against the general one (the same tensors, or the same refusal).
 pub fn tf_json(data: &[u8]) {
     if let Ok(predict) = crate::tfserving::json::decode("m", &signature(), data) {
         validate_inputs(predict.inputs);
     }
+    let signature = signature();
+    let one_input = Signature {
+        inputs: signature.inputs[..1].to_vec(),
+        outputs: signature.outputs,
+    };
+    crate::tfserving::json::check_one_pass(&one_input, data);
 }
 
 /// A TF Serving gRPC `PredictRequest` message: each input's fill checked

@@ -56,16 +56,55 @@ pub fn decode(model: &str, signature: &Signature, body: &[u8]) -> Result<Predict
     let text = std::str::from_utf8(body)
         .map_err(|e| Error::request(model, format!("the body is not UTF-8 JSON: {e}")))?;
     let text = quote_non_finite(text).map_err(|message| Error::request(model, message))?;
-    let parsed: PredictJson = serde_json::from_str(&text)
-        .map_err(|e| Error::request(model, format!("JSON parse error: {e}")))?;
-    let signature_name = parsed.signature_name.as_deref().unwrap_or_default();
+    if let Some((signature_name, format, tensor)) = one_pass::decode(signature, &text) {
+        signature_named(model, signature_name.as_deref())?;
+        return Ok(Predict {
+            inputs: vec![tensor],
+            format,
+        });
+    }
+    decode_in_general(model, signature, &text)
+}
+
+/// Checks the body's `signature_name` (absent: the default signature).
+fn signature_named(model: &str, signature_name: Option<&str>) -> Result<(), Error> {
+    let signature_name = signature_name.unwrap_or_default();
     if marked_non_finite(signature_name).is_some() {
         return Err(Error::request(
             model,
             "JSON parse error: 'signature_name' must be a string",
         ));
     }
-    check_signature(model, signature_name)?;
+    check_signature(model, signature_name)
+}
+
+/// Panics when [`decode`] (the one-pass reading where it answers) and the
+/// general reading decode `body` differently: tensors, format or refusal
+/// (the unit tests' and the `tf_json` fuzz target's check).
+#[doc(hidden)]
+pub fn check_one_pass(signature: &Signature, body: &[u8]) {
+    let Some(quoted) = std::str::from_utf8(body)
+        .ok()
+        .and_then(|text| quote_non_finite(text).ok())
+    else {
+        return;
+    };
+    let show = |r: Result<Predict, Error>| match r {
+        Ok(p) => format!("{:?} {:?}", p.format, p.inputs),
+        Err(e) => format!("refused: {e}"),
+    };
+    let general = show(decode_in_general("m", signature, &quoted));
+    let either = show(decode("m", signature, body));
+    assert_eq!(either, general, "body {:?}", String::from_utf8_lossy(body));
+}
+
+/// [`decode`] of any body, whatever its format: the body's fields as raw
+/// JSON first, then the tensors (the one-pass reading's fallback, and the
+/// one that words every refusal).
+fn decode_in_general(model: &str, signature: &Signature, text: &str) -> Result<Predict, Error> {
+    let parsed: PredictJson = serde_json::from_str(text)
+        .map_err(|e| Error::request(model, format!("JSON parse error: {e}")))?;
+    signature_named(model, parsed.signature_name.as_deref())?;
     match (parsed.instances, parsed.inputs) {
         (Some(_), Some(_)) => Err(Error::request(
             model,
@@ -859,6 +898,8 @@ const fn non_finite(nan: bool, positive: bool) -> &'static str {
         (false, false) => "-Infinity",
     }
 }
+
+mod one_pass;
 
 #[cfg(test)]
 mod tests;
