@@ -19,6 +19,10 @@ use tickserve_core::{InputTensor, Signature, TensorSpec};
 
 use super::{Format, Nesting, NestingSeed};
 
+/// The most bytes reserved ahead for one value (the signature's own shape,
+/// not the client's, decides it; a model with huge rows grows as it reads).
+const MAX_RESERVE: usize = 1 << 20;
+
 /// The body's tensors and its `signature_name`, when it is the common case
 /// and reads without an error; `None` for everything else.
 pub(super) fn decode(
@@ -124,6 +128,15 @@ impl<'s> Tensor<'s> {
         &mut self,
         read: impl FnOnce(NestingSeed<'_, '_>) -> Result<(), E>,
     ) -> Result<(), E> {
+        // Room for one more value of the signature's shape (a row of the
+        // row format): the bytes grow once, not once per doubling.
+        let bytes = self
+            .spec
+            .dims
+            .iter()
+            .try_fold(self.spec.datatype.size(), |n, &d| n.checked_mul(d))
+            .unwrap_or(0);
+        self.data.reserve(bytes.min(MAX_RESERVE));
         let mut state = Nesting {
             datatype: self.spec.datatype,
             out: &mut self.data,
