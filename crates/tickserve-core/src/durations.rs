@@ -40,7 +40,6 @@ pub fn deadline_after(now: Instant, timeout: Duration) -> Instant {
     now.checked_add(timeout).unwrap_or(now)
 }
 
-/// Checks configured duration `key` against its maximum `limit`.
 /// `d` in whole microseconds, as answers and views report durations
 /// (`u64::MAX` for what does not fit).
 pub fn micros(d: Duration) -> u64 {

@@ -40,7 +40,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use iceoryx2::prelude::*;
 use tickserve_core::config::ShmConfig;
-use tickserve_core::{DataType, Error, InferResponse, InputTensor, TensorSpec};
+use tickserve_core::{DataType, Error, InferResponse, InputTensor, TensorSpec, durations};
 use tickserve_runtime::ModelHandle;
 use tickserve_shm_protocol as wire;
 
@@ -667,7 +667,8 @@ fn respond(
         let error = too_large(&response.model, "answer", len, limit);
         return respond_error(active, request_id, &error);
     }
-    let micros = |d: Duration| u32::try_from(d.as_micros()).unwrap_or(u32::MAX);
+    // The header's fields are 32-bit: a longer time reads as u32::MAX.
+    let micros = |d: Duration| u32::try_from(durations::micros(d)).unwrap_or(u32::MAX);
     let mut answer = vec![0u8; len];
     wire::write_infer_answer(
         &mut answer,
