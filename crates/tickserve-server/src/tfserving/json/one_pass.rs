@@ -1,7 +1,8 @@
 //! The common `:predict` body read in one pass: `instances` as a list of
 //! unnamed values, or `inputs` as one unnamed tensor, for a model of one
 //! input. The numbers go straight into the input's bytes as the parser meets
-//! them.
+//! them; for a float input of one dimension (a flat list per instance) they
+//! are read as numbers directly, without the nesting walk.
 //!
 //! [`super::decode`]'s general reading parses the body into raw JSON values
 //! first (to find `signature_name` and the format wherever they are, and
@@ -15,7 +16,7 @@
 use std::borrow::Cow;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use tickserve_core::{InputTensor, Signature, TensorSpec};
+use tickserve_core::{DataType, InputTensor, Signature, TensorSpec};
 
 use super::{Format, Nesting, NestingSeed};
 
@@ -128,15 +129,7 @@ impl<'s> Tensor<'s> {
         &mut self,
         read: impl FnOnce(NestingSeed<'_, '_>) -> Result<(), E>,
     ) -> Result<(), E> {
-        // Room for one more value of the signature's shape (a row of the
-        // row format): the bytes grow once, not once per doubling.
-        let bytes = self
-            .spec
-            .dims
-            .iter()
-            .try_fold(self.spec.datatype.size(), |n, &d| n.checked_mul(d))
-            .unwrap_or(0);
-        self.data.reserve(bytes.min(MAX_RESERVE));
+        self.reserve_one();
         let mut state = Nesting {
             datatype: self.spec.datatype,
             out: &mut self.data,
@@ -156,6 +149,40 @@ impl<'s> Tensor<'s> {
             .copied()
             .collect::<Option<Vec<usize>>>()
             .ok_or_else(general)?;
+        self.shaped(shape)
+    }
+
+    /// Reads one instance that must be a flat list of numbers, for a float
+    /// input of one dimension: each number straight into the bytes, as the
+    /// nesting walk would write it (an integer or a float, as f64, then as
+    /// the input's type); anything else is the general reading's.
+    fn flat_row<'de, A: SeqAccess<'de>>(&mut self, mut seq: A) -> Result<(), A::Error> {
+        self.reserve_one();
+        let mut length = 0usize;
+        while let Some(x) = seq.next_element::<f64>()? {
+            match self.spec.datatype {
+                DataType::Fp32 => self.data.extend_from_slice(&(x as f32).to_le_bytes()),
+                _ => self.data.extend_from_slice(&x.to_le_bytes()),
+            }
+            length += 1;
+        }
+        self.shaped(vec![length])
+    }
+
+    /// Room for one more value of the signature's shape (a row of the row
+    /// format): the bytes grow once, not once per doubling.
+    fn reserve_one(&mut self) {
+        let bytes = self
+            .spec
+            .dims
+            .iter()
+            .try_fold(self.spec.datatype.size(), |n, &d| n.checked_mul(d))
+            .unwrap_or(0);
+        self.data.reserve(bytes.min(MAX_RESERVE));
+    }
+
+    /// Counts a value of `shape`, which must be the first value's.
+    fn shaped<E: de::Error>(&mut self, shape: Vec<usize>) -> Result<(), E> {
         match &self.shape {
             None => self.shape = Some(shape),
             Some(first) if *first != shape => return Err(general()),
@@ -198,8 +225,33 @@ impl<'de> Visitor<'de> for Rows<'_, '_> {
         f.write_str("a list of instances")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(Whole(&mut *self.0))?.is_some() {}
+        let spec = self.0.spec;
+        if matches!(spec.datatype, DataType::Fp32 | DataType::Fp64) && spec.dims.len() == 1 {
+            while seq.next_element_seed(Flat(&mut *self.0))?.is_some() {}
+        } else {
+            while seq.next_element_seed(Whole(&mut *self.0))?.is_some() {}
+        }
         Ok(())
+    }
+}
+
+/// One instance of a one-dimensional float input: a flat list of numbers.
+struct Flat<'t, 's>(&'t mut Tensor<'s>);
+
+impl<'de> DeserializeSeed<'de> for Flat<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Flat<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of numbers")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        self.0.flat_row(seq)
     }
 }
 

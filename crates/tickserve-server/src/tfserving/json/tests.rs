@@ -435,7 +435,7 @@ fn elements_are_written_as_serde_json_writes_them() {
 }
 
 /// The one-pass reading decodes every body as the general reading does: the
-/// same tensors and format, or the same refusal. Hand-picked bodies for four
+/// same tensors and format, or the same refusal. Hand-picked bodies for six
 /// signatures, then 20,000 mutations of them (bytes replaced, inserted and
 /// removed, from a fixed seed).
 #[test]
@@ -468,11 +468,18 @@ fn one_pass_reads_as_the_general_reading() {
         r#"{"signature_name": 3, "instances": [1]}"#,
         r#"{"instances": [18446744073709551615, -9223372036854775808]}"#,
     ];
+    let rows_of = |datatype, width| Signature {
+        inputs: vec![spec("x", datatype, vec![width])],
+        outputs: vec![spec("y", DataType::Fp32, vec![])],
+    };
     let signatures = [
         one_input(),
         two_inputs(),
         typed(DataType::Int64),
         typed(DataType::Bool),
+        // Flat rows of floats: the one pass's typed reading.
+        rows_of(DataType::Fp32, 2),
+        rows_of(DataType::Fp64, 2),
     ];
     let check = |body: &[u8]| {
         for signature in &signatures {
@@ -486,6 +493,7 @@ fn one_pass_reads_as_the_general_reading() {
     for common in &seeds[..6] {
         assert!(one_pass::decode(&one_input(), common).is_some(), "{common}");
     }
+    assert!(one_pass::decode(&rows_of(DataType::Fp32, 2), seeds[1]).is_some());
     let alphabet = b"[]{},:0123456789.-+eE\" nulltrfaNIy\\";
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = |bound: usize| {
