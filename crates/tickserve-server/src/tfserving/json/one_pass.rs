@@ -89,7 +89,7 @@ impl<'de> Visitor<'de> for &mut Body<'_> {
                     let mut tensor = Tensor::new(self.spec);
                     match format {
                         Format::Row => map.next_value_seed(Rows(&mut tensor))?,
-                        Format::Column => map.next_value_seed(Whole(&mut tensor))?,
+                        Format::Column => map.next_value_seed(Whole(&mut tensor, false))?,
                     }
                     self.read = Some((format, tensor.finish(format).ok_or_else(general)?));
                 }
@@ -226,38 +226,17 @@ impl<'de> Visitor<'de> for Rows<'_, '_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let spec = self.0.spec;
-        if matches!(spec.datatype, DataType::Fp32 | DataType::Fp64) && spec.dims.len() == 1 {
-            while seq.next_element_seed(Flat(&mut *self.0))?.is_some() {}
-        } else {
-            while seq.next_element_seed(Whole(&mut *self.0))?.is_some() {}
-        }
+        let flat = matches!(spec.datatype, DataType::Fp32 | DataType::Fp64) && spec.dims.len() == 1;
+        while seq.next_element_seed(Whole(&mut *self.0, flat))?.is_some() {}
         Ok(())
     }
 }
 
-/// One instance of a one-dimensional float input: a flat list of numbers.
-struct Flat<'t, 's>(&'t mut Tensor<'s>);
-
-impl<'de> DeserializeSeed<'de> for Flat<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Flat<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a list of numbers")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        self.0.flat_row(seq)
-    }
-}
-
-/// One unnamed value: an instance, or the column format's tensor. An object
-/// (named inputs, `{"b64": ...}`) is the general reading's.
-struct Whole<'t, 's>(&'t mut Tensor<'s>);
+/// One unnamed value: an instance, or the column format's tensor; `flat`: an
+/// instance of a one-dimensional float input, whose list is read as numbers
+/// ([`Tensor::flat_row`]). An object (named inputs, `{"b64": ...}`) is the
+/// general reading's.
+struct Whole<'t, 's>(&'t mut Tensor<'s>, bool);
 
 impl<'de> DeserializeSeed<'de> for Whole<'_, '_> {
     type Value = ();
@@ -272,7 +251,11 @@ impl<'de> Visitor<'de> for Whole<'_, '_> {
         f.write_str("a tensor's value")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        self.0.value(|nesting| nesting.visit_seq(seq))
+        if self.1 {
+            self.0.flat_row(seq)
+        } else {
+            self.0.value(|nesting| nesting.visit_seq(seq))
+        }
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
         self.0.value(|nesting| nesting.visit_bool(v))
