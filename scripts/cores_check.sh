@@ -103,33 +103,6 @@ warm=$(config warm 'keep_warm = "1ms"' "$work/models")
 
 # The harness under the server (scripts/server.py starts it pinned, waits for ready,
 # stops it); each JSON line becomes a figures row labelled CASE.
-cat >"$work/harness.sh" <<'HARNESS'
-#!/usr/bin/env bash
-# harness.sh SERVICE CASE ARGS...: one tickserve-bench run, its table and a SUMMARY row.
-set -uo pipefail
-service=$1 label=$2
-shift 2
-out=$(mktemp)
-taskset -c "$CLIENT_CPUS" "$BIN/tickserve-bench" --repository "$MODELS" --service "$service" \
-  --grpc "http://127.0.0.1:$TICKSERVE_GRPC_PORT" "$@" >"$out" 2>&1
-cat "$out"
-line=$(tail -1 "$out")
-rm -f "$out"
-python3 - "$label" "$line" <<'ROW'
-import json, sys
-label, raw = sys.argv[1], sys.argv[2]
-try:
-    r = json.loads(raw)
-except ValueError:
-    print(f"SUMMARY | {label} | failed | | | | | | |")
-    sys.exit(1)
-compute = ("-" if r["compute_p50_us"] is None
-           else f'{r["compute_p50_us"]:.0f} / {r["compute_p99_us"]:.0f}')
-print(f'SUMMARY | {label} | {r["p50_us"]:.1f} | {r["p99_us"]:.1f} | {r["p999_us"]:.1f} | '
-      f'{r["max_over_median"]:.1f} | {r["throughput_per_s"]:.0f} | {compute} | {r["max_relative_error"]:.1e} |')
-ROW
-HARNESS
-chmod +x "$work/harness.sh"
 export BIN=$root/$bin MODELS=$work/models CLIENT_CPUS=$client_cpus
 # serve CONFIG COMMAND...: the server pinned, COMMAND once it is ready (a file: `timeout`
 # runs it).
@@ -137,7 +110,7 @@ serve=$work/serve.sh
 printf '#!/usr/bin/env bash\ncfg=$1\nshift\nexec python3 scripts/server.py --config "$cfg" --binary "%s" --taskset "%s" -- "$@"\n' \
   "$bin/tickserve" "$server_cpus" >"$serve"
 chmod +x "$serve"
-h=$work/harness.sh
+h=$root/scripts/harness_case.sh
 
 # INSTANCES:TICKS pairs (a dry run here takes fewer: CORES_SWEEP="1:2000 8:200 64:20").
 # CORES_STEPS: which of steps 2-5 run (all by default), e.g. CORES_STEPS="2 5".

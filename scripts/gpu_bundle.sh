@@ -4,6 +4,7 @@
 #   .gpu/tickserve                      the server (release)
 #   .gpu/gpu-engine, .gpu/gpu-runtime   the --ignored GPU tests (release)
 #   .gpu/graph_replay                   the graph replay benchmark
+#   .gpu/tickserve-bench                the per-tick harness (release)
 #   .gpu/perf_analyzer-*.whl            Triton's perf_analyzer (manylinux_2_38: runs natively there)
 #   .gpu/BUILD                          the commit built, whether the tree was clean, the highest
 #                                       glibc symbol the binaries need
@@ -29,12 +30,12 @@ if len(found) != 1:
 print(found[0])' "$name"
 }
 
-cargo build --release -p tickserve-server
-cp target/release/tickserve .gpu/tickserve
+cargo build --release -p tickserve-server -p tickserve-bench
+cp target/release/tickserve target/release/tickserve-bench .gpu/
 cp "$(exe engine_cuda test --release -p tickserve-engine-cuda --test engine_cuda)" .gpu/gpu-engine
 cp "$(exe runtime test --release -p tickserve-runtime --test runtime)" .gpu/gpu-runtime
 cp "$(exe graph_replay bench -p tickserve-engine-cuda --bench graph_replay)" .gpu/graph_replay
-strip .gpu/tickserve .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay
+strip .gpu/tickserve .gpu/tickserve-bench .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay
 if ! ls .gpu/perf_analyzer-*.whl >/dev/null 2>&1; then
   .venv/bin/pip download --quiet --no-deps --only-binary=:all: \
     --platform manylinux_2_38_x86_64 perf-analyzer==2.60.0 -d .gpu

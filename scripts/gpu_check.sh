@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one command on the GPU machine that returns every figure the GPU half
 # of tickserve needs, each step under its own timeout, the whole under GPU_CHECK_SECONDS
-# (450), a partial run still leaving its figures. Everything it writes is under $OUT
+# (540), a partial run still leaving its figures. Everything it writes is under $OUT
 # (8 files, what the device tool returns): summary.md, env.log, engine.log, replay.log,
 # e2e.log, families.log, sequences.log (the LSTM step of step 9 too), mem.csv.
 #
@@ -17,7 +17,10 @@
 # gpu:0 and on the CPU, 6 a family of 128 members under 16 clients, 7 two replicas on
 # gpu:0, 8 the stateful LSTM tick on gpu:0 beside the CPU (per-tick answers over 100 ticks,
 # latency, device memory with 10,000 sequences), 9 an LSTM step in a CUDA graph (PyTorch)
-# beside ONNX Runtime on the CPU.
+# beside ONNX Runtime on the CPU, 10 the per-tick harness (tickserve-bench) on the 2x128
+# LSTM tick at 1 and 64 instances and its 100-tick window over shared memory, the server on
+# gpu:0 and then on the CPU (cores 0-7, the harness on 8-15). GPU_STEPS picks steps 2-10
+# (all by default; step 1 always runs), e.g. GPU_STEPS="7 10".
 # Needs Python 3 with numpy and onnx (torch and onnxruntime for step 9): TICKSERVE_PYTHON,
 # else /opt/torch/.venv/bin/python, else .venv/bin/python, else python3.
 set -uo pipefail
@@ -30,7 +33,7 @@ if [ -f .pack/gpu.tar.xz ]; then
 fi
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-cap=${GPU_CHECK_SECONDS:-450}
+cap=${GPU_CHECK_SECONDS:-540}
 start=$SECONDS
 work=$(mktemp -d /tmp/gpu-check-work.XXXXXX)
 smi_pid=
@@ -161,25 +164,53 @@ else
   gpu_devices=cpu
 fi
 
-step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
-step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
+# GPU_STEPS: which of steps 2-10 run (all by default).
+wanted() { [[ " ${GPU_STEPS:-2 3 4 5 6 7 8 9 10} " == *" $1 "* ]]; }
+wanted 2 && step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
+wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu::
-step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
-step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
+wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
+{ wanted 3 || wanted 5; } && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/e2e/server-*.log >>"$OUT/e2e.log" 2>/dev/null
-step "6. family of 128 members under 16 clients" 120 families.log \
+wanted 6 && step "6. family of 128 members under 16 clients" 120 families.log \
   "$py" scripts/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/families/family-*.log >>"$OUT/families.log" 2>/dev/null
-step "7. two replicas on gpu:0" 60 engine.log $bin/gpu-runtime --ignored two_executors_on_one_gpu
-if [ "$mode" = GPU ] && command -v gdb >/dev/null; then
+wanted 7 && step "7. two replicas on gpu:0" 60 engine.log $bin/gpu-runtime --ignored two_executors_on_one_gpu
+if wanted 7 && [ "$mode" = GPU ] && command -v gdb >/dev/null; then
   # Where the process crashes, if it does (the binaries are stripped: library frames).
   step "7b. two replicas under gdb (backtrace)" 60 engine.log timeout -k 5 55 gdb -q -batch -ex run -ex bt \
     -ex 'info threads' --args $bin/gpu-runtime --ignored two_executors_on_one_gpu
 fi
-step "8. stateful LSTM ticks (seq_lstm_step): 64 sequences x 100 ticks, latency, 10,000 sequences" 90 \
+wanted 8 && step "8. stateful LSTM ticks (seq_lstm_step): 64 sequences x 100 ticks, latency, 10,000 sequences" 90 \
   sequences.log "$py" scripts/gpu_check.py sequences --work "$work/sequences" --device "$gpu_devices"
 tail -n 30 "$work"/sequences/server-*.log >>"$OUT/sequences.log" 2>/dev/null
-step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 sequences.log "$py" scripts/gpu_check.py lstm
+wanted 9 && step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 sequences.log "$py" scripts/gpu_check.py lstm
+
+# 10. The per-tick harness (scripts/harness_case.sh) over shared memory, the server pinned
+# to half the cores and the harness to the other half, first with every model on the GPU,
+# then on the CPU: one tick per request, N instances each its own sequence.
+if [ "$(nproc)" -ge 16 ]; then server_cpus=0-7 client_cpus=8-15; else server_cpus=0 client_cpus=1; fi
+export BIN=$root/$bin MODELS=$work/bench-models CLIENT_CPUS=$client_cpus
+"${py:-python3}" scripts/make_models.py --bench "$MODELS" >"$work/bench-models.log" 2>&1
+harness() { # DEVICE
+  local service=tickserve-gpu-check-${1/:/}
+  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\n[shm]\nenabled = true\nservice = "%s"\n[model_defaults]\ndevices = ["%s"]\n' \
+    "$MODELS" "$TICKSERVE_ONNXRUNTIME_LIBRARY" "$service" "$1" >"$work/harness-$service.toml"
+  python3 scripts/server.py --config "$work/harness-$service.toml" --binary "$bin/tickserve" \
+    --taskset "$server_cpus" --log "$work/harness-$service.log" -- bash -c '
+      h=scripts/harness_case.sh
+      "$h" "$0" "bench_lstm, shm, 1 instance, $1" --model bench_lstm --ticks 3000 --warmup 200
+      "$h" "$0" "bench_lstm, shm, 64 instances, $1" --model bench_lstm --instances 64 --ticks 200 --warmup 20
+      "$h" "$0" "bench_lstm_window, shm, 1 instance, $1" --model bench_lstm_window --ticks 500 --warmup 50' \
+    "$service" "$1"
+  local rc=$?
+  tail -n 20 "$work/harness-$service.log"
+  return $rc
+}
+export -f harness
+export bin server_cpus work HARNESS_COLUMNS=4
+wanted 10 && step "10a. per-tick harness, models on $gpu_devices" 75 sequences.log bash -c 'harness "$1"' _ "$gpu_devices"
+wanted 10 && step "10b. per-tick harness, models on the CPU" 75 sequences.log bash -c 'harness cpu'
 write_summary
 cat "$OUT/summary.md"
