@@ -14,8 +14,9 @@ p99; compilations before and after (they must not move) and the device compute h
 
 families: N members of one architecture (`share_weights`) on `["gpu:0"]` beside the same
 on `["cpu"]`: every member answers what the CPU answers; 16 perf_analyzer clients at once,
-each on its own member (every batch swaps weights), against one member at concurrency 16;
-weight swaps, compilations before and after, the device memory gauges.
+each on its own member (their rows share runs: each row with its own member's weights),
+against one member at concurrency 16; weight swaps and runs of mixed members, compilations
+before and after, the device memory gauges.
 
 sequences: seq_lstm_step (a stateful LSTM tick) on a GPU server beside a CPU server: 64
 sequences x 100 ticks, each tick's 64 requests sent at once (so a GPU batch holds rows of
@@ -248,6 +249,7 @@ def families(args):
                 f"| max relative error {worst:.3g} | {'PASS' if not failures else 'FAIL'} |")
         pa = args.pa.split()
         swaps = metric_sum(gpu.http_port, "tickserve_weight_swaps_total")
+        mixed = metric_sum(gpu.http_port, "tickserve_mixed_member_runs_total")
         alone = perf(pa, names[0], gpu.grpc_port, "grpc", 16, work)
         clients = []
         for index, name in enumerate(names[:16] if pa else []):
@@ -257,18 +259,22 @@ def families(args):
                  "--concurrency-range", "1", "--measurement-interval", "3000", "--max-trials", "3",
                  "--stability-percentage", "50", "-f", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-        p99s = []
+        p99s, rates = [], []
         for out, process in clients:
             process.wait(timeout=90)
             if out.exists():
-                p99s.append(int(next(csv.DictReader(out.open()))["p99 latency"]))
+                row = next(csv.DictReader(out.open()))
+                p99s.append(int(row["p99 latency"]))
+                rates.append(float(row["Inferences/Second"]))
         swapped = metric_sum(gpu.http_port, "tickserve_weight_swaps_total") - swaps
+        mixed = metric_sum(gpu.http_port, "tickserve_mixed_member_runs_total") - mixed
         if alone and p99s:
             worst_p99 = max(p99s)
             summary(f"| 16 clients on 16 members vs one member at c16 (gRPC) | p99 {worst_p99} µs worst of "
-                    f"{len(p99s)} | one member p99 {alone[1]} µs | {'PASS' if worst_p99 <= 2 * alone[1] else 'FAIL'} "
-                    f"(x{worst_p99 / alone[1]:.2f}) |")
-        summary(f"| weight swaps under load | {swapped:.0f} | | {'PASS' if swapped > 0 else 'FAIL'} |")
+                    f"{len(p99s)}, {sum(rates):.0f}/s together | one member p99 {alone[1]} µs, {alone[2]:.0f}/s "
+                    f"| {'PASS' if worst_p99 <= 2 * alone[1] else 'FAIL'} (x{worst_p99 / alone[1]:.2f}) |")
+        summary(f"| weight swaps, runs of mixed members under load | {swapped:.0f} swaps | {mixed:.0f} mixed runs "
+                f"| {'PASS' if swapped + mixed > 0 else 'FAIL'} |")
         if sampler:
             low, high, samples = sampler.stop()
             if samples:

@@ -15,12 +15,13 @@
 # on the CPU (engine tests, then every GPU model through the server at 1..64 and 3, 5, 13,
 # 33, 65 rows), 4 graph replay per bucket, 5 perf_analyzer gRPC and HTTP at c1 and c16 on
 # gpu:0 and on the CPU, 6 a family of 128 members under 16 clients, 7 two replicas on
-# gpu:0, 8 the stateful LSTM tick on gpu:0 beside the CPU (per-tick answers over 100 ticks,
+# gpu:0 and a family's rows of several members sharing runs, 8 the stateful LSTM tick on gpu:0 beside the CPU (per-tick answers over 100 ticks,
 # latency, device memory with 10,000 sequences), 9 an LSTM step in a CUDA graph (PyTorch)
 # beside ONNX Runtime on the CPU, 10 the per-tick harness (tickserve-bench) on the 2x128
 # LSTM tick at 1 and 64 instances and its 100-tick window over shared memory, the server on
 # gpu:0 and then on the CPU (cores 0-7, the harness on 8-15). GPU_STEPS picks steps 2-10
-# (all by default; step 1 always runs), e.g. GPU_STEPS="7 10".
+# (all by default; step 1 always runs; 5 is the server's correctness and
+# perf_analyzer), e.g. GPU_STEPS="7 10".
 # Needs Python 3 with numpy and onnx (torch and onnxruntime for step 9): TICKSERVE_PYTHON,
 # else /opt/torch/.venv/bin/python, else .venv/bin/python, else python3.
 set -uo pipefail
@@ -170,13 +171,14 @@ wanted 2 && step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check 
 wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu::
 wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
-{ wanted 3 || wanted 5; } && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
+wanted 5 && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/e2e/server-*.log >>"$OUT/e2e.log" 2>/dev/null
 wanted 6 && step "6. family of 128 members under 16 clients" 120 families.log \
   "$py" scripts/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/families/family-*.log >>"$OUT/families.log" 2>/dev/null
-wanted 7 && step "7. two replicas on gpu:0" 60 engine.log $bin/gpu-runtime --ignored two_executors_on_one_gpu
+wanted 7 && step "7. two replicas on gpu:0; rows of 8 members sharing runs" 60 engine.log \
+  $bin/gpu-runtime --ignored --test-threads 1 gpu
 if wanted 7 && [ "$mode" = GPU ] && command -v gdb >/dev/null; then
   # Where the process crashes, if it does (the binaries are stripped: library frames).
   step "7b. two replicas under gdb (backtrace)" 60 engine.log timeout -k 5 55 gdb -q -batch -ex run -ex bt \

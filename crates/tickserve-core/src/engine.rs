@@ -137,6 +137,26 @@ pub trait CompiledModel: Send {
 
     /// Runs bucket `bucket` with `member`'s weights on what its input buffers hold.
     fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError>;
+    /// Runs bucket `bucket` with each row's own member's weights: row `r`
+    /// with `members[r]`'s, the rows past `members` (padding) with
+    /// `members[0]`'s. Where every row is one member's, this is
+    /// [`CompiledModel::run`]; rows of several members need an engine that
+    /// [`CompiledModel::mixes_members`] (else [`EngineError::Unsupported`]).
+    fn run_members(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
+        match members {
+            [first, rest @ ..] if rest.iter().all(|m| m == first) => self.run(bucket, *first),
+            [] => Err(EngineError::Internal("a run of no rows".to_string())),
+            _ => Err(EngineError::Unsupported(format!(
+                "{} runs one member's weights per run",
+                self.device()
+            ))),
+        }
+    }
+    /// Whether one run may hold rows of several members
+    /// ([`CompiledModel::run_members`]).
+    fn mixes_members(&self) -> bool {
+        false
+    }
 
     /// Output `output` of bucket `bucket` after a run: `bucket size × row bytes`.
     fn output(&self, bucket: usize, output: usize) -> &[u8];

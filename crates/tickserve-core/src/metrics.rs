@@ -75,6 +75,9 @@ pub const MODEL_READY: &str = "tickserve_model_ready";
 /// Runs that bound another member's weights than the executor's previous
 /// run, labelled `family`, `device`.
 pub const WEIGHT_SWAPS: &str = "tickserve_weight_swaps_total";
+/// Runs that held rows of several family members, each row with its own
+/// member's weights (one launch), labelled `family`, `device`.
+pub const MIXED_MEMBER_RUNS: &str = "tickserve_mixed_member_runs_total";
 /// Runs of the smallest bucket an idle executor made to stay warm
 /// (`keep_warm`), labelled `family`, `device`; never counted as requests.
 pub const KEEP_WARM_RUNS: &str = "tickserve_keep_warm_runs_total";
@@ -283,6 +286,11 @@ pub fn describe() {
         "1 for each loaded model version, with its family key."
     );
     describe_gauge!(QUEUE_ROWS, Unit::Count, "Rows waiting in a model's queue.");
+    describe_counter!(
+        MIXED_MEMBER_RUNS,
+        Unit::Count,
+        "Runs that held rows of several family members, each with its own weights."
+    );
     describe_counter!(
         WEIGHT_SWAPS,
         Unit::Count,

@@ -2,7 +2,12 @@
 //! p99 of 1000 runs after 100 warm-up runs, for `alpha_mlp` and a `tick_*`
 //! family member, plus the host-side time of a whole run (stage, launch,
 //! wait); then the same sequence issued eagerly (`runtime.cuda_eager`), the
-//! graph's gain. Prints the device's name; says so and exits without a GPU.
+//! graph's gain. Then rows of different members in one launch: for
+//! `tick_000` and `seq_lstm_step` with 64 members (the file's weights
+//! scaled, one factor per member), each bucket holding one row of each of
+//! as many members, run as one launch (`run_members`) against one bucket-1
+//! run per member, one after another (what a batch of one member's rows
+//! does). Prints the device's name; says so and exits without a GPU.
 //!
 //!     cargo bench -p tickserve-engine-cuda --bench graph_replay
 
@@ -10,12 +15,89 @@ use std::path::Path;
 use std::time::Instant;
 
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel, SOLE_MEMBER};
+use tickserve_core::{Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER, Weight};
 use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
 use tickserve_onnx::OnnxModel;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median and p99 of `samples` (µs).
+fn spread(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    (percentile(&samples, 0.5), percentile(&samples, 0.99))
+}
+
+/// `weights` with every fp32 value times `factor` (the others as they are).
+fn scaled(weights: &[Weight], factor: f32) -> Vec<Weight> {
+    weights
+        .iter()
+        .map(|w| {
+            let mut w = w.clone();
+            if w.datatype != DataType::Fp32 {
+                return w;
+            }
+            for x in w.data.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor;
+                x.copy_from_slice(&v.to_le_bytes());
+            }
+            w
+        })
+        .collect()
+}
+
+/// Rows of 64 members in one launch against one run per member.
+fn members_in_one_launch(
+    root: &Path,
+    buckets: &Buckets,
+    name: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let engine = CudaEngine::new(CudaOptions::default());
+    let bytes = std::fs::read(root.join(format!("config/models/{name}/1/model.onnx")))?;
+    let model = OnnxModel::parse(&bytes)?;
+    let signature = model.signature(&ModelConfig::default())?;
+    let (graph, weights) = model.with_weights_as_inputs()?;
+    let imported = import(&graph, &signature.inputs, Some(&weights)).map_err(|e| e.to_string())?;
+    let mut compiled = engine.compile(&CudaCompileRequest {
+        family: name,
+        imported: &imported,
+        signature: &signature,
+        buckets,
+        ordinal: 0,
+        first_member: SOLE_MEMBER,
+    })?;
+    for m in 1..64 {
+        compiled.add_member(m, &scaled(&imported.weights, 1.0 + m as f32 / 256.0))?;
+    }
+    println!(
+        "{name}, one row of each of N members: N, one launch device median / p99 (µs), \
+         host median / p99 (µs); N bucket-1 runs one after another, host median / p99 (µs)"
+    );
+    for (bucket, &size) in buckets.sizes().iter().enumerate().skip(1) {
+        let members: Vec<MemberId> = (0..size as MemberId).collect();
+        let (mut device, mut host, mut apart) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..600 {
+            let started = Instant::now();
+            compiled.run_members(bucket, &members)?;
+            let elapsed = started.elapsed();
+            let device_time = compiled.device_time();
+            let started = Instant::now();
+            for &m in &members {
+                compiled.run(0, m)?;
+            }
+            if i >= 100 {
+                host.push(elapsed.as_secs_f64() * 1e6);
+                device.push(device_time.map_or(f64::NAN, |t| t.as_secs_f64() * 1e6));
+                apart.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let ((d50, d99), (h50, h99), (a50, a99)) = (spread(device), spread(host), spread(apart));
+        println!(
+            "  {size:>3}  {d50:>7.2} / {d99:>7.2}   {h50:>7.2} / {h99:>7.2}   {a50:>8.2} / {a99:>8.2}"
+        );
+    }
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -80,6 +162,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 percentile(&host, 0.5),
                 percentile(&host, 0.99)
             );
+        }
+    }
+    for name in ["tick_000", "seq_lstm_step"] {
+        if let Err(e) = members_in_one_launch(&root, &buckets, name) {
+            println!("{name}: {e}");
         }
     }
     Ok(())

@@ -2,12 +2,14 @@
 //! together, and when. (Its channel half, [`crate::worker::Intake`], feeds
 //! it what callers send and waits as it decides.)
 //!
-//! One queue serves a whole family (every member shares the compiled graph); a
-//! run binds one member's weights, so a batch holds requests of one member.
-//! Fairness comes from age: the next batch is always the oldest request's
-//! member, so under skewed traffic a quiet member's request waits behind at
-//! most the batches of requests that arrived before it, never behind a hot
-//! member's later traffic.
+//! One queue serves a whole family (every member shares the compiled graph).
+//! Where a run binds one member's weights, a batch holds requests of one
+//! member; fairness comes from age: the next batch is always the oldest
+//! request's member, so under skewed traffic a quiet member's request waits
+//! behind at most the batches of requests that arrived before it, never
+//! behind a hot member's later traffic. Where the engine runs each row with
+//! its own member's weights ([`Batcher::mix_members`], the CUDA engine), a
+//! batch is simply the oldest requests, whatever their members.
 //!
 //! Latency first: a request that finds an executor idle with nothing queued runs
 //! at once, alone — on its caller's thread when its bucket is short enough (see
@@ -69,8 +71,9 @@ pub const DELAYED: u32 = u32::MAX;
 /// What an executor that is free should do next.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Run together this many of the oldest request's member's requests,
-    /// the first ones in arrival order.
+    /// Run together this many of the oldest request's member's requests
+    /// (of the oldest requests, when members mix), the first ones in
+    /// queue order.
     Run(usize),
     /// Wait for more requests until this instant, then decide again.
     WaitUntil(Instant),
@@ -88,6 +91,8 @@ pub struct Batcher<J> {
     /// Never run two requests together (a model whose rows depend on each
     /// other): every batch is one request.
     one_per_run: bool,
+    /// Requests of different members run together.
+    mixed: bool,
 }
 
 impl<J: Queued> Batcher<J> {
@@ -98,6 +103,7 @@ impl<J: Queued> Batcher<J> {
             largest,
             max_delay,
             one_per_run: false,
+            mixed: false,
         }
     }
 
@@ -112,12 +118,25 @@ impl<J: Queued> Batcher<J> {
             largest: self.largest,
             max_delay: self.max_delay,
             one_per_run: self.one_per_run,
+            mixed: self.mixed,
         }
     }
 
     /// From now on every batch is one request, never two together.
     pub fn one_request_per_run(&mut self) {
         self.one_per_run = true;
+    }
+
+    /// From now on a batch may hold requests of several members (the
+    /// oldest requests, whatever their members): for an engine whose one run
+    /// gives each row its own member's weights.
+    pub fn mix_members(&mut self) {
+        self.mixed = true;
+    }
+
+    /// Whether `job` may join a batch of `member`'s requests.
+    fn joins(&self, job: &J, member: MemberId) -> bool {
+        self.mixed || job.member() == member
     }
 
     /// Adds an admitted request behind every request of its level and the
@@ -198,7 +217,7 @@ impl<J: Queued> Batcher<J> {
         let member = oldest.member();
         let mut rows = 0;
         let mut count = 0;
-        for job in self.entries.iter().filter(|j| j.member() == member) {
+        for job in self.entries.iter().filter(|j| self.joins(j, member)) {
             if rows + job.rows() > self.largest {
                 // The next request cannot join: waiting would not fill the bucket more.
                 return Decision::Run(count);
@@ -216,8 +235,9 @@ impl<J: Queued> Batcher<J> {
         }
     }
 
-    /// Takes the oldest request's member's first `count` requests out, into
-    /// `batch`; the others keep their places.
+    /// Takes the oldest request's member's first `count` requests (the
+    /// first `count` requests, when members mix) out, into `batch`; the
+    /// others keep their places.
     pub fn take(&mut self, count: usize, batch: &mut Vec<J>) {
         let Some(member) = self.entries.front().map(Queued::member) else {
             return;
@@ -225,7 +245,7 @@ impl<J: Queued> Batcher<J> {
         let mut taken = 0;
         let mut index = 0;
         while taken < count && index < self.entries.len() {
-            if self.entries[index].member() == member {
+            if self.joins(&self.entries[index], member) {
                 if let Some(job) = self.entries.remove(index) {
                     batch.push(job);
                 }

@@ -81,6 +81,10 @@ pub struct Executor {
     /// request ran (families that bind weights per member).
     resident_member: Option<MemberId>,
     weight_swaps: metrics::Counter,
+    /// Runs that held rows of several members.
+    mixed_runs: metrics::Counter,
+    /// Each row's member in the run being prepared (reused run by run).
+    row_members: Vec<MemberId>,
     /// Runs made to stay warm (`keep_warm`).
     warm_runs: metrics::Counter,
     runs: Arc<AtomicU64>,
@@ -114,6 +118,8 @@ impl Executor {
             .collect();
         let weight_swaps = metrics::counter!(names::WEIGHT_SWAPS,
             "family" => links.family_key.clone(), "device" => model.device().to_string());
+        let mixed_runs = metrics::counter!(names::MIXED_MEMBER_RUNS,
+            "family" => links.family_key.clone(), "device" => model.device().to_string());
         let warm_runs = metrics::counter!(names::KEEP_WARM_RUNS,
             "family" => links.family_key.clone(), "device" => model.device().to_string());
         let device_compute = if model.runs_on_any_thread() {
@@ -142,6 +148,8 @@ impl Executor {
             last_member: None,
             resident_member: None,
             weight_swaps,
+            mixed_runs,
+            row_members: Vec::new(),
             warm_runs,
             runs: links.runs,
             family_key: links.family_key.clone(),
@@ -229,9 +237,10 @@ impl Executor {
         }
     }
 
-    /// Runs bucket `bucket`, holding `rows` rows, with `member`'s weights;
-    /// records the run (time, rows, padding) and counts a weight swap when
-    /// the previous run bound another member's.
+    /// Runs bucket `bucket`, holding `rows` rows, with `member`'s weights
+    /// (each row with its own member's, `self.row_members`, when they are
+    /// not all `member`); records the run (time, rows, padding) and counts a
+    /// weight swap when the previous run bound another member's.
     fn run_bucket(
         &mut self,
         bucket: usize,
@@ -239,7 +248,10 @@ impl Executor {
         member: &Member,
         started: Instant,
     ) -> Result<(Duration, Instant), Error> {
-        if self.last_member.is_some_and(|last| last != member.id) {
+        let mixed = self.row_members.iter().any(|&m| m != member.id);
+        if mixed {
+            self.mixed_runs.increment(1);
+        } else if self.last_member.is_some_and(|last| last != member.id) {
             self.weight_swaps.increment(1);
         }
         self.last_member = Some(member.id);
@@ -253,14 +265,20 @@ impl Executor {
         // A panic inside the engine fails this run only: it is caught here,
         // so the executor thread goes on and no lock is poisoned (the run-at-
         // once path holds the executor's mutex).
-        let model = &mut self.model;
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| model.run(bucket, member.id)))
-            .unwrap_or_else(|panic| {
-                Err(EngineError::Internal(format!(
-                    "the engine panicked: {}",
-                    panic_message(panic.as_ref())
-                )))
-            });
+        let (model, row_members) = (&mut self.model, &self.row_members);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            if mixed {
+                model.run_members(bucket, row_members)
+            } else {
+                model.run(bucket, member.id)
+            }
+        }))
+        .unwrap_or_else(|panic| {
+            Err(EngineError::Internal(format!(
+                "the engine panicked: {}",
+                panic_message(panic.as_ref())
+            )))
+        });
         if let Err(e) = outcome {
             if let EngineError::DeviceLost(_) = &e {
                 self.health
@@ -341,10 +359,13 @@ impl Executor {
         }));
     }
 
-    /// Answers a batch of queued jobs of one member, emptying `jobs`: expired
-    /// ones get DEADLINE_EXCEEDED without being computed; the rest run
-    /// together in one bucket run (or, for a lone job larger than the largest
-    /// bucket, split).
+    /// Answers a batch of queued jobs, emptying `jobs`: expired ones get
+    /// DEADLINE_EXCEEDED without being computed; the rest run together in
+    /// one bucket run (or, for a lone job larger than the largest bucket,
+    /// split). The jobs are of one member, or of several where the family's
+    /// engine gives each row its own member's weights (the batcher mixes
+    /// members only then: every executor of a family runs one engine on one
+    /// device).
     pub fn answer_batch(&mut self, jobs: &mut Vec<Job>) {
         if jobs.len() <= 1 {
             if let Some(job) = jobs.pop() {
@@ -378,7 +399,10 @@ impl Executor {
         };
         let mut batch_cost = RequestCost::default();
         let result = {
-            let requests: Vec<&ValidRequest> = live.iter().map(|j| &j.submission.request).collect();
+            let requests: Vec<(&Member, &ValidRequest)> = live
+                .iter()
+                .map(|j| (j.member.as_ref(), &j.submission.request))
+                .collect();
             self.run_together(&member, &requests, &mut batch_cost)
         };
         let mut bucket = 0;
@@ -425,18 +449,23 @@ impl Executor {
         let _ = job.reply.send(result);
     }
 
-    /// Runs several requests of `member` whose rows fit together in one
-    /// bucket as one bucket run: their rows follow each other in the bucket's
-    /// buffers, the rest is zero padding, and each gets back only its own
-    /// output rows.
+    /// Runs several requests, each of its member, whose rows fit together
+    /// in one bucket as one bucket run (`member`, the first's, names the
+    /// run): their rows follow each other in the bucket's buffers, each with
+    /// its request's member's weights, the rest is zero padding, and each
+    /// gets back only its own output rows.
     fn run_together(
         &mut self,
         member: &Member,
-        requests: &[&ValidRequest],
+        requests: &[(&Member, &ValidRequest)],
         cost: &mut RequestCost,
     ) -> Result<(Vec<Vec<OutputTensor>>, usize), Error> {
-        let total: usize = requests.iter().map(|r| r.rows).sum();
-        let pinned = requests.iter().map(|r| r.bucket_rows).max().unwrap_or(0);
+        let total: usize = requests.iter().map(|(_, r)| r.rows).sum();
+        let pinned = requests
+            .iter()
+            .map(|(_, r)| r.bucket_rows)
+            .max()
+            .unwrap_or(0);
         let bucket = self
             .buckets
             .index_for(total.max(pinned))
@@ -449,7 +478,7 @@ impl Executor {
             let row_bytes = self.input_row_bytes[input];
             let buffer = self.model.input_mut(bucket, input);
             let mut at = 0;
-            for request in requests {
+            for (_, request) in requests {
                 let data = &request.inputs[input];
                 buffer[at..at + data.len()].copy_from_slice(data);
                 at += data.len();
@@ -457,15 +486,22 @@ impl Executor {
             buffer[at..].fill(0);
             debug_assert_eq!(at, total * row_bytes);
         }
+        self.row_members.clear();
+        for (m, request) in requests {
+            self.row_members
+                .extend(std::iter::repeat_n(m.id, request.rows));
+        }
         // One clock read between the steps: each ends where the next starts.
         let engine_started = Instant::now();
         cost.input = engine_started.saturating_duration_since(copy_started);
-        let (infer, copy_started) = self.run_bucket(bucket, total, member, engine_started)?;
+        let ran = self.run_bucket(bucket, total, member, engine_started);
+        self.row_members.clear();
+        let (infer, copy_started) = ran?;
         cost.infer = infer;
         let signature = self.model.signature();
         let mut first_row = 0;
         let mut all = Vec::with_capacity(requests.len());
-        for request in requests {
+        for (_, request) in requests {
             let outputs = request
                 .outputs
                 .iter()

@@ -144,6 +144,12 @@ impl<J: Queued> Intake<J> {
         self.batcher.one_request_per_run();
     }
 
+    /// From now on a batch may hold several members' requests (see
+    /// [`Batcher::mix_members`]).
+    pub fn mix_members(&mut self) {
+        self.batcher.mix_members();
+    }
+
     /// Waits until a batch is due and moves it into `batch`, and any expired
     /// jobs into `expired` ([`Step::Answer`]); with `keep_warm`, says when the
     /// queue stayed empty that long ([`Step::Warm`]); [`Step::Stop`] once the
@@ -397,6 +403,14 @@ pub fn spawn(
                                 .unwrap_or_else(|p| p.into_inner())
                                 .one_request_per_run();
                         }
+                    }
+                    if model.mixes_members() {
+                        // Rows of several members run in one launch (every
+                        // executor of the family runs this engine).
+                        intake
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .mix_members();
                     }
                     Ok(model)
                 })

@@ -1,8 +1,8 @@
 //! The CUDA engine proper: a family's plan compiled for every bucket on one
 //! GPU, each bucket one captured CUDA graph.
 //!
-//! Per bucket, at load: one device arena holds the staging area (the member
-//! pointer table, then the inputs), the outputs side by side, every
+//! Per bucket, at load: one device arena holds the staging area (the
+//! pointer tables, then the inputs), the outputs side by side, every
 //! intermediate value and the pointer arrays of the products; pinned host
 //! buffers mirror the staging area and the outputs. The graph is: one copy
 //! in (staging), the products (cuBLAS, pointer-array form, so the weight
@@ -10,7 +10,14 @@
 //! (outputs). A run writes the member's row of weight pointers into the
 //! pinned table, launches the graph and waits: swapping members is that
 //! pointer write. Nothing is allocated or compiled per run.
+//!
+//! Buckets of two rows or more hold a second graph over the same buffers,
+//! for rows of different members in one launch
+//! ([`CompiledModel::run_members`]): its table holds one pointer per row and
+//! weight slot, every product is one product per row (one cuBLAS call) and
+//! every kernel reads each row's weights through its row's pointers.
 
+mod product;
 mod recurrent;
 
 use std::collections::HashMap;
@@ -18,7 +25,6 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{CudaContext, result, sys};
 use tickserve_core::{
     Buckets, CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER,
@@ -30,6 +36,7 @@ use crate::device::{Blas, DeviceMemory, Event, GraphExec, Module, PinnedMemory, 
 use crate::import::{Imported, arrange};
 use crate::kernels::{self, Kernel};
 use crate::plan::{Op, Plan, ValueId};
+use product::{Operands, Product};
 
 /// Device buffers are laid out on this boundary.
 const ALIGN: usize = 256;
@@ -235,13 +242,13 @@ struct MemberWeights {
     pointers: Vec<u64>,
 }
 
-/// One bucket: its buffers and its captured graph (none when eager).
+/// One bucket: its buffers and its captured graphs (none when eager).
 struct BucketGraph {
     /// Its batch rows.
     rows: usize,
     /// Where each value lives in the arena.
     layout: Layout,
-    /// Pinned mirror of the staging area: pointer table, then the inputs.
+    /// Pinned mirror of the staging area: the tables, then the inputs.
     staging: PinnedMemory,
     /// Pinned mirror of the outputs.
     outputs: PinnedMemory,
@@ -251,6 +258,9 @@ struct BucketGraph {
     outputs_at: Vec<(usize, usize)>,
     /// The captured graph; `None` runs the sequence on the stream each time.
     exec: Option<GraphExec>,
+    /// The captured graph for rows of mixed members (buckets of two rows or
+    /// more, unless eager).
+    mixed: Option<GraphExec>,
     start: Event,
     end: Event,
     /// Freed after the graph (declared last).
@@ -297,36 +307,74 @@ impl Drop for CudaModel {
     }
 }
 
-/// Writes `member`'s row of weight pointers (from `members`, on `device`)
-/// into the head of `staging`, the pointer table.
+/// `member`'s row of weight pointers (from `members`, on `device`).
+fn pointers_of<'a>(
+    members: &'a HashMap<MemberId, MemberWeights>,
+    device: &str,
+    member: MemberId,
+) -> Result<&'a [u64], EngineError> {
+    members
+        .get(&member)
+        .map(|m| m.pointers.as_slice())
+        .ok_or_else(|| EngineError::Internal(format!("member {member} has no weights on {device}")))
+}
+
+/// Writes `member`'s row of weight pointers into `staging`'s one-member
+/// table (at `table`).
 fn write_table(
     members: &HashMap<MemberId, MemberWeights>,
     device: &str,
     staging: &mut PinnedMemory,
+    table: usize,
     member: MemberId,
 ) -> Result<(), EngineError> {
-    let pointers = &members
-        .get(&member)
-        .ok_or_else(|| {
-            EngineError::Internal(format!("member {member} has no weights on {device}"))
-        })?
-        .pointers;
-    for (entry, pointer) in staging.as_mut_slice().chunks_exact_mut(8).zip(pointers) {
+    let pointers = pointers_of(members, device, member)?;
+    let entries = staging.as_mut_slice()[table..].chunks_exact_mut(8);
+    for (entry, pointer) in entries.zip(pointers) {
         entry.copy_from_slice(&pointer.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Writes the mixed-members table at the head of `staging`: for each weight
+/// slot, each of `rows` rows' member's pointer (`row_members[r]`; rows past
+/// its end, the padding, take its first member's).
+fn write_rows_table(
+    members: &HashMap<MemberId, MemberWeights>,
+    device: &str,
+    staging: &mut PinnedMemory,
+    rows: usize,
+    row_members: &[MemberId],
+) -> Result<(), EngineError> {
+    let first = *row_members
+        .first()
+        .ok_or_else(|| EngineError::Internal("a mixed run of no rows".to_string()))?;
+    let table = staging.as_mut_slice();
+    for r in 0..rows {
+        let member = row_members.get(r).copied().unwrap_or(first);
+        let pointers = pointers_of(members, device, member)?;
+        for (slot, pointer) in pointers.iter().enumerate() {
+            let at = (slot * rows + r) * 8;
+            table[at..at + 8].copy_from_slice(&pointer.to_le_bytes());
+        }
     }
     Ok(())
 }
 
 /// Where each value lives in a bucket's arena.
 struct Layout {
-    /// Staging bytes (table + inputs), copied in per run.
+    /// The one-member table's offset: the mixed-members table (one pointer
+    /// per slot and row, slot-major) fills the bytes before it.
+    table: usize,
+    /// Staging bytes (tables + inputs), copied in per run (from `table` on,
+    /// for one member).
     staging: usize,
     /// Output region: offset in the arena and bytes, copied out per run.
     outputs: (usize, usize),
     /// Offset of each value in the arena.
     values: Vec<usize>,
-    /// Offset of each product's pointer pair (input, output) in the arena.
-    pointer_pairs: HashMap<usize, usize>,
+    /// Each product step's operand pointers.
+    products: HashMap<usize, Operands>,
     /// Each recurrent step's scratch.
     recurrent: HashMap<usize, recurrent::Scratch>,
     /// Total arena bytes.
@@ -336,8 +384,9 @@ struct Layout {
 fn layout(plan: &Plan, rows: usize) -> Layout {
     let bytes = |v: ValueId| rows * plan.values[v].width * 4;
     let mut values = vec![usize::MAX; plan.values.len()];
-    let table = aligned(plan.weights.len().max(1) * 8);
-    let mut at = table;
+    let slots = plan.weights.len().max(1);
+    let table = aligned(slots * rows * 8);
+    let mut at = table + aligned(slots * 8);
     for (_, v) in &plan.inputs {
         values[*v] = at;
         at += aligned(bytes(*v));
@@ -355,13 +404,12 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
             at += aligned(rows * plan.values[v].width * 4);
         }
     }
-    let mut pointer_pairs = HashMap::new();
+    let mut products = HashMap::new();
     let mut recurrent = HashMap::new();
     for (index, step) in plan.steps.iter().enumerate() {
         match &step.op {
             Op::MatMul { .. } => {
-                pointer_pairs.insert(index, at);
-                at += ALIGN;
+                products.insert(index, Operands::place(rows, &mut at));
             }
             Op::Recurrent(layer) => {
                 recurrent.insert(index, recurrent::Scratch::place(layer, rows, &mut at));
@@ -370,10 +418,11 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
         }
     }
     Layout {
+        table,
         staging,
         outputs,
         values,
-        pointer_pairs,
+        products,
         recurrent,
         total: at,
     }
@@ -382,7 +431,9 @@ fn layout(plan: &Plan, rows: usize) -> Layout {
 impl CudaModel {
     /// Allocates bucket `rows`' buffers, runs its sequence once uncaptured
     /// with `member`'s weights (cuBLAS and the kernels initialise here, not
-    /// inside a capture) and, unless `eager`, captures it as a graph.
+    /// inside a capture) and, unless `eager`, captures it as a graph; with
+    /// two rows or more, the same for rows of mixed members (every row
+    /// `member`'s in the warm-up run).
     fn bucket(
         &mut self,
         rows: usize,
@@ -395,21 +446,39 @@ impl CudaModel {
         let arena = DeviceMemory::zeroed(layout.total, ordinal)?;
         let base = arena.ptr;
         let address = |v: ValueId| base + layout.values[v] as u64;
-        for (&step, &offset) in &layout.pointer_pairs {
+        let row_bytes = |v: ValueId| plan.values[v].width * 4;
+        for (&step, operands) in &layout.products {
             if let Op::MatMul { input, .. } = plan.steps[step].op {
-                arena.write(offset, &[address(input), address(plan.steps[step].output)])?;
+                let output = plan.steps[step].output;
+                let pointers = Operands::pointers(
+                    address(input),
+                    row_bytes(input),
+                    address(output),
+                    row_bytes(output),
+                    rows,
+                );
+                arena.write(operands.at, &pointers)?;
             }
         }
         for (&step, scratch) in &layout.recurrent {
             if let Op::Recurrent(layer) = &plan.steps[step].op {
-                let pointers =
-                    scratch.pointer_pairs(layer, base, &address, plan.steps[step].output);
-                arena.write(scratch.pairs, &pointers)?;
+                for (at, pointers) in
+                    scratch.operands(layer, rows, base, &address, plan.steps[step].output)
+                {
+                    arena.write(at, &pointers)?;
+                }
             }
         }
         let mut staging = PinnedMemory::zeroed(layout.staging, true)?;
         let outputs = PinnedMemory::zeroed(layout.outputs.1, false)?;
-        write_table(&self.members, &self.device, &mut staging, member)?;
+        write_table(
+            &self.members,
+            &self.device,
+            &mut staging,
+            layout.table,
+            member,
+        )?;
+        write_rows_table(&self.members, &self.device, &mut staging, rows, &[member])?;
         let inputs_at = plan
             .inputs
             .iter()
@@ -434,23 +503,37 @@ impl CudaModel {
             inputs_at,
             outputs_at,
             exec: None,
+            mixed: None,
             start: Event::new()?,
             end: Event::new()?,
             arena,
         };
-        self.record(&bucket)
-            .map_err(|e| within(e, "the uncaptured run"))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| within(e, "the uncaptured run"))?;
-        if !eager {
-            bucket.exec = Some(self.capture(&bucket)?);
+        for mixed in [false, true] {
+            if mixed && rows < 2 {
+                break;
+            }
+            let what = if mixed {
+                "the uncaptured run of mixed members"
+            } else {
+                "the uncaptured run"
+            };
+            self.record(&bucket, mixed).map_err(|e| within(e, what))?;
+            self.stream.synchronize().map_err(|e| within(e, what))?;
+            if !eager {
+                let exec = Some(self.capture(&bucket, mixed)?);
+                if mixed {
+                    bucket.mixed = exec;
+                } else {
+                    bucket.exec = exec;
+                }
+            }
         }
         Ok(bucket)
     }
 
-    /// Captures `bucket`'s recorded sequence as a graph.
-    fn capture(&self, bucket: &BucketGraph) -> Result<GraphExec, EngineError> {
+    /// Captures `bucket`'s recorded sequence (for mixed members or not) as
+    /// a graph.
+    fn capture(&self, bucket: &BucketGraph, mixed: bool) -> Result<GraphExec, EngineError> {
         let stream = &self.stream;
         // SAFETY: the stream is alive and idle; everything captured refers to
         // the arena and the pinned buffers, which live as long as the graph.
@@ -461,7 +544,7 @@ impl CudaModel {
             )
         }
         .map_err(driver("beginning the graph capture"))?;
-        let captured = self.record(bucket);
+        let captured = self.record(bucket, mixed);
         // End the capture even when recording failed, so the stream is usable.
         let exec = GraphExec::end_capture(stream);
         captured?;
@@ -469,8 +552,9 @@ impl CudaModel {
     }
 
     /// Records `bucket`'s forward pass on the stream (capturing, or not:
-    /// then it runs).
-    fn record(&self, bucket: &BucketGraph) -> Result<(), EngineError> {
+    /// then it runs), with one member's weights or each row's member's
+    /// (`mixed`).
+    fn record(&self, bucket: &BucketGraph, mixed: bool) -> Result<(), EngineError> {
         let (layout, base, staging, outputs, rows) = (
             &bucket.layout,
             bucket.arena.ptr,
@@ -481,14 +565,18 @@ impl CudaModel {
         let plan = &self.plan;
         let stream = self.stream.0;
         let address = |v: ValueId| base + layout.values[v] as u64;
+        // The staging area from the table this run reads on.
+        let from = if mixed { 0 } else { layout.table };
         // SAFETY: copies between live pinned buffers and the live arena, in range.
-        unsafe { result::memcpy_htod_async(base, staging.as_slice(), stream) }
-            .map_err(driver("copy in"))?;
+        unsafe {
+            result::memcpy_htod_async(base + from as u64, &staging.as_slice()[from..], stream)
+        }
+        .map_err(driver("copy in"))?;
         let mut kernels = self.kernels.iter().peekable();
         for (index, step) in plan.steps.iter().enumerate() {
             if let Op::Recurrent(layer) = &step.op {
                 while kernels.next_if(|(k, _)| k.step == index).is_some() {}
-                self.record_recurrent(bucket, index, step.output, layer)?;
+                self.record_recurrent(bucket, mixed, index, step.output, layer)?;
                 continue;
             }
             if let Op::MatMul {
@@ -500,9 +588,18 @@ impl CudaModel {
                 ..
             } = step.op
             {
-                let pairs = base + layout.pointer_pairs[&index] as u64;
-                let table_entry = base + (weight * 8) as u64;
-                self.product(table_entry, pairs, transposed, rows * groups, k, n)?;
+                let operands = *layout.products.get(&index).ok_or_else(|| {
+                    EngineError::Internal(format!("step {index} has no operands"))
+                })?;
+                let product = Product {
+                    slot: weight,
+                    operands,
+                    transposed,
+                    per_row: groups,
+                    k,
+                    n,
+                };
+                self.record_product(bucket, mixed, &product)?;
             }
             if let Some((kernel, function)) = kernels.next_if(|(k, _)| k.step == index) {
                 let (a, b) = match step.op {
@@ -523,18 +620,20 @@ impl CudaModel {
                 let mut out = address(step.output);
                 let mut a = a;
                 let mut b = b;
-                let mut table = base;
+                let mut table = bucket.table(mixed);
                 let mut rows_arg = rows as i32;
-                let mut params: [*mut c_void; 5] = [
+                let mut mixed_arg = i32::from(mixed);
+                let mut params: [*mut c_void; 6] = [
                     (&raw mut out).cast(),
                     (&raw mut a).cast(),
                     (&raw mut b).cast(),
                     (&raw mut table).cast(),
                     (&raw mut rows_arg).cast(),
+                    (&raw mut mixed_arg).cast(),
                 ];
                 let (grid, block) = kernel.dims(rows, plan.values[step.output].width);
                 // SAFETY: the kernel's parameters are (float*, const float*,
-                // const float*, const u64*, int), all pointing into the arena.
+                // const float*, const u64*, int, int), all pointing into the arena.
                 unsafe {
                     result::launch_kernel(
                         *function,
@@ -556,51 +655,6 @@ impl CudaModel {
         unsafe { result::memcpy_dtoh_async(out_slice, base + start as u64, stream) }
             .map_err(driver("copy out"))?;
         Ok(())
-    }
-
-    /// Records `out[m, n] = in[m, k] · W`, with `W`'s address read from the
-    /// table at run time: cuBLAS's pointer-array product, batch of one.
-    /// Row-major `out = in · W` is column-major `outᵀ = Wᵀ · inᵀ`.
-    fn product(
-        &self,
-        table_entry: u64,
-        pairs: u64,
-        transposed: bool,
-        m: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<(), EngineError> {
-        let (op_w, ld_w) = if transposed {
-            (blas_sys::cublasOperation_t::CUBLAS_OP_T, k)
-        } else {
-            (blas_sys::cublasOperation_t::CUBLAS_OP_N, n)
-        };
-        let alpha = 1.0f32;
-        let beta = 0.0f32;
-        // SAFETY: the three pointer arrays are device addresses inside the
-        // arena holding [weight] (the table entry), [input] and [output];
-        // alpha and beta are read during the call.
-        unsafe {
-            blas_sys::cublasSgemmBatched(
-                self.blas.handle,
-                op_w,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                n as i32,
-                m as i32,
-                k as i32,
-                &alpha,
-                table_entry as *const *const f32,
-                ld_w as i32,
-                pairs as *const *const f32,
-                k as i32,
-                &beta,
-                (pairs + 8) as *const *mut f32,
-                n as i32,
-                1,
-            )
-        }
-        .result()
-        .map_err(|e| EngineError::Internal(format!("cuBLAS product: {e:?}")))
     }
 
     fn add_weights(
@@ -634,6 +688,35 @@ impl CudaModel {
     fn ordinal(&self) -> usize {
         self.ctx.ordinal()
     }
+
+    /// Launches bucket `bucket`'s graph (for mixed members or not; its
+    /// sequence directly when eager) on the table already written, waits,
+    /// and keeps the device's time.
+    fn launch(&mut self, bucket: usize, mixed: bool) -> Result<(), EngineError> {
+        let b = &self.buckets_graphs[bucket];
+        b.start.record(&self.stream)?;
+        match if mixed { &b.mixed } else { &b.exec } {
+            Some(exec) => exec.launch(&self.stream)?,
+            None => self.record(b, mixed)?,
+        }
+        b.end.record(&self.stream)?;
+        b.end.synchronize()?;
+        let ms = b.start.elapsed_ms(&b.end)?;
+        self.last_device_time = Some(Duration::from_secs_f64(f64::from(ms) / 1e3));
+        Ok(())
+    }
+}
+
+impl BucketGraph {
+    /// The device address of the table a run reads: the mixed-members one,
+    /// or the one-member one.
+    fn table(&self, mixed: bool) -> u64 {
+        if mixed {
+            self.arena.ptr
+        } else {
+            self.arena.ptr + self.layout.table as u64
+        }
+    }
 }
 
 impl CompiledModel for CudaModel {
@@ -660,18 +743,40 @@ impl CompiledModel for CudaModel {
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
         let b = &mut self.buckets_graphs[bucket];
-        write_table(&self.members, &self.device, &mut b.staging, member)?;
-        let b = &self.buckets_graphs[bucket];
-        b.start.record(&self.stream)?;
-        match &b.exec {
-            Some(exec) => exec.launch(&self.stream)?,
-            None => self.record(b)?,
+        write_table(
+            &self.members,
+            &self.device,
+            &mut b.staging,
+            b.layout.table,
+            member,
+        )?;
+        self.launch(bucket, false)
+    }
+
+    fn run_members(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
+        let Some(&first) = members.first() else {
+            return Err(EngineError::Internal("a run of no rows".to_string()));
+        };
+        let rows = self.buckets_graphs[bucket].rows;
+        if members.iter().all(|&m| m == first) || rows < 2 {
+            return self.run(bucket, first);
         }
-        b.end.record(&self.stream)?;
-        b.end.synchronize()?;
-        let ms = b.start.elapsed_ms(&b.end)?;
-        self.last_device_time = Some(Duration::from_secs_f64(f64::from(ms) / 1e3));
-        Ok(())
+        if members.len() > rows {
+            return Err(EngineError::Internal(format!(
+                "{} rows' members for a bucket of {rows}",
+                members.len()
+            )));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the context"))?;
+        let b = &mut self.buckets_graphs[bucket];
+        write_rows_table(&self.members, &self.device, &mut b.staging, rows, members)?;
+        self.launch(bucket, true)
+    }
+
+    fn mixes_members(&self) -> bool {
+        true
     }
 
     fn output(&self, bucket: usize, output: usize) -> &[u8] {
@@ -758,9 +863,11 @@ mod tests {
         let plan = two_output_plan();
         let rows = 64;
         let l = layout(&plan, rows);
-        // Table first, then the input: the staging area is one copy in.
-        assert_eq!(l.values[0], ALIGN);
-        assert_eq!(l.staging, ALIGN + aligned(rows * 5 * 4));
+        // Tables first (one pointer per row, then one per slot), then the
+        // input: the staging area is one copy in.
+        assert_eq!(l.table, aligned(rows * 8));
+        assert_eq!(l.values[0], l.table + ALIGN);
+        assert_eq!(l.staging, l.values[0] + aligned(rows * 5 * 4));
         // Outputs right after, in order: one copy out.
         assert_eq!(l.outputs.0, l.staging);
         assert_eq!(l.values[1], l.outputs.0);
@@ -769,7 +876,8 @@ mod tests {
         // Every region aligned and disjoint, all inside the arena.
         let regions: Vec<(usize, usize)> = (0..3)
             .map(|v| (l.values[v], rows * plan.values[v].width * 4))
-            .chain(l.pointer_pairs.values().map(|&p| (p, 16)))
+            .chain([(0, rows * 8), (l.table, 8)])
+            .chain(l.products.values().map(|p| (p.at, Operands::bytes(rows))))
             .collect();
         assert_apart(regions, l.total);
     }

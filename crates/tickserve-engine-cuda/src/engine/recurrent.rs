@@ -14,7 +14,8 @@ use std::ffi::c_void;
 use cudarc::driver::result;
 use tickserve_core::EngineError;
 
-use super::{ALIGN, BucketGraph, CudaModel, aligned};
+use super::product::{Operands, Product};
+use super::{BucketGraph, CudaModel, aligned};
 use crate::device::driver;
 use crate::kernels::{gate_name, reset_name};
 use crate::plan::{Cell, Recurrent, ValueId};
@@ -30,9 +31,9 @@ pub(super) struct Scratch {
     hr2: Option<usize>,
     /// The LSTM's cell state when `Y_c` is not read, or the GRU's `r ⊙ h`.
     c: Option<usize>,
-    /// Three pointer pairs (input, output) for the products: the window's
-    /// projection, the recurrent one, the GRU's second.
-    pub(super) pairs: usize,
+    /// The products' operands: the window's projection, the recurrent
+    /// one, the GRU's second (when it resets first).
+    pub(super) operands: [Option<Operands>; 3],
 }
 
 /// Whether `layer` is a GRU that resets `h` before its recurrent product.
@@ -62,14 +63,17 @@ impl Scratch {
             Cell::Gru { .. } => resets_first(layer),
         };
         let c = needs_c.then(|| take(layer.hidden));
-        let pairs = *at;
-        *at += ALIGN;
+        let operands = [
+            Some(Operands::place(rows, at)),
+            Some(Operands::place(rows, at)),
+            hr2.is_some().then(|| Operands::place(rows, at)),
+        ];
         Scratch {
             xw,
             hr,
             hr2,
             c,
-            pairs,
+            operands,
         }
     }
 
@@ -82,31 +86,55 @@ impl Scratch {
         }
     }
 
-    /// The products' pointer pairs, written into the arena at [`Self::pairs`]:
-    /// `[x, xw]`, `[h, hr]`, `[r ⊙ h, hr2]`.
-    pub(super) fn pointer_pairs(
+    /// The products' operand blocks, each at its offset, to be written into
+    /// the arena: `x → xw`, `h → hr`, `r ⊙ h → hr2`, for `rows` rows.
+    pub(super) fn operands(
         &self,
         layer: &Recurrent,
+        rows: usize,
         base: u64,
         address: &impl Fn(ValueId) -> u64,
         h: ValueId,
-    ) -> [u64; 6] {
-        [
-            address(layer.input),
-            base + self.xw as u64,
-            address(h),
-            base + self.hr as u64,
-            self.cell(layer, base, address),
-            self.hr2.map_or(0, |o| base + o as u64),
-        ]
+    ) -> Vec<(usize, Vec<u64>)> {
+        let gh = layer.cell.gates() * layer.hidden;
+        let (hidden, projected) = (layer.hidden * 4, gh * 4);
+        let ends = [
+            (
+                address(layer.input),
+                layer.steps * layer.input_size * 4,
+                base + self.xw as u64,
+                layer.steps * projected,
+            ),
+            (address(h), hidden, base + self.hr as u64, projected),
+            (
+                self.cell(layer, base, address),
+                hidden,
+                self.hr2.map_or(0, |o| base + o as u64),
+                projected,
+            ),
+        ];
+        self.operands
+            .iter()
+            .zip(ends)
+            .filter_map(|(block, (input, input_row, output, output_row))| {
+                block.map(|b| {
+                    (
+                        b.at,
+                        Operands::pointers(input, input_row, output, output_row, rows),
+                    )
+                })
+            })
+            .collect()
     }
 }
 
 impl CudaModel {
-    /// Records recurrent step `index` (output value `h`) of `bucket`.
+    /// Records recurrent step `index` (output value `h`) of `bucket`, with
+    /// one member's weights or each row's member's (`mixed`).
     pub(super) fn record_recurrent(
         &self,
         bucket: &BucketGraph,
+        mixed: bool,
         index: usize,
         h: ValueId,
         layer: &Recurrent,
@@ -135,9 +163,22 @@ impl CudaModel {
         if layer.cell == Cell::Lstm {
             start(c_at, layer.initial_c)?;
         }
-        let pairs = base + scratch.pairs as u64;
-        let (w, r) = (base + (layer.w * 8) as u64, base + (layer.r * 8) as u64);
-        self.product(w, pairs, true, rows * layer.steps, layer.input_size, gh)?;
+        let [Some(projection), Some(recurrence), second] = scratch.operands else {
+            return Err(EngineError::Internal(format!(
+                "step {index} has no operands for its products"
+            )));
+        };
+        let product = |operands, slot, per_row, k| Product {
+            slot,
+            operands,
+            transposed: true,
+            per_row,
+            k,
+            n: gh,
+        };
+        let projection = product(projection, layer.w, layer.steps, layer.input_size);
+        self.record_product(bucket, mixed, &projection)?;
+        let recurrence = product(recurrence, layer.r, 1, layer.hidden);
         let function = |name: &str| {
             self.kernels
                 .iter()
@@ -153,7 +194,7 @@ impl CudaModel {
         let y = layer.sequence.map_or(0, address);
         let hr2 = scratch.hr2.map_or(0, |o| base + o as u64);
         for t in 0..layer.steps {
-            self.product(r, pairs + 16, true, rows, layer.hidden, gh)?;
+            self.record_product(bucket, mixed, &recurrence)?;
             let mut args = Arguments {
                 h: h_at,
                 c: c_at,
@@ -161,13 +202,17 @@ impl CudaModel {
                 xw: base + scratch.xw as u64,
                 hr: base + scratch.hr as u64,
                 hr2,
-                table: base,
+                table: bucket.table(mixed),
                 rows: rows as i32,
                 t: t as i32,
+                mixed: i32::from(mixed),
             };
             if let Some((kernel, function)) = reset {
                 args.launch(*function, kernel.dims(rows, layer.hidden), stream)?;
-                self.product(r, pairs + 32, true, rows, layer.hidden, gh)?;
+                let second = second.ok_or_else(|| {
+                    EngineError::Internal(format!("step {index} has no second product"))
+                })?;
+                self.record_product(bucket, mixed, &product(second, layer.r, 1, layer.hidden))?;
             }
             let (kernel, function) = gate;
             args.launch(*function, kernel.dims(rows, layer.hidden), stream)?;
@@ -187,6 +232,7 @@ struct Arguments {
     table: u64,
     rows: i32,
     t: i32,
+    mixed: i32,
 }
 
 impl Arguments {
@@ -196,7 +242,7 @@ impl Arguments {
         (grid, block): (u32, u32),
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), EngineError> {
-        let mut params: [*mut c_void; 9] = [
+        let mut params: [*mut c_void; 10] = [
             (&raw mut self.h).cast(),
             (&raw mut self.c).cast(),
             (&raw mut self.y).cast(),
@@ -206,9 +252,10 @@ impl Arguments {
             (&raw mut self.table).cast(),
             (&raw mut self.rows).cast(),
             (&raw mut self.t).cast(),
+            (&raw mut self.mixed).cast(),
         ];
         // SAFETY: the parameters match `RECURRENT(name)`: six device
-        // pointers into the arena (or null where unused), the table, two ints.
+        // pointers into the arena (or null where unused), the table, three ints.
         unsafe {
             result::launch_kernel(
                 function,
@@ -295,8 +342,13 @@ mod tests {
                 (s.hr, rows * 15 * 4),
                 (hr2, rows * 15 * 4),
                 (c, rows * 5 * 4),
-                (s.pairs, 48),
             ])
+            .chain(
+                s.operands
+                    .iter()
+                    .flatten()
+                    .map(|b| (b.at, Operands::bytes(rows))),
+            )
             .collect();
         super::super::tests::assert_apart(regions, l.total);
         let Op::Recurrent(layer) = &plan.steps[0].op else {
@@ -304,18 +356,22 @@ mod tests {
         };
         let base = 1 << 20;
         let address = |v: ValueId| base + l.values[v] as u64;
-        let pairs = s.pointer_pairs(layer, base, &address, 3);
+        let blocks = s.operands(layer, rows, base, &address, 3);
+        let starts: Vec<(usize, [u64; 2])> =
+            blocks.iter().map(|(at, p)| (*at, [p[0], p[1]])).collect();
+        let at = |i: usize| s.operands[i].unwrap().at;
         assert_eq!(
-            pairs,
+            starts,
             [
-                address(0),
-                base + s.xw as u64,
-                address(3),
-                base + s.hr as u64,
-                base + c as u64,
-                base + hr2 as u64
+                (at(0), [address(0), base + s.xw as u64]),
+                (at(1), [address(3), base + s.hr as u64]),
+                (at(2), [base + c as u64, base + hr2 as u64]),
             ]
         );
+        // Row 1's window and projection, one row on.
+        let (_, window) = &blocks[0];
+        assert_eq!(window[2 + 1], address(0) + 6 * 4 * 4);
+        assert_eq!(window[2 + rows + 1], base + s.xw as u64 + 6 * 15 * 4);
     }
 
     #[test]

@@ -6,11 +6,11 @@
 //! (`hr = h · Rᵀ`).
 //!
 //! Every recurrent kernel has one signature, `(h, c, y, xw, hr, hr2, table,
-//! rows, t)`: `h` the hidden state (read and written in place, one thread
+//! rows, t, mixed)`: `h` the hidden state (read and written in place, one thread
 //! per element), `c` the LSTM's cell state (or the GRU's `r ⊙ h` scratch),
 //! `y` every step's hidden state (or null), `xw` and `hr` the projections,
-//! `hr2` the GRU's second recurrent product, `table` the member's weight
-//! pointers. A thread reads and writes only its own element of `h` and `c`,
+//! `hr2` the GRU's second recurrent product, `table` and `mixed` the weight
+//! pointers as every kernel reads them (one member's, or one per row). A thread reads and writes only its own element of `h` and `c`,
 //! so in place is safe.
 
 use super::{Kernel, Launch};

@@ -8,7 +8,9 @@
 //! or zeroed), gives what ONNX Runtime gives within 1e-5. No GPU needed:
 //! this is the kernels' own arithmetic and indexing checked where no GPU is
 //! (warp reductions included; not the device's scheduling, memory or
-//! cuBLAS itself).
+//! cuBLAS itself). Rows of mixed members (each row its own member's weights,
+//! through the table of one pointer per row and slot) give each row what
+//! its member alone gives, bit for bit.
 
 use std::path::Path;
 
@@ -68,22 +70,23 @@ static void tickserve_launch(unsigned int grid, unsigned int block, F call) {
     }
 }
 typedef unsigned long long tickserve_u64;
-typedef void (*tickserve_elementwise)(float*, const float*, const float*, const tickserve_u64*, int);
+typedef void (*tickserve_elementwise)(float*, const float*, const float*, const tickserve_u64*, int,
+    int);
 typedef void (*tickserve_gates)(float*, float*, float*, const float*, const float*, const float*,
-    const tickserve_u64*, int, int);
+    const tickserve_u64*, int, int, int);
 extern "C" void tickserve_launch_elementwise(tickserve_elementwise kernel, unsigned int grid,
         unsigned int block, float* out, const float* a, const float* b,
-        const tickserve_u64* table, int rows) {
-    tickserve_launch(grid, block, [=] { kernel(out, a, b, table, rows); });
+        const tickserve_u64* table, int rows, int mixed) {
+    tickserve_launch(grid, block, [=] { kernel(out, a, b, table, rows, mixed); });
 }
 extern "C" void tickserve_launch_gates(tickserve_gates kernel, unsigned int grid,
         unsigned int block, float* h, float* c, float* y, const float* xw, const float* hr,
-        const float* hr2, const tickserve_u64* table, int rows, int t) {
-    tickserve_launch(grid, block, [=] { kernel(h, c, y, xw, hr, hr2, table, rows, t); });
+        const float* hr2, const tickserve_u64* table, int rows, int t, int mixed) {
+    tickserve_launch(grid, block, [=] { kernel(h, c, y, xw, hr, hr2, table, rows, t, mixed); });
 }
 "#;
 
-type Elementwise = unsafe extern "C" fn(*mut f32, *const f32, *const f32, *const u64, i32);
+type Elementwise = unsafe extern "C" fn(*mut f32, *const f32, *const f32, *const u64, i32, i32);
 type Gates = unsafe extern "C" fn(
     *mut f32,
     *mut f32,
@@ -94,9 +97,19 @@ type Gates = unsafe extern "C" fn(
     *const u64,
     i32,
     i32,
+    i32,
 );
-type LaunchElementwise =
-    unsafe extern "C" fn(Elementwise, u32, u32, *mut f32, *const f32, *const f32, *const u64, i32);
+type LaunchElementwise = unsafe extern "C" fn(
+    Elementwise,
+    u32,
+    u32,
+    *mut f32,
+    *const f32,
+    *const f32,
+    *const u64,
+    i32,
+    i32,
+);
 type LaunchGates = unsafe extern "C" fn(
     Gates,
     u32,
@@ -108,6 +121,7 @@ type LaunchGates = unsafe extern "C" fn(
     *const f32,
     *const f32,
     *const u64,
+    i32,
     i32,
     i32,
 );
@@ -168,7 +182,7 @@ impl Module {
         out: *mut f32,
         a: *const f32,
         b: *const f32,
-        table: &[u64],
+        table: &Table,
         rows: usize,
     ) {
         // SAFETY: symbols of the module this test built, with the
@@ -179,7 +193,17 @@ impl Module {
                 self.library.get(name.as_bytes()).unwrap();
             let launch: libloading::Symbol<'_, LaunchElementwise> =
                 self.library.get(b"tickserve_launch_elementwise").unwrap();
-            launch(*kernel, grid, block, out, a, b, table.as_ptr(), rows as i32);
+            launch(
+                *kernel,
+                grid,
+                block,
+                out,
+                a,
+                b,
+                table.pointers.as_ptr(),
+                rows as i32,
+                i32::from(table.mixed),
+            );
         }
     }
 }
@@ -205,11 +229,69 @@ fn product(x: &[f32], w: &[f32], transposed: bool, m: usize, k: usize, n: usize)
     out
 }
 
+/// The products of every row: `rows` blocks of `per_row` product rows, each
+/// with its own row's weight `slot` (`per_row` × `k` floats of `x` a row).
+#[allow(clippy::too_many_arguments)]
+fn row_products(
+    x: &[f32],
+    weights: &[&[Vec<f32>]],
+    slot: usize,
+    transposed: bool,
+    per_row: usize,
+    k: usize,
+    n: usize,
+) -> Vec<f32> {
+    weights
+        .iter()
+        .enumerate()
+        .flat_map(|(r, w)| {
+            let rows = &x[r * per_row * k..(r + 1) * per_row * k];
+            product(rows, &w[slot], transposed, per_row, k, n)
+        })
+        .collect()
+}
+
+/// The weight pointers the kernels read, as the engine lays them out: one
+/// member's row (`mixed` false), or one pointer per row and slot, slot-major.
+struct Table {
+    pointers: Vec<u64>,
+    mixed: bool,
+}
+
+impl Table {
+    /// The table for rows with weights `row_weights` (one entry per row).
+    fn new(row_weights: &[&[Vec<f32>]], mixed: bool) -> Table {
+        let slots = row_weights[0].len();
+        let pointers = if mixed {
+            (0..slots)
+                .flat_map(|s| row_weights.iter().map(move |w| w[s].as_ptr() as u64))
+                .collect()
+        } else {
+            row_weights[0].iter().map(|w| w.as_ptr() as u64).collect()
+        };
+        Table { pointers, mixed }
+    }
+}
+
 /// Runs `plan` over `rows` rows of `inputs` through the emulated kernels, as
-/// the engine records it; its outputs.
+/// the engine records it, with one member's `weights`; its outputs.
 fn emulate(plan: &Plan, weights: &[Vec<f32>], inputs: &[Vec<f32>], rows: usize) -> Vec<Vec<f32>> {
+    emulate_rows(plan, &vec![weights; rows], false, inputs)
+}
+
+/// Runs `plan` over one row of `inputs` per entry of `row_weights`, each
+/// row with its entry's weights, through the emulated kernels as the engine
+/// records a run of one member (`mixed` false: every entry must then be the
+/// same) or of mixed members; its outputs.
+fn emulate_rows(
+    plan: &Plan,
+    row_weights: &[&[Vec<f32>]],
+    mixed: bool,
+    inputs: &[Vec<f32>],
+) -> Vec<Vec<f32>> {
+    let rows = row_weights.len();
     let module = Module::build(plan);
-    let table: Vec<u64> = weights.iter().map(|w| w.as_ptr() as u64).collect();
+    let table = Table::new(row_weights, mixed);
     let mut values: Vec<Vec<f32>> = plan
         .values
         .iter()
@@ -227,10 +309,9 @@ fn emulate(plan: &Plan, weights: &[Vec<f32>], inputs: &[Vec<f32>], rows: usize) 
                 index,
                 layer,
                 step.output,
-                weights,
+                row_weights,
                 &table,
                 &mut values,
-                rows,
             );
             continue;
         }
@@ -243,11 +324,12 @@ fn emulate(plan: &Plan, weights: &[Vec<f32>], inputs: &[Vec<f32>], rows: usize) 
             n,
         } = step.op
         {
-            values[step.output] = product(
+            values[step.output] = row_products(
                 &values[input],
-                &weights[weight],
+                row_weights,
+                weight,
                 transposed,
-                rows * groups,
+                groups,
                 k,
                 n,
             );
@@ -289,11 +371,11 @@ fn recurrent(
     index: usize,
     layer: &Recurrent,
     h: ValueId,
-    weights: &[Vec<f32>],
-    table: &[u64],
+    row_weights: &[&[Vec<f32>]],
+    table: &Table,
     values: &mut [Vec<f32>],
-    rows: usize,
 ) {
+    let rows = row_weights.len();
     let (steps, hidden) = (layer.steps, layer.hidden);
     let gh = layer.cell.gates() * hidden;
     values[h] = layer
@@ -303,11 +385,12 @@ fn recurrent(
         .initial_c
         .filter(|_| layer.cell == Cell::Lstm)
         .map_or_else(|| vec![0.0f32; rows * hidden], |v| values[v].clone());
-    let xw = product(
+    let xw = row_products(
         &values[layer.input],
-        &weights[layer.w],
+        row_weights,
+        layer.w,
         true,
-        rows * steps,
+        steps,
         layer.input_size,
         gh,
     );
@@ -317,7 +400,7 @@ fn recurrent(
             linear_before_reset: false,
         };
     for t in 0..steps {
-        let hr = product(&values[h], &weights[layer.r], true, rows, hidden, gh);
+        let hr = row_products(&values[h], row_weights, layer.r, true, 1, hidden, gh);
         let mut hr2 = vec![0.0f32; rows * gh];
         let gates = |name: &str, h: *mut f32, c: *mut f32, y: *mut f32, hr2: *const f32| {
             let (grid, block) = module.dims(name, rows, hidden);
@@ -338,9 +421,10 @@ fn recurrent(
                     xw.as_ptr(),
                     hr.as_ptr(),
                     hr2,
-                    table.as_ptr(),
+                    table.pointers.as_ptr(),
                     rows as i32,
                     t as i32,
+                    i32::from(table.mixed),
                 );
             }
         };
@@ -352,7 +436,7 @@ fn recurrent(
                 y.as_mut_ptr(),
                 hr2.as_ptr(),
             );
-            hr2 = product(&cell, &weights[layer.r], true, rows, hidden, gh);
+            hr2 = row_products(&cell, row_weights, layer.r, true, 1, hidden, gh);
         }
         gates(
             &gate_name(index),
@@ -415,5 +499,75 @@ fn the_generated_kernels_run_on_the_cpu_give_what_onnx_runtime_gives() {
         for path in &paths {
             matches_onnx_runtime(&engine, path, rows, seed);
         }
+    }
+}
+
+/// `path`'s plan over `rows` rows, each row its own member's weights (the
+/// file's, scaled by a factor per member, three members in turn), against
+/// each row run alone with its member's: equal bit for bit.
+fn mixed_rows_match_each_member_alone(path: &Path, rows: usize, seed: u64) {
+    let model = read(path);
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let imported = import(&model, &signature.inputs, None).unwrap();
+    let weights = arrange(&imported.plan, &imported.weights).unwrap();
+    let members: Vec<Vec<Vec<f32>>> = [1.0f32, 0.75, 1.25]
+        .iter()
+        .map(|f| {
+            weights
+                .iter()
+                .map(|w| w.iter().map(|x| x * f).collect())
+                .collect()
+        })
+        .collect();
+    let row_weights: Vec<&[Vec<f32>]> = (0..rows)
+        .map(|r| members[r % members.len()].as_slice())
+        .collect();
+    let widths: Vec<usize> = signature
+        .inputs
+        .iter()
+        .map(|s| s.dims.iter().product())
+        .collect();
+    let inputs: Vec<Vec<f32>> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| random_rows(seed + i as u64, rows * w))
+        .collect();
+    let mixed = emulate_rows(&imported.plan, &row_weights, true, &inputs);
+    for (r, weights) in row_weights.iter().enumerate() {
+        let row: Vec<Vec<f32>> = inputs
+            .iter()
+            .zip(&widths)
+            .map(|(x, w)| x[r * w..(r + 1) * w].to_vec())
+            .collect();
+        let alone = emulate_rows(&imported.plan, &[weights], false, &row);
+        for (o, (all, one)) in mixed.iter().zip(&alone).enumerate() {
+            let width = one.len();
+            assert_eq!(
+                all[r * width..(r + 1) * width]
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>(),
+                one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{} output {o} row {r} (member {})",
+                path.display(),
+                r % members.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn rows_of_mixed_members_each_give_what_their_member_gives_alone() {
+    let dir = fixtures();
+    let models = root().join("config/models");
+    let paths = [
+        models.join("alpha_mlp/1/model.onnx"),
+        dir.path().join("cuda_ops/1/model.onnx"),
+        models.join("seq_lstm_step/1/model.onnx"),
+        dir.path().join("cuda_sequence_ops/1/model.onnx"),
+        dir.path().join("cuda_conv/1/model.onnx"),
+    ];
+    for path in &paths {
+        mixed_rows_match_each_member_alone(path, 5, 61);
     }
 }

@@ -6,10 +6,12 @@
 //! relative, on fresh random inputs, with CUDA graphs and eagerly; the
 //! compilations counter moved once per bucket at compile and never while
 //! running; `seq_lstm_step` carries its state through 100 ticks, each side
-//! its own, and stays within 1e-5 of ONNX Runtime at every tick.
+//! its own, and stays within 1e-5 of ONNX Runtime at every tick; rows of
+//! several members in one launch give each row what its member gives alone
+//! (`tick_*`, `seq_lstm_step` and the every-op fixtures, graphs and eagerly).
 
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
+use tickserve_core::{Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER, Weight};
 use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
 use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtModel, OrtOptions};
 use tickserve_onnx::OnnxModel;
@@ -269,5 +271,84 @@ fn the_lstm_step_carries_its_state_through_100_ticks() {
         }
         gpu_state = (1..3).map(|o| gpu.output(bucket, o).to_vec()).collect();
         cpu_state = (1..3).map(|o| cpu.output(bucket, o).to_vec()).collect();
+    }
+}
+
+/// `weights` with every fp32 value times `factor` (the others as they are).
+fn scaled(weights: &[Weight], factor: f32) -> Vec<Weight> {
+    weights
+        .iter()
+        .map(|w| {
+            let mut w = w.clone();
+            if w.datatype != DataType::Fp32 {
+                return w;
+            }
+            for x in w.data.chunks_exact_mut(4) {
+                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor;
+                x.copy_from_slice(&v.to_le_bytes());
+            }
+            w
+        })
+        .collect()
+}
+
+/// `path` as a family of three members (its weights scaled by 1, 0.75 and
+/// 1.25) on gpu:0: in every bucket of two rows or more, fresh inputs run
+/// once with row `r` of member `r % 3`'s (one launch), then once per member
+/// alone on the same inputs; each row equals its member's run within 1e-5.
+fn mixed_members_match_each_member_alone(cuda: &CudaEngine, path: &std::path::Path) {
+    let model = read(path);
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let (graph, weights) = model.with_weights_as_inputs().unwrap();
+    let imported = import(&graph, &signature.inputs, Some(&weights)).unwrap();
+    let mut gpu = on_gpu(cuda, "mixed", &imported, &signature, 0);
+    gpu.add_member(1, &scaled(&imported.weights, 0.75)).unwrap();
+    gpu.add_member(2, &scaled(&imported.weights, 1.25)).unwrap();
+    assert!(gpu.mixes_members());
+    let mut seed = 19;
+    for (bucket, &size) in buckets().sizes().iter().enumerate().skip(1) {
+        fill(&mut gpu, bucket, &mut seed);
+        // Fewer members than rows: the padding rows run member 0's.
+        let rows: Vec<MemberId> = (0..size.min(7) as MemberId).map(|r| r % 3).collect();
+        gpu.run_members(bucket, &rows).unwrap();
+        let mixed: Vec<Vec<u8>> = (0..signature.outputs.len())
+            .map(|o| gpu.output(bucket, o).to_vec())
+            .collect();
+        for member in 0..3 {
+            gpu.run(bucket, member).unwrap();
+            for (o, all) in mixed.iter().enumerate() {
+                let alone = gpu.output(bucket, o);
+                let width = alone.len() / size;
+                for r in (0..size).filter(|&r| rows.get(r).copied().unwrap_or(0) == member) {
+                    assert_close(
+                        &all[r * width..(r + 1) * width],
+                        &alone[r * width..(r + 1) * width],
+                        &format!(
+                            "{} bucket {size} output {o} row {r} member {member}",
+                            path.display()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn rows_of_several_members_in_one_launch_match_each_member_alone() {
+    let dir = fixtures();
+    let models = root().join("config/models");
+    for eager in [false, true] {
+        let cuda = gpu_engine(eager);
+        for path in [
+            models.join("tick_000/1/model.onnx"),
+            models.join("seq_lstm_step/1/model.onnx"),
+            dir.path().join("cuda_ops/1/model.onnx"),
+            dir.path().join("cuda_sequence_ops/1/model.onnx"),
+            dir.path().join("cuda_conv/1/model.onnx"),
+        ] {
+            mixed_members_match_each_member_alone(&cuda, &path);
+        }
     }
 }

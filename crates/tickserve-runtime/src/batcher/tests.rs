@@ -300,6 +300,27 @@ fn a_batch_holds_one_member_the_oldest_requests_member() {
 }
 
 #[test]
+fn where_members_mix_a_batch_is_the_oldest_requests_whatever_their_members() {
+    let t0 = Instant::now();
+    let mut q = Batcher::new(8, us(0));
+    q.mix_members();
+    q.push(of(1, 2, t0));
+    q.push(of(2, 3, t0));
+    q.push(of(1, 2, t0));
+    q.push(of(3, 2, t0));
+    let mut batch = Vec::new();
+    // 2 + 3 + 2 rows fit the 8-row bucket; the fourth would not.
+    assert_eq!(q.decide(t0, false), Decision::Run(3));
+    q.take(3, &mut batch);
+    assert_eq!(batch, vec![of(1, 2, t0), of(2, 3, t0), of(1, 2, t0)]);
+    batch.clear();
+    assert_eq!(q.decide(t0, false), Decision::Run(1));
+    q.take(1, &mut batch);
+    assert_eq!(batch, vec![of(3, 2, t0)]);
+    assert!(q.is_empty());
+}
+
+#[test]
 fn a_quiet_member_is_not_starved_by_a_hot_one() {
     // Member 1 sends 1000 one-row requests; member 2 sends one after the
     // first 100. Member 2 runs as soon as the hot requests that came

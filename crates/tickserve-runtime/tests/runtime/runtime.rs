@@ -444,8 +444,71 @@ async fn two_executors_on_one_gpu_both_serve_and_match_the_cpu() {
     cpu.shutdown();
 }
 
-/// Bucket runs of `seq_lstm` (by any member, on any replica) so far.
-fn seq_lstm_runs(handle: &ModelHandle) -> u64 {
+/// On the GPU machine (`--ignored`): one-row requests of the eight `tick_*`
+/// members (one family) at once, round after round, on gpu:0: rows of
+/// several members share runs (fewer than half as many runs as requests,
+/// where batches of one member would need one run per request) and every
+/// answer is what the CPU answers for that member and row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a GPU"]
+async fn rows_of_several_members_share_gpu_runs_and_match_the_cpu() {
+    use tickserve_core::config::Placement;
+    const ROUNDS: usize = 20;
+    let members: Vec<String> = (0..8).map(|m| format!("tick_{m:03}")).collect();
+    let x = features(ROUNDS * members.len(), 16, 13);
+    let cpu = runtime_with(|c| c.model_defaults.devices = vec![Placement::Cpu]);
+    let mut want = Vec::new();
+    for (i, row) in x.chunks_exact(16).enumerate() {
+        let m = &members[i % members.len()];
+        let out = cpu.infer(request(m, "features", vec![1, 16], row)).await;
+        want.push(floats(&out.unwrap().outputs[0].data));
+    }
+    let gpu = Arc::new(runtime_with(|c| {
+        c.model_defaults.devices = vec![Placement::Gpu(0)];
+        c.model_defaults.max_queue_delay = std::time::Duration::from_micros(500);
+    }));
+    let handle = gpu.model("tick_000", None).unwrap();
+    assert_eq!(handle.device, "gpu:0");
+    let before = runs_so_far(&handle);
+    for round in 0..ROUNDS {
+        let mut tasks = Vec::new();
+        for (m, name) in members.iter().enumerate() {
+            let (gpu, name) = (Arc::clone(&gpu), name.clone());
+            let i = round * members.len() + m;
+            let row = x[i * 16..(i + 1) * 16].to_vec();
+            tasks.push(tokio::spawn(async move {
+                let out = gpu
+                    .infer(request(&name, "features", vec![1, 16], &row))
+                    .await;
+                (i, floats(&out.unwrap().outputs[0].data))
+            }));
+        }
+        for task in tasks {
+            let (i, got) = task.await.unwrap();
+            for (g, c) in got.iter().zip(&want[i]) {
+                assert!(
+                    (g - c).abs() <= 1e-5 * c.abs().max(1.0),
+                    "request {i} ({}): gpu {g}, cpu {c}",
+                    members[i % members.len()]
+                );
+            }
+        }
+    }
+    let runs = runs_so_far(&handle) - before;
+    let requests = (ROUNDS * members.len()) as u64;
+    assert!(
+        runs * 2 < requests,
+        "{runs} runs for {requests} requests of 8 members"
+    );
+    drop(handle);
+    let gpu = Arc::try_unwrap(gpu)
+        .unwrap_or_else(|_| panic!("every task that held the GPU runtime has ended"));
+    gpu.shutdown();
+    cpu.shutdown();
+}
+
+/// Bucket runs of a model's families (by any member, on any replica) so far.
+fn runs_so_far(handle: &ModelHandle) -> u64 {
     handle.replica_runs().iter().map(|(_, n)| n).sum()
 }
 
@@ -462,7 +525,7 @@ async fn busy_seq_lstm() -> (Arc<Runtime>, Arc<ModelHandle>, u64, JoinHandle<()>
         config.model_defaults.max_queue_rows = 2 * BUSY_ROWS;
     }));
     let handle = runtime.model("seq_lstm", None).unwrap();
-    let before = seq_lstm_runs(&handle);
+    let before = runs_so_far(&handle);
     let big = request(
         "seq_lstm",
         "window",
@@ -478,7 +541,7 @@ async fn busy_seq_lstm() -> (Arc<Runtime>, Arc<ModelHandle>, u64, JoinHandle<()>
     // Bounded: a setup request that is refused (or never runs) fails here,
     // naming why, instead of hanging the suite.
     let started = std::time::Instant::now();
-    while seq_lstm_runs(&handle) == before {
+    while runs_so_far(&handle) == before {
         assert!(
             !busy.is_finished(),
             "the busy request ended before it ran (refused?); runs still {before}"
@@ -533,7 +596,7 @@ async fn a_request_whose_caller_left_is_never_computed() {
     }
     finish(runtime, busy).await;
     // The busy request's runs, and nothing for the callers that left.
-    assert_eq!(seq_lstm_runs(&handle) - before, (BUSY_ROWS / 64) as u64);
+    assert_eq!(runs_so_far(&handle) - before, (BUSY_ROWS / 64) as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -544,7 +607,7 @@ async fn a_request_that_expires_in_the_queue_is_refused_and_never_computed() {
     let err = runtime.infer(late).await.unwrap_err();
     assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err}");
     finish(runtime, busy).await;
-    assert_eq!(seq_lstm_runs(&handle) - before, (BUSY_ROWS / 64) as u64);
+    assert_eq!(runs_so_far(&handle) - before, (BUSY_ROWS / 64) as u64);
 }
 
 /// Writes `repository/name/1/model.onnx`: `y = features · W`, `W` (4 × 2) a
