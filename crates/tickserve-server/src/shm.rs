@@ -8,9 +8,10 @@
 //! request-response service of byte slices, and `SERVICE/wake`, an event
 //! clients notify after each request so that a sleeping front-end thread
 //! wakes. Each of `shm.threads` threads takes requests from the one server
-//! port; after a request it keeps polling for `shm.spin`, then sleeps on the
-//! event (waking at least every [`TICK`] to clean up after clients that
-//! died).
+//! port, in rounds (every request waiting, answered in turn, then the next
+//! round: see [`rounds`]); after a request it keeps polling for `shm.spin`,
+//! then sleeps on the event (waking at least every [`TICK`] to clean up
+//! after clients that died).
 //!
 //! A request runs on the thread that took it when it can finish there (the
 //! run-at-once path: an idle executor, nothing queued): the future is polled
@@ -48,6 +49,10 @@ use crate::transport::status;
 use tickserve_edge::observe::Protocol;
 use tickserve_edge::params::{Param, Parameters};
 use tickserve_edge::{Call, Decoded, Edge, Payload, RequestBytes};
+
+mod rounds;
+
+use rounds::Rounds;
 
 /// How often a sleeping front-end thread wakes to clean up after dead clients.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -313,10 +318,12 @@ fn serve(context: &Context_, stop: &AtomicBool) {
     let _entered = context.runtime.enter();
     let mut last_request = Instant::now();
     let mut last_cleanup = Instant::now();
+    let mut rounds = Rounds::new(MAX_CLIENTS * MAX_REQUESTS_PER_CLIENT);
     while !stop.load(Ordering::Acquire) {
         let mut served = false;
         loop {
-            match context.server.receive() {
+            let next = rounds.next(|| context.server.receive());
+            match next {
                 Ok(Some(active)) => {
                     served = true;
                     handle(context, active);
