@@ -1,4 +1,5 @@
-//! Fuzzes `tickserve_server::fuzzing::http_binary`: arbitrary bytes must never panic it.
+//! Fuzzes `tickserve_server::fuzzing::http_binary`: arbitrary bytes must never panic it,
+//! and whatever the hand reader of the JSON header reads, serde_json must read alike.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

@@ -10,14 +10,14 @@
 //! - [`bounded`]: the codec every generated server and client decodes with:
 //!   prost's, behind a walk that refuses messages that would take far more
 //!   memory decoded than on the wire.
-//! - [`view`]: a `ModelInferRequest` of the common shape read in place, for
-//!   the server's unary inference.
+//! - [`fast`]: a `ModelInferRequest` of the common shape read in place, for
+//!   the server's unary inference (a fenced fast path beside prost).
 //!
 //! Nothing here knows a model or a request path: these are messages, stubs
 //! and the codec.
 
 pub mod bounded;
-pub mod view;
+pub mod fast;
 
 /// The v2 inference protocol's messages, server and client.
 #[allow(missing_docs, clippy::all)]

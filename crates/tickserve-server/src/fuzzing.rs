@@ -2,10 +2,12 @@
 //! decoder (with and without the binary-tensor split), the gRPC request
 //! conversion, the shared-memory protocol, TF Serving's JSON and TensorProto
 //! decoding, the sequence snapshot reader, and the configuration parsers. Each takes arbitrary bytes and
-//! must return, never panic. The two hand-written readers beside a library
-//! are held to it too: whatever the HTTP header reader reads, serde_json
-//! reads alike (`http_binary`); whatever the gRPC message is read as in
-//! place, prost decodes alike, field by field (`grpc_request`).
+//! must return, never panic. The fast paths beside a library path (the
+//! `fast` modules) are held to it too: whatever the HTTP header reader
+//! reads, serde_json reads alike (`http_binary`); whatever the gRPC message
+//! is read as in place, prost decodes alike, field by field
+//! (`grpc_request`); whatever TF Serving's one-pass reading reads, the
+//! general reading reads alike (`tf_json`).
 //!
 //! The cargo-fuzz targets in `fuzz/` call these (nightly, libFuzzer); the
 //! `fuzz_corpus` integration test replays the committed corpus through them on
@@ -19,8 +21,9 @@ use tickserve_core::config::{ModelConfig, ModelDefaults, ServerConfig};
 use tickserve_core::validate::{Limits, validate, validate_for};
 use tickserve_core::{DataType, Signature, TensorSpec};
 
+use tickserve_proto::bounded;
+use tickserve_proto::fast::view;
 use tickserve_proto::inference as pb;
-use tickserve_proto::{bounded, view};
 
 use crate::grpc::convert;
 use crate::http::codec;
@@ -70,7 +73,7 @@ pub fn http_binary(data: &[u8]) {
     let header_length = usize::from(u16::from_le_bytes(*length));
     // The hand reader of the JSON header reads what serde_json reads.
     let text = &body[..header_length.min(body.len())];
-    if let Some(plain) = crate::http::plain::header(text) {
+    if let Some(plain) = crate::http::fast::reader::header(text) {
         let json = crate::http::request_header::json_header(text);
         let agree = json.as_ref().map(crate::http::request_header::comparable);
         assert!(

@@ -32,13 +32,13 @@ pub static HEADER_LENGTH_NAME: axum::http::HeaderName =
 pub use tickserve_core::request::MAX_ID_BYTES;
 
 /// A `parameters` object's entries; its text is parsed only when it is
-/// small: by hand where its values are plain ([`super::plain::parameters`]),
+/// small: by hand where its values are plain ([`super::fast::reader::parameters`]),
 /// by serde_json otherwise.
 fn parameters(params: Option<Params<'_>>) -> Result<Option<Entries<'_>>, String> {
     match params {
         None => Ok(None),
         Some(Params::Read(entries)) => Ok(Some(entries)),
-        Some(Params::Text(text)) => match super::plain::parameters(text) {
+        Some(Params::Text(text)) => match super::fast::reader::parameters(text) {
             Some(entries) => Ok(Some(entries)),
             None => json_parameters(text).map(Some),
         },
@@ -95,7 +95,7 @@ pub fn decode(
     let text = &body[..json_len];
     // Without binary data every input holds JSON `data`, which only
     // serde_json reads.
-    let plain = header_length.and_then(|_| super::plain::header(text));
+    let plain = header_length.and_then(|_| super::fast::reader::header(text));
     let parsed = match plain {
         Some(header) => header,
         None => json_header(text)
@@ -463,9 +463,7 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
     // Sized up front: a body that grows as it is written copies itself
     // each time (serde_json starts at 128 bytes).
     let mut body = Vec::with_capacity(encoded_size(response, binary));
-    if !super::answer_header::write(response, binary, &mut body) {
-        json_header_of(response, binary, &mut body);
-    }
+    json_header_of(response, binary, &mut body);
     if !binary.iter().any(|&b| b) {
         return Encoded {
             body,
@@ -484,7 +482,7 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
 
 /// Writes `response`'s JSON (its header, with the binary extension) to
 /// `body` with serde_json.
-pub(super) fn json_header_of(response: &InferResponse, binary: &[bool], body: &mut Vec<u8>) {
+fn json_header_of(response: &InferResponse, binary: &[bool], body: &mut Vec<u8>) {
     let outputs = response
         .outputs
         .iter()

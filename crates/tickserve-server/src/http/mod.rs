@@ -7,9 +7,8 @@
 //! pipeline ([`tickserve_edge::infer`]). Errors are `{"error": "..."}` with the
 //! status of their kind ([`crate::transport::status`]).
 
-mod answer_header;
 pub mod codec;
-pub(crate) mod plain;
+pub(crate) mod fast;
 mod reply;
 pub(crate) mod request_header;
 pub mod risk;

@@ -1,6 +1,6 @@
 //! A v2 request's JSON header as read, before the model is known: its
 //! inputs, outputs and `parameters` objects, by serde_json here or by the
-//! plain reader (`http::plain`) where the header is plain JSON; the codec
+//! hand reader (`http::fast::reader`) where the header is plain JSON; the codec
 //! turns either reading into the core's request.
 
 use std::borrow::Cow;
@@ -55,7 +55,7 @@ struct OutputJson<'a> {
     parameters: Option<&'a RawValue>,
 }
 
-/// A request's JSON header, as serde_json or the plain reader read it.
+/// A request's JSON header, as serde_json or the hand reader read it.
 #[derive(Default)]
 pub struct Header<'a> {
     /// `id`.
@@ -91,7 +91,7 @@ pub struct OutputHeader<'a> {
 }
 
 /// A `parameters` object as read: serde_json's reading keeps its text, to
-/// be parsed once its size is known; the plain reader reads its entries.
+/// be parsed once its size is known; the hand reader reads its entries.
 #[derive(Debug)]
 pub enum Params<'a> {
     /// The object's text.
@@ -247,7 +247,7 @@ fn entries(params: &Option<Params<'_>>) -> String {
     }
 }
 
-/// A header as comparable text: what the hand reader ([`super::plain`])
+/// A header as comparable text: what the hand reader ([`super::fast::reader`])
 /// and serde_json's must agree on (its unit tests and the `http_binary` fuzz
 /// target hold it to that).
 pub fn comparable(header: &Header<'_>) -> String {

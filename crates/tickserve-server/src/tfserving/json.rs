@@ -899,7 +899,9 @@ const fn non_finite(nan: bool, positive: bool) -> &'static str {
     }
 }
 
-mod one_pass;
+mod fast;
+
+use fast::one_pass;
 
 #[cfg(test)]
 mod tests;

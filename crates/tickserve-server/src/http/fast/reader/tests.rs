@@ -1,4 +1,4 @@
-use super::super::request_header::{comparable as shown, json_header};
+use super::super::super::request_header::{comparable as shown, json_header};
 use super::*;
 
 const HEADERS: [&str; 4] = [

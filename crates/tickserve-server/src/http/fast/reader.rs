@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use serde_json::{Number, Value};
 use smallvec::SmallVec;
 
-use super::request_header::{
+use super::super::request_header::{
     Entries, Header, InputHeader, MAX_PARAMETER_BYTES, MAX_RANK, OutputHeader, Params,
 };
 use tickserve_edge::MAX_TENSORS;

@@ -4,7 +4,7 @@
 //! them; for a float input of one dimension (a flat list per instance) they
 //! are read as numbers directly, without the nesting walk.
 //!
-//! [`super::decode`]'s general reading parses the body into raw JSON values
+//! [`super::super::decode`]'s general reading parses the body into raw JSON values
 //! first (to find `signature_name` and the format wherever they are, and
 //! whether instances name their inputs), then each instance again, then its
 //! numbers: three walks over every number. This reading walks them once, and
@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use tickserve_core::{DataType, InputTensor, Signature, TensorSpec};
 
-use super::{Format, Nesting, NestingSeed};
+use super::super::{Format, Nesting, NestingSeed};
 
 /// The most bytes reserved ahead for one value (the signature's own shape,
 /// not the client's, decides it; a model with huge rows grows as it reads).
@@ -26,7 +26,7 @@ const MAX_RESERVE: usize = 1 << 20;
 
 /// The body's tensors and its `signature_name`, when it is the common case
 /// and reads without an error; `None` for everything else.
-pub(super) fn decode(
+pub(in crate::tfserving::json) fn decode(
     signature: &Signature,
     text: &str,
 ) -> Option<(Option<String>, Format, InputTensor)> {
