@@ -161,11 +161,20 @@ pub fn validate_for(
     })
 }
 
-/// The error for an input whose declared datatype tickserve does not know
-/// (`FP16`, `BYTES`, a typo), found while decoding, before [`validate`]:
-/// names the datatype `signature` expects of that input, or every datatype
-/// tickserve serves when the model has no such input.
-pub fn unknown_datatype(model: &str, signature: &Signature, input: &str, got: &str) -> Error {
+/// The datatype a request declares for `input` (`got`), read while
+/// decoding, before [`validate`]; one tickserve does not know (`FP16`,
+/// `BYTES`, a typo) is an error naming the datatype `signature` expects of
+/// that input, or every datatype tickserve serves when the model has no
+/// such input.
+pub fn declared_datatype(
+    model: &str,
+    signature: &Signature,
+    input: &str,
+    got: &str,
+) -> Result<crate::DataType, Error> {
+    if let Some(datatype) = crate::DataType::parse(got) {
+        return Ok(datatype);
+    }
     let expected = match signature.input_index(input) {
         Some(index) => format!("datatype {}", signature.inputs[index].datatype),
         None => {
@@ -173,7 +182,7 @@ pub fn unknown_datatype(model: &str, signature: &Signature, input: &str, got: &s
             format!("one of the datatypes tickserve serves ({})", all.join(", "))
         }
     };
-    Error::input(model, input, expected, got)
+    Err(Error::input(model, input, expected, got))
 }
 
 /// Checks a shape a client declared for input `spec` (rank, every dimension

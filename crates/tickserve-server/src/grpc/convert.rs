@@ -7,7 +7,7 @@
 //! its request used raw inputs, and typed contents otherwise, as Triton does.
 
 use tickserve_core::request::MAX_ID_BYTES;
-use tickserve_core::validate::unknown_datatype;
+use tickserve_core::validate::declared_datatype;
 use tickserve_core::{DataType, Error, InferResponse, InputTensor, Signature};
 use tickserve_runtime::ModelHandle;
 
@@ -75,14 +75,7 @@ pub fn decode(
     let mut raw_contents = request.raw_input_contents.into_iter();
     let mut inputs = Vec::with_capacity(request.inputs.len());
     for input in request.inputs {
-        let Some(datatype) = DataType::parse(&input.datatype) else {
-            return Err(unknown_datatype(
-                model,
-                signature,
-                &input.name,
-                &input.datatype,
-            ));
-        };
+        let datatype = declared_datatype(model, signature, &input.name, &input.datatype)?;
         let data = match (raw_contents.next(), input.contents) {
             (Some(_), Some(c)) if !contents_empty(&c) => {
                 return Err(Error::input(

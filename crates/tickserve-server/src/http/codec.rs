@@ -13,7 +13,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
-use tickserve_core::validate::unknown_datatype;
+use tickserve_core::validate::declared_datatype;
 use tickserve_core::{DataType, Error, InferResponse, InputTensor, OutputTensor, Signature};
 
 use super::request_header::{Entries, Params, json_header, json_parameters};
@@ -110,14 +110,7 @@ pub fn decode(
     let mut binary = body.slice(json_len..);
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
-        let Some(datatype) = DataType::parse(&input.datatype) else {
-            return Err(unknown_datatype(
-                model,
-                signature,
-                &input.name,
-                &input.datatype,
-            ));
-        };
+        let datatype = declared_datatype(model, signature, &input.name, &input.datatype)?;
         let input_parameters = parameters(input.parameters)
             .map_err(|e| Error::input(model, &input.name, "small parameters", e))?;
         let binary_size = params::byte_count(
