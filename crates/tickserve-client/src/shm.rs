@@ -230,7 +230,7 @@ impl ShmClient {
             wire::write_infer_request(buffer, id, handle, timeout_us, parameters, &tensors);
         })?;
         match wire::parse_answer(&answer).map_err(|e| ClientError::Transport(e.to_string()))? {
-            wire::Answer::Infer {
+            wire::DecodedAnswer::Infer {
                 outputs,
                 queue_us,
                 compute_us,
@@ -257,7 +257,7 @@ impl ShmClient {
                     })
                     .collect()
             }
-            wire::Answer::Error { code, message, .. } => {
+            wire::DecodedAnswer::Error { code, message, .. } => {
                 if code == wire::ErrorCode::NotFound {
                     // The server may have restarted and its handles with it.
                     self.models.remove(model);
@@ -267,7 +267,7 @@ impl ShmClient {
                     message: message.to_string(),
                 })
             }
-            wire::Answer::Lookup { .. } => Err(ClientError::Transport(
+            wire::DecodedAnswer::Lookup { .. } => Err(ClientError::Transport(
                 "a lookup answer to an inference request".to_string(),
             )),
         }
@@ -286,12 +286,12 @@ impl ShmClient {
             wire::write_lookup_request(buffer, id, model, "")
         })?;
         match wire::parse_answer(&answer).map_err(|e| ClientError::Transport(e.to_string()))? {
-            wire::Answer::Lookup { handle, .. } => Ok(handle),
-            wire::Answer::Error { code, message, .. } => Err(ClientError::Server {
+            wire::DecodedAnswer::Lookup { handle, .. } => Ok(handle),
+            wire::DecodedAnswer::Error { code, message, .. } => Err(ClientError::Server {
                 code: code.as_str().to_string(),
                 message: message.to_string(),
             }),
-            wire::Answer::Infer { .. } => Err(ClientError::Transport(
+            wire::DecodedAnswer::Infer { .. } => Err(ClientError::Transport(
                 "an inference answer to a lookup".to_string(),
             )),
         }

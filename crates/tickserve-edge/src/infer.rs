@@ -446,12 +446,12 @@ impl<P: Payload> Decoding<P> {
 
 /// An answered request's slot and bytes, kept until its answer is sent (a
 /// stream's answers wait for the client to read them).
-pub struct Kept {
+pub struct Unsent {
     _slot: Slot,
     bytes: HeldBytes,
 }
 
-impl Kept {
+impl Unsent {
     /// Holds the answer's `bytes` too, until it is sent.
     pub fn hold_answer(&mut self, bytes: usize) {
         self.bytes.add_anyway(bytes);
@@ -462,12 +462,12 @@ impl<E> Admitted<E> {
     /// Waits for the answer (the sequence's turn, the queue, the run); the
     /// outcome is recorded here.
     pub async fn run(self) -> Result<Answer<E>, Error> {
-        self.run_kept().await.0
+        self.run_unsent().await.0
     }
 
     /// [`Admitted::run`], and the request's slot and bytes, for the caller
     /// to keep until the answer is sent.
-    pub async fn run_kept(self) -> (Result<Answer<E>, Error>, Kept) {
+    pub async fn run_unsent(self) -> (Result<Answer<E>, Error>, Unsent) {
         let Admitted { prepared, after } = self;
         match after.handle.run_held(prepared).await {
             Ok((response, held)) => after.conclude(Ok(response), held).await,
@@ -499,7 +499,7 @@ impl<E> AfterRun<E> {
         mut self,
         result: Result<InferResponse, Error>,
         held: Option<HeldState>,
-    ) -> (Result<Answer<E>, Error>, Kept) {
+    ) -> (Result<Answer<E>, Error>, Unsent) {
         self.followers.ran(&result);
         let (result, withheld) = guard(
             &self.handle,
@@ -522,7 +522,7 @@ impl<E> AfterRun<E> {
         }
         (
             into_answer(result, (handle, sequence), encoding),
-            Kept { _slot: slot, bytes },
+            Unsent { _slot: slot, bytes },
         )
     }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tickserve_core::monte_carlo::Summary;
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferResponse};
-use tickserve_journal::{Journal, MonteCarlo, Outputs, Parameters, Record, Tensor};
+use tickserve_journal::{Journal, MonteCarlo, Outputs, Record, RecordedParameters, Tensor};
 use tickserve_runtime::{ModelHandle, Prepared};
 
 use super::params;
@@ -64,7 +64,7 @@ impl Pending {
                 bucket: None,
                 status: "ok",
                 error: None,
-                parameters: Parameters::default(),
+                parameters: RecordedParameters::default(),
                 inputs: None,
                 outputs: Outputs::Model(Vec::new()),
                 state: Vec::new(),
@@ -119,7 +119,7 @@ impl Pending {
     /// What the request asked: its id and parameters.
     pub fn asked(&mut self, id: &str, parameters: &params::Parameters) {
         self.record.id = id.to_string();
-        self.record.parameters = Parameters {
+        self.record.parameters = RecordedParameters {
             priority: parameters.priority,
             sequence: parameters
                 .sequence

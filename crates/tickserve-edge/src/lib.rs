@@ -43,7 +43,7 @@ use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
 pub use call::{Call, RequestBytes};
-pub use infer::{Decoded, Kept, Payload};
+pub use infer::{Decoded, Payload, Unsent};
 
 /// The most inputs, and the most outputs, one request may name (every JSON
 /// front end).

@@ -22,5 +22,5 @@ pub mod schema;
 pub mod verify;
 pub mod writer;
 
-pub use record::{MonteCarlo, Outputs, Parameters, Record, Tensor};
+pub use record::{MonteCarlo, Outputs, Record, RecordedParameters, Tensor};
 pub use writer::Journal;

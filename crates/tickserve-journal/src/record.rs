@@ -39,7 +39,7 @@ pub struct Record {
     /// A failed request's error text, as the client got it.
     pub error: Option<String>,
     /// The request's parameters.
-    pub parameters: Parameters,
+    pub parameters: RecordedParameters,
     /// The validated inputs in signature order and their rows; `None` for a
     /// request refused before it was validated.
     pub inputs: Option<(Vec<Bytes>, usize)>,
@@ -54,7 +54,7 @@ pub struct Record {
 
 /// A request's parameters, as a replay needs them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Parameters {
+pub struct RecordedParameters {
     /// `priority` (0: the model's default level).
     pub priority: u64,
     /// `sequence_id` (a number, or a string in double quotes), and its flags.

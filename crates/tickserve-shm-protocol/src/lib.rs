@@ -296,7 +296,7 @@ pub enum Request<'a> {
 
 /// A decoded answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer<'a> {
+pub enum DecodedAnswer<'a> {
     /// A model's handle and signature.
     Lookup {
         /// The request's id.
@@ -557,7 +557,7 @@ pub fn request_id_of(bytes: &[u8]) -> u64 {
 }
 
 /// Reads an answer.
-pub fn parse_answer(bytes: &[u8]) -> Result<Answer<'_>, ProtocolError> {
+pub fn parse_answer(bytes: &[u8]) -> Result<DecodedAnswer<'_>, ProtocolError> {
     let mut r = Reader { bytes, at: 0 };
     if r.take(4)? != ANSWER_MAGIC {
         return bad("not a tickserve answer (magic)");
@@ -581,14 +581,14 @@ pub fn parse_answer(bytes: &[u8]) -> Result<Answer<'_>, ProtocolError> {
                 return bad("more inputs than tensors");
             }
             let outputs = tensors.split_off(inputs);
-            Ok(Answer::Lookup {
+            Ok(DecodedAnswer::Lookup {
                 request_id,
                 handle,
                 inputs: tensors,
                 outputs,
             })
         }
-        2 => Ok(Answer::Infer {
+        2 => Ok(DecodedAnswer::Infer {
             request_id,
             queue_us,
             compute_us,
@@ -601,7 +601,7 @@ pub fn parse_answer(bytes: &[u8]) -> Result<Answer<'_>, ProtocolError> {
             r.u32()?;
             let message = std::str::from_utf8(r.padded(len)?)
                 .map_err(|_| ProtocolError("an error message that is not UTF-8".into()))?;
-            Ok(Answer::Error {
+            Ok(DecodedAnswer::Error {
                 request_id,
                 code,
                 message,

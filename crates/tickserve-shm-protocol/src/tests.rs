@@ -78,7 +78,7 @@ fn lookups_and_answers_round_trip() {
     };
     let mut buffer = vec![0u8; lookup_answer_len(&[input], &[output])];
     write_lookup_answer(&mut buffer, 1, 0x0123_4567_89ab_cdef, &[input], &[output]);
-    let Answer::Lookup {
+    let DecodedAnswer::Lookup {
         handle,
         inputs,
         outputs,
@@ -96,7 +96,7 @@ fn lookups_and_answers_round_trip() {
     write_error_answer(&mut buffer, 9, ErrorCode::InvalidArgument, message);
     assert_eq!(
         parse_answer(&buffer).unwrap(),
-        Answer::Error {
+        DecodedAnswer::Error {
             request_id: 9,
             code: ErrorCode::InvalidArgument,
             message
@@ -271,7 +271,7 @@ fn every_length_is_exactly_what_its_writer_writes() {
     assert_filled(&b, "infer answer");
     assert_eq!(
         parse_answer(&b).unwrap(),
-        Answer::Infer {
+        DecodedAnswer::Infer {
             request_id: 3,
             queue_us: 17,
             compute_us: 23,
@@ -327,7 +327,7 @@ fn every_datatype_and_error_code_round_trips() {
         write_error_answer(&mut b, 4, code, name);
         assert_eq!(
             parse_answer(&b).unwrap(),
-            Answer::Error {
+            DecodedAnswer::Error {
                 request_id: 4,
                 code,
                 message: name

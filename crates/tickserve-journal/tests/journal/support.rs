@@ -10,7 +10,7 @@ use arrow_array::{Array, StringArray, UInt64Array};
 use tickserve_core::config::{JournalConfig, ServerConfig};
 use tickserve_journal::read::{read_file, scan_dir};
 use tickserve_journal::verify::{Report, verify};
-use tickserve_journal::{Journal, Outputs, Parameters, Record};
+use tickserve_journal::{Journal, Outputs, Record, RecordedParameters};
 use tickserve_runtime::{ModelHandle, Runtime};
 
 /// Two models loaded once for every test: `alpha` (journaled) and `beta`
@@ -82,7 +82,7 @@ pub fn record(handle: &Arc<ModelHandle>, id: &str, error_bytes: usize) -> Record
         bucket: None,
         status: "invalid_argument",
         error: Some("e".repeat(error_bytes)),
-        parameters: Parameters::default(),
+        parameters: RecordedParameters::default(),
         inputs: None,
         outputs: Outputs::Model(Vec::new()),
         state: Vec::new(),

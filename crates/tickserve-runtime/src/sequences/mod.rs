@@ -1,7 +1,7 @@
 //! The sequence table of a stateful model version: each sequence's state,
 //! kept between its requests, and the order its requests run in.
 //!
-//! A sequence is a `Slot`: its state rows (one per state pair), its tick
+//! A sequence is a `Tracked`: its state rows (one per state pair), its tick
 //! count, when it was last used, and a turn. Every operation on a sequence
 //! (a tick, a read, a write, a drop) first takes the sequence's turn, in the
 //! order the operations arrived ([`Sequences::enter`] is synchronous, so a
@@ -93,13 +93,13 @@ impl From<KeyId> for KeyIdOrd {
 
 /// One sequence.
 #[derive(Debug)]
-struct Slot {
+struct Tracked {
     id: SequenceKey,
-    inner: Mutex<SlotState>,
+    inner: Mutex<TrackedState>,
 }
 
 #[derive(Debug)]
-struct SlotState {
+struct TrackedState {
     /// The state rows, one per state pair; `Err` once gone.
     state: Result<Vec<Bytes>, Gone>,
     /// Requests answered since it started.
@@ -119,15 +119,15 @@ struct SlotState {
     last_answer: Vec<(String, Bytes)>,
 }
 
-impl Slot {
-    fn lock(&self) -> MutexGuard<'_, SlotState> {
+impl Tracked {
+    fn lock(&self) -> MutexGuard<'_, TrackedState> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 #[derive(Debug)]
 struct Table {
-    active: HashMap<SequenceKey, Arc<Slot>>,
+    active: HashMap<SequenceKey, Arc<Tracked>>,
     /// Ids of sequences that expired and restart on their next tick.
     expired: Expired,
     last_sweep: Instant,
@@ -210,7 +210,7 @@ pub struct SequenceState {
 
 /// A sequence as a snapshot keeps it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Kept {
+pub struct Snapshotted {
     /// Where it is kept.
     pub id: SequenceKey,
     /// Requests answered since it started.
@@ -400,9 +400,9 @@ impl Sequences {
         }
         // A start or a write begins afresh: the id is no longer expired.
         table.expired.remove(id);
-        let slot = Arc::new(Slot {
+        let slot = Arc::new(Tracked {
             id: id.clone(),
-            inner: Mutex::new(SlotState {
+            inner: Mutex::new(TrackedState {
                 state: Err(Gone::New),
                 ticks: 0,
                 window_ticks: 0,
@@ -514,7 +514,7 @@ impl Sequences {
         };
         let keeps = link.handoff.keeps(&self.model, key);
         if keeps {
-            let kept = Kept {
+            let kept = Snapshotted {
                 id: key.clone(),
                 ticks: state.ticks,
                 window_ticks: state.window_ticks,
@@ -575,7 +575,7 @@ impl Sequences {
         }
     }
 
-    fn turn(self: &Arc<Self>, slot: Arc<Slot>) -> Turn {
+    fn turn(self: &Arc<Self>, slot: Arc<Tracked>) -> Turn {
         Turn {
             sequences: Arc::clone(self),
             slot,
@@ -595,7 +595,7 @@ impl Sequences {
     /// Ends the sequence of `state` if it sat idle past `max_sequence_idle`
     /// (its state is dropped and it is counted as expired); true if it did.
     /// The caller removes it from the table (or its turn's drop does).
-    fn expire_if_idle(&self, state: &mut SlotState, now: Instant) -> bool {
+    fn expire_if_idle(&self, state: &mut TrackedState, now: Instant) -> bool {
         let idle = now.saturating_duration_since(state.last_used);
         if state.state.is_err() || self.spec.max_idle.is_none_or(|max| idle <= max) {
             return false;
@@ -752,16 +752,16 @@ impl Sequences {
     /// Every kept sequence and its state, for a snapshot (taken when no
     /// request is running: at shutdown, after the drain); sequences idle past
     /// `max_sequence_idle` are ended first, not kept.
-    pub fn snapshot(&self) -> Vec<Kept> {
+    pub fn snapshot(&self) -> Vec<Snapshotted> {
         let mut table = self.table();
         self.sweep_locked(&mut table, Instant::now());
-        let mut all: Vec<Kept> = table
+        let mut all: Vec<Snapshotted> = table
             .active
             .values()
             .filter_map(|slot| {
                 let state = slot.lock();
                 let rows = state.state.as_ref().ok()?;
-                Some(Kept {
+                Some(Snapshotted {
                     id: slot.id.clone(),
                     ticks: state.ticks,
                     window_ticks: state.window_ticks,
@@ -776,12 +776,12 @@ impl Sequences {
     /// Puts sequences back from a snapshot (at load, before serving); each
     /// row was checked against the model's state pairs by the caller.
     /// Sequences beyond `max_sequences` are left out; returns how many came back.
-    pub fn restore(&self, sequences: Vec<Kept>) -> usize {
+    pub fn restore(&self, sequences: Vec<Snapshotted>) -> usize {
         let now = Instant::now();
         let mut table = self.table();
         let mut restored = 0;
         for kept in sequences {
-            let Kept {
+            let Snapshotted {
                 id,
                 ticks,
                 window_ticks,
@@ -790,9 +790,9 @@ impl Sequences {
             if table.active.len() >= self.spec.max_sequences || table.active.contains_key(&id) {
                 continue;
             }
-            let slot = Slot {
+            let slot = Tracked {
                 id: id.clone(),
-                inner: Mutex::new(SlotState {
+                inner: Mutex::new(TrackedState {
                     state: Ok(rows),
                     ticks,
                     window_ticks: window_ticks.min(self.spec.full_after()),

@@ -34,7 +34,7 @@ use bytes::Bytes;
 use tickserve_core::TensorSpec;
 use tickserve_core::sequence::{SequenceId, SequenceSpec};
 
-use super::{Kept, KeyIdOrd, SequenceKey};
+use super::{KeyIdOrd, SequenceKey, Snapshotted};
 use crate::handle::ModelHandle;
 
 const MAGIC: &[u8] = b"tickserve-sequences 3\n";
@@ -123,7 +123,7 @@ pub(crate) fn encode_model(
     name: &str,
     version: &str,
     spec: &SequenceSpec,
-    sequences: &[Kept],
+    sequences: &[Snapshotted],
 ) -> std::io::Result<()> {
     put_str(out, name)?;
     put_str(out, version)?;
@@ -173,7 +173,7 @@ pub(crate) fn encode_one(
     name: &str,
     version: &str,
     spec: &SequenceSpec,
-    sequences: &[Kept],
+    sequences: &[Snapshotted],
 ) -> Vec<u8> {
     let mut out = Vec::from(MAGIC);
     // Writing into a Vec cannot fail.
@@ -215,7 +215,7 @@ pub(crate) struct Decoded {
     /// Its windows' inputs: name, datatype, window bytes.
     pub windows: Vec<(String, String, u64)>,
     /// Its sequences.
-    pub sequences: Vec<Kept>,
+    pub sequences: Vec<Snapshotted>,
 }
 
 impl Decoded {
@@ -298,7 +298,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Vec<Decoded>, String> {
                 let len = usize::try_from(*row_bytes).map_err(|e| e.to_string())?;
                 rows.push(Bytes::copy_from_slice(input.take(len)?));
             }
-            sequences.push(Kept {
+            sequences.push(Snapshotted {
                 id,
                 ticks,
                 window_ticks,

@@ -408,7 +408,7 @@ async fn state_reads_writes_and_drops_take_their_turn() {
         owner: None,
     };
     assert_eq!(tick(&t, &c, 6.0).unwrap(), 4.0);
-    let kept = Kept {
+    let kept = Snapshotted {
         id: t.key(&id, None),
         ticks: 1,
         window_ticks: 0,

@@ -11,14 +11,14 @@ use tickserve_core::Error;
 use tickserve_core::sequence::{IdleAction, SequenceControl};
 use tokio::sync::oneshot;
 
-use super::{Gone, Sequences, Slot};
+use super::{Gone, Sequences, Tracked};
 
 /// The right to act on one sequence now; dropping it passes the turn to the
 /// next waiter in arrival order.
 #[derive(Debug)]
 pub struct Turn {
     pub(super) sequences: Arc<Sequences>,
-    pub(super) slot: Arc<Slot>,
+    pub(super) slot: Arc<Tracked>,
     /// False for a turn handed back by a caller that left (see `Drop`).
     pub(super) armed: bool,
 }

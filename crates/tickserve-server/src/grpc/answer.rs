@@ -11,21 +11,21 @@ use tickserve_core::{InferResponse, OutputTensor};
 use super::{convert, pb};
 
 /// A unary inference answer, as the handler gives it to the codec.
-pub struct Answer {
+pub struct UnaryAnswer {
     /// The core's response.
     pub response: InferResponse,
     /// Whether its outputs go back as `raw_output_contents`.
     pub raw: bool,
 }
 
-impl Answer {
+impl UnaryAnswer {
     /// The generated message (what prost encodes).
     pub fn message(self) -> pb::ModelInferResponse {
         convert::encode(self.response, self.raw)
     }
 
     /// Writes the answer as a `ModelInferResponse` to `buf`: the same bytes
-    /// as prost's for [`Answer::message`].
+    /// as prost's for [`UnaryAnswer::message`].
     pub fn encode(self, buf: &mut impl BufMut) {
         let response = &self.response;
         if !self.raw || response.sequence_restarted || response.window_ticks.is_some() {
@@ -186,7 +186,7 @@ mod tests {
             for raw in [true, false] {
                 let expected = prost::Message::encode_to_vec(&convert::encode(case.clone(), raw));
                 let mut written = Vec::new();
-                Answer {
+                UnaryAnswer {
                     response: case.clone(),
                     raw,
                 }

@@ -37,7 +37,7 @@ use tickserve_core::sequence::KeyId;
 use crate::transport::trace;
 use tickserve_edge::admission::BodyBytes;
 use tickserve_edge::observe::Protocol;
-use tickserve_edge::{Call, Edge, Kept, RequestBytes};
+use tickserve_edge::{Call, Edge, RequestBytes, Unsent};
 
 /// Requests of one stream in the server at once.
 pub const STREAM_IN_FLIGHT: usize = 256;
@@ -47,7 +47,7 @@ pub type AnswerStream =
     Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
 
 /// One request's answer, and what it holds until the answer is sent.
-type Answered = (pb::ModelStreamInferResponse, Option<Kept>);
+type Answered = (pb::ModelStreamInferResponse, Option<Unsent>);
 
 /// Serves one `ModelStreamInfer` call.
 pub fn serve(
@@ -87,7 +87,7 @@ pub fn serve(
 struct Answers {
     tasks: mpsc::Receiver<JoinHandle<Answered>>,
     current: Option<JoinHandle<Answered>>,
-    handed_over: Option<Kept>,
+    handed_over: Option<Unsent>,
 }
 
 impl Stream for Answers {
@@ -102,9 +102,9 @@ impl Stream for Answers {
                     Poll::Ready(done) => done,
                 };
                 self.current = None;
-                let (answer, kept) =
+                let (answer, unsent) =
                     done.unwrap_or_else(|e| (failed(format!("internal error: {e}")), None));
-                self.handed_over = kept;
+                self.handed_over = unsent;
                 return Poll::Ready(Some(Ok(answer)));
             }
             match self.tasks.poll_recv(cx) {
@@ -153,7 +153,7 @@ async fn start(
     tokio::spawn(async move {
         match admitted {
             Ok(admitted) => {
-                let (result, mut kept) = admitted.run_kept().await;
+                let (result, mut unsent) = admitted.run_unsent().await;
                 let answer = match result {
                     Ok(answer) => pb::ModelStreamInferResponse {
                         error_message: String::new(),
@@ -161,8 +161,8 @@ async fn start(
                     },
                     Err(e) => failed(e.client_message()),
                 };
-                kept.hold_answer(prost::Message::encoded_len(&answer));
-                (answer, Some(kept))
+                unsent.hold_answer(prost::Message::encoded_len(&answer));
+                (answer, Some(unsent))
             }
             Err(e) => (failed(e.client_message()), None),
         }

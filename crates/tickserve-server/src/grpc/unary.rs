@@ -22,7 +22,7 @@ use tickserve_runtime::ModelHandle;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
 
-use super::answer::Answer;
+use super::answer::UnaryAnswer;
 use super::{convert, optional, pb};
 use crate::transport::status::grpc as status;
 use crate::transport::{entrance::Entrance, sequence_key};
@@ -76,8 +76,8 @@ impl tower::Service<http::Request<axum::body::Body>> for ModelInfer {
 struct Method(Arc<Edge>);
 
 impl tonic::server::UnaryService<Bytes> for Method {
-    type Response = Answer;
-    type Future = BoxFuture<Result<Response<Answer>, Status>>;
+    type Response = UnaryAnswer;
+    type Future = BoxFuture<Result<Response<UnaryAnswer>, Status>>;
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let edge = Arc::clone(&self.0);
@@ -87,11 +87,11 @@ impl tonic::server::UnaryService<Bytes> for Method {
 
 /// The codec of [`ModelInfer`]: a request is its message's bytes, taken
 /// from the frame without a copy; the answer is written from the core's
-/// response ([`Answer::encode`]).
+/// response ([`UnaryAnswer::encode`]).
 struct FrameCodec;
 
 impl Codec for FrameCodec {
-    type Encode = Answer;
+    type Encode = UnaryAnswer;
     type Decode = Bytes;
     type Encoder = AnswerEncoder;
     type Decoder = FrameDecoder;
@@ -121,10 +121,10 @@ impl Decoder for FrameDecoder {
 struct AnswerEncoder;
 
 impl Encoder for AnswerEncoder {
-    type Item = Answer;
+    type Item = UnaryAnswer;
     type Error = Status;
 
-    fn encode(&mut self, answer: Answer, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, answer: UnaryAnswer, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         answer.encode(dst);
         Ok(())
     }
@@ -155,14 +155,14 @@ impl Unary {
         version: &str,
         payload: P,
         len: impl FnOnce() -> usize,
-    ) -> Result<Response<Answer>, Status> {
+    ) -> Result<Response<UnaryAnswer>, Status> {
         let call = self
             .entrance
             .call(Protocol::Grpc, model, optional(version), len);
         let answer = edge.infer(call, payload).await.map_err(|e| status(&e))?;
         let timing = answer.response.timing;
         let sequence = answer.sequence;
-        let message = Answer {
+        let message = UnaryAnswer {
             response: answer.response,
             raw: answer.encoding,
         };
@@ -193,7 +193,7 @@ pub async fn answer_message(
     let message = request.into_inner();
     let len = prost::Message::encoded_len(&message);
     let answer = answer_decoded(unary, edge, message, len).await?;
-    Ok(answer.map(Answer::message))
+    Ok(answer.map(UnaryAnswer::message))
 }
 
 /// Answers a call from its message's bytes: read in place where it has the
@@ -201,7 +201,7 @@ pub async fn answer_message(
 async fn answer_frame(
     edge: &Arc<Edge>,
     request: Request<Bytes>,
-) -> Result<Response<Answer>, Status> {
+) -> Result<Response<UnaryAnswer>, Status> {
     let unary = Unary::of(&request);
     let frame = request.into_inner();
     let len = frame.len();
@@ -221,7 +221,7 @@ async fn answer_decoded(
     edge: &Arc<Edge>,
     mut message: pb::ModelInferRequest,
     len: usize,
-) -> Result<Response<Answer>, Status> {
+) -> Result<Response<UnaryAnswer>, Status> {
     // The name and version go to the edge; the rest is decoded there.
     let model = std::mem::take(&mut message.model_name);
     let version = std::mem::take(&mut message.model_version);

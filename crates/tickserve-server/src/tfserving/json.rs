@@ -467,7 +467,7 @@ impl Nesting<'_> {
         }
     }
 
-    fn scalar<E: de::Error>(&mut self, depth: usize, value: Scalar<'_>) -> Result<(), E> {
+    fn scalar<E: de::Error>(&mut self, depth: usize, value: TfScalar<'_>) -> Result<(), E> {
         self.at_depth(depth)?;
         let index = self.count;
         push(self.out, self.datatype, value)
@@ -532,19 +532,19 @@ impl<'de> Visitor<'de> for NestingSeed<'_, '_> {
         Ok(())
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.state.scalar(self.depth, Scalar::Bool(v))
+        self.state.scalar(self.depth, TfScalar::Bool(v))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.state.scalar(self.depth, Scalar::Int(v))
+        self.state.scalar(self.depth, TfScalar::Int(v))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.state.scalar(self.depth, Scalar::Uint(v))
+        self.state.scalar(self.depth, TfScalar::Uint(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.state.scalar(self.depth, Scalar::Float(v))
+        self.state.scalar(self.depth, TfScalar::Float(v))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.state.scalar(self.depth, Scalar::Text(v))
+        self.state.scalar(self.depth, TfScalar::Text(v))
     }
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
         self.visit_str(v)
@@ -567,9 +567,10 @@ impl<'de> Visitor<'de> for NestingSeed<'_, '_> {
     }
 }
 
-/// One JSON scalar.
+/// One scalar of TF Serving's JSON: a number or a boolean, as in any JSON,
+/// or a string (a non-finite token, once [`quote_non_finite`] quoted it).
 #[derive(Debug, Clone, Copy)]
-enum Scalar<'a> {
+enum TfScalar<'a> {
     Bool(bool),
     Int(i64),
     Uint(u64),
@@ -580,29 +581,29 @@ enum Scalar<'a> {
 /// Appends `value` as `datatype`: numbers and booleans as the v2 codec reads
 /// them, and TF Serving's non-finite tokens (quoted by [`quote_non_finite`])
 /// as floats; the error names the value.
-fn push(out: &mut Vec<u8>, datatype: DataType, value: Scalar<'_>) -> Result<(), String> {
+fn push(out: &mut Vec<u8>, datatype: DataType, value: TfScalar<'_>) -> Result<(), String> {
     use crate::scalar::{Scalar as Number, push_scalar};
     let number = match value {
-        Scalar::Bool(b) => Number::Bool(b),
-        Scalar::Int(i) => Number::Int(i),
-        Scalar::Uint(u) => Number::Uint(u),
-        Scalar::Float(x) => Number::Float(x),
-        Scalar::Text(marked) if datatype.is_float() => match marked_non_finite(marked) {
+        TfScalar::Bool(b) => Number::Bool(b),
+        TfScalar::Int(i) => Number::Int(i),
+        TfScalar::Uint(u) => Number::Uint(u),
+        TfScalar::Float(x) => Number::Float(x),
+        TfScalar::Text(marked) if datatype.is_float() => match marked_non_finite(marked) {
             Some((_, x)) => Number::Float(x),
             None => return Err(describe(value)),
         },
-        Scalar::Text(_) => return Err(describe(value)),
+        TfScalar::Text(_) => return Err(describe(value)),
     };
     push_scalar(out, datatype, number)
 }
 
-fn describe(value: Scalar<'_>) -> String {
+fn describe(value: TfScalar<'_>) -> String {
     match value {
-        Scalar::Bool(b) => b.to_string(),
-        Scalar::Int(i) => i.to_string(),
-        Scalar::Uint(u) => u.to_string(),
-        Scalar::Float(x) => format_f64(x),
-        Scalar::Text(t) => match marked_non_finite(t) {
+        TfScalar::Bool(b) => b.to_string(),
+        TfScalar::Int(i) => i.to_string(),
+        TfScalar::Uint(u) => u.to_string(),
+        TfScalar::Float(x) => format_f64(x),
+        TfScalar::Text(t) => match marked_non_finite(t) {
             Some((token, _)) => token.to_string(),
             None => tickserve_core::text::quote(t),
         },
