@@ -31,6 +31,11 @@ const PINNED: &[(&str, &str, &[&str])] = &[
         &["device", "family"],
     ),
     (
+        "tickserve_mixed_member_runs_total",
+        "counter",
+        &["device", "family"],
+    ),
+    (
         "tickserve_model_info",
         "gauge",
         &["family", "model", "version"],
