@@ -4,7 +4,8 @@
 //! decoding, the sequence snapshot reader, and the configuration parsers. Each takes arbitrary bytes and
 //! must return, never panic. The fast paths beside a library path (the
 //! `fast` modules) are held to it too: whatever the HTTP header reader
-//! reads, serde_json reads alike (`http_binary`); whatever the gRPC message
+//! reads, serde_json reads alike, and whatever answer header the HTTP
+//! writer writes, serde_json writes alike (`http_binary`); whatever the gRPC message
 //! is read as in place, prost decodes alike, field by field
 //! (`grpc_request`); whatever TF Serving's one-pass reading reads, the
 //! general reading reads alike (`tf_json`).
@@ -85,7 +86,50 @@ pub fn http_binary(data: &[u8]) {
     let body = bytes::Bytes::copy_from_slice(body);
     if let Ok(decoded) = codec::decode("m", &body, Some(header_length), &signature()) {
         let (request, _) = decoded.into_request(None);
+        answers_alike(&request);
         let _ = validate_for("m", &request, &signature(), &limits());
+    }
+}
+
+/// An answer made of `request`'s own id, names, shapes and bytes, every
+/// output binary: where the hand writer of its JSON header writes it,
+/// serde_json writes the same bytes.
+fn answers_alike(request: &tickserve_core::ModelRequest) {
+    let outputs: Vec<tickserve_core::OutputTensor> = request
+        .inputs
+        .iter()
+        .map(|input| tickserve_core::OutputTensor {
+            name: input.name.as_str().into(),
+            datatype: input.datatype,
+            shape: input.shape.clone(),
+            data: input.data.clone(),
+        })
+        .collect();
+    let binary = vec![true; outputs.len()];
+    let response = tickserve_core::InferResponse {
+        model: "m".into(),
+        version: "1".into(),
+        id: request.id.clone(),
+        outputs,
+        timing: tickserve_core::Timing {
+            queue: Duration::ZERO,
+            compute: Duration::ZERO,
+        },
+        sequence_restarted: false,
+        bucket: 1,
+        state_read: Vec::new(),
+        window_ticks: None,
+    };
+    let mut hand = Vec::new();
+    if crate::http::fast::writer::write(&response, &binary, &mut hand) {
+        let mut library = Vec::new();
+        codec::json_header_of(&response, &binary, &mut library);
+        assert!(
+            hand == library,
+            "written by hand as {}, by serde_json as {}",
+            String::from_utf8_lossy(&hand),
+            String::from_utf8_lossy(&library)
+        );
     }
 }
 

@@ -456,7 +456,9 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
     // Sized up front: a body that grows as it is written copies itself
     // each time (serde_json starts at 128 bytes).
     let mut body = Vec::with_capacity(encoded_size(response, binary));
-    json_header_of(response, binary, &mut body);
+    if !super::fast::writer::write(response, binary, &mut body) {
+        json_header_of(response, binary, &mut body);
+    }
     if !binary.iter().any(|&b| b) {
         return Encoded {
             body,
@@ -475,7 +477,7 @@ pub fn encode(response: &InferResponse, binary: &[bool]) -> Encoded {
 
 /// Writes `response`'s JSON (its header, with the binary extension) to
 /// `body` with serde_json.
-fn json_header_of(response: &InferResponse, binary: &[bool], body: &mut Vec<u8>) {
+pub(crate) fn json_header_of(response: &InferResponse, binary: &[bool], body: &mut Vec<u8>) {
     let outputs = response
         .outputs
         .iter()

@@ -1,20 +1,27 @@
-//! The v2 HTTP path's speed-only codec, beside the library path it stands
-//! in for and falling back to it: [`reader`] reads the binary extension's
-//! JSON header of the common shape by hand, `None` for anything else, which
-//! serde_json then reads ([`super::request_header::json_header`]).
+//! The v2 HTTP path's speed-only codecs, each beside the library path it
+//! stands in for and falling back to it:
 //!
-//! Its gain: a one-row `alpha_mlp` request with the binary extension costs
-//! the server 60,394 instructions with it, 66,678 with every header read
-//! by serde_json (−9.4 %; the v2 HTTP cases' run-to-run spread is ±4 %):
+//! - [`reader`]: the binary extension's JSON header of the common shape,
+//!   read by hand; `None` for anything else, which serde_json then reads
+//!   ([`super::request_header::json_header`]).
+//! - [`writer`]: an all-binary answer's JSON header, written by hand;
+//!   `false` for anything else, which serde_json then writes
+//!   ([`super::codec`]).
+//!
+//! Their gains, for a one-row `alpha_mlp` request with the binary
+//! extension: 60,394 instructions with both, 66,678 with the header read by
+//! serde_json (the reader: −9.4 %), 61,785 with the answer's header written
+//! by serde_json (the writer: −2.2 %); one build's count repeats within
+//! 0.1 % from run to run (60,394 to 60,433 over three runs). Measured with
 //! `scripts/bench_instructions.py --old OLD --new NEW --requests 300
-//! --warmup 100`, OLD the same build with this reader's answer ignored,
+//! --warmup 100`, OLD the same build with that path's answer ignored,
 //! 2-core development machine, 2026-11-27
-//! (`bench/results/2026-11-27-fast-paths.md`). A hand writer of the
-//! answer's header measured −2.2 % (binary) and +1.5 % (JSON) the same
-//! way, within the spread, and was taken out: serde_json writes answers.
+//! (`bench/results/2026-11-27-fast-paths.md`).
 //!
-//! Held to the library: its unit tests compare it with serde_json on real
-//! headers and thousands of their mutations, and the `http_binary` fuzz
-//! target asserts that whatever [`reader`] reads, serde_json reads alike.
+//! Held to the library: their unit tests compare them with serde_json on
+//! real headers and answers and thousands of their mutations, and the
+//! `http_binary` fuzz target asserts that whatever [`reader`] reads,
+//! serde_json reads alike.
 
 pub(crate) mod reader;
+pub(crate) mod writer;
