@@ -11,11 +11,12 @@
 //! Their gains, for a one-row `alpha_mlp` request with the binary
 //! extension: 60,394 instructions with both, 66,678 with the header read by
 //! serde_json (the reader: −9.4 %), 61,785 with the answer's header written
-//! by serde_json (the writer: −2.2 %); one build's count repeats within
-//! 0.1 % from run to run (60,394 to 60,433 over three runs). Measured with
-//! `scripts/bench_instructions.py --old OLD --new NEW --requests 300
-//! --warmup 100`, OLD the same build with that path's answer ignored,
-//! 2-core development machine, 2026-11-27
+//! by serde_json (the writer: −2.2 %). The codec's own share (the
+//! benchmark's `protocol` column, steady from run to run where the
+//! transport's moves by a few percent) is 4,243 with both and 5,841 without
+//! the writer. Measured with `scripts/bench_instructions.py --old OLD --new
+//! NEW --requests 300 --warmup 100`, OLD the same build with that path's
+//! answer ignored, 2-core development machine, 2026-11-27
 //! (`bench/results/2026-11-27-fast-paths.md`).
 //!
 //! Held to the library: their unit tests compare them with serde_json on
