@@ -15,9 +15,14 @@ use std::path::Path;
 use std::time::Instant;
 
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER, Weight};
+use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
 use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
 use tickserve_onnx::OnnxModel;
+
+#[path = "../tests/engine_cuda/support/members.rs"]
+mod members;
+
+use members::scaled;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -27,24 +32,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn spread(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
     (percentile(&samples, 0.5), percentile(&samples, 0.99))
-}
-
-/// `weights` with every fp32 value times `factor` (the others as they are).
-fn scaled(weights: &[Weight], factor: f32) -> Vec<Weight> {
-    weights
-        .iter()
-        .map(|w| {
-            let mut w = w.clone();
-            if w.datatype != DataType::Fp32 {
-                return w;
-            }
-            for x in w.data.chunks_exact_mut(4) {
-                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor;
-                x.copy_from_slice(&v.to_le_bytes());
-            }
-            w
-        })
-        .collect()
 }
 
 /// Rows of 64 members in one launch against one run per member.

@@ -11,7 +11,7 @@
 //! (`tick_*`, `seq_lstm_step` and the every-op fixtures, graphs and eagerly).
 
 use tickserve_core::config::ModelConfig;
-use tickserve_core::{Buckets, CompiledModel, DataType, MemberId, SOLE_MEMBER, Weight};
+use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
 use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, import};
 use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtModel, OrtOptions};
 use tickserve_onnx::OnnxModel;
@@ -19,6 +19,7 @@ use tickserve_onnx::OnnxModel;
 use crate::support;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use support::members::scaled;
 use support::{fixtures, read, root};
 use tickserve_core::metrics as names;
 
@@ -272,24 +273,6 @@ fn the_lstm_step_carries_its_state_through_100_ticks() {
         gpu_state = (1..3).map(|o| gpu.output(bucket, o).to_vec()).collect();
         cpu_state = (1..3).map(|o| cpu.output(bucket, o).to_vec()).collect();
     }
-}
-
-/// `weights` with every fp32 value times `factor` (the others as they are).
-fn scaled(weights: &[Weight], factor: f32) -> Vec<Weight> {
-    weights
-        .iter()
-        .map(|w| {
-            let mut w = w.clone();
-            if w.datatype != DataType::Fp32 {
-                return w;
-            }
-            for x in w.data.chunks_exact_mut(4) {
-                let v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]) * factor;
-                x.copy_from_slice(&v.to_le_bytes());
-            }
-            w
-        })
-        .collect()
 }
 
 /// `path` as a family of three members (its weights scaled by 1, 0.75 and

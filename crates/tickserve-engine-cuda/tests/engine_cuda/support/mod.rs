@@ -1,7 +1,9 @@
 //! What the engine's tests share: the repository root, reading a model, and
-//! the fixture repository.
+//! the fixture repository, and a family's members made from one model.
 
 #![allow(clippy::unwrap_used, dead_code)]
+
+pub mod members;
 
 use std::path::{Path, PathBuf};
 
