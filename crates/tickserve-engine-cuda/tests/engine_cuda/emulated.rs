@@ -12,7 +12,9 @@
 //! through the table of one pointer per row and slot) give each row what
 //! its member alone gives, bit for bit.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use tickserve_core::config::ModelConfig;
 
@@ -134,8 +136,22 @@ struct Module {
 }
 
 impl Module {
-    fn build(plan: &Plan) -> Module {
+    /// `plan`'s module, compiled once per source text and process: a plan
+    /// is emulated over several row counts and members, and the host
+    /// compiler takes most of these tests' time.
+    fn build(plan: &Plan) -> Arc<Module> {
+        static BUILT: Mutex<BTreeMap<String, Arc<Module>>> = Mutex::new(BTreeMap::new());
         let (source, kernels) = module_source(plan);
+        let mut built = BUILT.lock().unwrap();
+        if let Some(module) = built.get(&source) {
+            return Arc::clone(module);
+        }
+        let module = Arc::new(Module::compile(&source, kernels));
+        built.insert(source, Arc::clone(&module));
+        module
+    }
+
+    fn compile(source: &str, kernels: Vec<Kernel>) -> Module {
         let dir = tempfile::tempdir().unwrap();
         let (cpp, so) = (dir.path().join("module.cpp"), dir.path().join("module.so"));
         std::fs::write(&cpp, format!("{EMULATION}\n{source}")).unwrap();
