@@ -48,6 +48,11 @@ pub struct ServerConfig {
     pub journal: JournalConfig,
     /// Risk controls that outlive a model's load: where halts are kept.
     pub risk: RiskConfig,
+    /// Where the server reads the time for what ages (idle sequences, the
+    /// journal's files): the machine's clock; never read from the file (a
+    /// test sets a clock it moves by hand, `tickserve_core::clock`).
+    #[serde(skip)]
+    pub clock: crate::clock::Clock,
 }
 
 /// `[risk]`: where the kill switch keeps its halts (docs/risk.md).

@@ -92,6 +92,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // instants of the machine's clock as test data
 mod tests {
     use super::*;
 

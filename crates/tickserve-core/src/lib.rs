@@ -8,6 +8,7 @@
 
 pub mod breaker;
 pub mod buckets;
+pub mod clock;
 pub mod config;
 pub mod datatype;
 pub mod durations;
@@ -26,6 +27,7 @@ pub mod text;
 pub mod validate;
 
 pub use buckets::Buckets;
+pub use clock::Clock;
 pub use datatype::DataType;
 pub use engine::{
     CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER, Weight,

@@ -227,6 +227,7 @@ impl Priorities {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // instants of the machine's clock as test data
 mod tests {
     use super::*;
 

@@ -11,6 +11,8 @@
 //! their order) and [`Admitted::run`] the half that waits for the answer;
 //! [`Edge::infer`] is both.
 
+#![allow(clippy::disallowed_methods)] // a request's deadline is the machine's time
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -9,6 +9,8 @@
 //! wall clock when the runtime's answer (or the error) reached the edge,
 //! before the front end encodes it.
 
+#![allow(clippy::disallowed_methods)] // a record's receive time and latency are the machine's time
+
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 

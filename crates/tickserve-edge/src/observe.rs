@@ -2,6 +2,8 @@
 //! and the model it named. Which recorder takes them is the process's
 //! choice (the server installs Prometheus's).
 
+#![allow(clippy::disallowed_methods)] // request latency is the machine's time
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};

@@ -11,6 +11,8 @@
 //!
 //!     cargo bench -p tickserve-engine-cuda --bench graph_replay
 
+#![allow(clippy::disallowed_methods)] // a benchmark measures the machine's time
+
 use std::path::Path;
 use std::time::Instant;
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::SchemaRef;
 use tickserve_core::config::{JournalConfig, WhenFull};
-use tickserve_core::{Error, metrics as names};
+use tickserve_core::{Clock, Error, metrics as names};
 use tickserve_runtime::ModelHandle;
 use tokio::sync::oneshot;
 
@@ -82,6 +82,8 @@ struct Shared {
     /// Every write fails as on a full disk ([`Journal::fail_writes`]).
     fail_writes: Arc<AtomicBool>,
     started: Option<Instant>,
+    /// What files, probes and the drop count age by (`journal.clock`).
+    clock: Clock,
 }
 
 enum Message {
@@ -95,10 +97,12 @@ enum Message {
 impl Journal {
     /// Starts the journal's writer over `config.directory` (made if missing);
     /// every file it writes names `machine` (what the predictions are
-    /// computed on: `Runtime::machine`).
+    /// computed on: `Runtime::machine`). Its files, its probe of a failing
+    /// disk and its drop count age on `clock`.
     pub fn start(
         config: &JournalConfig,
         machine: &std::collections::BTreeMap<String, String>,
+        clock: &Clock,
     ) -> Result<Arc<Journal>, String> {
         private_dir(&config.directory).map_err(|e| {
             format!(
@@ -110,7 +114,8 @@ impl Journal {
         let run = crate::drops::reserve(&config.directory, &run_name())
             .map_err(|e| format!("journal.directory {}: {e}", config.directory.display()))?;
         let shared = Arc::new(Shared {
-            started: Some(Instant::now()),
+            started: Some(clock.now()),
+            clock: clock.clone(),
             ..Shared::default()
         });
         let (sender, receiver) = mpsc::channel();
@@ -121,9 +126,9 @@ impl Journal {
             shared: Arc::clone(&shared),
             streams: HashMap::new(),
             last_log: None,
-            last_fsync: Instant::now(),
+            last_fsync: clock.now(),
             drops_written: 0,
-            drops_at: Instant::now(),
+            drops_at: clock.now(),
         };
         let thread = std::thread::Builder::new()
             .name("tickserve-journal".into())
@@ -280,7 +285,11 @@ impl Drop for Journal {
 impl Shared {
     fn now_ms(&self) -> u64 {
         self.started.map_or(0, |s| {
-            s.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
+            self.clock
+                .since(s)
+                .as_millis()
+                .try_into()
+                .unwrap_or(u64::MAX)
         })
     }
 
@@ -411,6 +420,10 @@ impl Write for Counting {
 }
 
 impl Writer {
+    fn clock(&self) -> &Clock {
+        &self.shared.clock
+    }
+
     fn serve(mut self, receiver: Receiver<Message>) {
         let mut pending: Vec<(Box<Record>, Option<oneshot::Sender<bool>>)> = Vec::new();
         let mut stopping = false;
@@ -439,7 +452,7 @@ impl Writer {
                 .config
                 .fsync
                 .interval()
-                .is_some_and(|i| self.last_fsync.elapsed() >= i);
+                .is_some_and(|i| self.clock().since(self.last_fsync) >= i);
             if sync_due || !flushes.is_empty() {
                 self.sync();
             }
@@ -476,11 +489,12 @@ impl Writer {
     /// write. A failed write is tried again at the next.
     fn write_drops(&mut self, last: bool) {
         let dropped = self.shared.dropped.load(Ordering::Relaxed);
-        let due = dropped != self.drops_written && self.drops_at.elapsed() >= DROPS_INTERVAL;
+        let due =
+            dropped != self.drops_written && self.clock().since(self.drops_at) >= DROPS_INTERVAL;
         if !(last || due) {
             return;
         }
-        self.drops_at = Instant::now();
+        self.drops_at = self.clock().now();
         let drops = crate::drops::Drops {
             run: self.run.clone(),
             dropped,
@@ -498,7 +512,7 @@ impl Writer {
             .config
             .fsync
             .interval()
-            .map(|i| i.saturating_sub(self.last_fsync.elapsed()));
+            .map(|i| i.saturating_sub(self.clock().since(self.last_fsync)));
         sync.unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1))
             .max(Duration::from_millis(1))
@@ -565,7 +579,7 @@ impl Writer {
         });
         let rotate = stream.file.as_ref().is_some_and(|f| {
             f.writer.get_ref().get_ref().written >= self.config.rotate_bytes
-                || f.opened.elapsed() >= self.config.rotate_interval
+                || self.shared.clock.since(f.opened) >= self.config.rotate_interval
         });
         if rotate && let Some(file) = stream.file.take() {
             finish(file);
@@ -580,7 +594,8 @@ impl Writer {
                     stream.position.next,
                 );
                 let path = file_path(&self.config.directory, key, &run, stream.position.next);
-                stream.file = Some(open(&path, &schema, &self.shared.fail_writes)?);
+                let opened = self.shared.clock.now();
+                stream.file = Some(open(&path, &schema, &self.shared.fail_writes, opened)?);
                 schema
             }
         };
@@ -618,8 +633,9 @@ impl Writer {
     }
 
     /// fsyncs every file written since the last.
+    #[allow(clippy::disallowed_methods)] // the fsync histogram measures the machine's time
     fn sync(&mut self) {
-        self.last_fsync = Instant::now();
+        self.last_fsync = self.clock().now();
         let mut errors = Vec::new();
         for (key, stream) in &mut self.streams {
             let Some(file) = stream.file.as_mut().filter(|f| f.dirty) else {
@@ -650,7 +666,7 @@ impl Writer {
             let old = stream
                 .file
                 .as_ref()
-                .is_some_and(|f| f.opened.elapsed() >= self.config.rotate_interval);
+                .is_some_and(|f| self.shared.clock.since(f.opened) >= self.config.rotate_interval);
             if old && let Some(file) = stream.file.take() {
                 finish(file);
             }
@@ -661,8 +677,12 @@ impl Writer {
     fn failed(&mut self, key: &StreamKey, error: &str) {
         metrics::counter!(names::JOURNAL_ERRORS).increment(1);
         self.shared.failing.store(true, Ordering::Relaxed);
-        if self.last_log.is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
-            self.last_log = Some(Instant::now());
+        let now = self.clock().now();
+        if self
+            .last_log
+            .is_none_or(|t| now.saturating_duration_since(t) >= LOG_INTERVAL)
+        {
+            self.last_log = Some(now);
             tracing::error!(model = %key.0, version = %key.1, %error,
                 "the journal cannot write; its records are dropped (and counted) until it can");
         }
@@ -688,7 +708,12 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// A new file at `path` with `schema`'s stream header (owner-only).
-fn open(path: &Path, schema: &SchemaRef, fail: &Arc<AtomicBool>) -> Result<OpenFile, String> {
+fn open(
+    path: &Path,
+    schema: &SchemaRef,
+    fail: &Arc<AtomicBool>,
+    opened: Instant,
+) -> Result<OpenFile, String> {
     if let Some(dir) = path.parent() {
         private_dir(dir).map_err(|e| format!("creating its directory: {e}"))?;
     }
@@ -711,7 +736,7 @@ fn open(path: &Path, schema: &SchemaRef, fail: &Arc<AtomicBool>) -> Result<OpenF
     Ok(OpenFile {
         writer,
         schema: Arc::clone(schema),
-        opened: Instant::now(),
+        opened,
         dirty: true,
         path: path.to_path_buf(),
         batches: 0,
@@ -753,8 +778,10 @@ mod tests {
             ..JournalConfig::default()
         };
         let machine = Default::default();
-        let first = Journal::start(&config, &machine).expect("the first journal starts");
-        let second = Journal::start(&config, &machine).expect("the second journal starts");
+        let first =
+            Journal::start(&config, &machine, &Clock::system()).expect("the first journal starts");
+        let second =
+            Journal::start(&config, &machine, &Clock::system()).expect("the second journal starts");
         assert_ne!(first.run(), second.run());
     }
 

@@ -10,6 +10,8 @@
 //! ([`crate::worker`]) calls it for queued jobs, and a caller's own thread
 //! calls [`Executor::answer`] when it finds the executor idle.
 
+#![allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
+
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

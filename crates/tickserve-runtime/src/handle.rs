@@ -8,6 +8,8 @@
 //! sequence), then [`ModelHandle::run`]: the replica with the shortest queue
 //! and its family's [`Family::submit`].
 
+#![allow(clippy::disallowed_methods)] // a request's admission instant (its wait and deadline) is the machine's time
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -16,7 +18,7 @@ use tickserve_core::durations;
 use tickserve_core::priority::TimeoutAction;
 use tickserve_core::sequence::{SequenceControl, Warmup};
 use tickserve_core::validate::{NanPolicy, ValidRequest, first_non_finite, validate_for};
-use tickserve_core::{Device, Error, InferResponse, ModelRequest, Name, Signature, Timing};
+use tickserve_core::{Clock, Device, Error, InferResponse, ModelRequest, Name, Signature, Timing};
 
 use crate::admission::ModelQueue;
 use crate::family::Family;
@@ -204,8 +206,15 @@ pub struct Replica {
 }
 
 impl ModelHandle {
-    /// A handle over `replicas` (at least one).
-    pub fn new(name: &str, version: &str, loaded: Loaded, replicas: Vec<Replica>) -> ModelHandle {
+    /// A handle over `replicas` (at least one); its sequences (if any) age
+    /// on `clock`.
+    pub fn new(
+        name: &str,
+        version: &str,
+        loaded: Loaded,
+        replicas: Vec<Replica>,
+        clock: &Clock,
+    ) -> ModelHandle {
         ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
@@ -213,7 +222,7 @@ impl ModelHandle {
                 .settings
                 .sequence
                 .as_ref()
-                .map(|spec| Arc::new(Sequences::new(name, Arc::clone(spec)))),
+                .map(|spec| Arc::new(Sequences::new(name, Arc::clone(spec), clock.clone()))),
             loaded,
             replicas,
             next_replica: AtomicUsize::new(0),

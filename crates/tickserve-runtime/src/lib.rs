@@ -205,7 +205,10 @@ impl Runtime {
                 Err(reason) => slot.error = Some(reason),
             }
         }
-        let loaded = runtime.linked(versions_of(runtime.loader().load(candidates)));
+        let loaded = runtime.linked(versions_of(
+            runtime.loader().load(candidates),
+            &runtime.config.clock,
+        ));
         for ((name, version), state) in loaded {
             models
                 .entry(name)

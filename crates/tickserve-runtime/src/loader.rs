@@ -10,6 +10,8 @@
 //! the rate. [`versions_of`] turns the outcomes into each version's state: a
 //! [`ModelHandle`] over its replicas, or why it failed.
 
+#![allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use tickserve_core::Clock;
 use tickserve_core::config::{ModelConfig, ModelDefaults};
 use tickserve_core::{Device, Signature, Weight, metrics as names};
 use tickserve_onnx::{ModelGraph, OnnxModel};
@@ -685,7 +688,7 @@ impl Progress {
 /// The loaded (or failed) versions from the outcomes of their replicas, by
 /// model name and version, with their readiness metrics set. A version is
 /// ready when every replica loaded.
-pub fn versions_of(outcomes: Vec<Outcome>) -> BTreeMap<(String, u64), VersionState> {
+pub fn versions_of(outcomes: Vec<Outcome>, clock: &Clock) -> BTreeMap<(String, u64), VersionState> {
     let mut by_version: BTreeMap<(String, u64), Vec<Outcome>> = BTreeMap::new();
     for (candidate, outcome) in outcomes {
         by_version
@@ -697,14 +700,14 @@ pub fn versions_of(outcomes: Vec<Outcome>) -> BTreeMap<(String, u64), VersionSta
         .into_iter()
         .map(|((name, version), mut replicas)| {
             replicas.sort_by_key(|(c, _)| c.replica);
-            let state = version_state(&name, version, replicas);
+            let state = version_state(&name, version, replicas, clock);
             ((name, version), state)
         })
         .collect()
 }
 
 /// One version's state from its replicas' outcomes.
-fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionState {
+fn version_state(name: &str, version: u64, replicas: Vec<Outcome>, clock: &Clock) -> VersionState {
     let version = version.to_string();
     let sequence_of = replicas
         .first()
@@ -778,7 +781,9 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>) -> VersionSta
                     family: j.family,
                 })
                 .collect();
-            VersionState::Ready(Arc::new(ModelHandle::new(name, &version, loaded, replicas)))
+            VersionState::Ready(Arc::new(ModelHandle::new(
+                name, &version, loaded, replicas, clock,
+            )))
         }
         (Some(reason), _) => VersionState::Failed(reason),
         (None, None) => VersionState::Failed("no replica loaded".to_string()),

@@ -8,6 +8,8 @@
 //! the serving ones serving, and says why (the index, the log,
 //! `tickserve_model_loads_total{outcome="failed"}`).
 
+#![allow(clippy::disallowed_methods)] // a switch's duration is the machine's time
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -273,7 +275,10 @@ impl Runtime {
         let candidates = self
             .candidates_of(&name, &dir.dir, &config, to_load)
             .map_err(failed)?;
-        let loaded = self.linked(versions_of(self.loader().load(candidates)));
+        let loaded = self.linked(versions_of(
+            self.loader().load(candidates),
+            &self.config.clock,
+        ));
 
         let mut next = ModelVersions::default();
         let mut failures = Vec::new();

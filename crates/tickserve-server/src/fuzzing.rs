@@ -15,6 +15,8 @@
 //! stable, so every finding, once added to the corpus, stays a regression case.
 //! Public for those two only (hidden from the docs): not an API.
 
+#![allow(clippy::disallowed_methods)] // a fuzz input's deadline is the machine's time
+
 use std::time::Duration;
 
 use prost::Message;

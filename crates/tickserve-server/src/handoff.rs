@@ -3,6 +3,8 @@
 //! [`ASKED_POLL`]; at a drain, every sequence is (see
 //! `tickserve_runtime::Runtime::hand_over_all` and docs/deploy.md).
 
+#![allow(clippy::disallowed_methods)] // a hand-over's duration is the machine's time
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

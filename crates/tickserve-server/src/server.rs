@@ -84,8 +84,12 @@ impl Server {
         };
         let journal = if config.journal.enabled {
             Some(
-                tickserve_journal::Journal::start(&config.journal, &runtime.machine())
-                    .map_err(anyhow::Error::msg)?,
+                tickserve_journal::Journal::start(
+                    &config.journal,
+                    &runtime.machine(),
+                    &config.clock,
+                )
+                .map_err(anyhow::Error::msg)?,
             )
         } else {
             None

@@ -3,6 +3,8 @@
 //! request then finds the engine's per-thread state made and its code and
 //! data in this thread's reach (docs/performance.md, "Sparse traffic").
 
+#![allow(clippy::disallowed_methods)] // warming waits at most a while of the machine's time
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

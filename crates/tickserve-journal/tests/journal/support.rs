@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use arrow_array::{Array, StringArray, UInt64Array};
+use tickserve_core::Clock;
 use tickserve_core::config::{JournalConfig, ServerConfig};
 use tickserve_journal::read::{read_file, scan_dir};
 use tickserve_journal::verify::{Report, verify};
@@ -50,8 +51,26 @@ pub fn handle(model: &str, version: &str) -> Arc<ModelHandle> {
         .handle
 }
 
-/// A journal over a fresh directory, `adjust`ed from the defaults.
+/// A journal over a fresh directory, `adjust`ed from the defaults, on the
+/// machine's clock.
 pub fn journal(adjust: impl FnOnce(&mut JournalConfig)) -> (Arc<Journal>, tempfile::TempDir) {
+    journal_on(&Clock::system(), adjust)
+}
+
+/// A journal as [`journal`] makes it whose files, probe and drop count age
+/// on a clock the test moves (returned with it).
+pub fn journal_by_hand(
+    adjust: impl FnOnce(&mut JournalConfig),
+) -> (Arc<Journal>, tempfile::TempDir, Clock) {
+    let clock = Clock::by_hand();
+    let (journal, dir) = journal_on(&clock, adjust);
+    (journal, dir, clock)
+}
+
+fn journal_on(
+    clock: &Clock,
+    adjust: impl FnOnce(&mut JournalConfig),
+) -> (Arc<Journal>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut config = JournalConfig {
         enabled: true,
@@ -61,7 +80,7 @@ pub fn journal(adjust: impl FnOnce(&mut JournalConfig)) -> (Arc<Journal>, tempfi
     adjust(&mut config);
     config.validate().expect("a valid journal config");
     let machine = [("cpu".to_string(), "test".to_string())].into();
-    let journal = Journal::start(&config, &machine).expect("the journal starts");
+    let journal = Journal::start(&config, &machine, clock).expect("the journal starts");
     (journal, dir)
 }
 

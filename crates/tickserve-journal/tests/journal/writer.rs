@@ -12,7 +12,9 @@ use tickserve_core::config::WhenFull;
 use tickserve_journal::Journal;
 use tickserve_journal::read::{read_file, scan_dir};
 
-use crate::support::{alpha_files, handle, journal, numbered, record, report, written};
+use crate::support::{
+    alpha_files, handle, journal, journal_by_hand, numbered, record, report, written,
+};
 
 #[test]
 fn records_are_written_in_order_one_numbered_chained_stream_per_version() {
@@ -142,12 +144,15 @@ fn batches_below_rotate_bytes_share_one_file() {
 
 #[test]
 fn a_file_older_than_rotate_interval_is_closed_and_the_next_record_begins_a_new_one() {
-    let (journal, dir) = journal(|c| c.rotate_interval = Duration::from_millis(20));
+    let (journal, dir, clock) = journal_by_hand(|c| c.rotate_interval = Duration::from_millis(20));
     let alpha = handle("alpha", "1");
     journal.submit(record(&alpha, "r0", 10));
     journal.flush();
-    // The writer closes it once it is old, with no record to write.
-    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(!report(dir.path()).streams[0].closed, "closed while young");
+    // The writer closes it once it is old, with no record to write (a
+    // flush wakes the writer at once; it looks at least once a second).
+    clock.advance(Duration::from_millis(40));
+    journal.flush();
     let idle = report(dir.path());
     assert!(idle.streams[0].closed, "{idle:?}");
     journal.submit(record(&alpha, "r1", 10));
@@ -238,7 +243,7 @@ fn a_record_handed_over_after_close_is_dropped_and_counted() {
 #[tokio::test]
 async fn in_refuse_mode_an_answer_waits_for_its_record_and_a_failing_journal_refuses_but_probes_once_a_second()
  {
-    let (journal, dir) = journal(|c| c.when_full = WhenFull::Refuse);
+    let (journal, dir, clock) = journal_by_hand(|c| c.when_full = WhenFull::Refuse);
     let alpha = handle("alpha", "1");
     assert!(journal.refuses());
     assert!(journal.admit("alpha").is_ok());
@@ -269,7 +274,13 @@ async fn in_refuse_mode_an_answer_waits_for_its_record_and_a_failing_journal_ref
     }
     assert!(admitted <= 1, "{admitted} of 5 probes at once");
     journal.fail_writes(false);
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(
+        refusal(journal.admit("alpha")),
+        "alpha: its last write failed",
+        "a probe before the second is up"
+    );
+    clock.advance(Duration::from_millis(101));
     assert!(journal.admit("alpha").is_ok(), "the probe, a second later");
     assert_eq!(
         refusal(journal.admit("alpha")),
@@ -379,11 +390,11 @@ fn in_drop_mode_records_that_arrive_together_are_written_as_one_batch() {
 
 #[test]
 fn the_drop_count_reaches_its_file_while_the_journal_runs() {
-    let (journal, dir) = journal(|_| {});
+    let (journal, dir, clock) = journal_by_hand(|_| {});
     let alpha = handle("alpha", "1");
     // Past the first second: the count file is rewritten at most once a
     // second, and only when the count moved.
-    std::thread::sleep(Duration::from_millis(1_100));
+    clock.advance(Duration::from_millis(1_100));
     journal.fail_writes(true);
     for i in 0..3 {
         journal.submit(record(&alpha, &format!("lost{i}"), 10));

@@ -1,3 +1,4 @@
+#![allow(clippy::disallowed_methods)] // tests pass instants of the machine's clock to the batcher
 use super::*;
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -47,7 +47,7 @@ use bytes::Bytes;
 use tickserve_core::sequence::{
     IdleAction, KeyId, MAX_PENDING_PER_SEQUENCE, SequenceId, SequenceSpec,
 };
-use tickserve_core::{Error, metrics as names};
+use tickserve_core::{Clock, Error, metrics as names};
 use tokio::sync::oneshot;
 
 /// Metric handles of one stateful model.
@@ -245,6 +245,8 @@ pub struct Sequences {
     metrics: SequenceMetrics,
     /// The hand-over directory, with `runtime.handoff_directory`.
     handoff: OnceLock<Link>,
+    /// What the table ages sequences by (`last_used`, sweeps).
+    clock: Clock,
 }
 
 /// A table's place in the hand-over directory.
@@ -256,8 +258,9 @@ struct Link {
 }
 
 impl Sequences {
-    /// An empty table for model `model` with `spec`.
-    pub fn new(model: &str, spec: Arc<SequenceSpec>) -> Sequences {
+    /// An empty table for model `model` with `spec`, ageing its sequences
+    /// on `clock`.
+    pub fn new(model: &str, spec: Arc<SequenceSpec>, clock: Clock) -> Sequences {
         let label = model.to_string();
         // Present from the load on, at zero, so dashboards have a series.
         metrics::gauge!(names::SEQUENCES_ACTIVE, "model" => label.clone()).set(0.0);
@@ -267,7 +270,7 @@ impl Sequences {
             table: Mutex::new(Table {
                 active: HashMap::new(),
                 expired: Expired::default(),
-                last_sweep: Instant::now(),
+                last_sweep: clock.now(),
             }),
             live: AtomicUsize::new(0),
             sweeps: AtomicUsize::new(0),
@@ -278,6 +281,7 @@ impl Sequences {
                 expiries: metrics::counter!(names::SEQUENCE_EXPIRIES, "model" => label),
             },
             handoff: OnceLock::new(),
+            clock,
         }
     }
 
@@ -337,7 +341,7 @@ impl Sequences {
     /// full table, too many waiting).
     pub fn enter(self: &Arc<Self>, key: &SequenceKey, purpose: Purpose) -> Result<Entry, Error> {
         let id = key;
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut table = self.table();
         if let Some(slot) = table.active.get(id) {
             let slot = Arc::clone(slot);
@@ -436,6 +440,8 @@ impl Sequences {
         if self.holds(key) {
             return Ok(());
         }
+        // A deadline is the machine's time, not the table's clock.
+        #[allow(clippy::disallowed_methods)]
         let now = Instant::now();
         let wait = deadline.map_or(link.handoff.wait(), |d| {
             link.handoff.wait().min(d.saturating_duration_since(now))
@@ -610,7 +616,7 @@ impl Sequences {
     /// using (called before each metrics scrape).
     pub fn sweep(&self) {
         let mut table = self.table();
-        self.sweep_locked(&mut table, Instant::now());
+        self.sweep_locked(&mut table, self.clock.now());
     }
 
     fn sweep_locked(&self, table: &mut Table, now: Instant) {
@@ -644,7 +650,7 @@ impl Sequences {
     /// (all, unless the model binds sequences to keys), with its tick count
     /// and idle time, by id.
     pub fn list(&self, owner: Option<KeyId>) -> Vec<SequenceSummary> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let table = self.table();
         let seen = self.key(&SequenceId::Number(0), owner).owner;
         let mut all: Vec<SequenceSummary> = table
@@ -678,11 +684,11 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
-        self.expire_if_idle(&mut state, Instant::now());
+        self.expire_if_idle(&mut state, self.clock.now());
         match &state.state {
             Ok(rows) => Ok(SequenceState {
                 ticks: state.ticks,
-                idle: state.last_used.elapsed(),
+                idle: self.clock.since(state.last_used),
                 state: rows.clone(),
                 window_ticks: state.window_ticks,
             }),
@@ -708,7 +714,7 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
-        let now = Instant::now();
+        let now = self.clock.now();
         self.expire_if_idle(&mut state, now);
         if state.state.is_err() {
             self.gained();
@@ -736,7 +742,7 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
-        self.expire_if_idle(&mut state, Instant::now());
+        self.expire_if_idle(&mut state, self.clock.now());
         if state.state.is_err() {
             return Err(self.not_active(id));
         }
@@ -754,7 +760,7 @@ impl Sequences {
     /// `max_sequence_idle` are ended first, not kept.
     pub fn snapshot(&self) -> Vec<Snapshotted> {
         let mut table = self.table();
-        self.sweep_locked(&mut table, Instant::now());
+        self.sweep_locked(&mut table, self.clock.now());
         let mut all: Vec<Snapshotted> = table
             .active
             .values()
@@ -777,7 +783,7 @@ impl Sequences {
     /// row was checked against the model's state pairs by the caller.
     /// Sequences beyond `max_sequences` are left out; returns how many came back.
     pub fn restore(&self, sequences: Vec<Snapshotted>) -> usize {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut table = self.table();
         let mut restored = 0;
         for kept in sequences {

@@ -38,6 +38,7 @@ fn table(max: usize) -> Arc<Sequences> {
     Arc::new(Sequences::new(
         "m",
         spec(max, Duration::ZERO, IdleAction::Error),
+        Clock::by_hand(),
     ))
 }
 
@@ -75,6 +76,7 @@ fn linked(dir: &Path, name: &str, max: usize) -> Arc<Sequences> {
     let t = Arc::new(Sequences::new(
         "m",
         spec(max, Duration::ZERO, IdleAction::Error),
+        Clock::by_hand(),
     ));
     let handoff = handoff::Handoff::open(dir, name, Duration::from_secs(2)).unwrap();
     t.hand_off_through(Arc::new(handoff), "1");
@@ -222,10 +224,14 @@ fn waiting_requests_per_sequence_are_bounded() {
 #[test]
 fn an_idle_sequence_expires_with_a_clear_error_or_restarts() {
     let idle = Duration::from_millis(20);
-    let t = Arc::new(Sequences::new("m", spec(8, idle, IdleAction::Error)));
+    let t = Arc::new(Sequences::new(
+        "m",
+        spec(8, idle, IdleAction::Error),
+        Clock::by_hand(),
+    ));
     tick(&t, &control(1, true, false), 1.0).unwrap();
     tick(&t, &control(2, true, false), 1.0).unwrap();
-    std::thread::sleep(idle * 2);
+    t.clock.advance(idle * 2);
     // Told what a sequence never started is told: the answer does not
     // say which ids exist.
     let expired = tick(&t, &control(1, false, false), 0.0).unwrap_err();
@@ -244,10 +250,14 @@ fn an_idle_sequence_expires_with_a_clear_error_or_restarts() {
     tick(&t, &control(2, true, false), 5.0).unwrap();
     assert_eq!(tick(&t, &control(2, false, false), 0.0).unwrap(), 5.0);
 
-    let t = Arc::new(Sequences::new("m", spec(8, idle, IdleAction::Restart)));
+    let t = Arc::new(Sequences::new(
+        "m",
+        spec(8, idle, IdleAction::Restart),
+        Clock::by_hand(),
+    ));
     tick(&t, &control(1, true, false), 1.0).unwrap();
     tick(&t, &control(2, true, false), 1.0).unwrap();
-    std::thread::sleep(idle * 2);
+    t.clock.advance(idle * 2);
     t.sweep();
     for id in [1, 2] {
         let c = control(id, false, false);
@@ -267,14 +277,21 @@ fn an_idle_sequence_expires_with_a_clear_error_or_restarts() {
 
 fn expired_table(max: usize, action: IdleAction) -> (Arc<Sequences>, Duration) {
     let idle = Duration::from_millis(20);
-    (Arc::new(Sequences::new("m", spec(max, idle, action))), idle)
+    (
+        Arc::new(Sequences::new(
+            "m",
+            spec(max, idle, action),
+            Clock::by_hand(),
+        )),
+        idle,
+    )
 }
 
 #[tokio::test]
 async fn a_state_written_after_expiry_is_what_the_next_tick_runs_with() {
     let (t, idle) = expired_table(8, IdleAction::Restart);
     tick(&t, &control(1, true, false), 1.0).unwrap();
-    std::thread::sleep(idle * 2);
+    t.clock.advance(idle * 2);
     t.sweep();
     t.write(&SequenceId::Number(1), row(42.0), 0, None, None)
         .await
@@ -301,12 +318,12 @@ fn a_failed_start_or_restart_leaves_no_slot_behind() {
     for action in [IdleAction::Error, IdleAction::Restart] {
         let (t, idle) = expired_table(1, action);
         tick(&t, &control(1, true, false), 1.0).unwrap();
-        std::thread::sleep(idle * 2);
+        t.clock.advance(idle * 2);
         t.sweep();
         failed_tick(&t, 1, true);
         if action == IdleAction::Restart {
             tick(&t, &control(1, true, false), 1.0).unwrap();
-            std::thread::sleep(idle * 2);
+            t.clock.advance(idle * 2);
             t.sweep();
             failed_tick(&t, 1, false);
             // Still remembered: its next tick restarts it.
@@ -334,14 +351,14 @@ async fn an_expired_sequence_is_neither_read_listed_nor_snapshotted_before_a_swe
     t.write(&SequenceId::Number(2), row(2.0), 0, None, None)
         .await
         .unwrap();
-    std::thread::sleep(idle * 2);
+    t.clock.advance(idle * 2);
     assert!(t.list(None).is_empty());
     assert!(t.snapshot().is_empty());
     assert_eq!(t.active(), 0);
     t.write(&SequenceId::Number(3), row(3.0), 0, None, None)
         .await
         .unwrap();
-    std::thread::sleep(idle * 2);
+    t.clock.advance(idle * 2);
     let error = t
         .read(&SequenceId::Number(3), None, None)
         .await
@@ -356,7 +373,11 @@ async fn an_expired_sequence_is_neither_read_listed_nor_snapshotted_before_a_swe
 #[test]
 fn a_start_on_a_full_table_does_not_sweep_the_whole_table() {
     let idle = Duration::from_secs(3600);
-    let t = Arc::new(Sequences::new("m", spec(64, idle, IdleAction::Error)));
+    let t = Arc::new(Sequences::new(
+        "m",
+        spec(64, idle, IdleAction::Error),
+        Clock::by_hand(),
+    ));
     for id in 0..64 {
         tick(&t, &control(id, true, false), 1.0).unwrap();
     }

@@ -3,6 +3,8 @@
 //! ([`Turn::begin`]), record its answer ([`Turn::finish`]), and pass the
 //! turn on when dropped.
 
+#![allow(clippy::disallowed_methods)] // waiting for a turn runs against the request's deadline, the machine's time
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -113,7 +115,7 @@ impl Turn {
         }
         // Found idle past its limit before the sweep ended it: a restart,
         // or refused (the turn's drop takes it out of the table).
-        if sequences.expire_if_idle(&mut state, Instant::now())
+        if sequences.expire_if_idle(&mut state, sequences.clock.now())
             && spec.idle_action == IdleAction::Restart
         {
             state.restart_pending = true;
@@ -158,7 +160,7 @@ impl Turn {
         }
         let had_state = state.state.is_ok();
         state.ticks = state.ticks.saturating_add(1);
-        state.last_used = Instant::now();
+        state.last_used = sequences.clock.now();
         if control.end {
             state.state = Err(Gone::Ended);
             sequences.ended_here(&self.slot.id);

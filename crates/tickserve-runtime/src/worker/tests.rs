@@ -1,4 +1,5 @@
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::disallowed_methods)] // tests time executors on their own threads
 
 use super::*;
 use tickserve_core::{MemberId, Signature};

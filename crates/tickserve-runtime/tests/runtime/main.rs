@@ -7,6 +7,7 @@
 //! of the process, so they run alone in a copy of this binary
 //! ([`support::alone`]).
 
+#![allow(clippy::disallowed_methods)] // tests wait for executors on their own threads in the machine's time
 #![allow(clippy::panic, clippy::unwrap_used, missing_docs)]
 
 mod gpu_fallback;

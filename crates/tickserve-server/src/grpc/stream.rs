@@ -21,6 +21,8 @@
 //!
 //! [`ModelHandle::prepare`]: tickserve_runtime::ModelHandle::prepare
 
+#![allow(clippy::disallowed_methods)] // request latency is the machine's time
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};

@@ -6,6 +6,8 @@
 //! writes its own; a `ModelStreamInfer` stream's messages carry only their
 //! own parameters).
 
+#![allow(clippy::disallowed_methods)] // request latency is the machine's time
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -20,6 +20,8 @@
 //! OUT_OF_RANGE for a message over the size limit is INVALID_ARGUMENT, as
 //! every other bad request. Every HTTP error body is `{"error": "..."}`.
 
+#![allow(clippy::disallowed_methods)] // a deadline is the machine's time
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;

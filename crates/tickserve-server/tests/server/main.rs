@@ -16,6 +16,7 @@
 //! fault armed process-wide, the environment) run alone in a copy of this
 //! binary: [`support::alone`].
 
+#![allow(clippy::disallowed_methods)] // tests wait for servers on their own threads in the machine's time
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod features;

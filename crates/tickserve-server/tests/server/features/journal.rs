@@ -848,6 +848,8 @@ async fn files_end_by_age_as_well_as_by_size() {
     let journal = tempfile::tempdir().unwrap();
     let mut config = journaled(&support::root().join("config/models"), journal.path());
     config.journal.rotate_interval = std::time::Duration::from_millis(200);
+    // The writer ages its files on a clock the test moves.
+    config.clock = tickserve_core::Clock::by_hand();
     let server = support::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     // Three bursts, each past the last file's age.
@@ -859,9 +861,7 @@ async fn files_end_by_age_as_well_as_by_size() {
             );
         }
         flush(&server).await;
-        // A fixed wait of real time past journal.max_file_age: the writer
-        // ages its files by std::time::Instant, not the test's clock.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        config.clock.advance(std::time::Duration::from_millis(300));
     }
     server.shutdown().await.unwrap();
     let files = walk(journal.path());

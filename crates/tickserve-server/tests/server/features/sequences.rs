@@ -381,7 +381,10 @@ async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
             ),
         ),
     ]);
-    let server = support::start(&support::config(repository.path())).await;
+    // The tables age sequences on a clock the test moves.
+    let mut config = support::config(repository.path());
+    config.clock = tickserve_core::Clock::by_hand();
+    let server = support::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     let http = reqwest::Client::new();
     let x = tick(1, 0);
@@ -396,9 +399,7 @@ async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
             prediction(&second),
             "the state did not carry"
         );
-        // A fixed wait of real time past max_sequence_idle: the table ages
-        // sequences by std::time::Instant, not the test's clock.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        config.clock.advance(std::time::Duration::from_millis(300));
         let (status, answer) = post(&http, &url, &body(json!(1), false, false, &x)).await;
         if model == "seq_expiring" {
             assert_eq!(status, 400, "{answer}");
@@ -426,8 +427,7 @@ async fn an_idle_sequence_expires_with_an_error_or_restarts_and_says_so() {
     // no request touching it.
     let line = "tickserve_sequences_active{model=\"seq_restarting\"} 1";
     assert!(metrics.lines().any(|l| l == line), "no {line}: {metrics}");
-    // Real time again, past max_sequence_idle (std::time::Instant).
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    config.clock.advance(std::time::Duration::from_millis(300));
     let metrics = support::metrics_text(&base).await;
     for line in [
         "tickserve_sequences_active{model=\"seq_restarting\"} 0",
