@@ -20,7 +20,7 @@ fi
 
 echo "setup: installing Python packages into $venv" >&2
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r scripts/requirements.txt
 
 echo "setup: installing the ONNX Runtime library into .local/lib" >&2
 mkdir -p .local/lib

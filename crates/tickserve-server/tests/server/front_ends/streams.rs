@@ -49,11 +49,24 @@ async fn a_quiet_stream_outlives_every_timeout_and_still_answers() {
                 .await
                 .unwrap();
         normal.model_infer(support::grpc_alpha_row()).await.unwrap();
-        // Quiet for five times every timeout: a quiet instrument. Real time:
-        // the connection and stream timeouts run on the server's clocks
-        // (hyper's and std's), which a paused tokio clock does not move.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        if tick < 2 {
+            // Quiet for five times every timeout before the next tick: a
+            // quiet instrument. Real time: the connection and stream
+            // timeouts run on hyper's timers and the listener's clock in
+            // the server's own tasks, which a paused clock here would not
+            // move.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        }
     }
+    // The client ends its stream: the server's drain has nothing to wait for.
+    drop(requests);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), answers.next())
+            .await
+            .expect("the stream ends once its client stops sending")
+            .is_none(),
+        "an answer after the last request"
+    );
     server.shutdown().await.unwrap();
 }
 
