@@ -1,7 +1,7 @@
 // Background traffic at one priority level: ROWS-row seq_lstm requests over HTTP (binary
 // tensors) with
 // the request parameter `priority` = PRIORITY, in the load shape SCENARIO (lib/scenarios.js),
-// counting what was answered and what was shed (429). scripts/bench_priorities.sh runs it
+// counting what was answered and what was shed (429). scripts/bench/bench_priorities.sh runs it
 // at level 2 while perf_analyzer measures level 1.
 //
 //   .venv/bin/k6 run -e SCENARIO=steady -e RATE=400 -e PRIORITY=2 loadtest/priority.js

@@ -10,14 +10,14 @@
 #   loadtest/run.sh family                 # RATE spread over tick_000..tick_007
 #
 # Scenarios: lib/scenarios.js. Env passed to k6: RATE, MAX_RATE, DURATION, VUS.
-# The server is started, waited for and stopped by scripts/server.py (its binary:
+# The server is started, waited for and stopped by scripts/bench/server.py (its binary:
 # $TICKSERVE_BIN, else target/release/tickserve, built here unless
 # TICKSERVE_SKIP_BUILD=1). Server and k6 share this machine's cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=loadtest/results
 
-# k6, run by scripts/server.py (below) once the server it started is ready:
+# k6, run by scripts/bench/server.py (below) once the server it started is ready:
 # `loadtest/run.sh --k6 SCENARIO PROTOCOL...`; exits 1 if any thresholds fail.
 if [ "${1:-}" = --k6 ]; then
   scenario=$2
@@ -48,9 +48,9 @@ mkdir -p "$results"
 for protocol in "${protocols[@]}"; do rm -f "$results/$scenario-$protocol.json"; done
 
 status=0
-python3 scripts/server.py --http-port 18280 --grpc-port 18281 --log "$results/$scenario-server.log" \
+python3 scripts/bench/server.py --http-port 18280 --grpc-port 18281 --log "$results/$scenario-server.log" \
   -- loadtest/run.sh --k6 "$scenario" "${protocols[@]}" || status=$?
-# 125: the server did not start (scripts/server.py said why); there is nothing to tabulate.
+# 125: the server did not start (scripts/bench/server.py said why); there is nothing to tabulate.
 [ $status -ne 125 ] || exit $status
 
 .venv/bin/python - "$results" "$scenario" "${protocols[@]}" <<'PY' | tee "$results/$scenario.md"

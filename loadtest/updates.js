@@ -1,5 +1,5 @@
 // Open-loop load on one model over HTTP (KServe v2 JSON) and gRPC at once, recording
-// the version that answered each request, for scripts/bench_updates.py (models
+// the version that answered each request, for scripts/bench/bench_updates.py (models
 // changing under load).
 //
 //   .venv/bin/k6 run -e RATE=1000 -e DURATION=180s -e MODEL=desk \

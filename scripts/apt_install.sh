@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian packages the checks need when their command is missing (as root, or
 # through sudo): scripts/apt_install.sh COMMAND PACKAGE. Used by deploy/*/check.sh,
-# scripts/scaleout_check.sh and scripts/test.sh.
+# scripts/scaleout/scaleout_check.sh and scripts/test.sh.
 set -euo pipefail
 command -v "$1" >/dev/null && exit 0
 echo "check: installing $2 (Debian package)" >&2

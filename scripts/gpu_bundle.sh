@@ -48,4 +48,4 @@ dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with 
 printf 'commit %s%s\nbuilt %s\nglibc needed %s\n' \
   "$(git rev-parse HEAD)" "$dirty" "$(date -u +%Y-%m-%dT%H:%MZ)" "$glibc" >.gpu/BUILD
 cat .gpu/BUILD
-scripts/pack_bundle.sh gpu .gpu
+scripts/device/pack_bundle.sh gpu .gpu

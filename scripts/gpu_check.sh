@@ -80,8 +80,8 @@ write_summary() {
   } >"$OUT/summary.md"
 }
 
-# step NAME SECONDS LOG COMMAND...: scripts/check_steps.sh.
-. scripts/check_steps.sh
+# step NAME SECONDS LOG COMMAND...: scripts/device/check_steps.sh.
+. scripts/device/check_steps.sh
 
 # 1. The machine and its libraries, in the main shell (the loader path it sets is used
 #    by every later step).
@@ -172,10 +172,10 @@ wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu::
 wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 wanted 5 && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
-  "$py" scripts/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
+  "$py" scripts/device/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/e2e/server-*.log >>"$OUT/e2e.log" 2>/dev/null
 wanted 6 && step "6. family of 128 members under 16 clients" 120 families.log \
-  "$py" scripts/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
+  "$py" scripts/device/gpu_check.py families --work "$work/families" --pa "$pa" --device "$gpu_devices"
 tail -n 30 "$work"/families/family-*.log >>"$OUT/families.log" 2>/dev/null
 wanted 7 && step "7. two replicas on gpu:0; rows of 8 members sharing runs" 60 engine.log \
   $bin/gpu-runtime --ignored --test-threads 1 gpu
@@ -185,23 +185,23 @@ if wanted 7 && [ "$mode" = GPU ] && command -v gdb >/dev/null; then
     -ex 'info threads' --args $bin/gpu-runtime --ignored two_executors_on_one_gpu
 fi
 wanted 8 && step "8. stateful LSTM ticks (seq_lstm_step): 64 sequences x 100 ticks, latency, 10,000 sequences" 90 \
-  sequences.log "$py" scripts/gpu_check.py sequences --work "$work/sequences" --device "$gpu_devices"
+  sequences.log "$py" scripts/device/gpu_check.py sequences --work "$work/sequences" --device "$gpu_devices"
 tail -n 30 "$work"/sequences/server-*.log >>"$OUT/sequences.log" 2>/dev/null
-wanted 9 && step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 sequences.log "$py" scripts/gpu_check.py lstm
+wanted 9 && step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 sequences.log "$py" scripts/device/gpu_check.py lstm
 
-# 10. The per-tick harness (scripts/harness_case.sh) over shared memory, the server pinned
-# to half the cores and the harness to the other half, first with every model on the GPU,
-# then on the CPU: one tick per request, N instances each its own sequence.
+# 10. The per-tick harness (scripts/device/harness_case.sh) over shared memory, the server
+# pinned to half the cores and the harness to the other half, first with every model on
+# the GPU, then on the CPU: one tick per request, N instances each its own sequence.
 if [ "$(nproc)" -ge 16 ]; then server_cpus=0-7 client_cpus=8-15; else server_cpus=0 client_cpus=1; fi
 export BIN=$root/$bin MODELS=$work/bench-models CLIENT_CPUS=$client_cpus
-"${py:-python3}" scripts/make_models.py --bench "$MODELS" >"$work/bench-models.log" 2>&1
+"${py:-python3}" scripts/dev/make_models.py --bench "$MODELS" >"$work/bench-models.log" 2>&1
 harness() { # DEVICE
   local service=tickserve-gpu-check-${1/:/}
   printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\n[shm]\nenabled = true\nservice = "%s"\n[model_defaults]\ndevices = ["%s"]\n' \
     "$MODELS" "$TICKSERVE_ONNXRUNTIME_LIBRARY" "$service" "$1" >"$work/harness-$service.toml"
-  python3 scripts/server.py --config "$work/harness-$service.toml" --binary "$bin/tickserve" \
+  python3 scripts/bench/server.py --config "$work/harness-$service.toml" --binary "$bin/tickserve" \
     --taskset "$server_cpus" --log "$work/harness-$service.log" -- bash -c '
-      h=scripts/harness_case.sh
+      h=scripts/device/harness_case.sh
       "$h" "$0" "bench_lstm, shm, 1 instance, $1" --model bench_lstm --ticks 3000 --warmup 200
       "$h" "$0" "bench_lstm, shm, 64 instances, $1" --model bench_lstm --instances 64 --ticks 200 --warmup 20
       "$h" "$0" "bench_lstm_window, shm, 1 instance, $1" --model bench_lstm_window --ticks 500 --warmup 50' \

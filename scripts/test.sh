@@ -18,16 +18,16 @@ export TICKSERVE_ONNXRUNTIME_LIBRARY="$PWD/.local/lib/libonnxruntime.so.1.31.1"
 # NVRTC for the CUDA engine's kernel tests (no GPU needed to compile kernels).
 export LD_LIBRARY_PATH="$PWD/.local/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-echo "== sample models are what scripts/make_models.py writes"
-.venv/bin/python scripts/make_models.py "$tmp/models"
+echo "== sample models are what scripts/dev/make_models.py writes"
+.venv/bin/python scripts/dev/make_models.py "$tmp/models"
 diff -r "$tmp/models" config/models --exclude=model.toml
 echo "== the per-tick benchmark's models are deterministic"
-.venv/bin/python scripts/make_models.py --bench "$tmp/bench"
-.venv/bin/python scripts/make_models.py --bench "$tmp/bench-again"
+.venv/bin/python scripts/dev/make_models.py --bench "$tmp/bench"
+.venv/bin/python scripts/dev/make_models.py --bench "$tmp/bench-again"
 diff -r "$tmp/bench" "$tmp/bench-again"
 
 echo "== structure: no import circle, no front end importing another, the edge importing no front end"
-.venv/bin/python scripts/check_layers.py
+.venv/bin/python scripts/dev/check_layers.py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -54,7 +54,7 @@ echo "== three replicas behind HAProxy: each sequence on one replica"
 deploy/haproxy/check.sh target/debug/tickserve
 
 echo "== scale-out: hand-over on drain, a killed replica's sequences lost, behind HAProxy"
-scripts/scaleout_check.sh target/debug/tickserve --sequences 100 --ticks 100
+scripts/scaleout/scaleout_check.sh target/debug/tickserve --sequences 100 --ticks 100
 
 echo "== the Grafana dashboard's queries against a real Prometheus"
 deploy/prometheus/check.sh target/debug/tickserve

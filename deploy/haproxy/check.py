@@ -23,7 +23,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+sys.path.insert(0, str(ROOT / "scripts" / "scaleout"))
 from balancer import Balancer  # noqa: E402
 from server import Server  # noqa: E402
 

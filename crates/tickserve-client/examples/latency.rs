@@ -1,6 +1,6 @@
 //! Closed-loop or paced latency of one-row `alpha_mlp` requests through the
 //! Rust client, over shared memory or gRPC; prints one JSON line (p50, p99,
-//! requests, this process's CPU per request). Used by scripts/bench_shm.py.
+//! requests, this process's CPU per request). Used by scripts/bench/bench_shm.py.
 //!
 //!     cargo run --release -p tickserve-client --example latency -- \
 //!         shm|grpc ADDRESS_OR_SERVICE CONCURRENCY SECONDS [INTERVAL_US [sleep|spin]]

@@ -6,7 +6,7 @@
 //! Its gain: a one-row `alpha_mlp` unary `ModelInfer` costs the server
 //! 102,926 instructions with it, 106,886 decoded by prost (−3.7 %; the
 //! gRPC cases' run-to-run spread is ±2 %): the server's
-//! `scripts/bench_instructions.py --old OLD --new NEW --requests 300
+//! `scripts/bench/bench_instructions.py --old OLD --new NEW --requests 300
 //! --warmup 100`, OLD the same build with [`view`]'s answer ignored,
 //! 2-core development machine, 2026-11-27
 //! (`bench/results/2026-11-27-fast-paths.md`).

@@ -21,7 +21,7 @@ fn row(values: [f32; 4]) -> InferRequest {
 async fn a_model_whose_rows_mix_never_runs_two_requests_together() {
     let dir = tempfile::tempdir().unwrap();
     let made = std::process::Command::new(root().join(".venv/bin/python"))
-        .arg(root().join("scripts/make_models.py"))
+        .arg(root().join("scripts/dev/make_models.py"))
         .arg("--fixtures")
         .arg(dir.path())
         .status()

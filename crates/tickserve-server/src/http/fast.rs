@@ -14,7 +14,7 @@
 //! by serde_json (the writer: −2.2 %). The codec's own share (the
 //! benchmark's `protocol` column, steady from run to run where the
 //! transport's moves by a few percent) is 4,243 with both and 5,841 without
-//! the writer. Measured with `scripts/bench_instructions.py --old OLD --new
+//! the writer. Measured with `scripts/bench/bench_instructions.py --old OLD --new
 //! NEW --requests 300 --warmup 100`, OLD the same build with that path's
 //! answer ignored, 2-core development machine, 2026-11-27
 //! (`bench/results/2026-11-27-fast-paths.md`).

@@ -31,21 +31,21 @@ pub fn python() -> PathBuf {
     }
 }
 
-/// `scripts/make_models.py --fixtures` into a temporary directory; fails the
+/// `scripts/dev/make_models.py --fixtures` into a temporary directory; fails the
 /// test, saying which Python it ran, where that Python lacks onnx or numpy
 /// (run scripts/setup.sh, or set `TICKSERVE_PYTHON`).
 pub fn fixtures() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let python = python();
     let output = std::process::Command::new(&python)
-        .arg(root().join("scripts/make_models.py"))
+        .arg(root().join("scripts/dev/make_models.py"))
         .arg("--fixtures")
         .arg(dir.path())
         .output();
     match output {
         Ok(out) if out.status.success() => dir,
         Ok(out) => panic!(
-            "{} scripts/make_models.py --fixtures failed (run scripts/setup.sh, or set \
+            "{} scripts/dev/make_models.py --fixtures failed (run scripts/setup.sh, or set \
              TICKSERVE_PYTHON to a Python with onnx and numpy): {}",
             python.display(),
             String::from_utf8_lossy(&out.stderr)

@@ -5,7 +5,7 @@
 //!
 //! Its gain: a one-row `alpha_mlp` `:predict` body costs the server 101,172
 //! instructions with it, 157,202 through the general reading alone
-//! (−35.6 %): `scripts/bench_instructions.py --old OLD --new NEW --requests
+//! (−35.6 %): `scripts/bench/bench_instructions.py --old OLD --new NEW --requests
 //! 300 --warmup 100`, OLD the same build with [`one_pass`]'s answer
 //! ignored, 2-core development machine, 2026-11-27
 //! (`bench/results/2026-11-27-fast-paths.md`).

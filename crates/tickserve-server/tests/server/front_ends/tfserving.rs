@@ -3,7 +3,7 @@
 //! handler tests (http_rest_api_handler_test.cc, model half_plus_two at
 //! version 123), the same requests over its gRPC API, the errors, and the
 //! restricted-API groups. The fixtures `half_plus_two` and `tf_two_inputs`
-//! come from scripts/make_models.py --fixtures.
+//! come from scripts/dev/make_models.py --fixtures.
 
 use crate::support;
 

@@ -123,12 +123,12 @@ pub async fn grpc_client(
     .unwrap()
 }
 
-/// A repository of the test fixtures (scripts/make_models.py --fixtures) plus
+/// A repository of the test fixtures (scripts/dev/make_models.py --fixtures) plus
 /// the sample `alpha_mlp`.
 pub fn fixture_repository() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let status = std::process::Command::new(python())
-        .arg(root().join("scripts/make_models.py"))
+        .arg(root().join("scripts/dev/make_models.py"))
         .arg("--fixtures")
         .arg(dir.path())
         .status()

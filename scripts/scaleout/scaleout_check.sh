@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The scale-out check (scripts/scaleout/scaleout_check.py): three tickserve replicas
+# sharing a hand-over directory behind HAProxy (Debian package `haproxy`, installed here
+# if missing), one drained and restarted, one killed, every answer against one server's.
+# Run by scripts/test.sh.
+#
+#   scripts/scaleout/scaleout_check.sh [path/to/tickserve] [--sequences N] [--ticks N]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin="${1:-target/debug/tickserve}"
+shift || true
+[ -x "$bin" ] || cargo build --locked -p tickserve-server
+scripts/setup.sh
+scripts/apt_install.sh haproxy haproxy
+exec .venv/bin/python scripts/scaleout/scaleout_check.py "$bin" "$@"
