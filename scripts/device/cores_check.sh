@@ -99,6 +99,9 @@ config() {
   echo "$work/$name.toml"
 }
 plain=$(config plain "" "$work/models")
+# The same with shm.gather off: each request of a round runs alone.
+alone=$(config alone "" "$work/models")
+sed -i 's/^enabled = true$/enabled = true\ngather = false/' "$alone"
 warm=$(config warm 'keep_warm = "1ms"' "$work/models")
 
 # The harness under the server (scripts/bench/server.py starts it pinned, waits for
@@ -125,6 +128,16 @@ sweep() {
 export -f sweep
 export h
 wanted 2 && step "2. bench_lstm over shared memory at 1 to 512 instances" 120 sweep.log "$serve" "$plain" bash -c sweep
+# What gathering a round's rows gives: 8 and 64 instances with shm.gather = false.
+export CORES_ALONE=${CORES_ALONE:-8:2000 64:400}
+sweep_alone() {
+  for pair in $CORES_ALONE; do
+    "$h" tickserve-cores-alone "bench_lstm, shm, ${pair%%:*} instances, shm.gather = false" --model bench_lstm \
+      --instances "${pair%%:*}" --ticks "${pair##*:}" --warmup 100 || return 1
+  done
+}
+export -f sweep_alone
+wanted 2 && step "2b. bench_lstm over shared memory, shm.gather = false" 60 sweep.log "$serve" "$alone" bash -c sweep_alone
 
 others() {
   "$h" tickserve-cores-plain "bench_trees, shm, 1 instance" --model bench_trees --ticks 5000 --warmup 500

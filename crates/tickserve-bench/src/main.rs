@@ -82,6 +82,11 @@ struct Args {
     /// Print only the JSON line.
     #[arg(long)]
     json: bool,
+    /// How long a shared-memory client polls for its answer before it
+    /// yields its core between polls (`20us`, the client's default; `0s`
+    /// when the instances' threads outnumber the cores they run on).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20us")]
+    client_spin: Duration,
 }
 
 /// How the ticks travel.
@@ -112,7 +117,10 @@ impl Connection {
     fn open(args: &Settings) -> Result<Connection, String> {
         match args.transport {
             Transport::Shm => ShmClient::connect_to(&args.service)
-                .map(|c| Connection::Shm(Box::new(c)))
+                .map(|mut c| {
+                    c.set_spin(args.client_spin);
+                    Connection::Shm(Box::new(c))
+                })
                 .map_err(|e| e.to_string()),
             Transport::Grpc => BlockingGrpcClient::connect(&args.grpc)
                 .map(|c| Connection::Grpc(Box::new(c)))
@@ -152,6 +160,7 @@ struct Settings {
     warmup: usize,
     ticks: usize,
     interval: Option<Duration>,
+    client_spin: Duration,
 }
 
 /// What one instance measured.
@@ -186,6 +195,7 @@ fn run(args: &Args) -> Result<(), String> {
         warmup: args.warmup,
         ticks: args.ticks,
         interval: args.interval,
+        client_spin: args.client_spin,
     };
     let threads: Vec<_> = (0..clients)
         .map(|c| {
@@ -239,6 +249,7 @@ fn run(args: &Args) -> Result<(), String> {
     let line = serde_json::json!({
         "model": workload.name, "transport": args.transport.name(), "instances": instances,
         "ticks": args.ticks, "warmup": args.warmup, "interval_us": interval_us,
+        "client_spin_us": args.client_spin.as_secs_f64() * 1e6,
         "p50_us": e2e.p50, "p99_us": e2e.p99, "p999_us": e2e.p999, "max_us": e2e.max,
         "max_over_median": e2e.max / e2e.p50.max(f64::MIN_POSITIVE),
         "throughput_per_s": throughput,

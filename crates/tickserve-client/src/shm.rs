@@ -28,10 +28,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a waiting call checks whether the server is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(100);
 
-/// How long a waiting call polls without pause; after that it yields its
-/// core between polls (on a machine with fewer cores than spinning threads,
-/// the server's thread gets to run).
-const SPIN: Duration = Duration::from_micros(20);
+/// How long a waiting call polls without pause by default; after that it
+/// yields its core between polls (on a machine with fewer cores than
+/// spinning threads, the server's thread gets to run).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 
 /// One connection: node, service, client port, and the wake-up notifier.
 struct Connection {
@@ -111,6 +111,8 @@ pub struct ShmClient {
     deadline: Option<Duration>,
     /// The server's queue and compute time of the last answer.
     last_timing: Option<(Duration, Duration)>,
+    /// How long a call polls for its answer without pause.
+    spin: Duration,
 }
 
 impl ShmClient {
@@ -129,6 +131,7 @@ impl ShmClient {
             timeout: DEFAULT_TIMEOUT,
             deadline: None,
             last_timing: None,
+            spin: DEFAULT_SPIN,
         })
     }
 
@@ -150,6 +153,14 @@ impl ShmClient {
     /// computing. `None` (the default) sends the call's timeout.
     pub fn set_deadline(&mut self, deadline: Option<Duration>) {
         self.deadline = deadline;
+    }
+
+    /// Sets how long a call polls for its answer without pause before it
+    /// yields its core between polls ([`DEFAULT_SPIN`]). Many clients on
+    /// fewer cores send more at once with 0: a spinning client holds a core
+    /// its neighbours would send from.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
     }
 
     /// Runs `model` (its default version) on `inputs`; returns its outputs.
@@ -320,7 +331,7 @@ impl ShmClient {
         len: usize,
         write: impl FnOnce(&mut [u8]),
     ) -> Result<Vec<u8>, ClientError> {
-        let timeout = self.timeout;
+        let (timeout, spin) = (self.timeout, self.spin);
         let Some(connection) = self.connection.as_ref() else {
             return Err(ClientError::Disconnected("not connected".to_string()));
         };
@@ -362,7 +373,7 @@ impl ShmClient {
                     ));
                 }
             }
-            if now.duration_since(started) < SPIN {
+            if now.duration_since(started) < spin {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();

@@ -89,6 +89,12 @@ pub struct ShmConfig {
     /// maps clients × requests in flight × this many bytes of shared memory
     /// for its answers, of which only the pages written are memory.
     pub max_answer_bytes: usize,
+    /// A round of several requests runs their rows together: each request
+    /// of a model that runs on a front-end thread waits for the round's other
+    /// requests to be read, then the model's rows run in one bucket run (up
+    /// to the rows a caller's thread may run at once), on this thread. Off:
+    /// each request runs alone as it is read.
+    pub gather: bool,
 }
 
 /// The bounds of `shm.max_answer_bytes`.
@@ -103,6 +109,7 @@ impl Default for ShmConfig {
             spin: Duration::from_micros(50),
             cpus: Vec::new(),
             max_answer_bytes: 64 * 1024,
+            gather: true,
         }
     }
 }

@@ -254,6 +254,44 @@ impl Family {
         if let Some(answer) = self.run_at_once(member, &mut submission) {
             return answer;
         }
+        let level = submission.level;
+        let (job, answer) = self.job(member, submission)?;
+        // Admission bounded the queue; only a stopped executor refuses the
+        // send (and the job's ticket gives its rows back as it drops). A
+        // level-1 job goes to a reserved executor when one is idle; else it
+        // waits in the queue, ahead of every lower level.
+        let sent = if level == 1 && self.reserved_idle() {
+            Self::send(&self.lane, job)
+        } else {
+            Self::send(&self.queue, job)
+        };
+        if !sent {
+            return Err(self.stopped(member));
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::Internal {
+                model: member.name.to_string(),
+                message: "the executor dropped the request".to_string(),
+            })
+        })
+    }
+
+    /// Why a job could not be sent: the family's executors have stopped.
+    fn stopped(&self, member: &Member) -> Error {
+        Error::ModelNotReady {
+            model: member.name.to_string(),
+            version: member.version.to_string(),
+            reason: "its executors have stopped".to_string(),
+        }
+    }
+
+    /// `submission` admitted to the queue's counts as a job for `member`
+    /// (refused as a full queue refuses it), and where its answer comes.
+    pub(crate) fn job(
+        &self,
+        member: &Arc<Member>,
+        submission: Submission,
+    ) -> Result<(Job, oneshot::Receiver<Result<InferResponse, Error>>), Error> {
         let rows = submission.request.rows;
         let bytes = submission.request.inputs.iter().map(|d| d.len()).sum();
         let level = submission.level;
@@ -286,28 +324,71 @@ impl Family {
             ticket,
             reply,
         };
-        // Admission bounded the queue; only a stopped executor refuses the
-        // send (and the job's ticket gives its rows back as it drops). A
-        // level-1 job goes to a reserved executor when one is idle; else it
-        // waits in the queue, ahead of every lower level.
-        let sent = if level == 1 && self.reserved_idle() {
-            Self::send(&self.lane, job)
-        } else {
-            Self::send(&self.queue, job)
-        };
-        if !sent {
-            return Err(Error::ModelNotReady {
-                model: member.name.to_string(),
-                version: member.version.to_string(),
-                reason: "its executors have stopped".to_string(),
-            });
+        Ok((job, answer))
+    }
+
+    /// Whether a request of `rows` rows may run on its caller's thread (its
+    /// bucket ran within `runtime.inline_budget` at load; never on a GPU).
+    pub(crate) fn runs_here(&self, rows: usize) -> bool {
+        rows <= self.inline_rows
+    }
+
+    /// Answers `jobs` (emptied), parked on this thread by a gathering front
+    /// end (`gather`): on an idle shared executor, here, each member's
+    /// requests together in runs of at most `inline_rows` rows; through the
+    /// queue when requests of the family are already queued (they keep
+    /// their turn) or no executor is idle. Returns how many it answered here.
+    pub(crate) fn run_parked(&self, jobs: &mut Vec<Job>) -> usize {
+        let mut here = 0;
+        // The parked jobs are in the queue's counts: anything more is
+        // queued (or parked by another thread) and keeps its turn.
+        let parked: usize = jobs.iter().map(|j| j.submission.request.rows).sum();
+        if self.queued_rows() <= parked {
+            for executor in &self.executors[..self.shared] {
+                let Ok(mut executor) = executor.try_lock() else {
+                    continue;
+                };
+                executor.forget_retired();
+                let mut run = Vec::with_capacity(jobs.len());
+                while let Some(first) = jobs.first() {
+                    // The first job's member's requests, in arrival order,
+                    // up to the rows a caller's thread may run at once.
+                    let member = Arc::clone(&first.member);
+                    let mut rows = 0usize;
+                    let mut i = 0;
+                    while i < jobs.len() {
+                        let job_rows = jobs[i].submission.request.rows;
+                        if Arc::ptr_eq(&jobs[i].member, &member)
+                            && rows.saturating_add(job_rows) <= self.inline_rows.max(job_rows)
+                        {
+                            rows += job_rows;
+                            run.push(jobs.remove(i));
+                        } else {
+                            i += 1;
+                        }
+                        if rows >= self.inline_rows {
+                            break;
+                        }
+                    }
+                    here += run.len();
+                    // Each job leaves the queue's counts as it runs.
+                    for job in &mut run {
+                        job.ticket.release();
+                    }
+                    executor.answer_batch(&mut run);
+                }
+                return here;
+            }
         }
-        answer.await.unwrap_or_else(|_| {
-            Err(Error::Internal {
-                model: member.name.to_string(),
-                message: "the executor dropped the request".to_string(),
-            })
-        })
+        for job in jobs.drain(..) {
+            let member = Arc::clone(&job.member);
+            if !Self::send(&self.queue, job) {
+                // Its reply went with the job: the caller is told the
+                // executor dropped the request; say why in the log.
+                tracing::warn!(model = %member.name, error = %self.stopped(&member), "a parked request was not run");
+            }
+        }
+        here
     }
 
     /// Runs `submission` on the caller's thread if it may (see

@@ -22,6 +22,7 @@ use tickserve_core::{Clock, Device, Error, InferResponse, ModelRequest, Name, Si
 
 use crate::admission::ModelQueue;
 use crate::family::Family;
+use crate::gather::{self, Parking};
 use crate::job::Submission;
 use crate::member::Member;
 use crate::monte_carlo::{self, Plan};
@@ -417,7 +418,8 @@ impl ModelHandle {
     /// builds to wait (a few hundred bytes of state moved through three of
     /// them); the request is borrowed, not moved in and out.
     pub fn run_now(&self, prepared: &mut Prepared) -> Option<Result<InferResponse, Error>> {
-        if prepared.monte_carlo.is_some() || prepared.sequence.is_some() {
+        // A gathering thread parks the request with its round's (`run`).
+        if prepared.monte_carlo.is_some() || prepared.sequence.is_some() || gather::gathering() {
             return None;
         }
         let replica = self.route()?;
@@ -549,7 +551,17 @@ impl ModelHandle {
                 },
             });
         };
-        replica.family.submit(&replica.member, submission).await
+        // A gathering front-end thread runs it with the rest of its round.
+        match gather::park(&replica.family, &replica.member, submission) {
+            Parking::Parked(answer) => answer.await.unwrap_or_else(|_| {
+                Err(Error::Internal {
+                    model: self.name.clone(),
+                    message: "the gathered run dropped the request".to_string(),
+                })
+            }),
+            Parking::Refused(error) => Err(error),
+            Parking::No(submission) => replica.family.submit(&replica.member, submission).await,
+        }
     }
 
     /// Runs `request` (a primary's [`Prepared::mirror`]) for this shadow

@@ -17,6 +17,7 @@
 //! | `engines` | the engines, and the choice of one per replica (the only code serving with ONNX Runtime or CUDA) |
 //! | `worker` | an executor thread: compile, time the inline budget, serve batches from the intake |
 //! | `family` | a compiled graph on its executors and its queue; `submit` runs at once or admits |
+//! | `gather` | a front-end thread's round: requests parked as it polls them, then run together on an idle executor on that thread |
 //! | `repository` | the repository on disk |
 //! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
 //! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), sequences handed between replicas through a shared directory (`handoff`) |
@@ -44,6 +45,7 @@ mod draw;
 mod engines;
 mod executor;
 mod family;
+pub mod gather;
 mod handle;
 mod job;
 mod loader;

@@ -211,6 +211,7 @@ impl ShmFrontEnd {
             handles: Mutex::new(Handles::new()),
             spin: config.spin,
             max_answer_bytes: config.max_answer_bytes,
+            gather: config.gather,
             _services: (service, wake),
         });
         let stop = Arc::new(AtomicBool::new(false));
@@ -268,6 +269,8 @@ struct Context_ {
     spin: Duration,
     /// `shm.max_answer_bytes`.
     max_answer_bytes: usize,
+    /// `shm.gather`.
+    gather: bool,
     /// Kept open while serving.
     _services: (RequestService, WakeService),
 }
@@ -318,17 +321,34 @@ fn supervise(index: usize, context: &Context_, stop: &AtomicBool) {
 fn serve(context: &Context_, stop: &AtomicBool) {
     // Futures polled here may set timers (a sequence's turn, say).
     let _entered = context.runtime.enter();
+    // A round a panic interrupted ends here: what it parked is answered.
+    tickserve_runtime::gather::run();
     let mut last_request = Instant::now();
     let mut last_cleanup = Instant::now();
     let mut rounds = Rounds::new(MAX_CLIENTS * MAX_REQUESTS_PER_CLIENT);
+    // A round's requests whose answers wait for its gathered runs.
+    let mut unfinished: Vec<Unfinished> = Vec::with_capacity(MAX_CLIENTS * MAX_REQUESTS_PER_CLIENT);
+    let mut gathering = false;
     while !stop.load(Ordering::Acquire) {
         let mut served = false;
         loop {
+            if rounds.left() == 0 {
+                crate::faults::shm_round();
+            }
             let next = rounds.next(|| context.server.receive());
             match next {
                 Ok(Some(active)) => {
                     served = true;
-                    handle(context, active);
+                    // The first of a round of several: its requests gather.
+                    if context.gather && !gathering && rounds.left() > 0 {
+                        tickserve_runtime::gather::begin();
+                        gathering = true;
+                    }
+                    handle(context, active, gathering.then_some(&mut unfinished));
+                    if gathering && rounds.left() == 0 {
+                        finish_round(context, &mut unfinished);
+                        gathering = false;
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -356,8 +376,9 @@ fn serve(context: &Context_, stop: &AtomicBool) {
 }
 
 /// Answers one request: a lookup here; an inference here when it can
-/// finish without waiting, else on the async runtime.
-fn handle(context: &Context_, active: ActiveRequest) {
+/// finish without waiting, else on the async runtime (in a gathering round,
+/// `round` keeps it until the round's runs: [`finish_round`]).
+fn handle(context: &Context_, active: ActiveRequest, round: Option<&mut Vec<Unfinished>>) {
     crate::faults::shm_request();
     let started = Instant::now();
     let bytes = active.payload();
@@ -422,9 +443,49 @@ fn handle(context: &Context_, active: ActiveRequest) {
                 size: owned.len(),
                 started,
             };
-            infer(context, active, request);
+            infer(context, active, request, round);
         }
     }
+}
+
+/// A request of a gathering round whose answer was not ready when it was
+/// first polled.
+struct Unfinished {
+    active: ActiveRequest,
+    request_id: u64,
+    work: Work,
+}
+
+/// An inference through the edge, polled here first.
+type Work = Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send>>;
+
+/// Runs what the round's requests parked (each model's rows together, on
+/// this thread), then answers each request whose answer is now ready, in
+/// the round's order; the rest finish on the async runtime.
+fn finish_round(context: &Context_, unfinished: &mut Vec<Unfinished>) {
+    tickserve_runtime::gather::run();
+    let limit = context.max_answer_bytes;
+    let mut poll_context = Context::from_waker(Waker::noop());
+    for Unfinished {
+        active,
+        request_id,
+        mut work,
+    } in unfinished.drain(..)
+    {
+        match work.as_mut().poll(&mut poll_context) {
+            Poll::Ready(result) => respond(active, request_id, result, limit),
+            Poll::Pending => finish_later(context, active, request_id, work),
+        }
+    }
+}
+
+/// Answers `work` once the async runtime has finished it.
+fn finish_later(context: &Context_, active: ActiveRequest, request_id: u64, work: Work) {
+    let limit = context.max_answer_bytes;
+    context.runtime.spawn(async move {
+        let result = work.await;
+        respond(active, request_id, result, limit);
+    });
 }
 
 /// A request's inputs, copied out of the client's sample (which goes back
@@ -512,8 +573,13 @@ pub(crate) fn copy_inputs(
 }
 
 /// Runs an inference through the edge: polled once here, finished on the
-/// async runtime if it must wait.
-fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
+/// async runtime if it must wait (kept in `round` when gathering).
+fn infer(
+    context: &Context_,
+    active: ActiveRequest,
+    request: Infer,
+    round: Option<&mut Vec<Unfinished>>,
+) {
     let edge = Arc::clone(&context.edge);
     let Infer {
         request_id,
@@ -541,18 +607,18 @@ fn infer(context: &Context_, active: ActiveRequest, request: Infer) {
         };
         edge.infer(call, inputs).await.map(|answer| answer.response)
     };
-    let mut work: Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send>> =
-        Box::pin(work);
+    let mut work: Work = Box::pin(work);
     let mut poll_context = Context::from_waker(Waker::noop());
-    let limit = context.max_answer_bytes;
     match work.as_mut().poll(&mut poll_context) {
-        Poll::Ready(result) => respond(active, request_id, result, limit),
-        Poll::Pending => {
-            context.runtime.spawn(async move {
-                let result = work.await;
-                respond(active, request_id, result, limit);
-            });
-        }
+        Poll::Ready(result) => respond(active, request_id, result, context.max_answer_bytes),
+        Poll::Pending => match round {
+            Some(round) => round.push(Unfinished {
+                active,
+                request_id,
+                work,
+            }),
+            None => finish_later(context, active, request_id, work),
+        },
     }
 }
 

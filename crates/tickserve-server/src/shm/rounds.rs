@@ -56,6 +56,11 @@ impl<R> Rounds<R> {
         }
         Ok(self.round.pop_front())
     }
+
+    /// The requests of the current round not yet given out.
+    pub(super) fn left(&self) -> usize {
+        self.round.len()
+    }
 }
 
 #[cfg(test)]

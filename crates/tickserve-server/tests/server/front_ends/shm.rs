@@ -403,3 +403,107 @@ async fn the_deadline_in_the_header_is_kept() {
     .unwrap();
     server.shutdown().await.unwrap();
 }
+
+/// Eight sequences of `seq_lstm_step`, three ticks each, every tick of the
+/// eight sent at once by eight clients while the front-end thread is held
+/// (so that they wait together in one round), over a server with
+/// `shm.gather` as given: each sequence's answers in tick order, and the
+/// model's runs and requests.
+async fn eight_sequences_at_once(gather: bool) -> (Vec<Vec<Vec<f32>>>, u64, u64) {
+    let name = if gather { "gather-on" } else { "gather-off" };
+    let (server, service) = server_with(name, |c| c.shm.gather = gather).await;
+    const SEQUENCES: usize = 8;
+    const TICKS: usize = 3;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(SEQUENCES + 1));
+    let clients: Vec<_> = (0..SEQUENCES)
+        .map(|s| {
+            let (service, start) = (service.clone(), std::sync::Arc::clone(&start));
+            std::thread::spawn(move || {
+                let mut client = ShmClient::connect_to(&service).unwrap();
+                (0..TICKS)
+                    .map(|t| {
+                        start.wait();
+                        let parameters = [
+                            Parameter {
+                                name: "sequence_id",
+                                value: ParamValue::Uint(s as u64 + 1),
+                            },
+                            Parameter {
+                                name: "sequence_start",
+                                value: ParamValue::Bool(t == 0),
+                            },
+                        ];
+                        let tick = Tensor::from_f32("tick", &[1, 8], &step_tick(s * TICKS + t));
+                        let answer = client
+                            .infer_with("seq_lstm_step", &[tick], &parameters)
+                            .unwrap();
+                        answer[0].to_f32().unwrap()
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for _ in 0..TICKS {
+        // Every client is about to send: the thread waits while they do.
+        tickserve_server::faults::stall_next_shm_round(std::time::Duration::from_millis(300));
+        let start = std::sync::Arc::clone(&start);
+        tokio::task::spawn_blocking(move || start.wait())
+            .await
+            .unwrap();
+    }
+    let mut answers = Vec::new();
+    for client in clients {
+        answers.push(
+            tokio::task::spawn_blocking(move || client.join().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let stats = server
+        .edge()
+        .runtime
+        .model("seq_lstm_step", None)
+        .unwrap()
+        .stats
+        .snapshot();
+    server.shutdown().await.unwrap();
+    (answers, stats.execution_count, stats.inference_count)
+}
+
+/// The rows of a round's requests of one model run together on the
+/// front-end thread (`shm.gather`, on by default): eight sequences' ticks
+/// that wait together run in fewer runs than requests, and each sequence's
+/// answers, tick after tick, are what the same ticks give run one request
+/// a run (`shm.gather = false`), within 1e-5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rounds_rows_of_several_sequences_run_together_and_answer_as_alone() {
+    if support::alone(
+        module_path!(),
+        "a_rounds_rows_of_several_sequences_run_together_and_answer_as_alone",
+    ) {
+        return;
+    }
+    let (together, runs, requests) = eight_sequences_at_once(true).await;
+    assert_eq!(requests, 24);
+    assert!(
+        runs < requests,
+        "{runs} runs for {requests} requests: the round's rows did not meet"
+    );
+    let (alone, runs, requests) = eight_sequences_at_once(false).await;
+    assert_eq!(
+        (runs, requests),
+        (24, 24),
+        "one run a request without gathering"
+    );
+    for (s, (got, want)) in together.iter().zip(&alone).enumerate() {
+        for (t, (got, want)) in got.iter().zip(want).enumerate() {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "sequence {s} tick {t}: {g} gathered, {w} alone"
+                );
+            }
+        }
+    }
+}
