@@ -51,10 +51,9 @@ async fn a_quiet_stream_outlives_every_timeout_and_still_answers() {
         normal.model_infer(support::grpc_alpha_row()).await.unwrap();
         if tick < 2 {
             // Quiet for five times every timeout before the next tick: a
-            // quiet instrument. Real time: the connection and stream
-            // timeouts run on hyper's timers and the listener's clock in
-            // the server's own tasks, which a paused clock here would not
-            // move.
+            // quiet instrument. Real time: the server runs on this test's
+            // runtime, so a paused clock would also move its timers while
+            // the next tick is on its way.
             tokio::time::sleep(Duration::from_millis(1500)).await;
         }
     }
