@@ -13,7 +13,8 @@
 #   bash scripts/device/cores_check.sh
 #
 # Steps: 1 the machine; 2 the per-tick harness (tickserve-bench) on the 2x128 LSTM tick
-# over shared memory at 1, 8, 64, 256 and 512 instances; 3 the other models and gRPC at
+# over shared memory at 1, 8, 64, 256 and 512 instances, then at 8 and 64 with the clients
+# yielding (--client-spin 0s), shm.gather on (2b) and off (2c); 3 the other models and gRPC at
 # one instance (the tree ensemble, the 100-tick window, the LSTM over gRPC); 4 sparse
 # ticks (one every 10 ms, 100 ms, 1 s, open loop) with keep_warm off and on; 5 batching at
 # concurrency 32 (perf_analyzer, gRPC, alpha_mlp): batched against unbatched.
@@ -119,25 +120,27 @@ h=$root/scripts/device/harness_case.sh
 # CORES_STEPS: which of steps 2-5 run (all by default), e.g. CORES_STEPS="2 5".
 wanted() { [[ " ${CORES_STEPS:-2 3 4 5} " == *" $1 "* ]]; }
 export CORES_SWEEP=${CORES_SWEEP:-1:10000 8:2000 64:400 256:100 512:50}
+# What gathering a round's rows gives: 8 and 64 instances, the clients yielding their
+# cores at once (--client-spin 0s), with shm.gather on and off.
+export CORES_GATHER=${CORES_GATHER:-8:2000 64:400}
+# sweep SERVICE SUFFIX PAIRS [ARGS...]: bench_lstm at each INSTANCES:TICKS pair (ARGS to
+# the harness), SUFFIX after the case.
 sweep() {
-  for pair in $CORES_SWEEP; do
-    "$h" tickserve-cores-plain "bench_lstm, shm, ${pair%%:*} instances" --model bench_lstm \
-      --instances "${pair%%:*}" --ticks "${pair##*:}" --warmup 100 || return 1
+  local service=$1 suffix=$2 pairs=$3 pair
+  shift 3
+  for pair in $pairs; do
+    "$h" "$service" "bench_lstm, shm, ${pair%%:*} instances$suffix" --model bench_lstm \
+      --instances "${pair%%:*}" --ticks "${pair##*:}" --warmup 100 "$@" || return 1
   done
 }
 export -f sweep
 export h
-wanted 2 && step "2. bench_lstm over shared memory at 1 to 512 instances" 120 sweep.log "$serve" "$plain" bash -c sweep
-# What gathering a round's rows gives: 8 and 64 instances with shm.gather = false.
-export CORES_ALONE=${CORES_ALONE:-8:2000 64:400}
-sweep_alone() {
-  for pair in $CORES_ALONE; do
-    "$h" tickserve-cores-alone "bench_lstm, shm, ${pair%%:*} instances, shm.gather = false" --model bench_lstm \
-      --instances "${pair%%:*}" --ticks "${pair##*:}" --warmup 100 || return 1
-  done
-}
-export -f sweep_alone
-wanted 2 && step "2b. bench_lstm over shared memory, shm.gather = false" 60 sweep.log "$serve" "$alone" bash -c sweep_alone
+wanted 2 && step "2. bench_lstm over shared memory at 1 to 512 instances" 120 sweep.log "$serve" "$plain" \
+  bash -c 'sweep tickserve-cores-plain "" "$CORES_SWEEP"'
+wanted 2 && step "2b. the same, clients yielding, shm.gather on" 60 sweep.log "$serve" "$plain" \
+  bash -c 'sweep tickserve-cores-plain ", --client-spin 0s" "$CORES_GATHER" --client-spin 0s'
+wanted 2 && step "2c. the same, clients yielding, shm.gather = false" 60 sweep.log "$serve" "$alone" \
+  bash -c 'sweep tickserve-cores-alone ", --client-spin 0s, shm.gather = false" "$CORES_GATHER" --client-spin 0s'
 
 others() {
   "$h" tickserve-cores-plain "bench_trees, shm, 1 instance" --model bench_trees --ticks 5000 --warmup 500
