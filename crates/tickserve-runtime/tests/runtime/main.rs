@@ -2,7 +2,8 @@
 //! Runtime engine and the sample repository (rows batched, padded and split;
 //! rows that depend on each other; warm-up; the repository poll), faults
 //! injected through a test engine wrapped around it (supervision, a GPU that
-//! cannot compile, shedding and reserved executors at a gate), and the
+//! cannot compile, shedding and reserved executors at a gate), a front-end
+//! thread's round gathered into one run, and the
 //! process's own threads (pinning, reloads). Those last two read every thread
 //! of the process, so they run alone in a copy of this binary
 //! ([`support::alone`]).
@@ -10,6 +11,7 @@
 #![allow(clippy::disallowed_methods)] // tests wait for executors on their own threads in the machine's time
 #![allow(clippy::panic, clippy::unwrap_used, missing_docs)]
 
+mod gather;
 mod gpu_fallback;
 mod mixed_rows;
 mod pinning;

@@ -55,15 +55,34 @@ impl Gate {
     }
 }
 
+/// Opens its gate when dropped: a test that fails while a run is held
+/// ends instead of waiting for that run forever.
+pub struct OpenOnDrop(pub Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
 /// `alpha_mlp` with `model_toml`, on the gated engine; every request goes
 /// through an executor thread (nothing runs on the caller's).
 pub fn gated_runtime(model_toml: &str) -> (Arc<Runtime>, Arc<Gate>, tempfile::TempDir) {
+    gated_runtime_with(model_toml, |c| c.runtime.inline_budget = Duration::ZERO)
+}
+
+/// `alpha_mlp` with `model_toml`, on the gated engine, the server's
+/// configuration `adjust`ed.
+pub fn gated_runtime_with(
+    model_toml: &str,
+    adjust: impl FnOnce(&mut ServerConfig),
+) -> (Arc<Runtime>, Arc<Gate>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     copy_sample_model(dir.path(), "alpha_mlp", Some(model_toml));
     let mut config = ServerConfig::default();
     config.repository.path = dir.path().to_path_buf();
     config.runtime.onnxruntime_library = library();
-    config.runtime.inline_budget = Duration::ZERO;
+    adjust(&mut config);
     let gate = Arc::new(Gate::default());
     let engine = hooked_engine({
         let gate = Arc::clone(&gate);

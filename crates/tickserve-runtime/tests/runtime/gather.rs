@@ -1,0 +1,106 @@
+//! A front-end thread's round (`tickserve_runtime::gather`): requests polled
+//! while the thread gathers park at their family and then run together, in
+//! one bucket run, on an idle executor, on this thread; with the family's
+//! executor busy they go through its queue instead and are answered there.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use tickserve_core::{Error, InferResponse};
+use tickserve_runtime::{Runtime, gather};
+
+use crate::support;
+use support::gate::{HOLD, OpenOnDrop, gated_runtime_with, row, stop};
+
+type Answer<'a> = Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send + 'a>>;
+
+/// The round's requests: one `alpha_mlp` row each, first features 1, 2, ...
+fn round(runtime: &Runtime, requests: usize) -> Vec<Answer<'_>> {
+    (1..=requests)
+        .map(|i| Box::pin(runtime.infer(row(0, i as f32))) as Answer<'_>)
+        .collect()
+}
+
+fn poll_once(answer: &mut Answer<'_>) -> Poll<Result<InferResponse, Error>> {
+    answer
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn runs(runtime: &Runtime) -> u64 {
+    let handle = runtime.model("alpha_mlp", None).unwrap();
+    handle.stats.snapshot().execution_count
+}
+
+/// Each answer's first output, as floats.
+fn values(answer: &InferResponse) -> Vec<f32> {
+    answer.outputs[0]
+        .data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rounds_requests_park_and_run_together_on_this_thread() {
+    let (runtime, gate, _dir) = gated_runtime_with("", |_| {});
+    gate.open();
+    let mut alone = Vec::new();
+    for i in 1..=5 {
+        alone.push(runtime.infer(row(0, i as f32)).await.unwrap());
+    }
+    let before = runs(&runtime);
+    gather::begin();
+    let mut answers = round(&runtime, 5);
+    for (i, answer) in answers.iter_mut().enumerate() {
+        assert!(poll_once(answer).is_pending(), "request {i} ran alone");
+    }
+    assert_eq!(gather::run(), 5, "answered on this thread");
+    for (i, answer) in answers.iter_mut().enumerate() {
+        let Poll::Ready(Ok(answer)) = poll_once(answer) else {
+            panic!("request {i} was not answered by the round's run");
+        };
+        for (g, w) in values(&answer).iter().zip(values(&alone[i])) {
+            assert!(
+                (g - w).abs() <= 1e-5,
+                "request {i}: {g} in the round, {w} alone"
+            );
+        }
+    }
+    assert_eq!(runs(&runtime) - before, 1, "five rows, one run");
+    drop(answers);
+    stop(runtime);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_executor_busy_a_rounds_requests_go_through_the_queue() {
+    let (runtime, gate, _dir) = gated_runtime_with("", |_| {});
+    let _open = OpenOnDrop(Arc::clone(&gate));
+    // A request runs at once on a worker thread and holds the executor.
+    let held = tokio::spawn({
+        let runtime = Arc::clone(&runtime);
+        async move { runtime.infer(row(0, HOLD)).await }
+    });
+    gate.wait_for(1);
+    gather::begin();
+    let mut answers = round(&runtime, 3);
+    for answer in &mut answers {
+        assert!(poll_once(answer).is_pending());
+    }
+    assert_eq!(gather::run(), 0, "no idle executor: nothing runs here");
+    for answer in &mut answers {
+        assert!(
+            poll_once(answer).is_pending(),
+            "answered before the executor was free"
+        );
+    }
+    gate.open();
+    held.await.unwrap().unwrap();
+    for answer in answers {
+        let answer = answer.await.unwrap();
+        assert_eq!(answer.outputs[0].shape, vec![1, 3]);
+    }
+    stop(runtime);
+}
