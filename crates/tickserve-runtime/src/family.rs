@@ -254,18 +254,8 @@ impl Family {
         if let Some(answer) = self.run_at_once(member, &mut submission) {
             return answer;
         }
-        let level = submission.level;
         let (job, answer) = self.job(member, submission)?;
-        // Admission bounded the queue; only a stopped executor refuses the
-        // send (and the job's ticket gives its rows back as it drops). A
-        // level-1 job goes to a reserved executor when one is idle; else it
-        // waits in the queue, ahead of every lower level.
-        let sent = if level == 1 && self.reserved_idle() {
-            Self::send(&self.lane, job)
-        } else {
-            Self::send(&self.queue, job)
-        };
-        if !sent {
+        if !self.enqueue(job) {
             return Err(self.stopped(member));
         }
         answer.await.unwrap_or_else(|_| {
@@ -274,6 +264,19 @@ impl Family {
                 message: "the executor dropped the request".to_string(),
             })
         })
+    }
+
+    /// Sends `job` to the executors; false (the job dropped) once they have
+    /// stopped. Admission bounded the queue; only a stopped executor refuses
+    /// the send (and the job's ticket gives its rows back as it drops). A
+    /// level-1 job goes to a reserved executor when one is idle; else it
+    /// waits in the queue, ahead of every lower level.
+    fn enqueue(&self, job: Job) -> bool {
+        if job.submission.level == 1 && self.reserved_idle() {
+            Self::send(&self.lane, job)
+        } else {
+            Self::send(&self.queue, job)
+        }
     }
 
     /// Why a job could not be sent: the family's executors have stopped.
@@ -358,8 +361,9 @@ impl Family {
                     let mut i = 0;
                     while i < jobs.len() {
                         let job_rows = jobs[i].submission.request.rows;
+                        // A parked job's rows fit `inline_rows` (`runs_here`).
                         if Arc::ptr_eq(&jobs[i].member, &member)
-                            && rows.saturating_add(job_rows) <= self.inline_rows.max(job_rows)
+                            && rows.saturating_add(job_rows) <= self.inline_rows
                         {
                             rows += job_rows;
                             run.push(jobs.remove(i));
@@ -382,7 +386,7 @@ impl Family {
         }
         for job in jobs.drain(..) {
             let member = Arc::clone(&job.member);
-            if !Self::send(&self.queue, job) {
+            if !self.enqueue(job) {
                 // Its reply went with the job: the caller is told the
                 // executor dropped the request; say why in the log.
                 tracing::warn!(model = %member.name, error = %self.stopped(&member), "a parked request was not run");

@@ -27,8 +27,8 @@ use crate::family::Family;
 use crate::job::{Job, Submission};
 use crate::member::Member;
 
-/// The jobs parked on this thread since [`begin`], with their families;
-/// `None` while the thread is not gathering.
+/// A thread's gathering: whether it gathers (between [`begin`] and
+/// [`run`]), and the jobs parked since [`begin`], with their families.
 struct Parked {
     gathering: bool,
     jobs: Vec<(Arc<Family>, Job)>,
