@@ -41,11 +41,4 @@ if ! ls .gpu/perf_analyzer-*.whl >/dev/null 2>&1; then
     --platform manylinux_2_38_x86_64 perf-analyzer==2.60.0 -d .gpu
 fi
 
-glibc=$(for f in .gpu/tickserve .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay; do
-  objdump -T "$f" | grep -o 'GLIBC_[0-9.]*'
-done | sort -t. -k1,1 -k2,2n -u | tail -1)
-dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with uncommitted changes)" || true)
-printf 'commit %s%s\nbuilt %s\nglibc needed %s\n' \
-  "$(git rev-parse HEAD)" "$dirty" "$(date -u +%Y-%m-%dT%H:%MZ)" "$glibc" >.gpu/BUILD
-cat .gpu/BUILD
-scripts/device/pack_bundle.sh gpu .gpu
+scripts/device/pack_bundle.sh gpu .gpu .gpu/tickserve .gpu/gpu-engine .gpu/gpu-runtime .gpu/graph_replay

@@ -27,16 +27,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-# The bundle travels packed (scripts/gpu_bundle.sh): unpack it where it came.
-if [ -f .pack/gpu.tar.xz ]; then
-  tar xJf .pack/gpu.tar.xz 2>/dev/null ||
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' .pack/gpu.tar.xz
-fi
-OUT=${OUT:-/tmp/gpu-check}
-mkdir -p "$OUT"
-cap=${GPU_CHECK_SECONDS:-540}
-start=$SECONDS
-work=$(mktemp -d /tmp/gpu-check-work.XXXXXX)
+# begin, and step NAME SECONDS LOG COMMAND...: scripts/device/check_steps.sh.
+. scripts/device/check_steps.sh
+# The bundle travels packed (scripts/gpu_bundle.sh).
+begin gpu "${GPU_CHECK_SECONDS:-540}"
 smi_pid=
 cleanup() {
   [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
@@ -44,10 +38,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-steps="$work/steps.md"
-figures="$work/figures.md"
-: >"$steps"
-: >"$figures"
 bin=.gpu
 [ -x "$bin/tickserve" ] || chmod +x "$bin"/* 2>/dev/null
 export TICKSERVE_ROOT=$root
@@ -80,8 +70,6 @@ write_summary() {
   } >"$OUT/summary.md"
 }
 
-# step NAME SECONDS LOG COMMAND...: scripts/device/check_steps.sh.
-. scripts/device/check_steps.sh
 
 # 1. The machine and its libraries, in the main shell (the loader path it sets is used
 #    by every later step).

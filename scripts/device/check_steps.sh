@@ -1,8 +1,28 @@
 # The step runner the device checks share (scripts/gpu_check.sh and
-# scripts/device/cores_check.sh), sourced by them. It expects $cap and $start (the check's budget in seconds and when it
-# began, in $SECONDS), $work (a scratch folder), $OUT, $steps and $figures (the steps and
-# figures tables being built) and a write_summary function.
+# scripts/device/cores_check.sh), sourced by them: `begin` sets a check up, `step` runs one
+# of its steps. A step needs what `begin` set and a write_summary function.
 #
+# begin NAME CAP: unpacks the bundle .pack/NAME.tar.xz where it came (it travels packed),
+# makes $OUT (default /tmp/NAME-check), and sets $cap (CAP, the check's budget in seconds),
+# $start (now, in $SECONDS), $work (a scratch folder the caller removes at exit), $steps
+# and $figures (the steps and figures tables, empty).
+begin() {
+  local name=$1
+  if [ -f ".pack/$name.tar.xz" ]; then
+    tar xJf ".pack/$name.tar.xz" 2>/dev/null ||
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' ".pack/$name.tar.xz"
+  fi
+  OUT=${OUT:-/tmp/$name-check}
+  mkdir -p "$OUT"
+  cap=$2
+  start=$SECONDS
+  work=$(mktemp -d "/tmp/$name-check-work.XXXXXX")
+  steps="$work/steps.md"
+  figures="$work/figures.md"
+  : >"$steps"
+  : >"$figures"
+}
+
 # step NAME SECONDS LOG COMMAND...: COMMAND under `timeout` (SECONDS, or what is left of
 # the check), its output appended to $OUT/LOG, its status in the steps table and its
 # SUMMARY lines in the figures table; write_summary after every step.

@@ -24,11 +24,4 @@ if ! ls .cores/perf_analyzer-*.whl >/dev/null 2>&1; then
       --platform manylinux_2_38_x86_64 perf-analyzer==2.60.0 -d .cores
   fi
 fi
-glibc=$(for f in .cores/tickserve .cores/tickserve-bench; do
-  objdump -T "$f" | grep -o 'GLIBC_[0-9.]*'
-done | sort -t. -k1,1 -k2,2n -u | tail -1)
-dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with uncommitted changes)" || true)
-printf 'commit %s%s\nbuilt %s\nglibc needed %s\n' \
-  "$(git rev-parse HEAD)" "$dirty" "$(date -u +%Y-%m-%dT%H:%MZ)" "$glibc" >.cores/BUILD
-cat .cores/BUILD
-scripts/device/pack_bundle.sh cores .cores
+scripts/device/pack_bundle.sh cores .cores .cores/tickserve .cores/tickserve-bench

@@ -23,22 +23,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-# The bundle travels packed (scripts/device/cores_bundle.sh): unpack it where it came.
-if [ -f .pack/cores.tar.xz ]; then
-  tar xJf .pack/cores.tar.xz 2>/dev/null ||
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' .pack/cores.tar.xz
-fi
-OUT=${OUT:-/tmp/cores-check}
-mkdir -p "$OUT"
-cap=${CORES_CHECK_SECONDS:-360}
-start=$SECONDS
-work=$(mktemp -d /tmp/cores-check-work.XXXXXX)
+# begin, and step NAME SECONDS LOG COMMAND...: scripts/device/check_steps.sh.
+. scripts/device/check_steps.sh
+# The bundle travels packed (scripts/device/cores_bundle.sh).
+begin cores "${CORES_CHECK_SECONDS:-360}"
 trap 'rm -rf "$work"' EXIT
 bin=.cores
-steps="$work/steps.md"
-figures="$work/figures.md"
-: >"$steps"
-: >"$figures"
 
 py=${TICKSERVE_PYTHON:-}
 for candidate in /opt/torch/.venv/bin/python .venv/bin/python python3; do
@@ -73,8 +63,6 @@ write_summary() {
   } >"$OUT/summary.md"
 }
 
-# step NAME SECONDS LOG COMMAND...: scripts/device/check_steps.sh.
-. scripts/device/check_steps.sh
 
 # 1. The machine.
 {
