@@ -14,10 +14,12 @@ use serde::{Deserialize, Deserializer};
 use crate::buckets::DEFAULT_BUCKETS;
 pub use crate::validate::NanPolicy;
 
+mod fleet;
 mod journal;
 mod security;
 mod versions;
 
+pub use fleet::FleetConfig;
 pub use journal::{Fsync, JournalConfig, WhenFull};
 pub use versions::{
     Labels, ShadowConfig, VersionPolicy, check_labels, check_shadows, check_split, load_labels,
@@ -48,11 +50,17 @@ pub struct ServerConfig {
     pub journal: JournalConfig,
     /// Risk controls that outlive a model's load: where halts are kept.
     pub risk: RiskConfig,
+    /// The fleet this replica belongs to (etcd); unset: it works alone.
+    pub fleet: Option<FleetConfig>,
     /// Where the server reads the time for what ages (idle sequences, the
     /// journal's files): the machine's clock; never read from the file (a
     /// test sets a clock it moves by hand, `tickserve_core::clock`).
     #[serde(skip)]
     pub clock: crate::clock::Clock,
+    /// The fleet this process joined (`[fleet]`: the server connects it
+    /// before the models load); never read from the file.
+    #[serde(skip)]
+    pub joined: Option<std::sync::Arc<dyn crate::fleet::SequenceFleet>>,
 }
 
 /// `[risk]`: where the kill switch keeps its halts (docs/risk.md).
@@ -250,16 +258,13 @@ pub struct RuntimeConfig {
     /// at shutdown (after the drain), read back (and renamed `*.restored`)
     /// at the next start. Unset (the default): sequences end with the process.
     pub sequence_snapshot: Option<PathBuf>,
-    /// A directory every replica of a scaled-out deployment mounts (a shared
-    /// volume): a replica told to stop hands each sequence's state over
-    /// through it, and a replica that gets a tick of a sequence it does not
-    /// keep takes the state from it (docs/deploy.md, "Scaling out"). Unset
-    /// (the default): sequences stay with their replica.
+    /// No longer read: sequences move between replicas through `[fleet]`
+    /// (etcd). A file that sets it fails to start, saying so.
     pub handoff_directory: Option<PathBuf>,
-    /// How long a tick of a sequence another live replica keeps waits for
-    /// that replica to hand it over (then a retryable error; at most 60 s).
-    #[serde(deserialize_with = "duration")]
-    pub handoff_wait: Duration,
+    /// No longer read: `fleet.handoff_wait` took its place. A file that
+    /// sets it fails to start, saying so.
+    #[serde(deserialize_with = "optional_duration")]
+    pub handoff_wait: Option<Duration>,
     /// How long an executor with nothing to do keeps polling its queue
     /// before it parks (a request that comes meanwhile skips the thread
     /// wake-up, tens of microseconds); each polling executor burns its core.
@@ -294,7 +299,7 @@ impl Default for RuntimeConfig {
             inline_budget: Duration::from_micros(100),
             sequence_snapshot: None,
             handoff_directory: None,
-            handoff_wait: Duration::from_secs(5),
+            handoff_wait: None,
             spin: Duration::ZERO,
             executor_cpus: Vec::new(),
             compile_priority: CompilePriority::Normal,
@@ -607,11 +612,24 @@ impl ServerConfig {
         }
         crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
         crate::durations::check("runtime.spin", self.runtime.spin, MAX_SPIN)?;
-        crate::durations::check(
-            "runtime.handoff_wait",
-            self.runtime.handoff_wait,
-            Duration::from_secs(60),
-        )?;
+        if self.runtime.handoff_directory.is_some() || self.runtime.handoff_wait.is_some() {
+            return Err(
+                "runtime.handoff_directory and runtime.handoff_wait are gone: replicas \
+                 hand sequences over through the fleet's etcd, set in [fleet] (endpoints, \
+                 prefix, lease, handoff_wait; docs/deploy.md, \"Scaling out\")"
+                    .to_string(),
+            );
+        }
+        if let Some(fleet) = &self.fleet {
+            fleet.validate()?;
+            if self.runtime.sequence_snapshot.is_some() {
+                return Err(
+                    "runtime.sequence_snapshot does not go with [fleet]: a replica's \
+                     sequences are handed over through the fleet's store at a drain"
+                        .to_string(),
+                );
+            }
+        }
         let poll = self.repository.poll_interval;
         if poll < Duration::from_millis(10) || poll > Duration::from_secs(3600) {
             return Err(format!(
@@ -757,20 +775,55 @@ mod tests {
             let config: ServerConfig = toml::from_str(text).unwrap();
             config.validate()
         };
-        let config: ServerConfig = toml::from_str(
-            "[server]\ndrain_timeout = \"3s\"\n[runtime]\nhandoff_directory = \"/shared/handoff\"\nhandoff_wait = \"250ms\"\n",
-        )
-        .unwrap();
+        let config: ServerConfig = toml::from_str("[server]\ndrain_timeout = \"3s\"\n").unwrap();
         assert_eq!(config.server.drain_timeout, Duration::from_secs(3));
-        assert_eq!(config.runtime.handoff_wait, Duration::from_millis(250));
-        assert_eq!(
-            config.runtime.handoff_directory.as_deref(),
-            Some(std::path::Path::new("/shared/handoff"))
-        );
+        // The shared hand-over directory is gone: a file that still sets it
+        // is refused, naming what replaced it.
+        for old in [
+            "[runtime]\nhandoff_directory = \"/shared/handoff\"\n",
+            "[runtime]\nhandoff_wait = \"250ms\"\n",
+        ] {
+            let error = read(old).unwrap_err();
+            assert!(error.contains("[fleet]"), "{error}");
+        }
+        let fleet = "[fleet]\nendpoints = [\"http://127.0.0.1:2379\"]\nprefix = \"desk-a\"\nlease = \"3s\"\n";
+        read(fleet).unwrap();
+        let config: ServerConfig = toml::from_str(fleet).unwrap();
+        let parsed = config.fleet.unwrap();
+        assert_eq!(parsed.lease, Duration::from_secs(3));
+        assert_eq!(parsed.handoff_wait, Duration::from_secs(5));
+        for (bad, named) in [
+            ("[fleet]\n", "fleet.endpoints"),
+            (
+                "[fleet]\nendpoints = [\"127.0.0.1:2379\"]\n",
+                "fleet.endpoints",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\nlease = \"100ms\"\n",
+                "fleet.lease",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\nprefix = \"a b\"\n",
+                "fleet.prefix",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\nhandoff_wait = \"2m\"\n",
+                "fleet.handoff_wait",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\nuser = \"u\"\n",
+                "fleet.password_file",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\n[runtime]\nsequence_snapshot = \"s\"\n",
+                "sequence_snapshot",
+            ),
+        ] {
+            let error = read(bad).unwrap_err();
+            assert!(error.contains(named), "{bad}: {error}");
+        }
         let error = read("[server]\ndrain_timeout = \"0s\"\n").unwrap_err();
         assert!(error.contains("server.drain_timeout"), "{error}");
-        let error = read("[runtime]\nhandoff_wait = \"2m\"\n").unwrap_err();
-        assert!(error.contains("runtime.handoff_wait"), "{error}");
         assert_eq!(
             ServerConfig::default().server.drain_timeout,
             Duration::from_secs(10)

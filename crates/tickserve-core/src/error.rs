@@ -211,17 +211,42 @@ pub enum Error {
     /// Another replica keeps the sequence and did not hand it over in time;
     /// the tick was not applied.
     #[error(
-        "model '{model}': sequence {sequence} is kept by replica {replica}, which did not hand it over within {waited:?}; the request was not run: retry it"
+        "model '{model}': sequence {sequence} is kept by another replica of the fleet, which did not hand it over within {waited:?}; the request was not run: retry it"
     )]
     SequenceElsewhere {
         /// The model asked for.
         model: String,
         /// The sequence id, as the client wrote it.
         sequence: String,
-        /// The replica that keeps it.
-        replica: String,
         /// How long this replica waited.
         waited: Duration,
+    },
+    /// The sequence lives on another version of the model than the one the
+    /// request reached; the tick was not applied.
+    #[error(
+        "model '{model}': sequence {sequence} lives on version {version} of the model; the request was not run: retry it (or name version {version})"
+    )]
+    SequenceOnVersion {
+        /// The model asked for.
+        model: String,
+        /// The sequence id, as the client wrote it.
+        sequence: String,
+        /// The version that keeps it.
+        version: String,
+    },
+    /// This replica cannot prove its membership of the fleet (its lease in
+    /// the coordination store may have lapsed): it acts on no sequence
+    /// until it can, so that two replicas never answer one sequence.
+    #[error(
+        "model '{model}': sequence {sequence} was not run: this replica cannot reach the fleet's store ({reason}); retry it"
+    )]
+    FleetUnavailable {
+        /// The model asked for.
+        model: String,
+        /// The sequence id, as the client wrote it.
+        sequence: String,
+        /// What failed.
+        reason: String,
     },
     /// The journal cannot keep this prediction's record, and the server
     /// answers no prediction unrecorded (`journal.when_full = "refuse"`).
@@ -388,6 +413,8 @@ impl Error {
             | Error::Halted { .. }
             | Error::ShuttingDown
             | Error::SequenceElsewhere { .. }
+            | Error::SequenceOnVersion { .. }
+            | Error::FleetUnavailable { .. }
             | Error::JournalUnavailable { .. } => ErrorKind::Unavailable,
             Error::InvalidInput { .. }
             | Error::InvalidRequest { .. }

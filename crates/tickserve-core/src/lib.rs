@@ -15,6 +15,7 @@ pub mod durations;
 pub mod engine;
 pub mod error;
 pub mod files;
+pub mod fleet;
 pub mod guard;
 pub mod metrics;
 pub mod monte_carlo;

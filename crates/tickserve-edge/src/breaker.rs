@@ -61,7 +61,7 @@ impl Breakers {
                 "{count} guard trips within {}",
                 humantime::format_duration(breaker.window)
             );
-            let _ = self.halts.halt(handle, &reason, "breaker");
+            self.halts.halt_by_breaker(handle, &reason);
         }
     }
 }

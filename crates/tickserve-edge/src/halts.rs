@@ -5,14 +5,19 @@
 //! `[risk] halts_file` when set: rewritten at every change (written beside
 //! it, then renamed over it) and read at start, so a halt outlives a restart
 //! and a reload (a reload replaces the version's handle, not its halt).
+//! In a fleet (`[fleet]`) every halt and resume is also written to the
+//! fleet's store, one key per version, and each replica's table follows
+//! the store's changes: a halt sent to one replica halts the version on
+//! every replica, and outlives every restart.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 
 use serde::{Deserialize, Serialize};
 use tickserve_core::Error;
+use tickserve_core::fleet::{HaltRecord, HaltsFleet};
 use tickserve_journal::Journal;
 use tickserve_runtime::ModelHandle;
 
@@ -62,6 +67,8 @@ pub struct Halts {
     /// Where halts and resumes are recorded, beside the version's
     /// predictions (status `halted` or `resumed`, the words as the error).
     journal: Option<Arc<Journal>>,
+    /// The fleet's store, with `[fleet]`, and where its writes run.
+    fleet: OnceLock<(Arc<dyn HaltsFleet>, tokio::runtime::Handle)>,
 }
 
 impl std::fmt::Debug for Halts {
@@ -84,6 +91,7 @@ impl Halts {
             any: AtomicBool::new(false),
             table: RwLock::new(BTreeMap::new()),
             journal: None,
+            fleet: OnceLock::new(),
         }
     }
 
@@ -106,6 +114,7 @@ impl Halts {
             any: AtomicBool::new(!table.is_empty()),
             table: RwLock::new(table),
             journal: None,
+            fleet: OnceLock::new(),
         };
         for ((model, version), _) in halts.all() {
             gauge(&model, &version, true);
@@ -127,28 +136,141 @@ impl Halts {
             .map(|(_, halt)| halt.clone())
     }
 
-    /// Halts `handle`'s version, asked over `via` (`http`, `grpc`, or
-    /// `breaker`); a version halted already keeps its first halt. The halt
-    /// and whether it was kept in the halts file (`Err` with why not: it
-    /// applies all the same). A new halt is journaled when the journal takes
-    /// the model.
-    pub fn halt(
+    /// Follows the fleet's halts from now on: this table takes every halt
+    /// in the store (returns once it has, so that nothing is served before
+    /// the fleet's halts are known), then each change; halts and resumes
+    /// made here are written there. Set once.
+    pub async fn follow_fleet(self: &Arc<Self>, fleet: Arc<dyn HaltsFleet>) -> Result<(), String> {
+        if self
+            .fleet
+            .set((Arc::clone(&fleet), tokio::runtime::Handle::current()))
+            .is_err()
+        {
+            return Ok(());
+        }
+        let halts: Weak<Halts> = Arc::downgrade(self);
+        let (read, first) = tokio::sync::oneshot::channel();
+        let read = std::sync::Mutex::new(Some(read));
+        fleet.follow(Box::new(move |records, reset| {
+            if let Some(halts) = halts.upgrade() {
+                halts.apply(records, reset);
+            }
+            if let Some(read) = read.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = read.send(());
+            }
+        }));
+        match tokio::time::timeout(std::time::Duration::from_secs(10), first).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err("the fleet's halts could not be read from its store within 10 s".to_string()),
+        }
+    }
+
+    /// Applies halts read from the fleet's store (`reset`: they are every
+    /// halt there is).
+    fn apply(&self, records: Vec<HaltRecord>, reset: bool) {
+        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let before = table.clone();
+        if reset {
+            table.clear();
+        }
+        for record in records {
+            let key = (record.model, record.version);
+            match record
+                .halt
+                .and_then(|b| serde_json::from_slice::<Halt>(&b).ok())
+            {
+                Some(halt) => {
+                    table.insert(key, halt);
+                }
+                None => {
+                    table.remove(&key);
+                }
+            }
+        }
+        self.any.store(!table.is_empty(), Ordering::Relaxed);
+        for (model, version) in before.keys().filter(|k| !table.contains_key(*k)) {
+            gauge(model, version, false);
+            tracing::warn!(model, version, "version resumed across the fleet");
+        }
+        for ((model, version), halt) in table.iter().filter(|(k, _)| !before.contains_key(*k)) {
+            gauge(model, version, true);
+            tracing::warn!(model, version, reason = %halt.reason, "version halted across the fleet");
+        }
+        if let Err(e) = self.keep(&table) {
+            tracing::error!("the halts file cannot follow the fleet: {e}");
+        }
+    }
+
+    /// Writes `model` `version`'s halt (`None`: its resume) to the fleet's
+    /// store, if there is one.
+    async fn publish(&self, model: &str, version: &str, halt: Option<&Halt>) -> Result<(), String> {
+        let Some((fleet, _)) = self.fleet.get() else {
+            return Ok(());
+        };
+        let record = HaltRecord {
+            model: model.to_string(),
+            version: version.to_string(),
+            halt: halt.map(|h| serde_json::to_vec(h).unwrap_or_default()),
+        };
+        fleet
+            .write(record)
+            .await
+            .map_err(|e| format!("the fleet's store did not take it: {e}"))
+    }
+
+    /// Halts `handle`'s version, asked over `via` (`http` or `grpc`); a
+    /// version halted already keeps its first halt. The halt and whether it
+    /// was kept (in the fleet's store, or else the halts file; `Err` with
+    /// why not: it applies here all the same). A new halt is journaled
+    /// when the journal takes the model.
+    pub async fn halt(
         &self,
         handle: &Arc<ModelHandle>,
         reason: &str,
         via: &'static str,
     ) -> (Halt, Result<(), String>) {
-        let by = if via == "breaker" { "breaker" } else { "api" };
-        let (halt, new, kept) = self.set(&handle.name, &handle.version, reason, by);
+        let (halt, new, kept) = self.set(&handle.name, &handle.version, reason, "api");
         if new {
             self.record(handle, via, "halted", halt.words());
         }
-        (halt, kept)
+        let published = self
+            .publish(&handle.name, &handle.version, Some(&halt))
+            .await;
+        (halt, kept.and(published))
+    }
+
+    /// Halts `handle`'s version for its breaker, from the request's path:
+    /// the fleet's store is written on the fleet's task.
+    pub fn halt_by_breaker(&self, handle: &Arc<ModelHandle>, reason: &str) {
+        let (halt, new, _) = self.set(&handle.name, &handle.version, reason, "breaker");
+        if !new {
+            return;
+        }
+        self.record(handle, "breaker", "halted", halt.words());
+        if let Some((fleet, runtime)) = self.fleet.get() {
+            let (fleet, model, version) = (
+                Arc::clone(fleet),
+                handle.name.clone(),
+                handle.version.clone(),
+            );
+            let bytes = serde_json::to_vec(&halt).unwrap_or_default();
+            runtime.spawn(async move {
+                let record = HaltRecord {
+                    model,
+                    version,
+                    halt: Some(bytes),
+                };
+                if let Err(e) = fleet.write(record).await {
+                    tracing::error!(error = %e, "a breaker's halt did not reach the fleet's store");
+                }
+            });
+        }
     }
 
     /// Resumes `handle`'s version, asked over `via`: its halt, if it had
-    /// one, and whether the halts file was rewritten.
-    pub fn resume(
+    /// one, and whether the resume was kept (the fleet's store, or else the
+    /// halts file).
+    pub async fn resume(
         &self,
         handle: &Arc<ModelHandle>,
         via: &'static str,
@@ -158,7 +280,8 @@ impl Halts {
             let words = format!("resumed; it was halted {}", halt.words());
             self.record(handle, via, "resumed", words);
         }
-        (halt, kept)
+        let published = self.publish(&handle.name, &handle.version, None).await;
+        (halt, kept.and(published))
     }
 
     /// Halts `model` `version` (`by`: `api` or `breaker`): the halt in

@@ -20,7 +20,7 @@
 //! | `gather` | a front-end thread's round: requests parked as it polls them, then run together on an idle executor on that thread |
 //! | `repository` | the repository on disk |
 //! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
-//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), sequences handed between replicas through a shared directory (`handoff`) |
+//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), the table's place in a fleet of replicas: ownership and hand-over through its store (`fleet`) |
 //! | `shadow` | a shadow version: which requests it mirrors, its runs on idle capacity, the comparison |
 //! | `handle` | the handle a request is served through: `prepare` and `run` |
 //! | `registry` | every model's versions and their states, the index |
@@ -83,6 +83,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tickserve_core::config::{Labels, ModelConfig, ServerConfig};
 use tickserve_core::{Error, InferRequest, InferResponse};
@@ -91,7 +92,6 @@ use crate::family::Family;
 pub use crate::handle::{HeldState, Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
 pub use crate::registry::{IndexEntry, ModelVersions, Models, Routed, Split, VersionState};
-use crate::sequences::handoff::Handoff;
 pub use crate::settings::ModelSettings;
 pub use crate::shadow::{Compared, ShadowPlan, compare};
 pub use crate::stats::ModelStats;
@@ -114,8 +114,6 @@ pub struct Runtime {
     executors_started: std::sync::atomic::AtomicUsize,
     /// The repository as it was read for the first load (for the poll).
     loaded_from: Prints,
-    /// The hand-over directory (`runtime.handoff_directory`), opened.
-    handoff: Option<Arc<Handoff>>,
 }
 
 /// Moves a reloaded model's sequences from its old versions into the new
@@ -167,14 +165,6 @@ impl Runtime {
             control: Mutex::new(()),
             executors_started: std::sync::atomic::AtomicUsize::new(0),
             loaded_from: poll::prints(&config.repository),
-            handoff: match &config.runtime.handoff_directory {
-                None => None,
-                Some(dir) => Some(Arc::new(Handoff::open(
-                    dir,
-                    &sequences::handoff::replica_name(),
-                    config.runtime.handoff_wait,
-                )?)),
-            },
         };
         let found = repository::scan(&config.repository)?;
         // A model placed on a GPU that is not there stops the start: the
@@ -236,39 +226,65 @@ impl Runtime {
         Ok(runtime)
     }
 
-    /// `states` with every stateful version's sequences linked to the
-    /// hand-over directory, if there is one.
+    /// `states` with every stateful version's sequences linked to the fleet
+    /// the process joined, if it did; a version whose state the fleet's
+    /// store cannot carry fails, saying so.
     fn linked(
         &self,
         states: BTreeMap<(String, u64), VersionState>,
     ) -> BTreeMap<(String, u64), VersionState> {
-        if let Some(handoff) = &self.handoff {
-            for state in states.values() {
-                if let VersionState::Ready(handle) = state
-                    && let Some(sequences) = handle.sequences()
-                {
-                    sequences.hand_off_through(Arc::clone(handoff), &handle.version);
-                }
-            }
-        }
+        let Some(fleet) = &self.config.joined else {
+            return states;
+        };
+        let wait = self
+            .config
+            .fleet
+            .as_ref()
+            .map_or(Duration::from_secs(5), |f| f.handoff_wait);
         states
+            .into_iter()
+            .map(|(at, state)| {
+                let joined = match &state {
+                    VersionState::Ready(handle) => handle.sequences().map(|sequences| {
+                        sequences.join_fleet(Arc::clone(fleet), &handle.version, wait)
+                    }),
+                    VersionState::Failed(_) => None,
+                };
+                match joined {
+                    Some(Err(reason)) => (at, VersionState::Failed(reason)),
+                    _ => (at, state),
+                }
+            })
+            .collect()
     }
 
-    /// This replica's name in the hand-over directory, if there is one.
-    pub fn handoff_replica(&self) -> Option<&str> {
-        self.handoff.as_deref().map(Handoff::replica)
-    }
-
-    /// Hands over the sequences other replicas asked for (call it often:
-    /// a claim waits for it); returns how many.
-    pub async fn hand_over_wanted(&self) -> usize {
-        let mut handed = 0;
-        for handle in self.models.ready_handles() {
-            if let Some(sequences) = handle.sequences() {
-                handed += sequences.hand_over_wanted().await;
+    /// Answers another replica's request for sequence `key` of version
+    /// `version` (see `tickserve_fleet`): hands it over once its earlier
+    /// requests are answered. True if handed over.
+    pub async fn hand_over_asked(
+        &self,
+        key: &tickserve_core::fleet::FleetKey,
+        version: &str,
+    ) -> bool {
+        let Ok(handle) = self
+            .models
+            .route(&key.model, Some(version))
+            .map(|r| r.handle)
+        else {
+            return false;
+        };
+        let (Some(sequences), Some(sequence)) =
+            (handle.sequences(), sequences::parse_key_text(&key.key))
+        else {
+            return false;
+        };
+        match sequences.hand_over_asked(&sequence).await {
+            Ok(handed) => handed,
+            Err(e) => {
+                tracing::warn!(model = key.model, error = %e, "a sequence asked for was not handed over");
+                false
             }
         }
-        handed
     }
 
     /// Hands every sequence over, model by model (at a drain, once no new

@@ -316,7 +316,8 @@ impl Models {
 
     /// For a request of sequence `sequence` that named no version: the
     /// version the sequence lives on (any ready version, so a sequence stays
-    /// where it started when a new version arrives or the split moves);
+    /// where it started when a new version arrives or the split moves), here
+    /// or, in a fleet, on another replica;
     /// else, for a split model, the version its id falls on. `None` for
     /// a new sequence of a model that is not split (the default serves it).
     pub fn for_sequence(&self, name: &str, sequence: &SequenceControl) -> Option<Arc<ModelHandle>> {
@@ -332,7 +333,19 @@ impl Models {
                 .holds(&table.key(&sequence.id, sequence.owner))
                 .then_some(handle)
         });
+        // Else the version it lives on elsewhere in the fleet, as last seen.
+        let in_fleet = || {
+            entry.versions.values().find_map(|state| {
+                let VersionState::Ready(handle) = state else {
+                    return None;
+                };
+                let table = handle.sequences()?;
+                let version = table.lives_on(&table.key(&sequence.id, sequence.owner))?;
+                entry.ready(version.parse().ok()?)
+            })
+        };
         living
+            .or_else(in_fleet)
             .or_else(|| {
                 let split = entry.split.as_ref()?;
                 entry.ready(split.for_sequence(&sequence.id))

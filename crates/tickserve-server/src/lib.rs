@@ -27,10 +27,10 @@ pub mod cli;
 mod control;
 #[doc(hidden)]
 pub mod faults;
+mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 mod grpc;
-mod handoff;
 mod http;
 mod identity;
 mod journal_cli;

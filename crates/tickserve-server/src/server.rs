@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::transport::access::Access;
-use crate::{control, handoff, listen, observe, ports, shm, tls, warm};
+use crate::{control, fleet, listen, observe, ports, shm, tls, warm};
 
 /// The least time the front ends get to answer what they admitted, even
 /// when `server.drain_timeout` is spent.
@@ -36,9 +36,10 @@ pub struct Server {
     shm: Option<shm::ShmFrontEnd>,
     /// The repository poll, in `poll` model control mode.
     poll_task: Option<JoinHandle<()>>,
-    /// Answers other replicas' requests for sequences, with
-    /// `runtime.handoff_directory`.
-    handoff_task: Option<JoinHandle<()>>,
+    /// The fleet this replica joined, with `[fleet]`.
+    fleet: Option<Arc<tickserve_fleet::Fleet>>,
+    /// Answers other replicas' requests for sequences, with `[fleet]`.
+    asked_task: Option<JoinHandle<()>>,
     /// `server.drain_timeout`: what a stop may take in all.
     drain_timeout: std::time::Duration,
 }
@@ -70,8 +71,21 @@ impl Server {
         // at once (a halt an operator set must not be dropped).
         let halts = tickserve_edge::halts::Halts::open(config.risk.halts_file.clone())
             .map_err(anyhow::Error::msg)?;
+        // The fleet too: a replica does not serve without its halts, and its
+        // sequence tables join the fleet as they load.
+        let fleet = match &config.fleet {
+            Some(settings) => Some(
+                tickserve_fleet::Fleet::connect(settings)
+                    .await
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
         let runtime = {
-            let owned = config.clone();
+            let mut owned = config.clone();
+            owned.joined = fleet
+                .clone()
+                .map(|f| f as Arc<dyn tickserve_core::fleet::SequenceFleet>);
             tokio::task::spawn_blocking(move || Runtime::load(&owned))
                 .await
                 .context("model loading panicked")?
@@ -99,6 +113,12 @@ impl Server {
                 .with_journal(journal)
                 .with_halts(halts),
         );
+        if let Some(fleet) = &fleet {
+            edge.halts
+                .follow_fleet(Arc::clone(fleet) as Arc<dyn tickserve_core::fleet::HaltsFleet>)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
         // Before anyone can reach a port: every thread that may run a
         // request at once has run each model.
         warm::workers(&edge).await;
@@ -153,11 +173,13 @@ impl Server {
                 stopped.clone(),
             ))
         });
-        let handoff_task = edge
-            .runtime
-            .handoff_replica()
-            .is_some()
-            .then(|| tokio::spawn(handoff::answer_asked(Arc::clone(&edge), stopped.clone())));
+        let asked_task = fleet.as_ref().map(|fleet| {
+            tokio::spawn(fleet::answer_asked(
+                Arc::clone(&edge),
+                Arc::clone(fleet),
+                stopped.clone(),
+            ))
+        });
         let http_task = tokio::spawn(ports::http::serve(
             http_listener,
             Arc::clone(&edge),
@@ -184,7 +206,8 @@ impl Server {
             grpc_task,
             shm,
             poll_task,
-            handoff_task,
+            fleet,
+            asked_task,
             drain_timeout: config.server.drain_timeout,
         })
     }
@@ -229,13 +252,16 @@ impl Server {
                 self.drain_timeout
             );
         }
-        // 2b. Hand every sequence over to the other replicas, if they share
-        //     a hand-over directory, while the front ends still answer (a
-        //     tick now is refused as not run, and retried elsewhere).
-        if tokio::time::timeout_at(deadline, handoff::hand_over_all(&self.edge))
-            .await
-            .is_err()
-        {
+        // 2b. Hand every sequence over to the other replicas of the fleet,
+        //     while the front ends still answer (a tick now is refused as
+        //     not run, and retried elsewhere), and leave it.
+        let handed = match &self.fleet {
+            Some(fleet) => {
+                tokio::time::timeout_at(deadline, fleet::hand_over_all(&self.edge, fleet)).await
+            }
+            None => Ok(()),
+        };
+        if handed.is_err() {
             tracing::error!(
                 "the hand-over did not finish within server.drain_timeout ({:?}): the sequences \
                  not handed over yet are lost to the other replicas",
@@ -266,8 +292,8 @@ impl Server {
         if let Some(poll) = self.poll_task {
             let _ = poll.await;
         }
-        if let Some(handoff) = self.handoff_task {
-            let _ = handoff.await;
+        if let Some(asked) = self.asked_task {
+            let _ = asked.await;
         }
         // 4. Nothing runs now: every record is handed over; the journal's
         //    files are ended and synced.

@@ -11,6 +11,8 @@
 //! `if tickserve_testing::alone(module_path!(), "its_name") { return; }`.
 //! Everything else runs side by side as usual.
 
+pub mod etcd;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

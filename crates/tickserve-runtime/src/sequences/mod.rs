@@ -13,7 +13,8 @@
 //! new state back ([`Turn::finish`]); padding rows and other requests never
 //! touch a sequence's state. A tick that fails, or whose caller leaves,
 //! leaves the state as it was. The turn is in `turn.rs`; the state gathered
-//! into a tick and scattered back out, `state.rs`; the snapshot, `snapshot.rs`.
+//! into a tick and scattered back out, `state.rs`; the snapshot, `snapshot.rs`;
+//! the table's place in a fleet of replicas (ownership, hand-over), `fleet.rs`.
 //!
 //! Bounds: at most `max_sequences` sequences (a start beyond is refused), at
 //! most [`MAX_PENDING_PER_SEQUENCE`] requests waiting for one sequence's turn.
@@ -30,8 +31,10 @@
 //! sequences, save the sweep (linear, at most once per quarter of
 //! `max_sequence_idle` on the request path) and the list and snapshot.
 
-pub mod handoff;
+mod fleet;
 pub mod snapshot;
+
+pub(crate) use fleet::parse_key_text;
 mod state;
 mod turn;
 
@@ -117,6 +120,9 @@ struct TrackedState {
     /// The last answered values of the outputs a `max_step` guard watches
     /// (by name); not kept in snapshots.
     last_answer: Vec<(String, Bytes)>,
+    /// The fleet membership it was taken under (0 without a fleet): kept
+    /// under an earlier one, it may belong to another replica now.
+    epoch: u64,
 }
 
 impl Tracked {
@@ -243,18 +249,10 @@ pub struct Sequences {
     /// Sweeps of the whole table so far (each is linear in it).
     sweeps: AtomicUsize,
     metrics: SequenceMetrics,
-    /// The hand-over directory, with `runtime.handoff_directory`.
-    handoff: OnceLock<Link>,
+    /// The fleet, with `[fleet]`.
+    fleet: OnceLock<fleet::Link>,
     /// What the table ages sequences by (`last_used`, sweeps).
     clock: Clock,
-}
-
-/// A table's place in the hand-over directory.
-#[derive(Debug)]
-struct Link {
-    handoff: Arc<handoff::Handoff>,
-    /// The model version the table belongs to (handed state names it).
-    version: String,
 }
 
 impl Sequences {
@@ -280,19 +278,9 @@ impl Sequences {
                 ends: metrics::counter!(names::SEQUENCE_ENDS, "model" => label.clone()),
                 expiries: metrics::counter!(names::SEQUENCE_EXPIRIES, "model" => label),
             },
-            handoff: OnceLock::new(),
+            fleet: OnceLock::new(),
             clock,
         }
-    }
-
-    /// Hands sequences over through `handoff` (this table being version
-    /// `version`'s): a tick of a sequence kept elsewhere is claimed from it,
-    /// a start is recorded in it. Set once; later calls change nothing.
-    pub fn hand_off_through(&self, handoff: Arc<handoff::Handoff>, version: &str) {
-        let _ = self.handoff.set(Link {
-            handoff,
-            version: version.to_string(),
-        });
     }
 
     /// The model's sequence settings.
@@ -340,6 +328,30 @@ impl Sequences {
     /// at once what cannot be served (an unknown or expired sequence, a
     /// full table, too many waiting).
     pub fn enter(self: &Arc<Self>, key: &SequenceKey, purpose: Purpose) -> Result<Entry, Error> {
+        let Some(link) = self.fleet.get() else {
+            return self.enter_here(key, purpose);
+        };
+        // In a fleet: a sequence kept here under this membership is this
+        // replica's; anything else is asked of the fleet first.
+        let epoch = link.membership(&self.model, &key.id)?;
+        let kept = self.kept_under(key, epoch);
+        let fleet_first = !kept && matches!(purpose, Purpose::Tick { .. } | Purpose::Write);
+        if fleet_first {
+            return Ok(Entry::Claim(Claim {
+                sequences: Arc::clone(self),
+                key: key.clone(),
+                purpose,
+            }));
+        }
+        self.enter_here(key, purpose)
+    }
+
+    /// [`Sequences::enter`] on this table alone.
+    pub(crate) fn enter_here(
+        self: &Arc<Self>,
+        key: &SequenceKey,
+        purpose: Purpose,
+    ) -> Result<Entry, Error> {
         let id = key;
         let now = self.clock.now();
         let mut table = self.table();
@@ -373,13 +385,6 @@ impl Sequences {
             Purpose::Read | Purpose::Drop => false,
         };
         if !creates {
-            // A tick of a sequence another replica may keep: claimed first.
-            if purpose == (Purpose::Tick { start: false }) && self.handoff.get().is_some() {
-                return Ok(Entry::Claim(Claim {
-                    sequences: Arc::clone(self),
-                    key: id.clone(),
-                }));
-            }
             return Err(self.not_active(&id.id));
         }
         // Idle sequences are swept as new ones start, every quarter of
@@ -415,170 +420,12 @@ impl Sequences {
                 waiters: VecDeque::new(),
                 restart_pending: restarts,
                 last_answer: Vec::new(),
+                epoch: self.epoch(),
             }),
         });
         table.active.insert(id.clone(), Arc::clone(&slot));
         drop(table);
-        if let Some(link) = self.handoff.get() {
-            link.handoff.keep(&self.model, id);
-        }
         Ok(Entry::Now(self.turn(slot)))
-    }
-
-    /// Takes sequence `key` from the replica that keeps it, through the
-    /// hand-over directory, waiting at most `runtime.handoff_wait` (and not
-    /// past `deadline`); once this returns `Ok`, the sequence is in this
-    /// table.
-    pub(crate) async fn claim(
-        self: &Arc<Self>,
-        key: &SequenceKey,
-        deadline: Option<Instant>,
-    ) -> Result<(), Error> {
-        let Some(link) = self.handoff.get() else {
-            return Err(self.not_active(&key.id));
-        };
-        if self.holds(key) {
-            return Ok(());
-        }
-        // A deadline is the machine's time, not the table's clock.
-        #[allow(clippy::disallowed_methods)]
-        let now = Instant::now();
-        let wait = deadline.map_or(link.handoff.wait(), |d| {
-            link.handoff.wait().min(d.saturating_duration_since(now))
-        });
-        let (handoff, model, wanted) = (Arc::clone(&link.handoff), self.model.clone(), key.clone());
-        let claimed = tokio::task::spawn_blocking(move || handoff.claim(&model, &wanted, wait))
-            .await
-            .map_err(|e| Error::Internal {
-                model: self.model.clone(),
-                message: format!("claiming a sequence failed: {e}"),
-            })?;
-        let lost = |reason: String| Error::SequenceLost {
-            model: self.model.clone(),
-            sequence: key.id.to_string(),
-            reason,
-        };
-        match claimed {
-            handoff::Claimed::State(bytes) => {
-                let parts = snapshot::decode(&bytes)
-                    .map_err(|e| lost(format!("its handed state cannot be read: {e}")))?;
-                let part = parts.into_iter().next().filter(|p| {
-                    p.name == self.model && p.version == link.version && p.fits(&self.spec)
-                });
-                let Some(part) = part else {
-                    return Err(lost(format!(
-                        "it was handed over by another version of the model than {}",
-                        link.version
-                    )));
-                };
-                if self.restore(part.sequences) == 0 && !self.holds(key) {
-                    // No room here (max_sequences): the state goes back for
-                    // another replica, or this one once a sequence ends.
-                    link.handoff
-                        .hand(&self.model, key, &bytes)
-                        .map_err(|e| lost(format!("no room for it here, and {e}")))?;
-                    return Err(Error::SequencesFull {
-                        model: self.model.clone(),
-                        message: format!(
-                            "sequence {} was handed to this replica, which keeps {} sequences, \
-                             its max_sequences; the tick was not run: retry it",
-                            key.id, self.spec.max_sequences
-                        ),
-                    });
-                }
-                Ok(())
-            }
-            handoff::Claimed::NeverHeld => Err(self.not_active(&key.id)),
-            handoff::Claimed::Lost { replica } => Err(lost(format!(
-                "replica {replica} kept it and stopped without handing it over"
-            ))),
-            handoff::Claimed::Busy { replica, waited } => Err(Error::SequenceElsewhere {
-                model: self.model.clone(),
-                sequence: key.id.to_string(),
-                replica,
-                waited,
-            }),
-        }
-    }
-
-    /// Hands sequence `key` over (after the requests before it) if this
-    /// replica keeps it, or drops it if another replica has started it since
-    /// (a stale copy); true if handed over.
-    pub async fn hand_over(self: &Arc<Self>, key: &SequenceKey) -> Result<bool, String> {
-        let Some(link) = self.handoff.get() else {
-            return Ok(false);
-        };
-        let Ok(entry) = self.enter(key, Purpose::Drop) else {
-            return Ok(false);
-        };
-        let Ok(turn) = entry.turn(&self.model, None).await else {
-            return Ok(false);
-        };
-        let mut state = turn.slot.lock();
-        let Ok(rows) = &state.state else {
-            return Ok(false);
-        };
-        let keeps = link.handoff.keeps(&self.model, key);
-        if keeps {
-            let kept = Snapshotted {
-                id: key.clone(),
-                ticks: state.ticks,
-                window_ticks: state.window_ticks,
-                state: rows.clone(),
-            };
-            let bytes = snapshot::encode_one(&self.model, &link.version, &self.spec, &[kept]);
-            link.handoff.hand(&self.model, key, &bytes)?;
-        }
-        state.state = Err(Gone::Ended);
-        state.restart_pending = false;
-        drop(state);
-        self.lost();
-        Ok(keeps)
-    }
-
-    /// Hands over what other replicas asked of this table (see
-    /// [`handoff`]); forgets sequences it no longer keeps. Returns how many
-    /// it handed over.
-    pub async fn hand_over_wanted(self: &Arc<Self>) -> usize {
-        let Some(link) = self.handoff.get() else {
-            return 0;
-        };
-        let mut handed = 0;
-        for key in link.handoff.wanted(&self.model) {
-            if self.holds(&key) {
-                match self.hand_over(&key).await {
-                    Ok(true) => handed += 1,
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(model = self.model, error = %e, "hand-over failed"),
-                }
-            } else if link.handoff.keeps(&self.model, &key) {
-                // Ended or expired here: whoever asks starts it anew.
-                link.handoff.ended(&self.model, &key);
-            }
-        }
-        handed
-    }
-
-    /// Hands every sequence this replica keeps over (at a drain: every
-    /// request before is answered first); returns how many.
-    pub async fn hand_over_all(self: &Arc<Self>) -> usize {
-        let keys: Vec<SequenceKey> = self.snapshot().into_iter().map(|k| k.id).collect();
-        let mut handed = 0;
-        for key in keys {
-            match self.hand_over(&key).await {
-                Ok(true) => handed += 1,
-                Ok(false) => {}
-                Err(e) => tracing::error!(model = self.model, error = %e, "hand-over failed"),
-            }
-        }
-        handed
-    }
-
-    /// Records in the hand-over directory that sequence `key` ended here.
-    fn ended_here(&self, key: &SequenceKey) {
-        if let Some(link) = self.handoff.get() {
-            link.handoff.ended(&self.model, key);
-        }
     }
 
     fn turn(self: &Arc<Self>, slot: Arc<Tracked>) -> Turn {
@@ -601,7 +448,7 @@ impl Sequences {
     /// Ends the sequence of `state` if it sat idle past `max_sequence_idle`
     /// (its state is dropped and it is counted as expired); true if it did.
     /// The caller removes it from the table (or its turn's drop does).
-    fn expire_if_idle(&self, state: &mut TrackedState, now: Instant) -> bool {
+    fn expire_if_idle(&self, key: &SequenceKey, state: &mut TrackedState, now: Instant) -> bool {
         let idle = now.saturating_duration_since(state.last_used);
         if state.state.is_err() || self.spec.max_idle.is_none_or(|max| idle <= max) {
             return false;
@@ -609,6 +456,7 @@ impl Sequences {
         state.state = Err(Gone::Expired);
         self.lost();
         self.metrics.expiries.increment(1);
+        self.ended_here(key);
         true
     }
 
@@ -628,7 +476,7 @@ impl Sequences {
         let mut expired = Vec::new();
         table.active.retain(|id, slot| {
             let mut state = slot.lock();
-            if state.busy || !self.expire_if_idle(&mut state, now) {
+            if state.busy || !self.expire_if_idle(id, &mut state, now) {
                 return true;
             }
             expired.push(id.clone());
@@ -684,7 +532,7 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
-        self.expire_if_idle(&mut state, self.clock.now());
+        self.expire_if_idle(&turn.slot.id, &mut state, self.clock.now());
         match &state.state {
             Ok(rows) => Ok(SequenceState {
                 ticks: state.ticks,
@@ -715,7 +563,7 @@ impl Sequences {
             .await?;
         let mut state = turn.slot.lock();
         let now = self.clock.now();
-        self.expire_if_idle(&mut state, now);
+        self.expire_if_idle(&turn.slot.id, &mut state, now);
         if state.state.is_err() {
             self.gained();
             self.metrics.starts.increment(1);
@@ -742,7 +590,7 @@ impl Sequences {
             .turn(&self.model, deadline)
             .await?;
         let mut state = turn.slot.lock();
-        self.expire_if_idle(&mut state, self.clock.now());
+        self.expire_if_idle(&turn.slot.id, &mut state, self.clock.now());
         if state.state.is_err() {
             return Err(self.not_active(id));
         }
@@ -807,6 +655,7 @@ impl Sequences {
                     waiters: VecDeque::new(),
                     restart_pending: false,
                     last_answer: Vec::new(),
+                    epoch: self.epoch(),
                 }),
             };
             table.active.insert(id, Arc::new(slot));

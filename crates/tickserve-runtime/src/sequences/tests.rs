@@ -71,23 +71,52 @@ fn tick(table: &Arc<Sequences>, c: &SequenceControl, next: f32) -> Result<f32, E
     Ok(value(&started.state))
 }
 
-/// A table of `max` sequences linked to replica `name` in `dir`.
-fn linked(dir: &Path, name: &str, max: usize) -> Arc<Sequences> {
+/// One tick through the fleet when the sequence is not kept here.
+async fn tick_anywhere(
+    table: &Arc<Sequences>,
+    c: &SequenceControl,
+    next: f32,
+) -> Result<f32, Error> {
+    let purpose = Purpose::Tick { start: c.start };
+    let turn = table
+        .enter(&table.key(&c.id, None), purpose)?
+        .turn("m", None)
+        .await?;
+    let started = turn.begin(c)?;
+    turn.finish(c, row(next), 0, Vec::new());
+    Ok(value(&started.state))
+}
+
+/// A table of `max` sequences of version 1, in a fleet of its own replica
+/// on `etcd` (prefix `prefix`).
+async fn linked(
+    etcd: &tickserve_testing::etcd::Etcd,
+    prefix: &str,
+    max: usize,
+) -> (Arc<Sequences>, Arc<tickserve_fleet::Fleet>) {
     let t = Arc::new(Sequences::new(
         "m",
         spec(max, Duration::ZERO, IdleAction::Error),
         Clock::by_hand(),
     ));
-    let handoff = handoff::Handoff::open(dir, name, Duration::from_secs(2)).unwrap();
-    t.hand_off_through(Arc::new(handoff), "1");
-    t
+    let config = tickserve_core::config::FleetConfig {
+        endpoints: etcd.endpoints(),
+        prefix: prefix.to_string(),
+        ..Default::default()
+    };
+    let fleet = tickserve_fleet::Fleet::connect(&config).await.unwrap();
+    t.join_fleet(fleet.clone(), "1", Duration::from_secs(2))
+        .unwrap();
+    (t, fleet)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (linked(dir.path(), "a", 8), linked(dir.path(), "b", 1));
-    tick(&a, &control(7, true, false), 5.0).unwrap();
+    let etcd = tickserve_testing::etcd::Etcd::start();
+    let ((a, _fa), (b, _fb)) = (linked(&etcd, "r", 8).await, linked(&etcd, "r", 1).await);
+    tick_anywhere(&a, &control(7, true, false), 5.0)
+        .await
+        .unwrap();
     assert!(
         a.hand_over(&a.key(&SequenceId::Number(7), None))
             .await
@@ -95,24 +124,69 @@ async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
     );
     // b keeps one sequence already, its max: the claim fails, retryably,
     // and the state stays for the next claim.
-    tick(&b, &control(1, true, false), 1.0).unwrap();
-    let key = b.key(&SequenceId::Number(7), None);
-    let Entry::Claim(claim) = b.enter(&key, Purpose::Tick { start: false }).unwrap() else {
-        panic!("a sequence kept elsewhere is claimed");
-    };
-    let error = Entry::Claim(claim).turn("m", None).await.unwrap_err();
+    tick_anywhere(&b, &control(1, true, false), 1.0)
+        .await
+        .unwrap();
+    let error = tick_anywhere(&b, &control(7, false, false), 0.0)
+        .await
+        .unwrap_err();
     assert!(matches!(error, Error::SequencesFull { .. }), "{error}");
     assert!(error.to_string().contains("not run"), "{error}");
     // Room again: the claim takes it, with the state a handed over.
-    tick(&b, &control(1, false, true), 0.0).unwrap();
-    let turn = b
-        .enter(&key, Purpose::Tick { start: false })
-        .unwrap()
-        .turn("m", None)
+    tick_anywhere(&b, &control(1, false, true), 0.0)
         .await
         .unwrap();
-    let started = turn.begin(&control(7, false, false)).unwrap();
-    assert_eq!(value(&started.state), 5.0);
+    assert_eq!(
+        tick_anywhere(&b, &control(7, false, false), 6.0)
+            .await
+            .unwrap(),
+        5.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_elsewhere_ends_the_old_copy_and_a_stale_replica_never_answers() {
+    let etcd = tickserve_testing::etcd::Etcd::start();
+    let ((a, fa), (b, _fb)) = (linked(&etcd, "s", 8).await, linked(&etcd, "s", 8).await);
+    // a answers what b asks of it, as the server's task does.
+    let mut asked = fa.asked().unwrap();
+    let a_answers = Arc::clone(&a);
+    tokio::spawn(async move {
+        while let Some(asked) = asked.recv().await {
+            let key = parse_key_text(&asked.key.key).unwrap();
+            let _ = a_answers.hand_over_asked(&key).await;
+        }
+    });
+    tick_anywhere(&a, &control(3, true, false), 1.0)
+        .await
+        .unwrap();
+    tick_anywhere(&a, &control(3, false, false), 2.0)
+        .await
+        .unwrap();
+    // Started again on b: a lets its copy go before b answers.
+    assert_eq!(
+        tick_anywhere(&b, &control(3, true, false), 10.0)
+            .await
+            .unwrap(),
+        0.0
+    );
+    assert!(!a.holds(&a.key(&SequenceId::Number(3), None)));
+    // A tick that reaches a now takes b's state (b hands it over), never
+    // a's stale 2.0.
+    let mut asked = _fb.asked().unwrap();
+    let b_answers = Arc::clone(&b);
+    tokio::spawn(async move {
+        while let Some(asked) = asked.recv().await {
+            let key = parse_key_text(&asked.key.key).unwrap();
+            let _ = b_answers.hand_over_asked(&key).await;
+        }
+    });
+    assert_eq!(
+        tick_anywhere(&a, &control(3, false, false), 11.0)
+            .await
+            .unwrap(),
+        10.0
+    );
 }
 
 #[test]

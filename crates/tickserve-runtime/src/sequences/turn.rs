@@ -32,16 +32,17 @@ pub enum Entry {
     Now(Turn),
     /// It waits behind earlier requests of the sequence.
     Waiting(oneshot::Receiver<Turn>),
-    /// The sequence is not here: it is claimed from the replica that keeps
-    /// it first (`runtime.handoff_directory`).
+    /// The sequence is not kept here: the fleet is asked first (its keeper
+    /// hands it over, or a start takes it over; `[fleet]`).
     Claim(Claim),
 }
 
-/// A sequence to claim before its turn (see [`Entry::Claim`]).
+/// A sequence to ask the fleet for before its turn (see [`Entry::Claim`]).
 #[derive(Debug)]
 pub struct Claim {
     pub(super) sequences: Arc<Sequences>,
     pub(super) key: super::SequenceKey,
+    pub(super) purpose: super::Purpose,
 }
 
 impl Entry {
@@ -51,11 +52,14 @@ impl Entry {
         let waiting = match self {
             Entry::Now(turn) => return Ok(turn),
             Entry::Waiting(receiver) => receiver,
-            Entry::Claim(Claim { sequences, key }) => {
-                sequences.claim(&key, deadline).await?;
-                // Here now: its turn, as any tick's.
-                let start = super::Purpose::Tick { start: false };
-                return match sequences.enter(&key, start)? {
+            Entry::Claim(Claim {
+                sequences,
+                key,
+                purpose,
+            }) => {
+                sequences.claim(&key, purpose, deadline).await?;
+                // This replica's now: its turn, as any request's.
+                return match sequences.enter_here(&key, purpose)? {
                     Entry::Claim(_) => Err(sequences.not_active(&key.id)),
                     entry => Box::pin(entry.turn(model, deadline)).await,
                 };
@@ -107,6 +111,7 @@ impl Turn {
             last_answer: Vec::new(),
         };
         let mut state = self.slot.lock();
+        sequences.still_ours(&control.id, state.epoch)?;
         if control.start {
             return Ok(initial(false));
         }
@@ -115,7 +120,7 @@ impl Turn {
         }
         // Found idle past its limit before the sweep ended it: a restart,
         // or refused (the turn's drop takes it out of the table).
-        if sequences.expire_if_idle(&mut state, sequences.clock.now())
+        if sequences.expire_if_idle(&self.slot.id, &mut state, sequences.clock.now())
             && spec.idle_action == IdleAction::Restart
         {
             state.restart_pending = true;

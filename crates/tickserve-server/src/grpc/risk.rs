@@ -40,7 +40,7 @@ impl RiskService for Risk {
         let handle =
             halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
-        let (halt, kept) = self.edge.halts.halt(&handle, &r.reason, "grpc");
+        let (halt, kept) = self.edge.halts.halt(&handle, &r.reason, "grpc").await;
         Ok(Response::new(pb::ModelHaltResponse {
             model_name: model,
             model_version: version,
@@ -59,7 +59,7 @@ impl RiskService for Risk {
         let handle =
             halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
-        let (halt, kept) = self.edge.halts.resume(&handle, "grpc");
+        let (halt, kept) = self.edge.halts.resume(&handle, "grpc").await;
         Ok(Response::new(pb::ModelResumeResponse {
             model_name: model,
             model_version: version,

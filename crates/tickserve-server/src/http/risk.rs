@@ -34,7 +34,7 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
             }
         }
     };
-    let (halt, kept) = edge.halts.halt(&handle, &reason, "http");
+    let (halt, kept) = edge.halts.halt(&handle, &reason, "http").await;
     Ok(axum::Json(json!({
         "model_name": model,
         "model_version": version,
@@ -52,7 +52,7 @@ pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response
     let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
     let _ = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
-    let (halt, kept) = edge.halts.resume(&handle, "http");
+    let (halt, kept) = edge.halts.resume(&handle, "http").await;
     Ok(axum::Json(json!({
         "model_name": model,
         "model_version": version,

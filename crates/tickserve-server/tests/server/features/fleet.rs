@@ -1,0 +1,382 @@
+//! Replicas as one fleet on a real etcd (Debian's etcd-server on loopback):
+//! a sequence's ticks on any replica answer as one server would, a sequence
+//! moves with its version, a start elsewhere ends the old copy, a drain
+//! hands every sequence over, a killed replica's sequences are told lost
+//! (naming no host or process), two ticks claiming at once both run, and a
+//! halt sent to one replica halts every replica and outlives restarts.
+
+#![allow(clippy::disallowed_methods)] // waits on other processes and on etcd, in real time
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tickserve_core::config::{FleetConfig, ServerConfig};
+use tickserve_testing::etcd::Etcd;
+
+use crate::support;
+
+const FEATURES: usize = 8;
+
+/// Tick `t` of a sequence whose inputs are seeded by `seed`.
+fn tick(seed: u64, t: usize) -> Vec<f32> {
+    (0..FEATURES)
+        .map(|f| (seed as f32 * 0.37 + t as f32 * 0.11 + f as f32 * 0.07).sin() * 0.8)
+        .collect()
+}
+
+fn body(seq: Value, start: bool, end: bool, values: &[f32]) -> Value {
+    json!({
+        "parameters": {"sequence_id": seq, "sequence_start": start, "sequence_end": end},
+        "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, FEATURES], "data": values}],
+    })
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let response = client.post(url).json(body).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Posts `body` until it is not refused as "not run, retry it" (503), as a
+/// client or a balancer retries; at most 10 s.
+async fn post_retrying(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let started = Instant::now();
+    loop {
+        let (status, answer) = post(client, url, body).await;
+        if status != 503 || started.elapsed() > Duration::from_secs(10) {
+            return (status, answer);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn prediction(answer: &Value) -> f32 {
+    answer["outputs"][0]["data"][0].as_f64().unwrap() as f32
+}
+
+/// A repository with `seq_lstm_step` at `versions`, the newest `versions`
+/// served side by side.
+fn repository(versions: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let own = support::sample_toml("seq_lstm_step").unwrap();
+    for version in 1..=versions {
+        support::sample(dir.path(), "seq_lstm_step", "seq_lstm_step", version, None);
+    }
+    let toml = format!("version_policy = {{ latest = {versions} }}\n{own}");
+    std::fs::write(dir.path().join("seq_lstm_step/model.toml"), toml).unwrap();
+    dir
+}
+
+fn fleet_of(etcd: &Etcd, prefix: &str) -> FleetConfig {
+    FleetConfig {
+        endpoints: etcd.endpoints(),
+        prefix: prefix.to_string(),
+        lease: Duration::from_secs(1),
+        handoff_wait: Duration::from_secs(2),
+        ..FleetConfig::default()
+    }
+}
+
+fn in_fleet(repository: &std::path::Path, etcd: &Etcd, prefix: &str) -> ServerConfig {
+    let mut config = support::config(repository);
+    config.fleet = Some(fleet_of(etcd, prefix));
+    config
+}
+
+fn infer(server: &tickserve_server::Server, version: Option<&str>) -> String {
+    match version {
+        Some(v) => format!(
+            "http://{}/v2/models/seq_lstm_step/versions/{v}/infer",
+            server.http_addr
+        ),
+        None => format!("http://{}/v2/models/seq_lstm_step/infer", server.http_addr),
+    }
+}
+
+/// The real server in a process of its own on `config_file` (killed with
+/// SIGKILL when dropped); its HTTP address.
+struct Process {
+    child: std::process::Child,
+    http: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_server(config_file: &std::path::Path) -> Process {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args(["serve", "--http-port", "0", "--grpc-port", "0", "--config"])
+        .arg(config_file)
+        .current_dir(support::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if let Some(at) = line.find(" ready http=") {
+            let http = line[at + " ready http=".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            return Process { child, http };
+        }
+        lines.push(line);
+    }
+    let _ = child.wait();
+    panic!("the server stopped before it was ready: {lines:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_hand_sequences_over_asked_and_drained_and_a_killed_ones_are_lost() {
+    let etcd = Etcd::start();
+    let repository = repository(1);
+    let config = in_fleet(repository.path(), &etcd, "handover");
+    let (a, b) = (support::start(&config).await, support::start(&config).await);
+    // The answers of one server that keeps every tick of the sequence.
+    let single = support::start(&support::config(repository.path())).await;
+    let http = reqwest::Client::new();
+    let (a_url, b_url, single_url) = (infer(&a, None), infer(&b, None), infer(&single, None));
+    // Ticks 0-3 on a; 4-7 on b, which asks a for the sequence (a lives);
+    // 8-9 on a again, which asks b.
+    for t in 0..10 {
+        let url = if (4..8).contains(&t) { &b_url } else { &a_url };
+        let one = body(json!("EURUSD"), t == 0, false, &tick(3, t));
+        let (status, got) = post_retrying(&http, url, &one).await;
+        assert_eq!(status, 200, "tick {t}: {got}");
+        let (_, want) = post(&http, &single_url, &one).await;
+        assert_eq!(prediction(&got), prediction(&want), "tick {t}");
+    }
+    // a drains: it hands the sequence over as it stops; b takes it.
+    a.shutdown().await.unwrap();
+    for t in 10..12 {
+        let one = body(json!("EURUSD"), false, false, &tick(3, t));
+        let (status, got) = post_retrying(&http, &b_url, &one).await;
+        assert_eq!(status, 200, "tick {t}: {got}");
+        let (_, want) = post(&http, &single_url, &one).await;
+        assert_eq!(prediction(&got), prediction(&want), "tick {t}");
+    }
+    // A sequence never started anywhere is not active, as on one server.
+    let (status, answer) = post(
+        &http,
+        &b_url,
+        &body(json!("nowhere"), false, false, &tick(0, 0)),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"].as_str().unwrap().contains("is not active"),
+        "{answer}"
+    );
+
+    // A replica killed (SIGKILL) takes its sequences with it: once its lease
+    // ends, their next tick elsewhere says the state is lost and how to
+    // start again, naming no host, process or path.
+    let file = repository.path().join("replica.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[repository]\npath = \"{}\"\n[runtime]\nonnxruntime_library = \"{}\"\n\
+             [fleet]\nendpoints = [\"{}\"]\nprefix = \"handover\"\nlease = \"1s\"\n",
+            repository.path().display(),
+            support::root()
+                .join(".local/lib/libonnxruntime.so.1.31.1")
+                .display(),
+            etcd.endpoints()[0],
+        ),
+    )
+    .unwrap();
+    let killed = spawn_server(&file);
+    let killed_url = format!("http://{}/v2/models/seq_lstm_step/infer", killed.http);
+    let (status, _) = post(
+        &http,
+        &killed_url,
+        &body(json!(77), true, false, &tick(1, 0)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    drop(killed);
+    let (status, answer) =
+        post_retrying(&http, &b_url, &body(json!(77), false, false, &tick(1, 1))).await;
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"].as_str().unwrap();
+    assert!(
+        message.contains("sequence 77's state is lost")
+            && message.contains("stopped without handing it over")
+            && message.contains("sequence_start = true"),
+        "{message}"
+    );
+    assert!(
+        !message.contains(&std::process::id().to_string()) && !message.contains("replica-"),
+        "names no process or host: {message}"
+    );
+    let (status, _) = post(&http, &b_url, &body(json!(77), false, false, &tick(1, 1))).await;
+    assert_eq!(status, 400, "still lost until started again");
+    let (status, _) = post(&http, &b_url, &body(json!(77), true, false, &tick(1, 0))).await;
+    assert_eq!(status, 200, "started again");
+    b.shutdown().await.unwrap();
+    single.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_moves_with_its_version_when_two_are_served() {
+    let etcd = Etcd::start();
+    let repository = repository(2);
+    let config = in_fleet(repository.path(), &etcd, "versions");
+    let (a, b) = (support::start(&config).await, support::start(&config).await);
+    let single = support::start(&support::config(repository.path())).await;
+    let http = reqwest::Client::new();
+    // Started on version 1 by name; every later tick names no version (the
+    // default is 2): it stays on version 1 wherever it lands.
+    let steps: [(&tickserve_server::Server, usize); 8] = [
+        (&a, 0),
+        (&a, 1),
+        (&b, 2),
+        (&b, 3),
+        (&a, 4),
+        (&b, 5),
+        (&b, 6),
+        (&a, 7),
+    ];
+    for (server, t) in steps {
+        let version = (t == 0).then_some("1");
+        let one = body(json!("v1-seq"), t == 0, false, &tick(5, t));
+        let (status, got) = post_retrying(&http, &infer(server, version), &one).await;
+        assert_eq!(status, 200, "tick {t}: {got}");
+        assert_eq!(got["model_version"], "1", "tick {t}");
+        let (_, want) = post(&http, &infer(&single, version), &one).await;
+        assert_eq!(prediction(&got), prediction(&want), "tick {t}");
+    }
+    // a keeps it now; a drain hands it to b's version 1, not its default.
+    a.shutdown().await.unwrap();
+    let one = body(json!("v1-seq"), false, false, &tick(5, 8));
+    let (status, got) = post_retrying(&http, &infer(&b, None), &one).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["model_version"], "1");
+    let (_, want) = post(&http, &infer(&single, None), &one).await;
+    assert_eq!(prediction(&got), prediction(&want));
+    b.shutdown().await.unwrap();
+    single.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_started_again_elsewhere_is_never_answered_from_the_old_copy() {
+    let etcd = Etcd::start();
+    let repository = repository(1);
+    let config = in_fleet(repository.path(), &etcd, "restart");
+    let (a, b) = (support::start(&config).await, support::start(&config).await);
+    let single = support::start(&support::config(repository.path())).await;
+    let http = reqwest::Client::new();
+    // Ticks 0-3 on a; the client starts the sequence again on b (tick 4
+    // with sequence_start); tick 5 lands on a again.
+    for t in 0..6 {
+        let server = if t == 4 { &b } else { &a };
+        let one = body(json!(9), t == 0 || t == 4, false, &tick(7, t));
+        let (status, got) = post_retrying(&http, &infer(server, None), &one).await;
+        assert_eq!(status, 200, "tick {t}: {got}");
+        let (_, want) = post(&http, &infer(&single, None), &one).await;
+        assert_eq!(
+            prediction(&got),
+            prediction(&want),
+            "tick {t}: answered from the state the client restarted"
+        );
+    }
+    for server in [a, b, single] {
+        server.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ticks_claiming_one_sequence_at_once_both_run_in_turn() {
+    let etcd = Etcd::start();
+    let repository = repository(1);
+    let config = in_fleet(repository.path(), &etcd, "race");
+    let (a, b) = (support::start(&config).await, support::start(&config).await);
+    let http = reqwest::Client::new();
+    let (status, _) = post(
+        &http,
+        &infer(&a, None),
+        &body(json!("r"), true, false, &tick(2, 0)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (one, two) = (
+        body(json!("r"), false, false, &tick(2, 1)),
+        body(json!("r"), false, false, &tick(2, 2)),
+    );
+    let b_url = infer(&b, None);
+    let (first, second) = tokio::join!(post(&http, &b_url, &one), post(&http, &b_url, &two));
+    assert_eq!((first.0, second.0), (200, 200), "{first:?} {second:?}");
+    for server in [a, b] {
+        server.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halt_sent_to_one_replica_halts_every_replica_and_outlives_restarts() {
+    let etcd = Etcd::start();
+    let repository = repository(1);
+    let config = in_fleet(repository.path(), &etcd, "halts");
+    let (a, b) = (support::start(&config).await, support::start(&config).await);
+    let http = reqwest::Client::new();
+    let halt = format!(
+        "http://{}/v2/models/seq_lstm_step/versions/1/halt",
+        a.http_addr
+    );
+    let (status, answer) = post(&http, &halt, &json!({"reason": "desk halt"})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["kept"], true, "{answer}");
+    // b refuses within the watch's delay.
+    let started = Instant::now();
+    let one = body(json!(1), true, false, &tick(1, 0));
+    loop {
+        let (status, answer) = post(&http, &infer(&b, None), &one).await;
+        if status != 200 {
+            assert!(
+                answer["error"].as_str().unwrap().contains("halted"),
+                "{answer}"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "b still answers"
+        );
+    }
+    // A replica that starts now reads the halt before it serves.
+    let c = support::start(&config).await;
+    let (status, answer) = post(&http, &infer(&c, None), &one).await;
+    assert!(
+        status != 200 && answer["error"].as_str().unwrap().contains("halted"),
+        "{answer}"
+    );
+    // Resumed through c: a serves again.
+    let resume = format!(
+        "http://{}/v2/models/seq_lstm_step/versions/1/resume",
+        c.http_addr
+    );
+    assert_eq!(post(&http, &resume, &json!({})).await.0, 200);
+    let started = Instant::now();
+    while post(&http, &infer(&a, None), &one).await.0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a still refuses"
+        );
+    }
+    for server in [a, b, c] {
+        server.shutdown().await.unwrap();
+    }
+}
