@@ -63,14 +63,32 @@ pub struct ServerConfig {
     pub joined: Option<std::sync::Arc<dyn crate::fleet::SequenceFleet>>,
 }
 
-/// `[risk]`: where the kill switch keeps its halts (docs/risk.md).
+/// `[risk]`: who may halt and resume, and where the kill switch keeps its
+/// halts (docs/risk.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RiskConfig {
     /// The file halted versions are kept in, rewritten (write, then rename)
     /// at every halt and resume and read at start, so a halt outlives a
-    /// restart. Unset: halts last as long as the process.
+    /// restart. Unset: halts last as long as the process (or, with
+    /// `[fleet]`, as long as the fleet's store keeps them).
     pub halts_file: Option<PathBuf>,
+    /// Whether halt and resume answer without a key: `"closed"` (the
+    /// default: they answer only where a `[[security.restricted]]` entry
+    /// gives the `risk` group a key) or `"open"` (anyone who reaches the
+    /// port; a breaker's halt is still lifted only with the key).
+    pub control: RiskControl,
+}
+
+/// `[risk] control`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RiskControl {
+    /// Halt and resume need the `risk` group's key.
+    #[default]
+    Closed,
+    /// Halt and resume answer without a key.
+    Open,
 }
 
 /// The shared-memory front end (`[shm]`): co-located clients send requests

@@ -272,6 +272,17 @@ pub enum Error {
         /// `load` or `unload`.
         operation: &'static str,
     },
+    /// Halt or resume refused: the `risk` group is closed, or a breaker's
+    /// halt is lifted without the `risk` key.
+    #[error("model '{model}': {operation} refused: {reason}")]
+    RiskControl {
+        /// The model asked for.
+        model: String,
+        /// `halt` or `resume`.
+        operation: &'static str,
+        /// Why, and how to open it.
+        reason: &'static str,
+    },
     /// The repository is polled: its files decide what serves, and clients
     /// may not load or unload.
     #[error(
@@ -372,11 +383,16 @@ pub enum ErrorKind {
     /// `model.toml`: withheld. Not the client's mistake and no fault of the
     /// server; sending it again gets the same answer (OUT_OF_RANGE, 422).
     Withheld,
+    /// The version is halted (by an operator, or its breaker): nothing was
+    /// run, and nothing will be until it is resumed. Not "retry it":
+    /// balancers must not send it to another replica (FAILED_PRECONDITION,
+    /// 423).
+    Halted,
 }
 
 impl ErrorKind {
     /// Every kind, for the tables that map them.
-    pub const ALL: [ErrorKind; 9] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::InvalidArgument,
         ErrorKind::NotFound,
         ErrorKind::PayloadTooLarge,
@@ -386,6 +402,7 @@ impl ErrorKind {
         ErrorKind::Internal,
         ErrorKind::FailedPrecondition,
         ErrorKind::Withheld,
+        ErrorKind::Halted,
     ];
 
     /// A short label for metrics (`invalid_argument`).
@@ -400,6 +417,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::FailedPrecondition => "failed_precondition",
             ErrorKind::Withheld => "withheld",
+            ErrorKind::Halted => "halted",
         }
     }
 }
@@ -410,7 +428,6 @@ impl Error {
         match self {
             Error::ModelNotFound { .. } => ErrorKind::NotFound,
             Error::ModelNotReady { .. }
-            | Error::Halted { .. }
             | Error::ShuttingDown
             | Error::SequenceElsewhere { .. }
             | Error::SequenceOnVersion { .. }
@@ -433,10 +450,11 @@ impl Error {
             | Error::ConnectionBytes { .. } => ErrorKind::ResourceExhausted,
             Error::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Error::Internal { .. } => ErrorKind::Internal,
-            Error::ModelControlOff { .. } | Error::ModelControlPolled { .. } => {
-                ErrorKind::FailedPrecondition
-            }
+            Error::ModelControlOff { .. }
+            | Error::ModelControlPolled { .. }
+            | Error::RiskControl { .. } => ErrorKind::FailedPrecondition,
             Error::GuardTripped(_) => ErrorKind::Withheld,
+            Error::Halted { .. } => ErrorKind::Halted,
         }
     }
 

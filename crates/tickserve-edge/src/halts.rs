@@ -372,6 +372,80 @@ impl Halts {
     }
 }
 
+/// Who may halt and resume, on each front end: the `risk` key group is
+/// closed unless `[[security.restricted]]` gives it a key there, or
+/// `[risk] control = "open"`; a breaker's halt is lifted only with the key.
+#[derive(Debug, Clone, Copy)]
+pub struct RiskAccess {
+    open: bool,
+    keyed_http: bool,
+    keyed_grpc: bool,
+}
+
+impl RiskAccess {
+    /// The access `config` gives.
+    pub fn of(config: &tickserve_core::config::ServerConfig) -> RiskAccess {
+        use tickserve_core::config::{EndpointGroup, FrontEnd, RiskControl};
+        let keyed = |front_end: FrontEnd| {
+            config.security.restricted.iter().any(|r| {
+                r.groups.contains(&EndpointGroup::Risk) && r.front_ends.contains(&front_end)
+            })
+        };
+        RiskAccess {
+            open: config.risk.control == RiskControl::Open,
+            keyed_http: keyed(FrontEnd::Http),
+            keyed_grpc: keyed(FrontEnd::Grpc),
+        }
+    }
+
+    /// Whether `ask` may be asked of `model` over `front_end` (whose access
+    /// check has already asked for the key, where it has one).
+    pub fn allows(
+        &self,
+        front_end: tickserve_core::config::FrontEnd,
+        model: &str,
+        ask: RiskAsk<'_>,
+    ) -> Result<(), Error> {
+        let keyed = match front_end {
+            tickserve_core::config::FrontEnd::Http => self.keyed_http,
+            tickserve_core::config::FrontEnd::Grpc => self.keyed_grpc,
+        };
+        let (operation, lifting) = match ask {
+            RiskAsk::Halt => ("halt", None),
+            RiskAsk::Resume(lifting) => ("resume", lifting),
+        };
+        let refused = |reason| {
+            Err(Error::RiskControl {
+                model: model.to_string(),
+                operation,
+                reason,
+            })
+        };
+        if !keyed && !self.open {
+            return refused(
+                "the risk key group is closed: give it a key ([[security.restricted]] with \
+                 groups = [\"risk\"]) or open it on purpose ([risk] control = \"open\")",
+            );
+        }
+        if !keyed && lifting.is_some_and(|h| h.by == "breaker") {
+            return refused(
+                "a breaker's halt is lifted only with the risk key group's key \
+                 ([[security.restricted]] with groups = [\"risk\"])",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What is asked of the kill switch.
+#[derive(Debug, Clone, Copy)]
+pub enum RiskAsk<'a> {
+    /// A halt.
+    Halt,
+    /// A resume, lifting this halt if the version has one.
+    Resume(Option<&'a Halt>),
+}
+
 /// The version a halt or resume names: it must be given (a halt is of one
 /// version, never "whichever is the default now") and be one the server has
 /// (a label names its version).

@@ -95,6 +95,8 @@ pub struct Edge {
     pub halts: Arc<halts::Halts>,
     /// The breakers' trip counts; they halt through `halts`.
     pub breakers: Arc<breaker::Breakers>,
+    /// Who may halt and resume.
+    pub risk: halts::RiskAccess,
 }
 
 impl Edge {
@@ -116,6 +118,7 @@ impl Edge {
             journal: None,
             halts: Arc::clone(&halts),
             breakers: Arc::new(breaker::Breakers::new(halts)),
+            risk: halts::RiskAccess::of(config),
         }
     }
 

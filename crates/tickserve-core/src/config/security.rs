@@ -78,11 +78,14 @@ pub enum EndpointGroup {
     ModelRepository,
     /// Prometheus metrics (`/metrics`, HTTP only).
     Metrics,
+    /// The kill switch: halt and resume (closed unless it has a key, or
+    /// `[risk] control = "open"`).
+    Risk,
 }
 
 impl EndpointGroup {
     /// Every group.
-    pub const ALL: [EndpointGroup; 7] = [
+    pub const ALL: [EndpointGroup; 8] = [
         EndpointGroup::Health,
         EndpointGroup::Metadata,
         EndpointGroup::Inference,
@@ -90,6 +93,7 @@ impl EndpointGroup {
         EndpointGroup::Statistics,
         EndpointGroup::ModelRepository,
         EndpointGroup::Metrics,
+        EndpointGroup::Risk,
     ];
 
     /// The group's name (`model-repository`): in settings, errors and metrics.
@@ -102,6 +106,7 @@ impl EndpointGroup {
             EndpointGroup::Statistics => "statistics",
             EndpointGroup::ModelRepository => "model-repository",
             EndpointGroup::Metrics => "metrics",
+            EndpointGroup::Risk => "risk",
         }
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::status;
+use tickserve_core::config::FrontEnd;
 use tickserve_edge::Edge;
 use tickserve_edge::halts::{self, MAX_REASON_BYTES};
 
@@ -37,6 +38,10 @@ impl RiskService for Risk {
         request: Request<pb::ModelHaltRequest>,
     ) -> Result<Response<pb::ModelHaltResponse>, Status> {
         let r = request.into_inner();
+        self.edge
+            .risk
+            .allows(FrontEnd::Grpc, &r.name, halts::RiskAsk::Halt)
+            .map_err(|e| status(&e))?;
         let handle =
             halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
@@ -59,6 +64,15 @@ impl RiskService for Risk {
         let handle =
             halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
+        let lifting = self.edge.halts.check(&model, &version);
+        self.edge
+            .risk
+            .allows(
+                FrontEnd::Grpc,
+                &model,
+                halts::RiskAsk::Resume(lifting.as_ref()),
+            )
+            .map_err(|e| status(&e))?;
         let (halt, kept) = self.edge.halts.resume(&handle, "grpc").await;
         Ok(Response::new(pb::ModelResumeResponse {
             model_name: model,

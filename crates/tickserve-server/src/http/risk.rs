@@ -6,6 +6,8 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tickserve_core::Error;
+use tickserve_core::config::FrontEnd;
+use tickserve_edge::halts::RiskAsk;
 
 use super::{HttpError, SMALL_BODY_BYTES};
 use crate::transport::body;
@@ -14,6 +16,8 @@ use tickserve_edge::Edge;
 
 /// `POST .../versions/V/halt`.
 pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
+    edge.risk
+        .allows(FrontEnd::Http, &path.model, RiskAsk::Halt)?;
     let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
     let body = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
@@ -51,6 +55,9 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
 pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
     let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
+    let lifting = edge.halts.check(&model, &version);
+    edge.risk
+        .allows(FrontEnd::Http, &model, RiskAsk::Resume(lifting.as_ref()))?;
     let _ = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
     let (halt, kept) = edge.halts.resume(&handle, "http").await;
     Ok(axum::Json(json!({

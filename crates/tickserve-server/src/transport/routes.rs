@@ -203,9 +203,8 @@ impl HttpRoute {
                 ModelEndpoint::Sequences
                 | ModelEndpoint::SequenceRead
                 | ModelEndpoint::SequenceWrite
-                | ModelEndpoint::SequenceDrop
-                | ModelEndpoint::Halt
-                | ModelEndpoint::Resume => EndpointGroup::ModelRepository,
+                | ModelEndpoint::SequenceDrop => EndpointGroup::ModelRepository,
+                ModelEndpoint::Halt | ModelEndpoint::Resume => EndpointGroup::Risk,
             },
             HttpRoute::TfServing(route) if route.verb.is_some() => EndpointGroup::Inference,
             HttpRoute::TfServing(route) if route.metadata => EndpointGroup::Metadata,
@@ -373,14 +372,8 @@ const GRPC_METHODS: [(&str, EndpointGroup); 21] = [
         "/tickserve.SequenceService/SequenceList",
         EndpointGroup::ModelRepository,
     ),
-    (
-        "/tickserve.RiskService/ModelHalt",
-        EndpointGroup::ModelRepository,
-    ),
-    (
-        "/tickserve.RiskService/ModelResume",
-        EndpointGroup::ModelRepository,
-    ),
+    ("/tickserve.RiskService/ModelHalt", EndpointGroup::Risk),
+    ("/tickserve.RiskService/ModelResume", EndpointGroup::Risk),
     (
         "/tickserve.SequenceService/SequenceStateRead",
         EndpointGroup::ModelRepository,

@@ -40,6 +40,9 @@ pub const fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::FailedPrecondition => StatusCode::FORBIDDEN,
         ErrorKind::Withheld => StatusCode::UNPROCESSABLE_ENTITY,
+        // Locked by an operator or a breaker: a 4xx, so that no balancer
+        // retries it on another replica (each refuses it the same way).
+        ErrorKind::Halted => StatusCode::LOCKED,
     }
 }
 
@@ -54,6 +57,7 @@ pub const fn grpc_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::Internal => tonic::Code::Internal,
         ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
         ErrorKind::Withheld => tonic::Code::OutOfRange,
+        ErrorKind::Halted => tonic::Code::FailedPrecondition,
     }
 }
 
@@ -69,6 +73,7 @@ pub const fn shm_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::Internal => ErrorCode::Internal,
         ErrorKind::FailedPrecondition => ErrorCode::FailedPrecondition,
         ErrorKind::Withheld => ErrorCode::Withheld,
+        ErrorKind::Halted => ErrorCode::FailedPrecondition,
     }
 }
 
@@ -284,6 +289,7 @@ mod tests {
             (ErrorKind::Internal, 13, 500, 7),
             (ErrorKind::FailedPrecondition, 9, 403, 8),
             (ErrorKind::Withheld, 11, 422, 9),
+            (ErrorKind::Halted, 9, 423, 8),
         ];
         assert_eq!(table.len(), ErrorKind::ALL.len());
         for (kind, grpc, http, shm) in table {

@@ -80,6 +80,7 @@ fn fleet_of(etcd: &Etcd, prefix: &str) -> FleetConfig {
 fn in_fleet(repository: &std::path::Path, etcd: &Etcd, prefix: &str) -> ServerConfig {
     let mut config = support::config(repository);
     config.fleet = Some(fleet_of(etcd, prefix));
+    config.risk.control = tickserve_core::config::RiskControl::Open;
     config
 }
 

@@ -308,11 +308,9 @@ async fn halts_and_resumes_are_records_between_the_predictions() {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
     let journal = tempfile::tempdir().unwrap();
-    let server = support::start(&journaled(
-        &support::root().join("config/models"),
-        journal.path(),
-    ))
-    .await;
+    let mut config = journaled(&support::root().join("config/models"), journal.path());
+    config.risk.control = tickserve_core::config::RiskControl::Open;
+    let server = support::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     let control = |verb: &'static str| {
         let url = format!("{base}/v2/models/alpha_mlp/versions/1/{verb}");
@@ -328,7 +326,7 @@ async fn halts_and_resumes_are_records_between_the_predictions() {
     };
     assert_eq!(post_alpha(&base, 0).await.as_u16(), 200);
     control("halt").await;
-    assert_eq!(post_alpha(&base, 1).await.as_u16(), 503);
+    assert_eq!(post_alpha(&base, 1).await.as_u16(), 423);
     control("resume").await;
     assert_eq!(post_alpha(&base, 2).await.as_u16(), 200);
     flush(&server).await;
@@ -350,7 +348,7 @@ async fn halts_and_resumes_are_records_between_the_predictions() {
     let kinds: Vec<&str> = statuses.iter().map(|s| s.0.as_str()).collect();
     assert_eq!(
         kinds,
-        ["ok", "halted", "unavailable", "resumed", "ok"],
+        ["ok", "halted", "halted", "resumed", "ok"],
         "{statuses:?}"
     );
     assert_eq!(statuses[1].1, "http");

@@ -1,17 +1,18 @@
 //! The kill switch and the breaker on a real server: a version halted over
-//! HTTP or gRPC answers nothing on every front end (UNAVAILABLE / 503, the
+//! HTTP or gRPC answers nothing on every front end (FAILED_PRECONDITION / 423, the
 //! message saying `halted` and why), reports not ready and `HALTED` in the
 //! index, stays loaded, and serves again at once when resumed; the endpoints
-//! take the `model-repository` key; a halt outlives a restart; a breaker's
-//! trips halt its version, whose traffic then goes to its fallback or is
-//! refused.
+//! take the `risk` key (closed without one, unless opened on purpose, and
+//! a breaker's halt is lifted only with it); a halt outlives a restart; a
+//! breaker's trips halt its version, whose traffic then goes to its
+//! fallback or is refused.
 
 use crate::support;
 
 use std::path::Path;
 
 use tickserve_client::{ClientError, GrpcClient, ShmClient, Tensor};
-use tickserve_core::config::{FrontEnd, Restriction, ServerConfig};
+use tickserve_core::config::{FrontEnd, Restriction, RiskControl, ServerConfig};
 use tickserve_proto::tickserve as pb;
 use tickserve_proto::tickserve::risk_service_client::RiskServiceClient;
 
@@ -30,7 +31,7 @@ fn body(value: f32) -> serde_json::Value {
     })
 }
 
-/// A server on `repository` whose `model-repository` endpoints take `KEY`
+/// A server on `repository` whose `model-repository` and `risk` endpoints take `KEY`
 /// (HTTP header `risk-key`, gRPC metadata `triton-grpc-protocol-risk-key`),
 /// with shared memory on and halts kept in `halts`.
 fn config(repository: &Path, halts: &Path, service: &str) -> ServerConfig {
@@ -38,7 +39,7 @@ fn config(repository: &Path, halts: &Path, service: &str) -> ServerConfig {
     config.security.restricted = [FrontEnd::Http, FrontEnd::Grpc]
         .iter()
         .map(|&f| {
-            Restriction::parse_triton(&format!("model-repository:risk-key={KEY}"), f).unwrap()
+            Restriction::parse_triton(&format!("model-repository,risk:risk-key={KEY}"), f).unwrap()
         })
         .collect();
     config.risk.halts_file = Some(halts.to_path_buf());
@@ -122,7 +123,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
     assert_eq!(answer["halted"], true);
     assert_eq!(answer["kept"], true);
     let (status, answer) = post(&infer, &body(0.0), None).await;
-    assert_eq!(status, 503, "{answer}");
+    assert_eq!(status, 423, "{answer}");
     let message = answer["error"].as_str().unwrap();
     assert!(
         message.contains("halted") && message.contains("fat-finger fills on EURUSD"),
@@ -134,7 +135,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
     let row = Tensor::from_f32("features", &[1, 50], &[0.0; 50]);
     match grpc.infer("alpha", std::slice::from_ref(&row)).await {
         Err(ClientError::Server { code, message }) => {
-            assert_eq!(code, "UNAVAILABLE");
+            assert_eq!(code, "FAILED_PRECONDITION");
             assert!(message.contains("halted"), "{message}");
         }
         other => panic!("{other:?}"),
@@ -149,7 +150,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
     .await
     .unwrap();
     assert!(
-        matches!(&shm, Err(ClientError::Server { code, message }) if code == "UNAVAILABLE" && message.contains("halted")),
+        matches!(&shm, Err(ClientError::Server { code, message }) if code == "FAILED_PRECONDITION" && message.contains("halted")),
         "{shm:?}"
     );
     let answer = support::stream_once(&server, support::grpc_row("alpha", 50, 0.0)).await;
@@ -163,7 +164,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
         .predict(support::tf_predict("alpha", &[0.0; 50]))
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert!(
         refused.message().contains("halted"),
         "{}",
@@ -175,7 +176,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
         .send()
         .await
         .unwrap();
-    assert_eq!(tf.status().as_u16(), 503);
+    assert_eq!(tf.status().as_u16(), 423);
     assert!(tf.text().await.unwrap().contains("halted"));
     // Not ready, HALTED in the index, counted.
     let ready = reqwest::get(format!("{base}/v2/models/alpha/versions/1/ready"))
@@ -196,7 +197,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
     let server = support::start(&config(repository.path(), &halts, &service)).await;
     let base = format!("http://{}", server.http_addr);
     let infer = format!("{base}/v2/models/alpha/infer");
-    assert_eq!(post(&infer, &body(0.0), None).await.0, 503);
+    assert_eq!(post(&infer, &body(0.0), None).await.0, 423);
     assert_eq!(indexed(&base, "alpha", "1").await.0, "HALTED");
 
     // Resumed over gRPC (the key as metadata): it serves at once.
@@ -240,7 +241,7 @@ async fn a_halted_version_answers_nothing_anywhere_until_resumed_and_stays_halte
         ("desk closed", "api")
     );
     let (status, answer) = post(&infer, &body(0.0), None).await;
-    assert_eq!(status, 503, "{answer}");
+    assert_eq!(status, 423, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("desk closed"));
     server.shutdown().await.unwrap();
 }
@@ -300,7 +301,7 @@ async fn a_breaker_halts_its_version_after_its_trips_and_its_fallback_answers() 
         assert_eq!(post(&refused, &body(-5.0), None).await.0, 422);
     }
     let (status, answer) = post(&refused, &body(0.0), None).await;
-    assert_eq!(status, 503, "{answer}");
+    assert_eq!(status, 423, "{answer}");
     assert!(
         answer["error"]
             .as_str()
@@ -327,7 +328,9 @@ async fn a_sequence_on_a_halted_version_is_refused_not_moved() {
         format!("version_policy = \"all\"\n{states}"),
     )
     .unwrap();
-    let server = support::start(&support::config(repository.path())).await;
+    let mut config = support::config(repository.path());
+    config.risk.control = RiskControl::Open;
+    let server = support::start(&config).await;
     let base = format!("http://{}", server.http_addr);
     let tick = |start: bool| {
         serde_json::json!({
@@ -357,10 +360,93 @@ async fn a_sequence_on_a_halted_version_is_refused_not_moved() {
     .await;
     assert_eq!(status, 200);
     let (status, answer) = post(&format!("{base}/v2/models/book/infer"), &tick(false), None).await;
-    assert_eq!(status, 503, "{answer}");
+    assert_eq!(status, 423, "{answer}");
     assert!(
         answer["error"].as_str().unwrap().contains("halted"),
         "{answer}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// Halt and resume are closed under the default settings, saying how to
+/// open them; opened on purpose without a key, they answer, but a breaker's
+/// halt is lifted only with the `risk` key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halt_and_resume_are_closed_by_default_and_a_breakers_halt_needs_the_key() {
+    let repository = tempfile::tempdir().unwrap();
+    let guarded = "[[guard]]\noutput = \"probabilities\"\nmax = 0.9\n";
+    alpha(repository.path(), "alpha", 1, "");
+    alpha(
+        repository.path(),
+        "tripped",
+        1,
+        &format!("{guarded}[breaker]\ntrips = 1\nwindow = \"1m\"\n"),
+    );
+    let server = support::start(&support::config(repository.path())).await;
+    let base = format!("http://{}", server.http_addr);
+    let reason = serde_json::json!({"reason": "r"});
+    let (status, answer) = post(
+        &format!("{base}/v2/models/alpha/versions/1/halt"),
+        &reason,
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    let message = answer["error"].as_str().unwrap();
+    assert!(
+        message.contains("risk key group is closed")
+            && message.contains("[[security.restricted]]")
+            && message.contains("control = \"open\""),
+        "{message}"
+    );
+    let channel = support::grpc_channel(&server).await;
+    let refused = RiskServiceClient::new(channel)
+        .model_halt(pb::ModelHaltRequest {
+            name: "alpha".into(),
+            version: "1".into(),
+            reason: "r".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        post(&format!("{base}/v2/models/alpha/infer"), &body(0.0), None)
+            .await
+            .0,
+        200
+    );
+    server.shutdown().await.unwrap();
+
+    let mut open = support::config(repository.path());
+    open.risk.control = RiskControl::Open;
+    let server = support::start(&open).await;
+    let base = format!("http://{}", server.http_addr);
+    let halt = format!("{base}/v2/models/alpha/versions/1/halt");
+    assert_eq!(post(&halt, &reason, None).await.0, 200);
+    let resume = format!("{base}/v2/models/alpha/versions/1/resume");
+    assert_eq!(post(&resume, &serde_json::json!({}), None).await.0, 200);
+    // The breaker halts `tripped`; lifting that halt needs the key.
+    let tripped = format!("{base}/v2/models/tripped/infer");
+    assert_eq!(post(&tripped, &body(-5.0), None).await.0, 422);
+    assert_eq!(post(&tripped, &body(0.0), None).await.0, 423);
+    let (status, answer) = post(
+        &format!("{base}/v2/models/tripped/versions/1/resume"),
+        &serde_json::json!({}),
+        None,
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("breaker's halt is lifted only with"),
+        "{answer}"
+    );
+    assert_eq!(
+        post(&tripped, &body(0.0), None).await.0,
+        423,
+        "still halted"
     );
     server.shutdown().await.unwrap();
 }
