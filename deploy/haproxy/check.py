@@ -8,14 +8,17 @@ every tick of a sequence reaches the replica that holds its state.
 (tritonclient, the `tickserve-sequence-id` header on every tick), through the balancer.
 Passes when every tick is answered; every answer equals the same sequence's answer from
 one server alone (within 1e-6); each sequence lives on exactly one replica (each
-replica's sequence list); the sequences are spread over more than one replica; and,
-the control, a sequence sent without the header is spread too and fails.
+replica's sequence list); the sequences are spread over more than one replica; the
+control, a sequence sent without the header is spread too and fails; and the operator's
+endpoints (halt, resume, sequence state, the repository, /metrics) answer 404 on the
+public fronts and are reached through the admin front.
 """
 import pathlib
 import sys
 import tempfile
 import json
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -23,6 +26,23 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+# What only operators may reach: refused on the balancer's public fronts.
+OPERATOR = [("POST", "/v2/models/seq_lstm_step/versions/1/halt"),
+            ("POST", "/v2/models/seq_lstm_step/resume"),
+            ("GET", "/v2/models/seq_lstm_step/sequences"),
+            ("POST", "/v2/models/seq_lstm_step/sequences/read"),
+            ("POST", "/v2/repository/index"),
+            ("GET", "/metrics")]
+
+
+def status(method, url):
+    """The HTTP status `url` answers `method` with (an empty JSON body for a POST)."""
+    data = b"{}" if method == "POST" else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "scaleout"))
 from balancer import Balancer  # noqa: E402
@@ -102,6 +122,15 @@ def main():
             assert sum(len(h) for h in held) == SEQUENCES, "a sequence lives on two replicas"
             assert sum(1 for h in held if h) >= 2, "every sequence went to one replica"
             assert worst <= 1e-6, f"answers differ from one server's by {worst}"
+            for method, path in OPERATOR:
+                assert status(method, f"http://{lb.http}{path}") == 404, f"{path} is public"
+            grpc = grpcclient.InferenceServerClient(lb.grpc)
+            try:
+                grpc.get_model_repository_index()
+                raise AssertionError("the repository index is public over gRPC")
+            except grpcclient.InferenceServerException:
+                pass
+            assert status("GET", f"http://{lb.admin}/metrics") == 200, "no /metrics on the admin front"
             print("haproxy check: passed")
         finally:
             lb.__exit__()

@@ -3,7 +3,7 @@ the checks that run through a real balancer (deploy/haproxy/check.py,
 scripts/scaleout/scaleout_check.py).
 
     with Balancer(work, [(http_port, grpc_port), ...]) as lb:
-        ...  # lb.http, lb.grpc: "127.0.0.1:PORT"
+        ...  # lb.http, lb.grpc, lb.admin (the operators' front): "127.0.0.1:PORT"
 """
 import os
 import pathlib
@@ -28,10 +28,12 @@ class Balancer:
         http_port, grpc_port = free_port(), free_port()
         self.http = f"127.0.0.1:{http_port}"
         self.grpc = f"127.0.0.1:{grpc_port}"
+        self.admin = f"127.0.0.1:{free_port()}"
         self.process = None
 
     def __enter__(self):
-        env = dict(os.environ, TICKSERVE_LB_HTTP=self.http, TICKSERVE_LB_GRPC=self.grpc)
+        env = dict(os.environ, TICKSERVE_LB_HTTP=self.http, TICKSERVE_LB_GRPC=self.grpc,
+                   TICKSERVE_LB_ADMIN=self.admin)
         for i, (http_port, grpc_port) in enumerate(self.replicas, 1):
             env.update({f"TICKSERVE_R{i}": "127.0.0.1", f"TICKSERVE_R{i}_HTTP": str(http_port),
                         f"TICKSERVE_R{i}_GRPC": str(grpc_port)})

@@ -905,6 +905,12 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
         let server = ServerConfig::load(&root.join("tickserve.toml")).unwrap();
         server.validate().unwrap();
+        let deploy = root.join("../deploy/kubernetes");
+        for pod in ["base", "overlays/scaleout"] {
+            let file = deploy.join(pod).join("tickserve.toml");
+            let config = ServerConfig::load(&file).unwrap();
+            config.validate().unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        }
         for entry in std::fs::read_dir(root.join("models")).unwrap() {
             ModelConfig::load(&entry.unwrap().path(), "model.toml").unwrap();
         }
