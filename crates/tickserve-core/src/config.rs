@@ -909,7 +909,9 @@ mod tests {
         for pod in ["base", "overlays/scaleout"] {
             let file = deploy.join(pod).join("tickserve.toml");
             let config = ServerConfig::load(&file).unwrap();
-            config.validate().unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            config
+                .validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         }
         for entry in std::fs::read_dir(root.join("models")).unwrap() {
             ModelConfig::load(&entry.unwrap().path(), "model.toml").unwrap();

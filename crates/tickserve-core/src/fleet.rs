@@ -118,11 +118,24 @@ pub struct HaltRecord {
     pub halt: Option<Vec<u8>>,
 }
 
+/// How far a halt or resume got across the fleet before its write
+/// returned: every replica acknowledges each change it applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Propagation {
+    /// Live replicas when the change was written.
+    pub replicas: usize,
+    /// Of those, the ones that had applied it when the write returned.
+    pub applied: usize,
+    /// How long the write waited for them.
+    pub waited: Duration,
+}
+
 /// Halts kept for the whole fleet: written to the store, and every
 /// replica's copy follows the store's changes.
 pub trait HaltsFleet: Send + Sync + std::fmt::Debug {
-    /// Writes `halt` (`None`: resumes) for `model` `version`.
-    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<(), String>>;
+    /// Writes `halt` (`None`: resumes) for `model` `version`, and waits
+    /// (at most the lease's TTL) until every live replica applied it.
+    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<Propagation, String>>;
 
     /// Every halt in the store now, and from then on each change, given to
     /// `apply` in order (on the store's watcher task).

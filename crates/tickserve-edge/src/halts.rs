@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock, RwLock, Weak};
 
 use serde::{Deserialize, Serialize};
 use tickserve_core::Error;
-use tickserve_core::fleet::{HaltRecord, HaltsFleet};
+use tickserve_core::fleet::{HaltRecord, HaltsFleet, Propagation};
 use tickserve_journal::Journal;
 use tickserve_runtime::ModelHandle;
 
@@ -57,6 +57,19 @@ impl Halt {
             reason: self.words(),
         }
     }
+}
+
+/// What a halt or resume did.
+#[derive(Debug)]
+pub struct Changed<T> {
+    /// The halt in force (a halt), or the one lifted (a resume).
+    pub halt: T,
+    /// Whether it was kept: in the fleet's store and applied by every live
+    /// replica, or else in the halts file (`Err`: why not; it applies here
+    /// all the same).
+    pub kept: Result<(), String>,
+    /// How far it got across the fleet, with `[fleet]`.
+    pub fleet: Option<Propagation>,
 }
 
 /// The halted versions, by `(model, version)`.
@@ -202,41 +215,59 @@ impl Halts {
     }
 
     /// Writes `model` `version`'s halt (`None`: its resume) to the fleet's
-    /// store, if there is one.
-    async fn publish(&self, model: &str, version: &str, halt: Option<&Halt>) -> Result<(), String> {
+    /// store, if there is one, and how far it got: `Err` when the store did
+    /// not take it, or a live replica had not applied it in time.
+    async fn publish(
+        &self,
+        model: &str,
+        version: &str,
+        halt: Option<&Halt>,
+    ) -> (Result<(), String>, Option<Propagation>) {
         let Some((fleet, _)) = self.fleet.get() else {
-            return Ok(());
+            return (Ok(()), None);
         };
         let record = HaltRecord {
             model: model.to_string(),
             version: version.to_string(),
             halt: halt.map(|h| serde_json::to_vec(h).unwrap_or_default()),
         };
-        fleet
-            .write(record)
-            .await
-            .map_err(|e| format!("the fleet's store did not take it: {e}"))
+        match fleet.write(record).await {
+            Ok(p) if p.applied >= p.replicas => (Ok(()), Some(p)),
+            Ok(p) => (
+                Err(format!(
+                    "kept in the fleet's store, applied on {} of its {} replicas within {:?}; \
+                     the others apply it when they reach the store",
+                    p.applied, p.replicas, p.waited
+                )),
+                Some(p),
+            ),
+            Err(e) => (Err(format!("the fleet's store did not take it: {e}")), None),
+        }
     }
 
     /// Halts `handle`'s version, asked over `via` (`http` or `grpc`); a
-    /// version halted already keeps its first halt. The halt and whether it
-    /// was kept (in the fleet's store, or else the halts file; `Err` with
-    /// why not: it applies here all the same). A new halt is journaled
-    /// when the journal takes the model.
+    /// version halted already keeps its first halt. Returns once the halt
+    /// is kept (in the fleet's store, applied by every live replica; or
+    /// else the halts file; `kept` says why not: it applies here all the
+    /// same). A new halt is journaled when the journal takes the model.
     pub async fn halt(
         &self,
         handle: &Arc<ModelHandle>,
         reason: &str,
         via: &'static str,
-    ) -> (Halt, Result<(), String>) {
+    ) -> Changed<Halt> {
         let (halt, new, kept) = self.set(&handle.name, &handle.version, reason, "api");
         if new {
             self.record(handle, via, "halted", halt.words());
         }
-        let published = self
+        let (published, fleet) = self
             .publish(&handle.name, &handle.version, Some(&halt))
             .await;
-        (halt, kept.and(published))
+        Changed {
+            halt,
+            kept: kept.and(published),
+            fleet,
+        }
     }
 
     /// Halts `handle`'s version for its breaker, from the request's path:
@@ -268,20 +299,24 @@ impl Halts {
     }
 
     /// Resumes `handle`'s version, asked over `via`: its halt, if it had
-    /// one, and whether the resume was kept (the fleet's store, or else the
-    /// halts file).
+    /// one, and whether the resume was kept (the fleet's store, applied by
+    /// every live replica; or else the halts file).
     pub async fn resume(
         &self,
         handle: &Arc<ModelHandle>,
         via: &'static str,
-    ) -> (Option<Halt>, Result<(), String>) {
+    ) -> Changed<Option<Halt>> {
         let (halt, kept) = self.clear(&handle.name, &handle.version);
         if let Some(halt) = &halt {
             let words = format!("resumed; it was halted {}", halt.words());
             self.record(handle, via, "resumed", words);
         }
-        let published = self.publish(&handle.name, &handle.version, None).await;
-        (halt, kept.and(published))
+        let (published, fleet) = self.publish(&handle.name, &handle.version, None).await;
+        Changed {
+            halt,
+            kept: kept.and(published),
+            fleet,
+        }
     }
 
     /// Halts `model` `version` (`by`: `api` or `breaker`): the halt in

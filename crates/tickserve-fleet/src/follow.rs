@@ -23,8 +23,8 @@ pub(crate) enum Change {
 const RETRY: Duration = Duration::from_millis(100);
 
 /// Follows `prefix` for as long as the task runs, giving each change to
-/// `apply` in order.
-pub(crate) async fn follow(clients: Clients, prefix: String, mut apply: impl FnMut(Change)) {
+/// `apply` in order, with the store's revision it brings the copy up to.
+pub(crate) async fn follow(clients: Clients, prefix: String, mut apply: impl FnMut(Change, i64)) {
     loop {
         let (at, mut client) = clients.pick();
         let read = client
@@ -40,12 +40,15 @@ pub(crate) async fn follow(clients: Clients, prefix: String, mut apply: impl FnM
             }
         };
         let revision = got.header().map_or(0, |h| h.revision());
-        apply(Change::Reset(
-            got.kvs()
-                .iter()
-                .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
-                .collect(),
-        ));
+        apply(
+            Change::Reset(
+                got.kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+                    .collect(),
+            ),
+            revision,
+        );
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision.saturating_add(1));
@@ -62,11 +65,16 @@ pub(crate) async fn follow(clients: Clients, prefix: String, mut apply: impl FnM
             if answer.canceled() {
                 break;
             }
+            let at = answer.header().map_or(0, |h| h.revision());
             for event in answer.events() {
                 let Some(kv) = event.kv() else { continue };
+                let revision = kv.mod_revision().max(at);
                 match event.event_type() {
-                    EventType::Put => apply(Change::Put(kv.key().to_vec(), kv.value().to_vec())),
-                    EventType::Delete => apply(Change::Delete(kv.key().to_vec())),
+                    EventType::Put => apply(
+                        Change::Put(kv.key().to_vec(), kv.value().to_vec()),
+                        revision,
+                    ),
+                    EventType::Delete => apply(Change::Delete(kv.key().to_vec()), revision),
                 }
             }
         }

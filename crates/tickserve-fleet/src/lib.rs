@@ -28,7 +28,7 @@ use std::time::Duration;
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use tickserve_core::config::FleetConfig;
 use tickserve_core::fleet::{
-    Claimed, FleetKey, HaltRecord, HaltsFleet, Pending, SequenceFleet, Started,
+    Claimed, FleetKey, HaltRecord, HaltsFleet, Pending, Propagation, SequenceFleet, Started,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -147,7 +147,7 @@ impl Fleet {
         tasks.push(tokio::spawn(follow::follow(
             clients.clone(),
             keys.area("seq"),
-            move |change| mirror.apply(&mirror_keys, change),
+            move |change, _| mirror.apply(&mirror_keys, change),
         )));
         let (wants_keys, me, give) = (
             keys.clone(),
@@ -157,7 +157,7 @@ impl Fleet {
         tasks.push(tokio::spawn(follow::follow(
             clients,
             keys.area("wants"),
-            move |change| {
+            move |change, _| {
                 sequences::asked_of(&wants_keys, &me.id(), change, |asked| {
                     let _ = give.send(asked);
                 })
@@ -275,18 +275,20 @@ impl SequenceFleet for Fleet {
 }
 
 impl HaltsFleet for Fleet {
-    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<(), String>> {
+    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<Propagation, String>> {
         Box::pin(self.write_halt(record))
     }
 
     fn follow(&self, apply: Box<dyn Fn(Vec<HaltRecord>, bool) + Send + Sync>) {
         let keys = self.keys.clone();
+        let (clients, membership) = (self.clients.clone(), Arc::clone(&self.membership));
         let task = self.runtime.spawn(follow::follow(
             self.clients.clone(),
             self.keys.area("halts"),
-            move |change| {
+            move |change, revision| {
                 let (records, reset) = halts::records(&keys, change);
                 apply(records, reset);
+                halts::acknowledge(&clients, &keys, &membership, revision);
             },
         ));
         self.tasks

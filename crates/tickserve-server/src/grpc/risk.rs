@@ -45,7 +45,8 @@ impl RiskService for Risk {
         let handle =
             halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
-        let (halt, kept) = self.edge.halts.halt(&handle, &r.reason, "grpc").await;
+        let changed = self.edge.halts.halt(&handle, &r.reason, "grpc").await;
+        let (halt, kept) = (changed.halt, changed.kept);
         Ok(Response::new(pb::ModelHaltResponse {
             model_name: model,
             model_version: version,
@@ -73,7 +74,8 @@ impl RiskService for Risk {
                 halts::RiskAsk::Resume(lifting.as_ref()),
             )
             .map_err(|e| status(&e))?;
-        let (halt, kept) = self.edge.halts.resume(&handle, "grpc").await;
+        let changed = self.edge.halts.resume(&handle, "grpc").await;
+        let (halt, kept) = (changed.halt, changed.kept);
         Ok(Response::new(pb::ModelResumeResponse {
             model_name: model,
             model_version: version,

@@ -38,7 +38,8 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
             }
         }
     };
-    let (halt, kept) = edge.halts.halt(&handle, &reason, "http").await;
+    let changed = edge.halts.halt(&handle, &reason, "http").await;
+    let halt = &changed.halt;
     Ok(axum::Json(json!({
         "model_name": model,
         "model_version": version,
@@ -46,7 +47,8 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
         "reason": halt.reason,
         "by": halt.by,
         "since": halt.since,
-        "kept": kept.is_ok(),
+        "kept": changed.kept.is_ok(),
+        "fleet": fleet(changed.fleet),
     }))
     .into_response())
 }
@@ -59,12 +61,24 @@ pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response
     edge.risk
         .allows(FrontEnd::Http, &model, RiskAsk::Resume(lifting.as_ref()))?;
     let _ = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
-    let (halt, kept) = edge.halts.resume(&handle, "http").await;
+    let changed = edge.halts.resume(&handle, "http").await;
     Ok(axum::Json(json!({
         "model_name": model,
         "model_version": version,
-        "resumed": halt.is_some(),
-        "kept": kept.is_ok(),
+        "resumed": changed.halt.is_some(),
+        "kept": changed.kept.is_ok(),
+        "fleet": fleet(changed.fleet),
     }))
     .into_response())
+}
+
+/// How far a halt or resume got across the fleet (`null` without one).
+fn fleet(propagation: Option<tickserve_core::fleet::Propagation>) -> Value {
+    propagation.map_or(Value::Null, |p| {
+        json!({
+            "replicas": p.replicas,
+            "applied": p.applied,
+            "waited_seconds": p.waited.as_secs_f64(),
+        })
+    })
 }
