@@ -200,7 +200,12 @@ impl Sequences {
             sequence: key.id.to_string(),
             waited,
         };
-        let takes_over = matches!(purpose, Purpose::Tick { start: true } | Purpose::Write);
+        // A start, a write, or the tick that restarts an expired sequence
+        // (`idle_action = "restart"`) begins afresh: it takes the sequence over.
+        let restarts = purpose == (Purpose::Tick { start: false })
+            && self.table().expired.contains(key);
+        let takes_over =
+            restarts || matches!(purpose, Purpose::Tick { start: true } | Purpose::Write);
         if takes_over {
             return match link.fleet.start(&fleet_key, &link.version, wait).await {
                 Ok(Started::Here) => Ok(()),

@@ -94,11 +94,16 @@ async fn linked(
     prefix: &str,
     max: usize,
 ) -> (Arc<Sequences>, Arc<tickserve_fleet::Fleet>) {
-    let t = Arc::new(Sequences::new(
-        "m",
-        spec(max, Duration::ZERO, IdleAction::Error),
-        Clock::by_hand(),
-    ));
+    linked_as(etcd, prefix, spec(max, Duration::ZERO, IdleAction::Error)).await
+}
+
+/// [`linked`] with `spec`.
+async fn linked_as(
+    etcd: &tickserve_testing::etcd::Etcd,
+    prefix: &str,
+    spec: Arc<SequenceSpec>,
+) -> (Arc<Sequences>, Arc<tickserve_fleet::Fleet>) {
+    let t = Arc::new(Sequences::new("m", spec, Clock::by_hand()));
     let config = tickserve_core::config::FleetConfig {
         endpoints: etcd.endpoints(),
         prefix: prefix.to_string(),
@@ -141,6 +146,39 @@ async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
             .await
             .unwrap(),
         5.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_fleet_an_expired_sequence_releases_its_record_and_restarts_where_it_expired() {
+    let etcd = tickserve_testing::etcd::Etcd::start();
+    let idle = Duration::from_millis(20);
+    let (t, _ft) = linked_as(&etcd, "x", spec(8, idle, IdleAction::Restart)).await;
+    let (other, _fo) = linked(&etcd, "x", 8).await;
+    tick_anywhere(&t, &control(1, true, false), 1.0).await.unwrap();
+    t.clock.advance(idle * 2);
+    t.sweep();
+    // Its record is gone: another replica finds no keeper, as for a
+    // sequence never started (not a wait for a keeper that has nothing).
+    let started = std::time::Instant::now();
+    loop {
+        let error = tick_anywhere(&other, &control(1, false, false), 0.0)
+            .await
+            .unwrap_err();
+        if matches!(error, Error::SequenceNotActive { .. }) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+    }
+    // Where it expired, its next tick restarts it (`idle_action = "restart"`),
+    // taking it over in the fleet.
+    assert_eq!(
+        tick_anywhere(&t, &control(1, false, false), 2.0).await.unwrap(),
+        0.0
+    );
+    assert_eq!(
+        tick_anywhere(&t, &control(1, false, false), 3.0).await.unwrap(),
+        2.0
     );
 }
 
