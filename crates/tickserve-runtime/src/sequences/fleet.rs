@@ -202,8 +202,8 @@ impl Sequences {
         };
         // A start, a write, or the tick that restarts an expired sequence
         // (`idle_action = "restart"`) begins afresh: it takes the sequence over.
-        let restarts = purpose == (Purpose::Tick { start: false })
-            && self.table().expired.contains(key);
+        let restarts =
+            purpose == (Purpose::Tick { start: false }) && self.table().expired.contains(key);
         let takes_over =
             restarts || matches!(purpose, Purpose::Tick { start: true } | Purpose::Write);
         if takes_over {

@@ -155,7 +155,9 @@ async fn in_a_fleet_an_expired_sequence_releases_its_record_and_restarts_where_i
     let idle = Duration::from_millis(20);
     let (t, _ft) = linked_as(&etcd, "x", spec(8, idle, IdleAction::Restart)).await;
     let (other, _fo) = linked(&etcd, "x", 8).await;
-    tick_anywhere(&t, &control(1, true, false), 1.0).await.unwrap();
+    tick_anywhere(&t, &control(1, true, false), 1.0)
+        .await
+        .unwrap();
     t.clock.advance(idle * 2);
     t.sweep();
     // Its record is gone: another replica finds no keeper, as for a
@@ -173,11 +175,15 @@ async fn in_a_fleet_an_expired_sequence_releases_its_record_and_restarts_where_i
     // Where it expired, its next tick restarts it (`idle_action = "restart"`),
     // taking it over in the fleet.
     assert_eq!(
-        tick_anywhere(&t, &control(1, false, false), 2.0).await.unwrap(),
+        tick_anywhere(&t, &control(1, false, false), 2.0)
+            .await
+            .unwrap(),
         0.0
     );
     assert_eq!(
-        tick_anywhere(&t, &control(1, false, false), 3.0).await.unwrap(),
+        tick_anywhere(&t, &control(1, false, false), 3.0)
+            .await
+            .unwrap(),
         2.0
     );
 }

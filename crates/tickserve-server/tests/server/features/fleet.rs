@@ -346,7 +346,10 @@ async fn a_halt_sent_to_one_replica_halts_every_replica_and_outlives_restarts() 
     let one = body(json!(1), true, false, &tick(1, 0));
     let (status, refused) = post(&http, &infer(&b, None), &one).await;
     assert_eq!(status, 423, "{refused}");
-    assert!(refused["error"].as_str().unwrap().contains("halted"), "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("halted"),
+        "{refused}"
+    );
     // A replica that starts now reads the halt before it serves.
     let c = support::start(&config).await;
     let (status, answer) = post(&http, &infer(&c, None), &one).await;
