@@ -374,3 +374,118 @@ async fn a_halt_sent_to_one_replica_halts_every_replica_and_outlives_restarts() 
         server.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_gone_stateless_requests_and_halts_hold_and_ticks_are_refused_then_recover() {
+    let mut etcd = Etcd::start();
+    let repository = repository(1);
+    support::sample(repository.path(), "alpha_mlp", "alpha", 1, None);
+    support::sample(repository.path(), "tick_000", "tick", 1, None);
+    let config = in_fleet(repository.path(), &etcd, "outage");
+    let a = support::start(&config).await;
+    let http = reqwest::Client::new();
+    let alpha = |server: &tickserve_server::Server| {
+        format!("http://{}/v2/models/alpha/infer", server.http_addr)
+    };
+    let row = json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 50],
+                                 "data": vec![0.1; 50]}]});
+    let (status, _) = post(
+        &http,
+        &infer(&a, None),
+        &body(json!("s"), true, false, &tick(4, 0)),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let halt = format!("http://{}/v2/models/alpha/versions/1/halt", a.http_addr);
+    assert_eq!(post(&http, &halt, &json!({})).await.0, 200);
+    etcd.kill(0);
+    // Within the lease the sequence is still served; past 3/4 of it, refused
+    // as not run, naming the store. Stateless requests never wait on etcd,
+    // and the halt stays in force.
+    let started = Instant::now();
+    let mut t = 1;
+    let refused = loop {
+        let (status, answer) = post(
+            &http,
+            &infer(&a, None),
+            &body(json!("s"), false, false, &tick(4, t)),
+        )
+        .await;
+        if status != 200 {
+            break (status, answer);
+        }
+        t += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still answered without etcd"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(refused.0, 503, "{:?}", refused.1);
+    let message = refused.1["error"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("cannot reach the fleet's store") && message.contains("retry it"),
+        "{message}"
+    );
+    let start = body(json!("new"), true, false, &tick(5, 0));
+    assert_eq!(
+        post(&http, &infer(&a, None), &start).await.0,
+        503,
+        "a start needs the store"
+    );
+    let stateless = Instant::now();
+    let (status, answer) = post(&http, &alpha(&a), &row).await;
+    assert_eq!(status, 423, "the halt stays in force: {answer}");
+    let features = json!({"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 16],
+                                      "data": vec![0.1; 16]}]});
+    let (status, answer) = post(
+        &http,
+        &format!("http://{}/v2/models/tick/infer", a.http_addr),
+        &features,
+    )
+    .await;
+    assert_eq!(
+        status, 200,
+        "a stateless model serves without etcd: {answer}"
+    );
+    assert!(
+        stateless.elapsed() < Duration::from_secs(1),
+        "stateless requests waited on etcd"
+    );
+    // etcd returns: the replica proves its lease again (or joins again), and
+    // sequences work; the old one answers or is told lost, never restarted.
+    etcd.restart(0);
+    etcd.wait_healthy();
+    let started = Instant::now();
+    loop {
+        let (status, answer) = post(
+            &http,
+            &infer(&a, None),
+            &body(json!("after"), true, false, &tick(7, 0)),
+        )
+        .await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no recovery: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, answer) = post(
+        &http,
+        &infer(&a, None),
+        &body(json!("s"), false, false, &tick(4, t)),
+    )
+    .await;
+    assert!(
+        status == 200
+            || answer["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("state is lost"),
+        "{status} {answer}"
+    );
+    a.shutdown().await.unwrap();
+}
