@@ -150,6 +150,7 @@ async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::disallowed_methods)] // waits for the fleet's task to release the record, in real time
 async fn in_a_fleet_an_expired_sequence_releases_its_record_and_restarts_where_it_expired() {
     let etcd = tickserve_testing::etcd::Etcd::start();
     let idle = Duration::from_millis(20);
