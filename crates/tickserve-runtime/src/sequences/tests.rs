@@ -6,10 +6,20 @@ use tickserve_core::sequence::{SequenceConfig, SequenceControl, StateConfig};
 use tickserve_core::{DataType, Signature, TensorSpec};
 
 fn spec(max_sequences: usize, idle: Duration, action: IdleAction) -> Arc<SequenceSpec> {
+    spec_of_width(max_sequences, idle, action, 1)
+}
+
+/// [`spec`] with a state of `width` floats.
+fn spec_of_width(
+    max_sequences: usize,
+    idle: Duration,
+    action: IdleAction,
+    width: usize,
+) -> Arc<SequenceSpec> {
     let t = |name: &str| TensorSpec {
         name: name.to_string(),
         datatype: DataType::Fp32,
-        dims: vec![1],
+        dims: vec![if name.starts_with("s_") { width } else { 1 }],
     };
     let signature = Signature {
         inputs: vec![t("x"), t("s_in")],
@@ -147,6 +157,35 @@ async fn a_claim_without_room_puts_the_state_back_and_a_later_one_takes_it() {
             .unwrap(),
         5.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_larger_than_the_fleets_store_takes_is_refused_at_load() {
+    let etcd = tickserve_testing::etcd::Etcd::start();
+    let config = tickserve_core::config::FleetConfig {
+        endpoints: etcd.endpoints(),
+        prefix: "big".to_string(),
+        ..Default::default()
+    };
+    let fleet = tickserve_fleet::Fleet::connect(&config).await.unwrap();
+    let wait = Duration::from_secs(1);
+    // 300,000 floats: 1.2 MB of state, over etcd's value limit.
+    let big = Sequences::new(
+        "m",
+        spec_of_width(8, Duration::ZERO, IdleAction::Error, 300_000),
+        Clock::by_hand(),
+    );
+    let error = big.join_fleet(fleet.clone(), "1", wait).unwrap_err();
+    assert!(
+        error.contains("1200000 bytes") && error.contains("without [fleet]"),
+        "{error}"
+    );
+    let small = Sequences::new(
+        "m",
+        spec_of_width(8, Duration::ZERO, IdleAction::Error, 1000),
+        Clock::by_hand(),
+    );
+    small.join_fleet(fleet, "1", wait).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
