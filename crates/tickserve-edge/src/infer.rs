@@ -236,11 +236,12 @@ impl Edge {
             RequestBytes::Count(len) => self.admit_bytes(len)?,
         };
         let mut handle = handle?;
+        let mut halted = None;
         if let Some(halt) = self.halts.check(&handle.name, &handle.version) {
             let Some(fallback) = self.fallback(&handle) else {
                 return Err(halt.refusal(&handle));
             };
-            handle = fallback;
+            halted = Some(std::mem::replace(&mut handle, fallback));
             followers.served_by(&handle);
         }
         let transport_timeout = call
@@ -254,6 +255,7 @@ impl Edge {
         let work = payload.decode_bytes().saturating_add(expansion);
         let held = Held {
             handle,
+            halted,
             key: call.key,
             transport_timeout,
             sequence_key,
@@ -292,6 +294,7 @@ impl Edge {
         } = admission;
         let Held {
             handle,
+            halted,
             key,
             transport_timeout,
             sequence_key,
@@ -302,6 +305,7 @@ impl Edge {
             key,
             transport_timeout,
             sticky,
+            halted,
         };
         let prepared = decoded.and_then(|mut decoded| {
             routing_key(&handle.name, sequence_key, &mut decoded.parameters)?;
@@ -360,6 +364,17 @@ impl Edge {
                 handle = sticky;
                 followers.served_by(&handle);
             }
+            // A halted version's sequence is refused as halted, never sent to
+            // the fallback that does not hold its state.
+            if let Some(halted) = &routing.halted
+                && let Some(table) = halted.sequences()
+                && let key = table.key(&sequence.id, sequence.owner)
+                && (table.holds(&key)
+                    || table.lives_on(&key).as_deref() == Some(halted.version.as_str()))
+                && let Some(halt) = self.halts.check(&halted.name, &halted.version)
+            {
+                return Err(halt.refusal(halted));
+            }
         }
         followers.asked(&handle, &decoded.id, &decoded.parameters);
         let deadline = [routing.transport_timeout, decoded.parameters.timeout]
@@ -390,6 +405,8 @@ struct Routing {
     /// It named no version of a model of several: a sequence's tick goes
     /// to the version its sequence lives on.
     sticky: bool,
+    /// The halted version whose fallback took the request.
+    halted: Option<Arc<ModelHandle>>,
 }
 
 /// A request prepared: the version that runs it, the runtime's request,
@@ -405,6 +422,8 @@ struct Ready<E> {
 /// slot and bytes, what its transport carried.
 struct Held {
     handle: Arc<ModelHandle>,
+    /// The halted version `handle` stands in for, as its fallback.
+    halted: Option<Arc<ModelHandle>>,
     key: Option<KeyId>,
     transport_timeout: Option<Duration>,
     /// The `tickserve-sequence-id` header.

@@ -314,7 +314,7 @@ async fn a_breaker_halts_its_version_after_its_trips_and_its_fallback_answers() 
 
 /// A sequence stays on the version its state lives on; when that version is
 /// halted, its ticks are refused, not answered by another version without
-/// the state.
+/// the state, whether they name the version or not (its fallback too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_on_a_halted_version_is_refused_not_moved() {
     let repository = tempfile::tempdir().unwrap();
@@ -325,7 +325,9 @@ async fn a_sequence_on_a_halted_version_is_refused_not_moved() {
             .unwrap();
     std::fs::write(
         repository.path().join("book/model.toml"),
-        format!("version_policy = \"all\"\n{states}"),
+        format!(
+            "version_policy = \"all\"\n{states}\n[breaker]\ntrips = 100\nwindow = \"1m\"\nfallback = \"2\"\n"
+        ),
     )
     .unwrap();
     let mut config = support::config(repository.path());
@@ -363,6 +365,25 @@ async fn a_sequence_on_a_halted_version_is_refused_not_moved() {
     assert_eq!(status, 423, "{answer}");
     assert!(
         answer["error"].as_str().unwrap().contains("halted"),
+        "{answer}"
+    );
+    // Naming the halted version, whose fallback answers its other requests:
+    // the sequence's tick is refused as halted, not told "not active" by
+    // the fallback (which would have the client restart it and lose it).
+    let v1 = format!("{base}/v2/models/book/versions/1/infer");
+    let (status, answer) = post(&v1, &tick(false), None).await;
+    assert_eq!(status, 423, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("halted"),
+        "{answer}"
+    );
+    // A new sequence naming it starts on the fallback.
+    let mut other = tick(true);
+    other["parameters"]["sequence_id"] = serde_json::json!(10);
+    let (status, answer) = post(&v1, &other, None).await;
+    assert_eq!(
+        (status, &answer["model_version"]),
+        (200, &serde_json::json!("2")),
         "{answer}"
     );
     server.shutdown().await.unwrap();
