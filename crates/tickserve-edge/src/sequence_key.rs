@@ -6,8 +6,10 @@
 //!
 //! The request's body stays where the sequence is named: when both name it
 //! they must agree (else INVALID_ARGUMENT); a request with only the header
-//! continues the sequence it names (a number when it is all digits, else a
-//! string; `sequence_start` and `sequence_end` still need the body's
+//! continues the sequence it names (a number when it is a number's one
+//! spelling: digits, no leading zero; else a string, so `0001007` is the
+//! text id `"0001007"`, never the number 1007 that a balancer hashes
+//! apart; `sequence_start` and `sequence_end` still need the body's
 //! `sequence_id`). The answer to a sequence tick carries the header back.
 
 use tickserve_core::Error;
@@ -16,10 +18,12 @@ use tickserve_core::sequence::SequenceId;
 /// The header's (and the gRPC metadata's) name.
 pub const NAME: &str = "tickserve-sequence-id";
 
-/// The id the header names: a number when it is all digits, else a string.
+/// The id the header names: a number when it is the number's canonical
+/// spelling (what [`text`] writes), else a string. One header, one
+/// sequence: the header and the body agree exactly when their texts do.
 pub fn id(model: &str, key: &str) -> Result<SequenceId, Error> {
     match key.parse::<u64>() {
-        Ok(n) if key.bytes().all(|b| b.is_ascii_digit()) => SequenceId::number(model, n),
+        Ok(n) if n.to_string() == key => SequenceId::number(model, n),
         _ => SequenceId::text(model, key),
     }
 }
@@ -53,6 +57,15 @@ mod tests {
             SequenceId::Text("EURUSD".into())
         );
         assert!(id("m", "0").is_err(), "0 names no sequence");
+        // A number spelt another way is the text it is: one reading, the
+        // one a balancer hashes, and it agrees only with itself.
+        assert_eq!(
+            id("m", "0001007").unwrap(),
+            SequenceId::Text("0001007".into())
+        );
+        assert!(!agrees("0001007", &SequenceId::Number(1007)));
+        assert!(agrees("0001007", &SequenceId::Text("0001007".into())));
+        assert_eq!(id("m", "00").unwrap(), SequenceId::Text("00".into()));
         assert!(agrees("7", &SequenceId::Number(7)));
         assert!(agrees("7", &SequenceId::Text("7".into())));
         assert!(!agrees("8", &SequenceId::Number(7)));

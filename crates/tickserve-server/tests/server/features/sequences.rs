@@ -871,6 +871,24 @@ async fn the_routing_header_names_the_sequence_and_comes_back() {
     send(body(json!(42), false, false, &tick(1, 1)), &[]).await;
     let (_, _, by_body) = send(body(json!(42), false, false, &tick(1, 2)), &[]).await;
     assert_eq!(prediction(&by_header), prediction(&by_body));
+    // A number spelt with leading zeros is the text it is, the one reading a
+    // balancer hashes: it continues the string id "0001007", never 1007.
+    let (status, _, _) = send(
+        body(json!("0001007"), true, false, &tick(1, 0)),
+        &["0001007"],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let alone = json!({"inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, FEATURES], "data": tick(1, 1)}]});
+    let (status, echoed, answer) = send(alone, &["0001007"]).await;
+    assert_eq!(
+        (status, echoed.as_deref()),
+        (200, Some("0001007")),
+        "{answer}"
+    );
+    let (status, _, answer) =
+        send(body(json!(1007), false, false, &tick(1, 2)), &["0001007"]).await;
+    assert_eq!(status, 400, "{answer}");
     // Disagreeing, repeated, malformed: 400 naming the header.
     for (seq, keys) in [
         (json!(41), &["43"][..]),
