@@ -328,15 +328,18 @@ pub enum Error {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "model '{model}' version {version}: guard on output '{output}' tripped: element {position:?} \
-     is {value}, outside {bound}; the answer is withheld"
+     of '{tensor}' is {value}, outside {bound}; the answer is withheld"
 )]
 pub struct Withheld {
     /// The model.
     pub model: String,
     /// Its version.
     pub version: String,
-    /// The output.
+    /// The guarded output.
     pub output: String,
+    /// The answered tensor whose element broke the bound (the output, or a
+    /// Monte Carlo summary of it).
+    pub tensor: String,
     /// The bound it broke (`max = 1`, `finite`).
     pub bound: String,
     /// The element's position, batch first.

@@ -8,10 +8,13 @@
 //!
 //! A guard checks its output in every answer that carries it (a request that
 //! names other outputs only gets none of this one's values, so there is
-//! nothing of it to act on). A Monte Carlo answer carries an output's values
-//! as summaries: the guard checks each that is a value the model could have
-//! said (`NAME_mean`, every `NAME_qP`, `NAME_samples`), not `NAME_std`, a
-//! spread.
+//! nothing of it to act on), and only its output: another output whose name
+//! begins with the guarded one's (`ret_q95` beside `ret`) is not its.
+//! Only a Monte Carlo answer carries an output's values as summaries: there
+//! the guard checks each that is a value the model could have said
+//! (`NAME_mean`, every `NAME_qP`, `NAME_samples`), not `NAME_std`, a
+//! spread. A trip names the guarded output and the answered tensor whose
+//! element broke the bound.
 
 use serde::Deserialize;
 
@@ -48,8 +51,11 @@ pub struct Guard {
 /// What tripped a guard: which output, which bound, where and what.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trip {
-    /// The output.
+    /// The guarded output.
     pub output: String,
+    /// The answered tensor whose element broke the bound: the output
+    /// itself, or one of its Monte Carlo summaries (`NAME_q95`).
+    pub tensor: String,
     /// The bound it broke: `finite`, `min`, `max` or `max_step` (the
     /// metric's label).
     pub guard: &'static str,
@@ -131,18 +137,22 @@ impl Guards {
     }
 
     /// The first element of `response` that trips a guard, if any;
-    /// `previous` gives a sequence's last answered values of an output (for
-    /// `max_step`).
+    /// `monte_carlo`: the response is a Monte Carlo answer (its outputs are
+    /// summaries); `previous` gives a sequence's last answered values of an
+    /// output (for `max_step`).
     pub fn check<'p>(
         &self,
         response: &InferResponse,
+        monte_carlo: bool,
         previous: impl Fn(&str) -> Option<&'p [u8]>,
     ) -> Option<Trip> {
         self.0.iter().find_map(|guard| {
             response
                 .outputs
                 .iter()
-                .filter(|o| carries(&o.name, &guard.output))
+                .filter(|o| {
+                    *o.name == *guard.output || (monte_carlo && summarises(&o.name, &guard.output))
+                })
                 .find_map(|output| {
                     // A step compares the output itself, not a Monte Carlo summary.
                     let last = (*output.name == *guard.output)
@@ -189,6 +199,7 @@ impl Guard {
                 };
                 broke.map(|(guard, bound)| Trip {
                     output: self.output.clone(),
+                    tensor: output.name.to_string(),
                     guard,
                     bound,
                     position: position(index, &output.shape),
@@ -198,11 +209,11 @@ impl Guard {
     }
 }
 
-/// Whether an answer's output `name` holds values of the model's output
-/// `output`: itself, or its Monte Carlo mean, quantiles or samples.
-fn carries(name: &str, output: &str) -> bool {
+/// Whether a Monte Carlo answer's output `name` holds values of the model's
+/// output `output`: its mean, quantiles or samples.
+fn summarises(name: &str, output: &str) -> bool {
     match name.strip_prefix(output) {
-        Some("" | "_mean" | "_samples") => true,
+        Some("_mean" | "_samples") => true,
         Some(rest) => rest
             .strip_prefix("_q")
             .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit() || b == b'.')),

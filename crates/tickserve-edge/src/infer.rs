@@ -131,6 +131,9 @@ struct AfterRun<E> {
     sequence: Option<String>,
     /// Where a guard trip is counted, for a model with a breaker.
     breakers: Option<Arc<Breakers>>,
+    /// The request asked for a Monte Carlo answer (its outputs are
+    /// summaries, which its guards read as such).
+    monte_carlo: bool,
     slot: Slot,
     bytes: HeldBytes,
 }
@@ -320,6 +323,7 @@ impl Edge {
             }) => Ok(Admitted {
                 after: AfterRun {
                     sequence: prepared.sequence().map(sequence_key::text),
+                    monte_carlo: prepared.monte_carlo_seed().is_some(),
                     breakers: handle
                         .settings
                         .breaker
@@ -525,7 +529,7 @@ impl<E> AfterRun<E> {
         let (result, withheld) = guard(
             &self.handle,
             result,
-            self.breakers.as_deref(),
+            (self.breakers.as_deref(), self.monte_carlo),
             held.as_ref(),
         );
         let AfterRun {
@@ -551,7 +555,12 @@ impl<E> AfterRun<E> {
     /// before its slot and bytes go.
     fn answer(mut self, result: Result<InferResponse, Error>) -> Result<Answer<E>, Error> {
         self.followers.ran(&result);
-        let (result, _) = guard(&self.handle, result, self.breakers.as_deref(), None);
+        let (result, _) = guard(
+            &self.handle,
+            result,
+            (self.breakers.as_deref(), self.monte_carlo),
+            None,
+        );
         let result = self.followers.answered_now(result);
         into_answer(result, (self.handle, self.sequence), self.encoding)
     }
@@ -566,14 +575,14 @@ impl<E> AfterRun<E> {
 fn guard(
     handle: &Arc<ModelHandle>,
     result: Result<InferResponse, Error>,
-    breakers: Option<&Breakers>,
+    (breakers, monte_carlo): (Option<&Breakers>, bool),
     held: Option<&HeldState>,
 ) -> (Result<InferResponse, Error>, Option<InferResponse>) {
     let guards = &handle.settings.guards;
     let trip = match &result {
-        Ok(response) if !guards.is_empty() => {
-            guards.check(response, |output| held.and_then(|h| h.previous(output)))
-        }
+        Ok(response) if !guards.is_empty() => guards.check(response, monte_carlo, |output| {
+            held.and_then(|h| h.previous(output))
+        }),
         _ => None,
     };
     let (Some(trip), Ok(response)) = (trip, &result) else {
@@ -587,6 +596,7 @@ fn guard(
         model: handle.name.clone(),
         version: handle.version.clone(),
         output: trip.output,
+        tensor: trip.tensor,
         bound: trip.bound,
         position: trip.position,
         value: trip.value.to_string(),

@@ -34,7 +34,11 @@ fn guards(min: Option<f64>, max: Option<f64>) -> Guards {
 impl Guards {
     /// `check` with no sequence behind the answer.
     fn check_now(&self, response: &InferResponse) -> Option<Trip> {
-        self.check(response, |_| None)
+        self.check(response, false, |_| None)
+    }
+
+    fn check_monte_carlo(&self, response: &InferResponse) -> Option<Trip> {
+        self.check(response, true, |_| None)
     }
 }
 
@@ -54,9 +58,12 @@ fn a_step_compares_each_element_with_the_last_answer_and_only_the_output_itself(
         .collect();
     let previous = |name: &str| (name == "signal").then_some(last.as_slice());
     // Within the step (0.25 exactly passes), then past it.
-    assert_eq!(g.check(&answer(&[0.75, -0.3], vec![1, 2]), previous), None);
+    assert_eq!(
+        g.check(&answer(&[0.75, -0.3], vec![1, 2]), false, previous),
+        None
+    );
     let trip = g
-        .check(&answer(&[0.75, -0.8], vec![1, 2]), previous)
+        .check(&answer(&[0.75, -0.8], vec![1, 2]), false, previous)
         .unwrap();
     assert_eq!((trip.guard, trip.position), ("max_step", vec![0, 1]));
     assert!(
@@ -68,11 +75,14 @@ fn a_step_compares_each_element_with_the_last_answer_and_only_the_output_itself(
     // No last answer (a sequence's first tick), or one of another size: no step.
     assert_eq!(g.check_now(&answer(&[9.0, 9.0], vec![1, 2])), None);
     let short = |_: &str| Some(&last[..4]);
-    assert_eq!(g.check(&answer(&[9.0, 9.0], vec![1, 2]), short), None);
+    assert_eq!(
+        g.check(&answer(&[9.0, 9.0], vec![1, 2]), false, short),
+        None
+    );
     // A Monte Carlo summary is not stepped.
     let mut mean = answer(&[9.0, 9.0], vec![1, 2]);
     mean.outputs[0].name = "signal_mean".into();
-    assert_eq!(g.check(&mean, previous), None);
+    assert_eq!(g.check(&mean, true, previous), None);
     let negative = GuardConfig {
         output: "signal".into(),
         min: None,
@@ -108,23 +118,46 @@ fn each_bound_trips_naming_where_and_a_value_at_a_bound_passes() {
 }
 
 #[test]
-fn another_output_is_not_checked_and_monte_carlo_values_are() {
+fn another_output_is_not_checked_and_monte_carlo_values_are_only_in_a_monte_carlo_answer() {
     let g = guards(None, Some(1.0));
-    for (name, checked) in [
-        ("other", false),
-        ("signal_std", false),
-        ("signals", false),
-        ("signal_q", false),
-        ("signal", true),
-        ("signal_mean", true),
-        ("signal_q95", true),
-        ("signal_q2.5", true),
-        ("signal_samples", true),
+    for (name, plain, monte_carlo) in [
+        ("other", false, false),
+        ("signal_std", false, false),
+        ("signals", false, false),
+        ("signal_q", false, false),
+        ("signal", true, true),
+        // In a plain answer these are other outputs of the model (quantile
+        // regression names its outputs so), never this guard's.
+        ("signal_mean", false, true),
+        ("signal_q95", false, true),
+        ("signal_q2.5", false, true),
+        ("signal_samples", false, true),
     ] {
         let mut high = answer(&[5.0], vec![1, 1]);
         high.outputs[0].name = name.into();
-        assert_eq!(g.check_now(&high).is_some(), checked, "{name}");
+        assert_eq!(g.check_now(&high).is_some(), plain, "{name}");
+        assert_eq!(
+            g.check_monte_carlo(&high).is_some(),
+            monte_carlo,
+            "{name} (Monte Carlo)"
+        );
     }
+    // A trip names the guarded output and the tensor that broke the bound.
+    let mut summary = answer(&[5.0], vec![1, 1]);
+    summary.outputs[0].name = "signal_q95".into();
+    let trip = g.check_monte_carlo(&summary).unwrap();
+    assert_eq!(
+        (trip.output.as_str(), trip.tensor.as_str()),
+        ("signal", "signal_q95")
+    );
+    // A model with `ret` (guarded, within) and `ret_q95` (not guarded, out
+    // of the bound): nothing trips.
+    let mut both = answer(&[0.5], vec![1, 1]);
+    let mut other = both.outputs[0].clone();
+    other.name = "signal_q95".into();
+    other.data = bytes::Bytes::from(12.0f32.to_le_bytes().to_vec());
+    both.outputs.push(other);
+    assert_eq!(g.check_now(&both), None);
 }
 
 #[test]
