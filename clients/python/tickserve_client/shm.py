@@ -21,6 +21,11 @@ class _Connection:
                              .request_response(U8, U8).open())
             wake = self.node.service_builder(iox2.ServiceName.new(f"{service}/wake")).event().open()
         except Exception as e:  # iceoryx2 raises its own types
+            if "ExceedsMaxNumberOfNodes" in f"{e!r} {e}":
+                # The service is there and full: every client is a node, and the
+                # server takes a bounded number (the Rust client says the same).
+                raise ConnectionError(f"the tickserve server on {service!r} takes no more "
+                                      f"clients (each client is a node): {e}") from e
             raise ConnectionError(f"no tickserve server serves {service!r} "
                                   f"(is [shm] enabled, and this process the server's user?): {e}")
         if self.requests.dynamic_config.number_of_servers == 0:

@@ -11,6 +11,8 @@
   too many rows (INVALID_ARGUMENT), each followed by a good request that is served.
 - A client killed in the middle of a request (SIGKILL while its request is in flight)
   leaves the others served, and the server answers the next client at once.
+- A client past the server's bound on clients is told the server takes no more
+  clients, not that there is no server.
 Prints `done`. Started by crates/tickserve-server/tests/server/front_ends/shm.rs.
 """
 import argparse
@@ -130,6 +132,18 @@ def main():
     fresh = ShmClient(args.service)
     check("probabilities" in fresh.infer("alpha_mlp", good), "a new client after the kill")
     print("ok a client killed mid-request: the others are served")
+    # Clients past the server's bound are told so, not that there is no server.
+    extra, refusal = [], None
+    for _ in range(64):
+        try:
+            extra.append(ShmClient(args.service))
+        except ConnectionError as e:
+            refusal = str(e)
+            break
+    check(refusal is not None and "takes no more clients" in refusal
+          and "no tickserve server" not in refusal, f"the client past the bound: {refusal}")
+    del extra
+    print("ok the client past the bound is told the server takes no more clients")
     print("done")
 
 
