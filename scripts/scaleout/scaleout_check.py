@@ -136,7 +136,8 @@ def config(work, repo, etcd):
     if etcd:
         key = work / "risk.key"
         key.write_text(RISK_KEY + "\n")
-        lines += ['[[security.restricted]]', 'groups = ["risk"]', 'header = "risk-key"',
+        lines += ['[risk]', 'halts_file = ""  # the fleet keeps them',
+                  '[[security.restricted]]', 'groups = ["risk"]', 'header = "risk-key"',
                   f'key_file = "{key}"',
                   '[fleet]', f'endpoints = ["{etcd.endpoint}"]', f'prefix = "{PREFIX}"',
                   'lease = "3s"', 'handoff_wait = "2s"']

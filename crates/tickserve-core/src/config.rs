@@ -65,19 +65,40 @@ pub struct ServerConfig {
 
 /// `[risk]`: who may halt and resume, and where the kill switch keeps its
 /// halts (docs/risk.md).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RiskConfig {
-    /// The file halted versions are kept in, rewritten (write, then rename)
-    /// at every halt and resume and read at start, so a halt outlives a
-    /// restart. Unset: halts last as long as the process (or, with
-    /// `[fleet]`, as long as the fleet's store keeps them).
+    /// The file halted versions are kept in (`state/halts.json`, relative
+    /// to the working directory, by default), rewritten at every halt and
+    /// resume (written beside it, synced, renamed over it, its folder
+    /// synced) and read at start, so a halt outlives a restart. An empty
+    /// path: halts last as long as the process (or, with `[fleet]`, as
+    /// long as the fleet's store keeps them).
+    #[serde(deserialize_with = "optional_path")]
     pub halts_file: Option<PathBuf>,
     /// Whether halt and resume answer without a key: `"closed"` (the
     /// default: they answer only where a `[[security.restricted]]` entry
     /// gives the `risk` group a key) or `"open"` (anyone who reaches the
     /// port; a breaker's halt is still lifted only with the key).
     pub control: RiskControl,
+}
+
+impl Default for RiskConfig {
+    fn default() -> Self {
+        RiskConfig {
+            halts_file: Some(PathBuf::from(DEFAULT_HALTS_FILE)),
+            control: RiskControl::default(),
+        }
+    }
+}
+
+/// Where halts are kept unless `risk.halts_file` says otherwise.
+pub const DEFAULT_HALTS_FILE: &str = "state/halts.json";
+
+/// A path setting where `""` means none.
+fn optional_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let path = PathBuf::deserialize(d)?;
+    Ok((!path.as_os_str().is_empty()).then_some(path))
 }
 
 /// `[risk] control`.
@@ -897,6 +918,26 @@ mod tests {
             let error = config.validate().unwrap_err();
             assert!(error.starts_with(key), "{text}: {error}");
         }
+    }
+
+    /// Halts are kept by default, durably, in `state/halts.json`; `""` keeps
+    /// them in memory only.
+    #[test]
+    fn halts_are_kept_in_a_file_by_default() {
+        let default = ServerConfig::default();
+        assert_eq!(
+            default.risk.halts_file.as_deref(),
+            Some(Path::new(DEFAULT_HALTS_FILE))
+        );
+        let parsed: ServerConfig = toml::from_str("[risk]\ncontrol = \"open\"\n").unwrap();
+        assert_eq!(parsed.risk.halts_file, default.risk.halts_file);
+        let none: ServerConfig = toml::from_str("[risk]\nhalts_file = \"\"\n").unwrap();
+        assert_eq!(none.risk.halts_file, None);
+        let shipped = ServerConfig::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/tickserve.toml"),
+        )
+        .unwrap();
+        assert_eq!(shipped.risk.halts_file, default.risk.halts_file);
     }
 
     /// Every configuration file shipped in the repository parses and validates.

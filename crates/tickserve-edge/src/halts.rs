@@ -377,6 +377,26 @@ impl Halts {
         }
     }
 
+    /// Halts that name no version of the loaded models (`known` says which
+    /// versions exist), each logged by name: a halt is kept for a version
+    /// that may come back, but an operator should know it guards nothing.
+    pub fn unmatched(&self, known: impl Fn(&str, &str) -> bool) -> Vec<(String, String)> {
+        let unmatched: Vec<(String, String)> = self
+            .all()
+            .into_iter()
+            .map(|(at, _)| at)
+            .filter(|(model, version)| !known(model, version))
+            .collect();
+        for (model, version) in &unmatched {
+            tracing::warn!(
+                model,
+                version,
+                "a kept halt names a version that is not loaded: it applies if that version loads"
+            );
+        }
+        unmatched
+    }
+
     /// Every halt.
     pub fn all(&self) -> Vec<((String, String), Halt)> {
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
@@ -393,17 +413,11 @@ impl Halts {
             .map(|((model, version), halt)| (format!("{model}/{version}"), halt.clone()))
             .collect();
         let text = serde_json::to_string_pretty(&stored).map_err(|e| e.to_string())?;
-        let beside = path.with_extension("writing");
-        path.parent()
-            .filter(|dir| !dir.as_os_str().is_empty())
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&beside, text))
-            .and_then(|()| std::fs::rename(&beside, path))
-            .map_err(|e| {
-                let message = format!("{}: {e}", path.display());
-                tracing::error!("the halts file cannot be written: {message}");
-                message
-            })
+        write_durably(path, text.as_bytes()).map_err(|e| {
+            let message = format!("{}: {e}", path.display());
+            tracing::error!("the halts file cannot be written: {message}");
+            message
+        })
     }
 }
 
@@ -481,6 +495,25 @@ pub enum RiskAsk<'a> {
     Resume(Option<&'a Halt>),
 }
 
+/// Writes `bytes` to a file beside `path`, syncs it, renames it over
+/// `path` and syncs the folder: after a power loss the file is the old one
+/// or the new one, whole, never empty or torn.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let folder = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(folder)?;
+    let beside = path.with_extension("writing");
+    let mut file = std::fs::File::create(&beside)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&beside, path)?;
+    std::fs::File::open(folder)?.sync_all()
+}
+
 /// The version a halt or resume names: it must be given (a halt is of one
 /// version, never "whichever is the default now") and be one the server has
 /// (a label names its version).
@@ -520,12 +553,26 @@ fn read(path: &Path) -> Result<BTreeMap<(String, String), Halt>, String> {
     stored
         .into_iter()
         .map(|(key, halt)| match key.rsplit_once('/') {
-            Some((model, version)) => Ok(((model.to_string(), version.to_string()), halt)),
+            Some((model, version)) if canonical(version) && !model.is_empty() => {
+                Ok(((model.to_string(), version.to_string()), halt))
+            }
+            Some((_, version)) => Err(format!(
+                "risk.halts_file {shown}: '{key}' names version '{version}'; a halt names \
+                 one version by its number as the repository writes it (1, 2, ...), never \
+                 a label or another spelling"
+            )),
             None => Err(format!(
                 "risk.halts_file {shown}: '{key}' is not MODEL/VERSION"
             )),
         })
         .collect()
+}
+
+/// Whether `version` is a version number as the repository writes it.
+fn canonical(version: &str) -> bool {
+    version
+        .parse::<u64>()
+        .is_ok_and(|n| n > 0 && n.to_string() == version)
 }
 
 /// `reason` cut to [`MAX_REASON_BYTES`] at a character.
@@ -590,9 +637,28 @@ mod tests {
         )
         .unwrap();
         assert!(
-            Halts::open(Some(file))
+            Halts::open(Some(file.clone()))
                 .unwrap_err()
                 .contains("MODEL/VERSION")
+        );
+        for bad in ["k/stable", "k2/01", "k/0"] {
+            std::fs::write(
+                &file,
+                format!(r#"{{"{bad}": {{"reason": "r", "by": "api", "since": "s"}}}}"#),
+            )
+            .unwrap();
+            let error = Halts::open(Some(file.clone())).unwrap_err();
+            assert!(error.contains("names version"), "{bad}: {error}");
+        }
+        std::fs::write(
+            &file,
+            r#"{"k/2": {"reason": "r", "by": "api", "since": "s"}, "gone/1": {"reason": "r", "by": "api", "since": "s"}}"#,
+        )
+        .unwrap();
+        let halts = Halts::open(Some(file.clone())).unwrap();
+        assert_eq!(
+            halts.unmatched(|model, _| model == "k"),
+            [("gone".to_string(), "1".to_string())]
         );
         assert_eq!(clip(""), "no reason given");
         assert_eq!(clip(&"é".repeat(400)).len(), MAX_REASON_BYTES);

@@ -113,6 +113,8 @@ impl Server {
                 .with_journal(journal)
                 .with_halts(halts),
         );
+        let known = |model: &str, version: &str| edge.runtime.model(model, Some(version)).is_ok();
+        edge.halts.unmatched(known);
         if let Some(fleet) = &fleet {
             edge.halts
                 .follow_fleet(Arc::clone(fleet) as Arc<dyn tickserve_core::fleet::HaltsFleet>)

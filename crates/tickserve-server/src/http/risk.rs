@@ -26,6 +26,16 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
     } else {
         let value: Value = serde_json::from_slice(&body)
             .map_err(|e| Error::request(&model, format!("the body is not JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(Error::request(
+                &model,
+                format!(
+                    "a halt's body is a JSON object, {{\"reason\": \"...\"}}; got {}",
+                    tickserve_core::text::clip_message(&value.to_string())
+                ),
+            )
+            .into());
+        }
         match value.get("reason") {
             None => String::new(),
             Some(Value::String(reason)) => reason.clone(),

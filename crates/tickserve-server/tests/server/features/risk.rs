@@ -443,6 +443,21 @@ async fn halt_and_resume_are_closed_by_default_and_a_breakers_halt_needs_the_key
     let server = support::start(&open).await;
     let base = format!("http://{}", server.http_addr);
     let halt = format!("{base}/v2/models/alpha/versions/1/halt");
+    // A body that is JSON but not an object is refused, not read as no reason.
+    for body in [serde_json::json!("fat finger"), serde_json::json!([1, 2])] {
+        let (status, answer) = post(&halt, &body, None).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains("a JSON object"),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        post(&format!("{base}/v2/models/alpha/infer"), &body(0.0), None)
+            .await
+            .0,
+        200
+    );
     assert_eq!(post(&halt, &reason, None).await.0, 200);
     let resume = format!("{base}/v2/models/alpha/versions/1/resume");
     assert_eq!(post(&resume, &serde_json::json!({}), None).await.0, 200);

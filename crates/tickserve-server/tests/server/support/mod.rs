@@ -91,6 +91,8 @@ pub fn config(repository: &Path) -> ServerConfig {
     config.server.grpc_port = 0;
     config.repository.path = repository.to_path_buf();
     config.runtime.onnxruntime_library = tickserve_testing::onnxruntime_library();
+    // Tests share a working directory: each keeps halts only where it says.
+    config.risk.halts_file = None;
     config
 }
 
