@@ -23,7 +23,8 @@ states and Y, GRU in both reset modes, Transpose, Slice with a step, Gather, Con
 arithmetic folded); cuda_lstm_layout0 and cuda_lstm_layout1: one LSTM in both layouts; cuda_conv: three one-axis
 convolutions (padding, stride, dilation, groups, SAME_UPPER); cuda_conv2d: a convolution over
 two axes, which the engine refuses;
-cuda_bidirectional and cuda_peephole: LSTMs the engine refuses by name.
+cuda_bidirectional and cuda_peephole: LSTMs the engine refuses by name; hostile_*: models whose
+numbers wrap size arithmetic (a kernel of 0, a hidden size of 2^62, a negative dimension).
 
 Benchmark models (--bench), the per-tick workloads trading desks compare servers on:
   bench_lstm         one tick of a 2-layer LSTM of 128 units on 32 features, stateful:
@@ -410,6 +411,45 @@ def refused_lstm(rng, name, **variant):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+def hostile_geometry(root):
+    """Models whose numbers wrap size arithmetic (the CUDA importer refuses each, naming
+    the node): hostile_conv_kernel0, a convolution whose weight has a kernel of 0;
+    hostile_lstm_huge, an LSTM of hidden size 2^62 whose empty weights match 4 x 2^62
+    wrapped to 0; hostile_negative_dim, a MatMul weight with a negative dimension. Saved
+    without onnx's checker, which a hostile file would not pass either."""
+    def unchecked(graph, name):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        model.ir_version = IR_VERSION
+        model.producer_name = "tickserve-make-models"
+        path = root / name / "1"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "model.onnx").write_bytes(model.SerializeToString())
+
+    unchecked(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]),
+         helper.make_node("Flatten", ["c"], ["y"], axis=1)], "hostile_conv_kernel0",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 0], [])]), "hostile_conv_kernel0")
+    hidden = 2 ** 62
+    unchecked(helper.make_graph(
+        [helper.make_node("Transpose", ["window"], ["window_t"], perm=[1, 0, 2]),
+         helper.make_node("LSTM", ["window_t", "w", "r"], ["", "h"], hidden_size=hidden),
+         helper.make_node("Transpose", ["h"], ["h_t"], perm=[1, 0, 2]),
+         helper.make_node("Flatten", ["h_t"], ["y"], axis=1)], "hostile_lstm_huge",
+        [helper.make_tensor_value_info("window", TensorProto.FLOAT, ["batch", 6, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [1, 0, 4], []),
+         helper.make_tensor("r", TensorProto.FLOAT, [1, 0, hidden], [])]), "hostile_lstm_huge")
+    negative = helper.make_tensor("w", TensorProto.FLOAT, [4, 2], np.zeros(8, np.float32))
+    negative.dims[:] = [-4, -2]
+    unchecked(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "hostile_negative_dim",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [negative]), "hostile_negative_dim")
+
+
 def sample_repository(root):
     save(mlp(np.random.default_rng(1), "alpha_mlp", 50, 64, 3, softmax=True,
              out_name="probabilities"), root, "alpha_mlp")
@@ -483,6 +523,7 @@ def fixtures(root):
          "cuda_conv2d")
     for model in lstm_layouts(np.random.default_rng(16)):
         save(model, root, model.graph.name)
+    hostile_geometry(root)
     save(refused_lstm(np.random.default_rng(15), "cuda_bidirectional", direction="bidirectional"),
          root, "cuda_bidirectional")
     save(refused_lstm(np.random.default_rng(15), "cuda_peephole", peepholes=True), root,

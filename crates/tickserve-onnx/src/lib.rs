@@ -46,10 +46,38 @@ pub fn tensor_weight(t: &proto::TensorProto) -> Result<Weight, String> {
             t.name()
         ));
     };
+    let dims = t
+        .dims
+        .iter()
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| format!("weight '{}' has a negative dimension ({d})", t.name()))
+        })
+        .collect::<Result<Vec<usize>, String>>()?;
+    // Its element count, and its bytes, must be numbers: a file's dimensions
+    // whose product wraps would pass any size check after it.
+    let elements = dims
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|n| n.checked_mul(datatype.size()).is_some())
+        .ok_or_else(|| {
+            format!(
+                "weight '{}': its dimensions {dims:?} hold more elements than can be addressed",
+                t.name()
+            )
+        })?;
+    if data.len() != elements * datatype.size() {
+        return Err(format!(
+            "weight '{}' holds {} bytes, not the {} its dimensions {dims:?} need",
+            t.name(),
+            data.len(),
+            elements * datatype.size()
+        ));
+    }
     Ok(Weight {
         name: t.name().to_string(),
         datatype,
-        dims: t.dims.iter().map(|&d| d as usize).collect(),
+        dims,
         data,
     })
 }

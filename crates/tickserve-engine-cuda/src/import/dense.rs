@@ -170,6 +170,13 @@ impl Importer<'_> {
         let [out_channels, per_group, kernel] = weight.dims[..] else {
             return Err(self.unsupported(node, format!("weight {:?} is not 3-D", weight.dims)));
         };
+        if out_channels == 0 || per_group == 0 || kernel == 0 {
+            return Err(self.unsupported(
+                node,
+                format!("weight {:?} has an empty dimension", weight.dims),
+            ));
+        }
+        let overflow = |what: &str| self.unsupported(node, format!("{what} is too large"));
         let ints = |name: &str| super::attribute(node, name).map(|a| a.ints.clone());
         let one = |name: &str| -> Result<usize, super::Unsupported> {
             match ints(name).as_deref() {
@@ -198,28 +205,49 @@ impl Importer<'_> {
         {
             return Err(self.unsupported(node, format!("kernel_shape {k:?} is not the weight's")));
         }
-        let span = dilation * (kernel - 1) + 1;
+        let span = dilation
+            .checked_mul(kernel - 1)
+            .and_then(|s| s.checked_add(1))
+            .ok_or_else(|| overflow("the dilated kernel"))?;
         let auto_pad = super::attribute(node, "auto_pad")
             .map(|a| String::from_utf8_lossy(a.s()).into_owned())
             .unwrap_or_default();
         let (pad, padded) = match auto_pad.as_str() {
             "" | "NOTSET" => match ints("pads").as_deref() {
                 None => (0, length),
-                Some([b, e]) if *b >= 0 && *e >= 0 => {
-                    (*b as usize, length + *b as usize + *e as usize)
+                Some(&[b, e]) if b >= 0 && e >= 0 => {
+                    let (b, e) = (
+                        usize::try_from(b).map_err(|_| overflow("pads"))?,
+                        usize::try_from(e).map_err(|_| overflow("pads"))?,
+                    );
+                    let padded = length
+                        .checked_add(b)
+                        .and_then(|l| l.checked_add(e))
+                        .ok_or_else(|| overflow("the padded input"))?;
+                    (b, padded)
                 }
                 Some(p) => return Err(self.unsupported(node, format!("pads {p:?}"))),
             },
             "VALID" => (0, length),
             "SAME_UPPER" | "SAME_LOWER" => {
                 let out = length.div_ceil(stride);
-                let total = ((out - 1) * stride + span).saturating_sub(length);
+                let total = out
+                    .saturating_sub(1)
+                    .checked_mul(stride)
+                    .and_then(|t| t.checked_add(span))
+                    .ok_or_else(|| overflow("the padding"))?
+                    .saturating_sub(length);
                 let before = if auto_pad == "SAME_UPPER" {
                     total / 2
                 } else {
                     total.div_ceil(2)
                 };
-                (before, length + total)
+                (
+                    before,
+                    length
+                        .checked_add(total)
+                        .ok_or_else(|| overflow("the padded input"))?,
+                )
             }
             other => return Err(self.unsupported(node, format!("auto_pad {other}"))),
         };

@@ -474,7 +474,20 @@ impl Importer<'_> {
                 ),
             ));
         }
-        let len = weight.dims.iter().product::<usize>();
+        let len = weight
+            .dims
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|n| n.checked_mul(4).is_some());
+        let Some(len) = len else {
+            return Err(self.unsupported(
+                node,
+                format!(
+                    "weight '{}' {:?} is too large to address",
+                    weight.name, weight.dims
+                ),
+            ));
+        };
         if weight.data.len() != len * 4 {
             return Err(self.unsupported(
                 node,

@@ -71,11 +71,17 @@ impl Importer<'_> {
                 ))
             }
         };
-        expect(&w, &[1, gates * hidden, input_size], "W")?;
-        expect(&r, &[1, gates * hidden, hidden], "R")?;
+        // A file's hidden size times the gates must be a number, not a wrap
+        // to 0 that empty weights would then match.
+        let (rows, biases) = gates
+            .checked_mul(hidden)
+            .and_then(|rows| Some((rows, rows.checked_mul(2)?)))
+            .ok_or_else(|| self.unsupported(node, format!("hidden_size {hidden} is too large")))?;
+        expect(&w, &[1, rows, input_size], "W")?;
+        expect(&r, &[1, rows, hidden], "R")?;
         let b = if Self::has_input(node, 3) {
             let b = self.constant(node, 3)?;
-            expect(&b, &[1, 2 * gates * hidden], "B")?;
+            expect(&b, &[1, biases], "B")?;
             Some(self.slot(node, &b)?)
         } else {
             None

@@ -238,3 +238,24 @@ fn a_model_with_another_op_is_refused_naming_the_op() {
     let error = refused("typed_io");
     assert!(error.reason.contains("INT64"), "{error}");
 }
+
+/// A model file's numbers meet size arithmetic only checked: geometry that
+/// would wrap is refused, naming the node, never imported.
+#[test]
+fn impossible_geometry_is_refused_naming_the_node() {
+    let dir = fixtures();
+    let refused = |name: &str| {
+        let bytes = std::fs::read(dir.path().join(format!("{name}/1/model.onnx"))).unwrap();
+        let model = tickserve_onnx::OnnxModel::parse(&bytes).unwrap();
+        let signature = model.signature(&ModelConfig::default()).unwrap();
+        import(&model, &signature.inputs, None).unwrap_err()
+    };
+    let error = refused("hostile_conv_kernel0");
+    assert_eq!(error.op, "Conv", "{error}");
+    assert!(error.reason.contains("empty dimension"), "{error}");
+    let error = refused("hostile_lstm_huge");
+    assert_eq!(error.op, "LSTM", "{error}");
+    assert!(error.reason.contains("too large"), "{error}");
+    let error = refused("hostile_negative_dim");
+    assert!(error.reason.contains("negative dimension"), "{error}");
+}
