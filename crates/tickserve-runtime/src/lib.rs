@@ -43,6 +43,8 @@ mod batcher;
 pub mod cuda_reference;
 mod draw;
 mod engines;
+#[doc(hidden)]
+pub use engines::fuzz_import;
 mod executor;
 mod family;
 pub mod gather;

@@ -1,7 +1,8 @@
 //! Entry points for fuzzing what hostile bytes reach first: the HTTP/JSON
 //! decoder (with and without the binary-tensor split), the gRPC request
 //! conversion, the shared-memory protocol, TF Serving's JSON and TensorProto
-//! decoding, the sequence snapshot reader, and the configuration parsers. Each takes arbitrary bytes and
+//! decoding, the sequence snapshot reader, the configuration parsers, and a
+//! model file read and imported by the CUDA engine. Each takes arbitrary bytes and
 //! must return, never panic. The fast paths beside a library path (the
 //! `fast` modules) are held to it too: whatever the HTTP header reader
 //! reads, serde_json reads alike, and whatever answer header the HTTP
@@ -252,4 +253,11 @@ pub fn tf_tensor(data: &[u8]) {
 /// A sequence snapshot file, read (with no model to restore into).
 pub fn sequence_snapshot(data: &[u8]) {
     let _ = tickserve_runtime::testing::read_snapshot(data);
+}
+
+/// A model file (ONNX bytes) read, given its signature and imported by the
+/// CUDA engine's importer: refused or imported, never a panic, and an
+/// imported plan holds no more weight bytes than the file did.
+pub fn model_file(data: &[u8]) {
+    tickserve_runtime::fuzz_import(data);
 }

@@ -33,6 +33,7 @@ fn the_fuzzing_corpus_runs_without_a_panic() {
         ("tf_json", fuzzing::tf_json),
         ("tf_tensor", fuzzing::tf_tensor),
         ("sequence_snapshot", fuzzing::sequence_snapshot),
+        ("model_file", fuzzing::model_file),
     ] {
         let count = replay(target, entry);
         assert!(count > 0, "{target}: no corpus");
