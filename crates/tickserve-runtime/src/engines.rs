@@ -247,6 +247,34 @@ pub fn replicas(placements: &[Placement], gpus: &Gpus) -> Result<Vec<Placed>, St
     Ok(devices)
 }
 
+/// Fuzzing's entry to the model reader and the CUDA importer
+/// (`tickserve_server::fuzzing::model_file`): `bytes` read as a model file,
+/// given its signature, and imported into a plan; a plan that imports holds
+/// no more weight bytes than the file did. Must return, never panic. Not an
+/// API.
+#[doc(hidden)]
+pub fn fuzz_import(bytes: &[u8]) {
+    let Ok(model) = tickserve_onnx::OnnxModel::parse(bytes) else {
+        return;
+    };
+    let Ok(signature) = model.signature(&tickserve_core::config::ModelConfig::default()) else {
+        return;
+    };
+    if let Ok(imported) = tickserve_engine_cuda::import(&model, &signature.inputs, None) {
+        let held = imported
+            .plan
+            .weights
+            .iter()
+            .map(|w| w.len.saturating_mul(4))
+            .fold(0usize, usize::saturating_add);
+        assert!(
+            held <= bytes.len(),
+            "a plan of {held} weight bytes from a file of {}",
+            bytes.len()
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,34 +336,6 @@ mod tests {
         assert!(
             error.contains("gpu:2") && error.contains("2 GPU(s)"),
             "{error}"
-        );
-    }
-}
-
-/// Fuzzing's entry to the model reader and the CUDA importer
-/// (`tickserve_server::fuzzing::model_file`): `bytes` read as a model file,
-/// given its signature, and imported into a plan; a plan that imports holds
-/// no more weight bytes than the file did. Must return, never panic. Not an
-/// API.
-#[doc(hidden)]
-pub fn fuzz_import(bytes: &[u8]) {
-    let Ok(model) = tickserve_onnx::OnnxModel::parse(bytes) else {
-        return;
-    };
-    let Ok(signature) = model.signature(&tickserve_core::config::ModelConfig::default()) else {
-        return;
-    };
-    if let Ok(imported) = tickserve_engine_cuda::import(&model, &signature.inputs, None) {
-        let held = imported
-            .plan
-            .weights
-            .iter()
-            .map(|w| w.len.saturating_mul(4))
-            .fold(0usize, usize::saturating_add);
-        assert!(
-            held <= bytes.len(),
-            "a plan of {held} weight bytes from a file of {}",
-            bytes.len()
         );
     }
 }
