@@ -2,14 +2,14 @@
 //! counted within its window; at its count the version is halted through
 //! [`Halts`], as the kill switch halts it, until an operator resumes it.
 //! Touched only when a guard trips, by requests to models that have a
-//! breaker.
-
-#![allow(clippy::disallowed_methods)] // a breaker counts trips within a window of the machine's time
+//! breaker. The window is read on the server's [`Clock`] (a test moves it by
+//! hand), and the counting is a plain function on explicit instants.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tickserve_core::Clock;
 use tickserve_runtime::ModelHandle;
 
 use super::halts::Halts;
@@ -19,14 +19,40 @@ use super::halts::Halts;
 pub struct Breakers {
     halts: Arc<Halts>,
     trips: Mutex<HashMap<(String, String), VecDeque<Instant>>>,
+    clock: Clock,
+}
+
+/// Counts a trip at `now` among `times` (the trips still in the window):
+/// trips older than `window` leave it; returns the count with this one, and
+/// forgets them all when the count reaches `trips` (the breaker opens).
+fn count_trip(
+    times: &mut VecDeque<Instant>,
+    now: Instant,
+    trips: usize,
+    window: Duration,
+) -> usize {
+    times.push_back(now);
+    while times
+        .front()
+        .is_some_and(|t| now.saturating_duration_since(*t) > window)
+        || times.len() > trips
+    {
+        times.pop_front();
+    }
+    let count = times.len();
+    if count >= trips {
+        times.clear();
+    }
+    count
 }
 
 impl Breakers {
-    /// Breakers that halt through `halts`.
-    pub fn new(halts: Arc<Halts>) -> Breakers {
+    /// Breakers that halt through `halts`, reading the window on `clock`.
+    pub fn new(halts: Arc<Halts>, clock: Clock) -> Breakers {
         Breakers {
             halts,
             trips: Mutex::new(HashMap::new()),
+            clock,
         }
     }
 
@@ -36,32 +62,54 @@ impl Breakers {
         let Some(breaker) = &handle.settings.breaker else {
             return;
         };
-        let now = Instant::now();
+        let now = self.clock.now();
+        let trips = usize::try_from(breaker.trips).unwrap_or(usize::MAX);
         let count = {
             let mut table = self.trips.lock().unwrap_or_else(|p| p.into_inner());
             let times = table
                 .entry((handle.name.clone(), handle.version.clone()))
                 .or_default();
-            times.push_back(now);
-            while times
-                .front()
-                .is_some_and(|t| now.duration_since(*t) > breaker.window)
-                || times.len() > breaker.trips as usize
-            {
-                times.pop_front();
-            }
-            let count = times.len();
-            if count >= breaker.trips as usize {
-                times.clear();
-            }
-            count
+            count_trip(times, now, trips, breaker.window)
         };
-        if count >= breaker.trips as usize {
+        if count >= trips {
             let reason = format!(
                 "{count} guard trips within {}",
                 humantime::format_duration(breaker.window)
             );
             self.halts.halt_by_breaker(handle, &reason);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trips_within_the_window_open_the_breaker_and_older_ones_leave_it() {
+        let clock = Clock::by_hand();
+        let window = Duration::from_secs(10);
+        let mut times = VecDeque::new();
+        // Three trips within 10 s open a breaker of 3.
+        assert_eq!(count_trip(&mut times, clock.now(), 3, window), 1);
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(count_trip(&mut times, clock.now(), 3, window), 2);
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(count_trip(&mut times, clock.now(), 3, window), 3);
+        assert!(times.is_empty(), "an open breaker starts counting afresh");
+        // Trips further apart than the window never add up.
+        for _ in 0..5 {
+            clock.advance(Duration::from_secs(6));
+            let count = count_trip(&mut times, clock.now(), 3, window);
+            assert!(count <= 2, "{count}");
+        }
+        // Exactly the window apart still counts; a moment past it does not.
+        let mut times = VecDeque::new();
+        count_trip(&mut times, clock.now(), 2, window);
+        clock.advance(window);
+        assert_eq!(count_trip(&mut times, clock.now(), 2, window), 2);
+        count_trip(&mut times, clock.now(), 2, window);
+        clock.advance(window + Duration::from_millis(1));
+        assert_eq!(count_trip(&mut times, clock.now(), 2, window), 1);
     }
 }

@@ -97,6 +97,8 @@ pub struct Edge {
     pub breakers: Arc<breaker::Breakers>,
     /// Who may halt and resume.
     pub risk: halts::RiskAccess,
+    /// What breakers read their windows on.
+    clock: tickserve_core::Clock,
 }
 
 impl Edge {
@@ -117,8 +119,9 @@ impl Edge {
             threads_down: AtomicUsize::new(0),
             journal: None,
             halts: Arc::clone(&halts),
-            breakers: Arc::new(breaker::Breakers::new(halts)),
+            breakers: Arc::new(breaker::Breakers::new(halts, config.clock.clone())),
             risk: halts::RiskAccess::of(config),
+            clock: config.clock.clone(),
         }
     }
 
@@ -134,7 +137,10 @@ impl Edge {
     /// the edge's journal (call after [`Edge::with_journal`]).
     pub fn with_halts(mut self, halts: halts::Halts) -> Edge {
         self.halts = Arc::new(halts.with_journal(self.journal.clone()));
-        self.breakers = Arc::new(breaker::Breakers::new(Arc::clone(&self.halts)));
+        self.breakers = Arc::new(breaker::Breakers::new(
+            Arc::clone(&self.halts),
+            self.clock.clone(),
+        ));
         self
     }
 

@@ -274,6 +274,37 @@ async fn a_start_elsewhere_ends_the_old_copy_and_a_stale_replica_never_answers()
 }
 
 #[test]
+fn the_last_answer_a_step_guard_reads_is_the_latest_tick_s() {
+    let t = table(8);
+    let answer = |v: f32| vec![("y".to_string(), Bytes::from(v.to_le_bytes().to_vec()))];
+    let last = |started: &turn::TickStart| {
+        started
+            .last_answer
+            .iter()
+            .find(|(name, _)| name == "y")
+            .map(|(_, b)| f32::from_le_bytes(b[..4].try_into().unwrap()))
+    };
+    let mut seen = Vec::new();
+    for (tick, (start, value)) in [(true, 1.0), (false, 2.0), (false, 3.0)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = control(4, start, false);
+        let Entry::Now(turn) = t
+            .enter(&t.key(&c.id, None), Purpose::Tick { start })
+            .unwrap()
+        else {
+            panic!("tick {tick}: the turn is free");
+        };
+        let started = turn.begin(&c).unwrap();
+        seen.push(last(&started));
+        turn.finish(&c, row(0.0), 0, answer(value));
+    }
+    // Nothing to step from at the start; then each tick reads the one before.
+    assert_eq!(seen, [None, Some(1.0), Some(2.0)]);
+}
+
+#[test]
 fn state_carries_from_tick_to_tick_and_ends_with_the_sequence() {
     let t = table(8);
     assert_eq!(tick(&t, &control(1, true, false), 1.0).unwrap(), 0.0);
