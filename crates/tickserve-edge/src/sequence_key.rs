@@ -22,8 +22,11 @@ pub const NAME: &str = "tickserve-sequence-id";
 /// spelling (what [`text`] writes), else a string. One header, one
 /// sequence: the header and the body agree exactly when their texts do.
 pub fn id(model: &str, key: &str) -> Result<SequenceId, Error> {
+    // Digits only, and no leading zero (but `0` itself): what `text` writes.
+    let canonical =
+        key.bytes().all(|b| b.is_ascii_digit()) && (key == "0" || !key.starts_with('0'));
     match key.parse::<u64>() {
-        Ok(n) if n.to_string() == key => SequenceId::number(model, n),
+        Ok(n) if canonical => SequenceId::number(model, n),
         _ => SequenceId::text(model, key),
     }
 }

@@ -106,6 +106,24 @@ impl Mirror {
     }
 }
 
+/// A wait for a live keeper: since when, for how long at most, and
+/// whether the keeper was asked yet.
+struct KeeperWait {
+    began: Instant,
+    wait: Duration,
+    asked: bool,
+}
+
+impl KeeperWait {
+    fn new(wait: Duration) -> KeeperWait {
+        KeeperWait {
+            began: Instant::now(),
+            wait,
+            asked: false,
+        }
+    }
+}
+
 /// A sequence's record as read, with its revision.
 struct Read {
     record: Record,
@@ -175,9 +193,26 @@ impl Fleet {
         Ok(())
     }
 
-    /// Waits until the record may have changed.
-    async fn look_again(&self) {
+    /// One step of a wait for live keeper `owner` to let `key` go: asks it
+    /// (once), then waits until the record may have changed; once the wait
+    /// has lasted its limit, how long it lasted.
+    async fn wait_for(
+        &self,
+        keeper: &mut KeeperWait,
+        owner: &str,
+        key: &FleetKey,
+        version: &str,
+    ) -> Result<Option<Duration>, String> {
+        if !keeper.asked {
+            self.ask(owner, key, version).await?;
+            keeper.asked = true;
+        }
+        let waited = keeper.began.elapsed();
+        if waited >= keeper.wait {
+            return Ok(Some(waited));
+        }
         let _ = tokio::time::timeout(LOOK_AGAIN, self.mirror.changed.notified()).await;
+        Ok(None)
     }
 
     /// The comparisons that say a record read at `read` is unchanged and,
@@ -206,10 +241,9 @@ impl Fleet {
         version: &str,
         wait: Duration,
     ) -> Result<Started, String> {
-        let began = Instant::now();
+        let mut keeper = KeeperWait::new(wait);
         let seq = self.keys.sequence(&key.model, &key.key);
         let state = self.keys.state(&key.model, &key.key);
-        let mut asked = false;
         loop {
             self.membership.check()?;
             let me = self.membership.id();
@@ -243,15 +277,10 @@ impl Fleet {
                 Some(read) => {
                     // A live keeper lets it go itself (its copy is dropped
                     // before this start is answered).
-                    if !asked {
-                        self.ask(&read.record.owner, key, version).await?;
-                        asked = true;
-                    }
-                    let waited = began.elapsed();
-                    if waited >= wait {
+                    let owner = &read.record.owner;
+                    if let Some(waited) = self.wait_for(&mut keeper, owner, key, version).await? {
                         return Ok(Started::Busy(waited));
                     }
-                    self.look_again().await;
                     continue;
                 }
             };
@@ -268,10 +297,9 @@ impl Fleet {
         version: &str,
         wait: Duration,
     ) -> Result<Claimed, String> {
-        let began = Instant::now();
+        let mut keeper = KeeperWait::new(wait);
         let seq = self.keys.sequence(&key.model, &key.key);
         let state = self.keys.state(&key.model, &key.key);
-        let mut asked = false;
         loop {
             self.membership.check()?;
             let me = self.membership.id();
@@ -285,15 +313,10 @@ impl Fleet {
                 return Ok(Claimed::OnVersion(read.record.version));
             }
             if !self.free(&read).await? {
-                if !asked {
-                    self.ask(&read.record.owner, key, version).await?;
-                    asked = true;
-                }
-                let waited = began.elapsed();
-                if waited >= wait {
+                let owner = &read.record.owner;
+                if let Some(waited) = self.wait_for(&mut keeper, owner, key, version).await? {
                     return Ok(Claimed::Busy(waited));
                 }
-                self.look_again().await;
                 continue;
             }
             // No live keeper: its state is in the store (handed over), or lost.

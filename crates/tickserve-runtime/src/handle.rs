@@ -591,6 +591,13 @@ impl ModelHandle {
         }
     }
 
+    /// The most rows a request of this version runs on its caller's thread
+    /// (its first replica's family's; 0: every request goes to an
+    /// executor's thread).
+    pub fn inline_rows(&self) -> usize {
+        self.replicas.first().map_or(0, |r| r.family.inline_rows())
+    }
+
     /// The sequence table of a stateful model.
     pub fn sequences(&self) -> Option<&Arc<Sequences>> {
         self.sequences.as_ref()

@@ -104,3 +104,44 @@ async fn with_the_executor_busy_a_rounds_requests_go_through_the_queue() {
     }
     stop(runtime);
 }
+
+/// A round of exactly as many one-row requests as the family may run on a
+/// caller's thread runs in one bucket run on this thread: a run takes rows
+/// up to the cap, not one short of it. One more request is answered too, in
+/// a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_at_the_inline_cap_runs_once_and_one_more_row_runs_twice() {
+    let (runtime, gate, _dir) = gated_runtime_with("", |_| {});
+    gate.open();
+    let cap = runtime.model("alpha_mlp", None).unwrap().inline_rows();
+    assert!(cap >= 2, "alpha_mlp runs {cap} rows on a caller's thread");
+    for (requests, want_runs) in [(cap, 1), (cap + 1, 2)] {
+        let before = runs(&runtime);
+        gather::begin();
+        let mut answers = round(&runtime, requests);
+        for answer in answers.iter_mut() {
+            assert!(poll_once(answer).is_pending());
+        }
+        gather::run();
+        for (i, answer) in answers.iter_mut().enumerate() {
+            if requests == cap {
+                assert!(
+                    matches!(poll_once(answer), Poll::Ready(Ok(_))),
+                    "request {i} of a round at the cap ({cap}) was not answered by its run"
+                );
+            } else {
+                let answered = tokio::time::timeout(std::time::Duration::from_secs(10), answer);
+                assert!(
+                    matches!(answered.await, Ok(Ok(_))),
+                    "request {i} of {requests}"
+                );
+            }
+        }
+        assert_eq!(
+            runs(&runtime) - before,
+            want_runs,
+            "{requests} one-row requests with a cap of {cap}"
+        );
+    }
+    stop(runtime);
+}
