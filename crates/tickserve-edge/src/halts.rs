@@ -505,7 +505,11 @@ fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(folder)?;
-    let beside = path.with_extension("writing");
+    // A name of this process's own: replicas that share the file never
+    // write into each other's half-written copy.
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.writing", std::process::id()));
+    let beside = path.with_file_name(name);
     let mut file = std::fs::File::create(&beside)?;
     file.write_all(bytes)?;
     file.sync_all()?;
