@@ -385,13 +385,22 @@ fn weight_tensors(weights: &[Weight]) -> ort::Result<Vec<(String, DynTensor)>> {
     weights
         .iter()
         .map(|w| {
-            let mut tensor = DynTensor::new(
-                &allocator,
-                element_type(w.datatype),
-                w.dims.iter().map(|&d| d as i64).collect::<Vec<i64>>(),
-            )?;
-            let ptr = tensor.data_ptr_mut().cast::<u8>();
-            let len = w.dims.iter().product::<usize>() * w.datatype.size();
+            let shape = w
+                .dims
+                .iter()
+                .map(|&d| i64::try_from(d))
+                .collect::<Result<Vec<i64>, _>>();
+            let len = w
+                .dims
+                .iter()
+                .try_fold(w.datatype.size(), |n, &d| n.checked_mul(d));
+            let (Ok(shape), Some(len)) = (shape, len) else {
+                return Err(ort::Error::new(format!(
+                    "weight '{}': its shape {:?} is too large",
+                    w.name, w.dims
+                )));
+            };
+            let mut tensor = DynTensor::new(&allocator, element_type(w.datatype), shape)?;
             if len != w.data.len() {
                 return Err(ort::Error::new(format!(
                     "weight '{}' holds {} bytes; its shape {:?} of {} needs {len}",
@@ -401,8 +410,14 @@ fn weight_tensors(weights: &[Weight]) -> ort::Result<Vec<(String, DynTensor)>> {
                     w.datatype
                 )));
             }
-            // SAFETY: a CPU tensor of exactly `len` bytes, just allocated and not yet shared.
-            unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(&w.data);
+            // An empty weight (a dimension of 0) has no bytes, and ONNX Runtime
+            // gives it no buffer (a null pointer): nothing to copy.
+            if len > 0 {
+                let ptr = tensor.data_ptr_mut().cast::<u8>();
+                // SAFETY: a CPU tensor of exactly `len` (> 0) bytes, just
+                // allocated and not yet shared.
+                unsafe { std::slice::from_raw_parts_mut(ptr, len) }.copy_from_slice(&w.data);
+            }
             Ok((w.name.clone(), tensor))
         })
         .collect()
