@@ -13,29 +13,8 @@ use serde_json::{Value, json};
 use tickserve_core::config::{FleetConfig, ServerConfig};
 use tickserve_testing::etcd::Etcd;
 
+use super::sequences::{body, post, prediction, tick};
 use crate::support;
-
-const FEATURES: usize = 8;
-
-/// Tick `t` of a sequence whose inputs are seeded by `seed`.
-fn tick(seed: u64, t: usize) -> Vec<f32> {
-    (0..FEATURES)
-        .map(|f| (seed as f32 * 0.37 + t as f32 * 0.11 + f as f32 * 0.07).sin() * 0.8)
-        .collect()
-}
-
-fn body(seq: Value, start: bool, end: bool, values: &[f32]) -> Value {
-    json!({
-        "parameters": {"sequence_id": seq, "sequence_start": start, "sequence_end": end},
-        "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, FEATURES], "data": values}],
-    })
-}
-
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let response = client.post(url).json(body).send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
 
 /// Posts `body` until it is not refused as "not run, retry it" (503), as a
 /// client or a balancer retries; at most 10 s.
@@ -48,10 +27,6 @@ async fn post_retrying(client: &reqwest::Client, url: &str, body: &Value) -> (u1
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn prediction(answer: &Value) -> f32 {
-    answer["outputs"][0]["data"][0].as_f64().unwrap() as f32
 }
 
 /// A repository with `seq_lstm_step` at `versions`, the newest `versions`

@@ -22,7 +22,7 @@ const TICKS: usize = 30;
 const FEATURES: usize = 8;
 
 /// Tick `t` of a sequence whose inputs are seeded by `seed`.
-fn tick(seed: u64, t: usize) -> Vec<f32> {
+pub(super) fn tick(seed: u64, t: usize) -> Vec<f32> {
     (0..FEATURES)
         .map(|f| {
             let x = (seed as f32 * 0.37 + t as f32 * 0.11 + f as f32 * 0.07).sin();
@@ -48,20 +48,20 @@ fn repository(extra: &[(&str, &str)]) -> tempfile::TempDir {
 const STATE_PAIRS: &str = "[[sequence.state]]\ninput = \"h_in\"\noutput = \"h_out\"\n\
                            [[sequence.state]]\ninput = \"c_in\"\noutput = \"c_out\"\n";
 
-fn body(seq: Value, start: bool, end: bool, values: &[f32]) -> Value {
+pub(super) fn body(seq: Value, start: bool, end: bool, values: &[f32]) -> Value {
     json!({
         "parameters": {"sequence_id": seq, "sequence_start": start, "sequence_end": end},
         "inputs": [{"name": "tick", "datatype": "FP32", "shape": [1, FEATURES], "data": values}],
     })
 }
 
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+pub(super) async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
     let response = client.post(url).json(body).send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
 
-fn prediction(answer: &Value) -> f32 {
+pub(super) fn prediction(answer: &Value) -> f32 {
     answer["outputs"][0]["data"][0].as_f64().unwrap() as f32
 }
 
