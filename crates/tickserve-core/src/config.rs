@@ -326,6 +326,40 @@ pub struct RuntimeConfig {
     /// limit (`ulimit -l`, `LimitMEMLOCK=`) or CAP_IPC_LOCK; the start fails,
     /// naming the limit, without them. Off by default.
     pub mlockall: bool,
+    /// Which engine runs models on the CPU: `"auto"` (the default: the
+    /// compiled CPU engine where it imports the model and the model, run on
+    /// it and on ONNX Runtime at load, answers the same; ONNX Runtime
+    /// otherwise), `"onnxruntime"` or `"compiled"`. A model's `engine`
+    /// overrides it.
+    pub cpu_engine: CpuEngineChoice,
+}
+
+/// Which engine runs a model on the CPU (`runtime.cpu_engine`, a model's
+/// `engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuEngineChoice {
+    /// The compiled engine where it imports the model and answers as ONNX
+    /// Runtime does on the load-time check; ONNX Runtime otherwise (logged,
+    /// with the reason, and shown by `tickserve check`).
+    #[default]
+    Auto,
+    /// ONNX Runtime.
+    Onnxruntime,
+    /// The compiled engine: a model it cannot import, or that answers
+    /// differently from ONNX Runtime at load, fails to load.
+    Compiled,
+}
+
+impl CpuEngineChoice {
+    /// Its name in the configuration (`auto`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuEngineChoice::Auto => "auto",
+            CpuEngineChoice::Onnxruntime => "onnxruntime",
+            CpuEngineChoice::Compiled => "compiled",
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -343,6 +377,7 @@ impl Default for RuntimeConfig {
             executor_cpus: Vec::new(),
             compile_priority: CompilePriority::Normal,
             mlockall: false,
+            cpu_engine: CpuEngineChoice::Auto,
         }
     }
 }
@@ -538,6 +573,9 @@ pub struct ModelConfig {
     /// Whether this model shares its family's compiled graph (default: the
     /// server's `model_defaults.share_weights`).
     pub share_weights: Option<bool>,
+    /// Which engine runs the model on the CPU (default: the server's
+    /// `runtime.cpu_engine`): `"auto"`, `"onnxruntime"` or `"compiled"`.
+    pub engine: Option<CpuEngineChoice>,
     /// What to do when the model's rows depend on each other (checked at
     /// load: a few random rows run alone and inside a full bucket of others
     /// must agree): `"unbatched"` (the default) serves it without ever

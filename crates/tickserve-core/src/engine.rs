@@ -75,6 +75,10 @@ pub struct CompileRequest<'a, G: ?Sized> {
     pub weights: Option<&'a [Weight]>,
     /// Where it runs.
     pub device: Device,
+    /// A compilation for a check (the runtime's load-time comparison of two
+    /// engines), not for serving: not counted in
+    /// `tickserve_graph_compilations_total`.
+    pub check: bool,
 }
 
 /// The compile side of an engine: one per engine library, shared by every

@@ -1,5 +1,5 @@
 //! The CUDA engine: MLP-style and recurrent (LSTM, GRU) ONNX models
-//! imported op by op into a [`plan::Plan`], lowered to cuBLAS products and
+//! imported op by op into a [`plan::Plan`] (`tickserve-plan`), lowered to cuBLAS products and
 //! NVRTC-compiled fused kernels, and captured as one CUDA graph per bucket at
 //! load. A run is one
 //! graph launch: copy in from pinned memory, the forward pass, copy out.
@@ -12,12 +12,11 @@
 
 pub mod device;
 pub mod engine;
-pub mod import;
 pub mod kernels;
-pub mod plan;
 pub mod probe;
-pub mod reference;
+
+pub use tickserve_plan::{import, plan, reference};
 
 pub use engine::{CudaCompileRequest, CudaEngine, CudaModel, CudaOptions};
-pub use import::{Imported, Unsupported, arrange, import};
 pub use probe::{GpuInfo, Gpus};
+pub use tickserve_plan::{Imported, Unsupported, arrange};

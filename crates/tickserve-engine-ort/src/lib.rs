@@ -152,9 +152,6 @@ impl OrtEngine {
                     "ONNX Runtime could not compile bucket {size}: {e}"
                 ))
             })?;
-            metrics::counter!(names::GRAPH_COMPILATIONS,
-                "family" => request.family.to_string(), "bucket" => size.to_string(), "device" => "cpu")
-            .increment(1);
             let bucket = BucketSession::new(session, size, request.signature, weights.as_deref())
                 .map_err(|e| EngineError::InvalidModel(format!("bucket {size}: {e}")))?;
             match &output_dims {
@@ -240,6 +237,13 @@ impl Engine<ModelGraph> for OrtEngine {
                 weights: request.weights,
             },
         )?;
+        if !request.check {
+            for size in request.buckets.sizes() {
+                metrics::counter!(names::GRAPH_COMPILATIONS,
+                    "family" => request.family.to_string(), "bucket" => size.to_string(), "device" => "cpu")
+                .increment(1);
+            }
+        }
         Ok(Box::new(model))
     }
 }

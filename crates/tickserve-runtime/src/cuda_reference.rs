@@ -18,6 +18,7 @@ use tickserve_engine_cuda::{arrange, import, reference};
 use tickserve_engine_ort::{OrtCompileRequest, OrtEngine};
 use tickserve_onnx::OnnxModel;
 
+use crate::engine_check::difference;
 use crate::repository::{ModelDir, scan};
 use crate::settings::ModelSettings;
 
@@ -287,25 +288,4 @@ impl Comparison<'_> {
         }
         Ok(worst)
     }
-}
-
-/// The largest `|a − b| / max(|b|, 1)` and where; `None` when the lengths
-/// differ. A NaN on either side counts as infinitely far.
-fn difference(ours: &[f32], theirs: &[f32]) -> Option<(f64, usize)> {
-    if ours.len() != theirs.len() {
-        return None;
-    }
-    let mut worst = (0.0f64, 0usize);
-    for (i, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
-        let (a, b) = (f64::from(a), f64::from(b));
-        let rel = if a.is_nan() || b.is_nan() {
-            f64::INFINITY
-        } else {
-            (a - b).abs() / b.abs().max(1.0)
-        };
-        if rel > worst.0 {
-            worst = (rel, i);
-        }
-    }
-    Some(worst)
 }

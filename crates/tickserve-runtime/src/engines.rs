@@ -6,16 +6,20 @@
 //! log line. [`Engines::replicas`] turns a model's placement (`auto`, `cpu`,
 //! `gpu:N`) into one device per replica. [`Engines::choose`] picks the engine
 //! for a replica: the CUDA engine on a GPU when it takes every op of the
-//! graph, otherwise ONNX Runtime on the CPU, with a log line naming what kept
-//! it off the GPU. Everything above this module sees only the core's
-//! [`Engine`] and [`CompiledModel`] traits.
+//! graph; on the CPU, the compiled CPU engine where the model's preference
+//! (`runtime.cpu_engine`, its `engine`) allows it, it imports the graph and
+//! the graph answers on it as on ONNX Runtime ([`crate::engine_check`]),
+//! otherwise ONNX Runtime; each with a log line naming what kept it off the
+//! GPU or off the compiled engine. Everything above this module sees only
+//! the core's [`Engine`] and [`CompiledModel`] traits.
 //!
 //! [`CompiledModel`]: tickserve_core::CompiledModel
 
 use std::sync::Arc;
 
-use tickserve_core::config::{Placement, ServerConfig};
+use tickserve_core::config::{CpuEngineChoice, Placement, ServerConfig};
 use tickserve_core::{Device, Engine, Weight};
+use tickserve_engine_cpu::CpuEngine;
 use tickserve_engine_cuda::{CudaEngine, CudaOptions, Gpus};
 use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tickserve_onnx::ModelGraph;
@@ -48,6 +52,10 @@ pub type SharedEngine = Arc<dyn Engine<ModelGraph>>;
 #[derive(Debug, Clone)]
 pub struct Engines {
     cpu: SharedEngine,
+    /// The compiled CPU engine, where this process may choose it.
+    compiled: Option<SharedEngine>,
+    /// Its kernels (`avx2+fma`, `portable`), for the machine description.
+    compiled_isa: &'static str,
     gpu: SharedEngine,
     gpus: Arc<Gpus>,
     /// ONNX Runtime's build, where this process loaded it.
@@ -72,6 +80,9 @@ pub struct Choice {
     pub device: Device,
     /// The engine that compiles it.
     pub engine: SharedEngine,
+    /// Why a CPU replica whose preference allowed the compiled engine runs
+    /// on ONNX Runtime instead.
+    pub note: Option<String>,
 }
 
 /// ONNX Runtime, loaded from `TICKSERVE_ONNXRUNTIME_LIBRARY`, else
@@ -95,9 +106,12 @@ impl Engines {
         let ort = onnxruntime(config)?;
         let gpus = Gpus::probe();
         tracing::info!("devices: {}", gpus.describe());
+        let compiled = CpuEngine::new();
         Ok(Engines {
             onnxruntime: Some(ort.build_info()),
             cpu: Arc::new(ort),
+            compiled: Some(Arc::new(compiled)),
+            compiled_isa: compiled.isa().name(),
             gpu: Arc::new(CudaEngine::new(CudaOptions {
                 tf32: config.runtime.cuda_tf32,
                 eager: config.runtime.cuda_eager,
@@ -106,15 +120,25 @@ impl Engines {
         })
     }
 
-    /// Engines of the caller's choosing: `cpu` for CPU replicas, `gpu` for
-    /// replicas on `gpus`.
+    /// Engines of the caller's choosing: `cpu` for CPU replicas (never the
+    /// compiled engine), `gpu` for replicas on `gpus`.
     pub fn new(cpu: SharedEngine, gpu: SharedEngine, gpus: Gpus) -> Engines {
         Engines {
             cpu,
+            compiled: None,
+            compiled_isa: "none",
             gpu,
             gpus: Arc::new(gpus),
             onnxruntime: None,
         }
+    }
+
+    /// These engines with `compiled` as the compiled CPU engine (the choice
+    /// [`Engines::cpu_choice`] makes for CPU replicas whose preference
+    /// allows it; [`Engines::new`] has none).
+    pub fn with_compiled(mut self, compiled: SharedEngine) -> Engines {
+        self.compiled = Some(compiled);
+        self
     }
 
     /// What predictions here are computed on, as `name → value`: the server's
@@ -148,6 +172,7 @@ impl Engines {
                     .unwrap_or_else(|| "not loaded".into()),
             ),
             ("onnxruntime_intra_op_threads", intra_op_threads.to_string()),
+            ("compiled_cpu_kernels", self.compiled_isa.to_string()),
             ("arch", std::env::consts::ARCH.to_string()),
             ("cpu", field("model name")),
             ("cpu_isa", present.join(" ")),
@@ -170,36 +195,95 @@ impl Engines {
         replicas(placements, &self.gpus)
     }
 
-    /// The engine for a replica of `model` placed on `device`: the CUDA engine
-    /// on a GPU when it can compile `graph`, otherwise ONNX Runtime on the CPU
-    /// (logged, naming what the CUDA engine lacks).
+    /// The engine for a replica of `model` placed on `device`: the CUDA
+    /// engine on a GPU when it can compile `graph`; otherwise the CPU, on the
+    /// engine `preference` and the load-time check pick
+    /// ([`Engines::cpu_choice`]). Logged where the choice was not the first.
     pub fn choose(
         &self,
         model: &str,
         device: Device,
         graph: &ModelGraph,
         weights: Option<&[Weight]>,
-    ) -> Choice {
-        let cpu = || Choice {
-            device: Device::Cpu,
-            engine: Arc::clone(&self.cpu),
-        };
+        preference: CpuEngineChoice,
+    ) -> Result<Choice, String> {
         if device == Device::Cpu {
-            return cpu();
+            return self.cpu_choice(model, graph, weights, preference);
         }
         match self.gpu.check(graph, weights) {
-            Ok(()) => Choice {
+            Ok(()) => Ok(Choice {
                 device,
                 engine: Arc::clone(&self.gpu),
-            },
+                note: None,
+            }),
             Err(reason) => {
                 tracing::warn!(
                     model,
                     %device,
-                    "runs on ONNX Runtime on the CPU instead: the CUDA engine lacks {reason}"
+                    "runs on the CPU instead: the CUDA engine lacks {reason}"
                 );
-                cpu()
+                self.cpu_choice(model, graph, weights, preference)
             }
+        }
+    }
+
+    /// ONNX Runtime on the CPU.
+    pub fn onnxruntime_choice(&self) -> Choice {
+        Choice {
+            device: Device::Cpu,
+            engine: Arc::clone(&self.cpu),
+            note: None,
+        }
+    }
+
+    /// The CPU engine for `model`: ONNX Runtime when `preference` says so;
+    /// otherwise the compiled engine when it imports `graph` and answers as
+    /// ONNX Runtime does on the load-time check. Where it does not, `auto`
+    /// gives ONNX Runtime (logged, the reason kept in the choice) and
+    /// `compiled` an error naming the reason.
+    pub fn cpu_choice(
+        &self,
+        model: &str,
+        graph: &ModelGraph,
+        weights: Option<&[Weight]>,
+        preference: CpuEngineChoice,
+    ) -> Result<Choice, String> {
+        let on = |engine: &SharedEngine, note| Choice {
+            device: Device::Cpu,
+            engine: Arc::clone(engine),
+            note,
+        };
+        let compiled = match (&self.compiled, preference) {
+            (_, CpuEngineChoice::Onnxruntime) | (None, _) => return Ok(on(&self.cpu, None)),
+            (Some(compiled), _) => compiled,
+        };
+        let checked = compiled
+            .check(graph, weights)
+            .map_err(|e| format!("cannot import it: {e}"))
+            .and_then(|()| {
+                crate::engine_check::same_answers(
+                    model,
+                    compiled.as_ref(),
+                    self.cpu.as_ref(),
+                    graph,
+                    weights,
+                )
+            });
+        match checked {
+            Ok(max_rel) => {
+                tracing::debug!(model, max_rel, "runs on the compiled CPU engine");
+                Ok(on(compiled, None))
+            }
+            Err(reason) if preference == CpuEngineChoice::Auto => {
+                tracing::info!(
+                    model,
+                    "runs on ONNX Runtime: the compiled CPU engine {reason}"
+                );
+                Ok(on(&self.cpu, Some(reason)))
+            }
+            Err(reason) => Err(format!(
+                "engine = \"compiled\", but the compiled CPU engine {reason}"
+            )),
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Family {
     /// The engine's Triton platform and backend names (`onnxruntime_onnx`,
     /// `onnxruntime`).
     pub engine: (&'static str, &'static str),
+    /// Why the compiled CPU engine was not chosen, where it was allowed.
+    pub engine_note: Option<String>,
     /// The queue's sending half; the executor threads hold the receiving
     /// half (the intake). Dropping the family (or [`Family::close`]) closes
     /// it, and the executors stop once they have answered what it held.
@@ -84,6 +86,8 @@ pub struct FamilyParts {
     pub device: Device,
     /// The engine's Triton platform and backend names.
     pub engine: (&'static str, &'static str),
+    /// Why the compiled CPU engine was not chosen, where it was allowed.
+    pub engine_note: Option<String>,
     /// The queue's sending half.
     pub queue: Sender<Job>,
     /// The reserved executors' lane, when there are any: they are the last
@@ -117,6 +121,7 @@ impl Family {
             settings: parts.settings,
             device: parts.device,
             engine: parts.engine,
+            engine_note: parts.engine_note,
             queue: Mutex::new(Some(parts.queue)),
             shared,
             lane: Mutex::new(parts.lane),

@@ -56,6 +56,9 @@ pub struct Loaded {
     pub device: String,
     /// Each replica's device and engine, in placement order.
     pub placements: Vec<ReplicaInfo>,
+    /// Why a replica whose preference allowed the compiled CPU engine runs
+    /// on ONNX Runtime (the first such replica's reason).
+    pub engine_note: Option<String>,
     /// Time from reading its file to ready (a family's first member includes
     /// the compilation; a later member only its weights).
     pub load_time: Duration,

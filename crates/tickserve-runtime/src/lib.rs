@@ -42,6 +42,7 @@ mod affinity;
 mod batcher;
 pub mod cuda_reference;
 mod draw;
+mod engine_check;
 mod engines;
 #[doc(hidden)]
 pub use engines::fuzz_import;
@@ -325,6 +326,7 @@ impl Runtime {
             threads: &self.threads,
             inline_budget: self.config.runtime.inline_budget,
             spin: self.config.runtime.spin,
+            cpu_engine: self.config.runtime.cpu_engine,
             executor_cpus: &self.config.runtime.executor_cpus,
             compile_idle: self.config.runtime.compile_priority
                 == tickserve_core::config::CompilePriority::Idle,

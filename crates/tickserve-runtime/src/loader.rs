@@ -130,6 +130,8 @@ struct Founding {
     settings: ModelSettings,
     device: Device,
     engine: (&'static str, &'static str),
+    /// Why the compiled CPU engine was not chosen, where it was allowed.
+    engine_note: Option<String>,
     queue: Sender<Job>,
     lane: Option<Sender<Job>>,
     links: FamilyLinks,
@@ -154,6 +156,9 @@ pub struct Loader<'a> {
     pub inline_budget: Duration,
     /// `runtime.spin`: how long executors poll an empty queue.
     pub spin: Duration,
+    /// `runtime.cpu_engine`: which engine runs a model on the CPU, unless
+    /// its `engine` says.
+    pub cpu_engine: tickserve_core::config::CpuEngineChoice,
     /// `runtime.executor_cpus`.
     pub executor_cpus: &'a [usize],
     /// `runtime.compile_priority = "idle"`: compile on `SCHED_IDLE` threads.
@@ -300,13 +305,20 @@ impl Loader<'_> {
             runs: Arc::new(AtomicU64::new(0)),
             health: Arc::default(),
         };
-        let choice = self.engines.choose(
+        let preference = settings.engine.unwrap_or(self.cpu_engine);
+        let (choice, refused) = match self.engines.choose(
             &first.candidate.name,
             first.candidate.device,
             &first.graph,
             first.weights.as_deref(),
-        );
+            preference,
+        ) {
+            Ok(choice) => (choice, None),
+            // Nothing compiles: the family fails with the reason.
+            Err(reason) => (self.engines.onnxruntime_choice(), Some(reason)),
+        };
         let engine = (choice.engine.platform(), choice.engine.backend());
+        let engine_note = choice.note.clone();
         let input = Arc::new(CompileInput {
             family_key: first.family.clone(),
             graph: first.graph,
@@ -328,9 +340,14 @@ impl Loader<'_> {
                 .fetch_add(settings.executors, std::sync::atomic::Ordering::Relaxed),
         };
         let mut reports = Vec::with_capacity(settings.executors);
-        let mut spawn_error = None;
+        let spawned = if refused.is_some() {
+            0
+        } else {
+            settings.executors
+        };
+        let mut spawn_error = refused;
         let shared = settings.executors.saturating_sub(reserved);
-        for index in 0..settings.executors {
+        for index in 0..spawned {
             let mut start = start.clone();
             if index >= shared
                 && let Some(lane) = &lane_intake
@@ -356,6 +373,7 @@ impl Loader<'_> {
             settings: first.settings.clone(),
             device: choice.device,
             engine,
+            engine_note,
             queue,
             lane,
             links,
@@ -398,6 +416,7 @@ impl Loader<'_> {
                     settings: f.settings,
                     device: f.device,
                     engine: f.engine,
+                    engine_note: f.engine_note,
                     queue: f.queue,
                     lane: f.lane,
                     executors,
@@ -442,7 +461,7 @@ impl Loader<'_> {
         tracing::warn!(
             model = %first.candidate.name,
             device = %first.candidate.device,
-            "runs on ONNX Runtime on the CPU instead: compiling on the GPU failed: {reason}"
+            "runs on the CPU instead: compiling on the GPU failed: {reason}"
         );
         first.candidate.device = Device::Cpu;
         let input = Arc::try_unwrap(input).unwrap_or_else(|shared| CompileInput {
@@ -766,6 +785,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>, clock: &Clock
                         backend: j.family.engine.1,
                     })
                     .collect(),
+                engine_note: joined.iter().find_map(|j| j.family.engine_note.clone()),
                 load_time: joined.iter().map(|j| j.load_time).max().unwrap_or_default(),
                 stats: Arc::clone(&first.member.stats),
                 queue: Arc::clone(&first.member.queue),

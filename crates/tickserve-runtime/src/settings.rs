@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tickserve_core::breaker::BreakerConfig;
-use tickserve_core::config::{MixedRows, ModelConfig, ModelDefaults, NanPolicy};
+use tickserve_core::config::{CpuEngineChoice, MixedRows, ModelConfig, ModelDefaults, NanPolicy};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::guard::Guards;
 use tickserve_core::monte_carlo::MonteCarloSettings;
@@ -52,6 +52,10 @@ pub struct ModelSettings {
     pub guards: Guards,
     /// Its circuit breaker, if it has one.
     pub breaker: Option<BreakerConfig>,
+    /// Which engine runs it on the CPU, where `model.toml` says
+    /// (`engine`); `None`: the server's `runtime.cpu_engine`. A family's
+    /// engine is its first member's.
+    pub engine: Option<CpuEngineChoice>,
 }
 
 impl ModelSettings {
@@ -138,6 +142,7 @@ impl ModelSettings {
             journal: config.journal.unwrap_or(defaults.journal),
             guards: Guards::default(),
             breaker: config.breaker.clone(),
+            engine: config.engine,
         })
     }
 

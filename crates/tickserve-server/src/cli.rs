@@ -315,34 +315,42 @@ fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
     crate::observe::install_recorder();
     let runtime = Runtime::load(&config).map_err(anyhow::Error::msg)?;
     println!(
-        "{:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<16}  {:<28}  SIGNATURE / ERROR",
-        "MODEL", "VERSION", "STATUS", "DEVICE", "LOAD (ms)", "FAMILY", "BUCKETS"
+        "{:<20} {:>7}  {:<6}  {:<6}  {:<13}  {:>9}  {:<16}  {:<28}  SIGNATURE / ERROR",
+        "MODEL", "VERSION", "STATUS", "DEVICE", "ENGINE", "LOAD (ms)", "FAMILY", "BUCKETS"
     );
     let mut failures = Vec::new();
     for (name, model) in runtime.models() {
         if let Some(error) = &model.error {
             println!(
-                "{name:<20} {:>7}  {:<6}  {:<6}  {:>9}  {:<16}  {:<28}  {error}",
-                "-", "FAILED", "-", "-", "-", "-"
+                "{name:<20} {:>7}  {:<6}  {:<6}  {:<13}  {:>9}  {:<16}  {:<28}  {error}",
+                "-", "FAILED", "-", "-", "-", "-", "-"
             );
             failures.push(format!("{name}: {error}"));
         }
         for (version, state) in &model.versions {
             match state {
-                VersionState::Ready(h) => println!(
-                    "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9.1}  {:<16}  {:<28}  {}",
-                    "READY",
-                    h.device,
-                    h.load_time.as_secs_f64() * 1e3,
-                    h.family_key,
-                    format!("{:?}", h.settings.buckets.sizes()),
-                    h.signature.summary()
-                ),
+                VersionState::Ready(h) => {
+                    let mut engines: Vec<&str> = h.placements.iter().map(|p| p.backend).collect();
+                    engines.dedup();
+                    println!(
+                        "{name:<20} {version:>7}  {:<6}  {:<6}  {:<13}  {:>9.1}  {:<16}  {:<28}  {}",
+                        "READY",
+                        h.device,
+                        engines.join(","),
+                        h.load_time.as_secs_f64() * 1e3,
+                        h.family_key,
+                        format!("{:?}", h.settings.buckets.sizes()),
+                        h.signature.summary()
+                    );
+                    if let Some(note) = &h.engine_note {
+                        println!("{:<29}not on the compiled CPU engine: it {note}", "");
+                    }
+                }
                 VersionState::Failed(reason) => {
                     let first_line = reason.lines().next().unwrap_or_default();
                     println!(
-                        "{name:<20} {version:>7}  {:<6}  {:<6}  {:>9}  {:<16}  {:<28}  {first_line}",
-                        "FAILED", "-", "-", "-", "-"
+                        "{name:<20} {version:>7}  {:<6}  {:<6}  {:<13}  {:>9}  {:<16}  {:<28}  {first_line}",
+                        "FAILED", "-", "-", "-", "-", "-"
                     );
                     failures.push(format!("{name} version {version}: {reason}"));
                 }

@@ -62,6 +62,26 @@ pub fn python() -> PathBuf {
     python
 }
 
+/// Runs `scripts/dev/make_models.py WHICH DIR` with [`python`]: `--fixtures`
+/// (the op-set, exported-layout and hostile fixture models) or `--bench`
+/// (the per-tick benchmark's models) into `dir`; panics with the script's
+/// output where it fails.
+pub fn write_models(which: &str, dir: &Path) {
+    let python = python();
+    let output = Command::new(&python)
+        .arg(root().join("scripts/dev/make_models.py"))
+        .arg(which)
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{} cannot run: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "{} scripts/dev/make_models.py {which} failed: {}",
+        python.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// Runs test `test` of module `module` (pass `module_path!()`) again, alone
 /// in a new process of this test binary, unless this is that process.
 ///

@@ -1,6 +1,6 @@
 //! A GPU the model cannot compile on (here the real CUDA engine, told of a
 //! `gpu:0` on a machine whose CUDA libraries do not load): a model that
-//! `auto` placed there runs on ONNX Runtime on the CPU instead and answers;
+//! `auto` placed there runs on the CPU instead and answers;
 //! a model whose configuration names `gpu:0` fails its load, saying which GPU
 //! and why, and the server still starts.
 

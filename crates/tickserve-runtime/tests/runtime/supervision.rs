@@ -126,6 +126,7 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
             buckets: &buckets,
             weights: None,
             device: tickserve_core::Device::Cpu,
+            check: false,
         },
     )
     .unwrap();

@@ -29,7 +29,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 ROWS = [1, 2, 3, 8, 16, 17, 33, 64, 65]
-RTOL, ATOL = 1e-5, 1e-7
+RTOL, ATOL = 1e-5, 1e-6  # as reference.py: the engines add in different orders
 
 
 def check(cond, what):

@@ -1,6 +1,6 @@
 //! The model configuration over HTTP and gRPC tells the truth: the configured
 //! `max_queue_delay`, the buckets, the executors per replica, the engine's
-//! platform, one instance group per replica (real server on loopback).
+//! platform (the compiled CPU engine's, or ONNX Runtime's where `engine` says), one instance group per replica (real server on loopback).
 
 use crate::support;
 
@@ -8,12 +8,15 @@ use serde_json::{Value, json};
 use tickserve_proto::inference as pb;
 use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 
-/// A repository with `alpha_mlp` configured away from every default.
+/// A repository with `alpha_mlp` configured away from every default, and
+/// `alpha_ort`, the same model kept on ONNX Runtime (`engine`).
 fn configured_repository() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let toml = "buckets = [1, 4, 16]\nexecutors = 2\nmax_queue_delay = \"250us\"\n\
                 max_request_rows = 48\ndevices = [\"cpu\", \"cpu\"]\n";
     support::sample(dir.path(), "alpha_mlp", "alpha_mlp", 1, Some(toml));
+    let toml = "engine = \"onnxruntime\"\nshare_weights = false\n";
+    support::sample(dir.path(), "alpha_mlp", "alpha_ort", 1, Some(toml));
     dir
 }
 
@@ -31,8 +34,9 @@ async fn the_model_config_reports_what_is_configured_over_http_and_grpc() {
     .json()
     .await
     .unwrap();
-    assert_eq!(http["platform"], "onnxruntime_onnx");
-    assert_eq!(http["backend"], "onnxruntime");
+    // The compiled CPU engine takes the MLP ("auto", the default).
+    assert_eq!(http["platform"], "tickserve_cpu");
+    assert_eq!(http["backend"], "tickserve_cpu");
     assert_eq!(http["max_batch_size"], 48);
     assert_eq!(
         http["dynamic_batching"],
@@ -63,7 +67,22 @@ async fn the_model_config_reports_what_is_configured_over_http_and_grpc() {
         .unwrap();
     assert_eq!(
         (grpc.platform.as_str(), grpc.backend.as_str()),
-        ("onnxruntime_onnx", "onnxruntime")
+        ("tickserve_cpu", "tickserve_cpu")
+    );
+    let ort = client
+        .model_config(pb::ModelConfigRequest {
+            name: "alpha_ort".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(
+        (ort.platform.as_str(), ort.backend.as_str()),
+        ("onnxruntime_onnx", "onnxruntime"),
+        "engine = \"onnxruntime\" keeps the model on ONNX Runtime"
     );
     assert_eq!(grpc.max_batch_size, 48);
     let Some(pb::model_config::SchedulingChoice::DynamicBatching(batching)) =

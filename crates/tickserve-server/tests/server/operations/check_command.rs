@@ -1,4 +1,5 @@
-//! `tickserve check --cuda-reference`, run as a user runs it: one line per
+//! `tickserve check` and `tickserve check --cuda-reference`, run as a user runs
+//! them: each model's engine and why one is not compiled; one line per
 //! model in the documented form, exit 0 when every model matches ONNX
 //! Runtime or is refused by name, non-zero on a mismatch.
 
@@ -135,4 +136,54 @@ fn sequence_models_from_pytorch_and_tf2onnx_match_onnx_runtime() {
     {
         assert!(ok_within(line, model) <= 1e-5, "{line}");
     }
+}
+
+/// `tickserve check` names each model's engine and, under a model the
+/// compiled CPU engine does not take, why.
+#[test]
+fn check_names_each_models_engine_and_why_one_is_not_compiled() {
+    let fixtures = support::fixture_repository();
+    let repository = tempfile::tempdir().unwrap();
+    for model in ["cuda_sequence_ops", "typed_io", "tree_gbt"] {
+        let dir = repository.path().join(model).join("1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            fixtures.path().join(model).join("1/model.onnx"),
+            dir.join("model.onnx"),
+        )
+        .unwrap();
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args(["check", "--config", "config/tickserve.toml"])
+        .arg("--model-repository")
+        .arg(repository.path())
+        .current_dir(support::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let engine = |model: &str| {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{model} ")))
+            .unwrap_or_else(|| panic!("no line for {model}: {stdout}"));
+        line.split_whitespace().nth(4).unwrap().to_string()
+    };
+    assert_eq!(engine("cuda_sequence_ops"), "tickserve_cpu", "{stdout}");
+    assert_eq!(engine("tree_gbt"), "tickserve_cpu", "{stdout}");
+    assert_eq!(engine("typed_io"), "onnxruntime", "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("typed_io "))
+        .unwrap();
+    assert!(
+        lines[at + 1].contains("not on the compiled CPU engine: it cannot import it")
+            && lines[at + 1].contains("INT64"),
+        "{stdout}"
+    );
 }

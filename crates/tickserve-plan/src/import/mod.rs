@@ -34,7 +34,8 @@ use tickserve_onnx::proto::{AttributeProto, NodeProto};
 
 use crate::plan::{Op, Plan, Step, Value, ValueId, WeightId, WeightSlot};
 
-/// Why a model cannot run on the CUDA engine.
+/// Why a model cannot be imported into a plan (and so runs on neither the
+/// compiled CPU engine nor the CUDA engine).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsupported {
     /// The op type (`LSTM`), or the graph part at fault.
@@ -234,7 +235,7 @@ pub fn import(
             return Err(Unsupported {
                 op: "input".into(),
                 node: spec.name.clone(),
-                reason: format!("datatype {} (the CUDA engine serves FP32)", spec.datatype),
+                reason: format!("datatype {} (plans are FP32)", spec.datatype),
             });
         }
         let value = importer.value(spec.dims.clone());
@@ -621,9 +622,7 @@ impl Importer<'_> {
             "Cast" => self.cast(node),
             "ConstantOfShape" | "Expand" => self.filled(node),
             "LSTM" | "GRU" => self.recurrent(node),
-            other => {
-                Err(self.unsupported(node, format!("{other} is not among the CUDA engine's ops")))
-            }
+            other => Err(self.unsupported(node, format!("{other} is not among the plan's ops"))),
         }
     }
 

@@ -1,11 +1,12 @@
-//! The forward pass as the CUDA engine runs it: a list of steps over
+//! The forward pass as the engines run it: a list of steps over
 //! batch-first fp32 activations, each a product, a row operation or an
 //! elementwise pass, followed by a fused chain of elementwise operations.
 //!
-//! A plan is made once per family by [`crate::import`] and lowered by the
-//! engine into cuBLAS calls and NVRTC kernels, captured as one CUDA graph per
-//! bucket. [`crate::reference`] evaluates a plan in plain Rust: the meaning the
-//! importer and the kernels are checked against.
+//! A plan is made once per family by [`crate::import`]. The compiled CPU
+//! engine runs it natively; the CUDA engine lowers it into cuBLAS calls and
+//! NVRTC kernels, captured as one CUDA graph per bucket. [`crate::reference`]
+//! evaluates a plan in plain Rust: the meaning the importer and both engines'
+//! kernels are checked against.
 //!
 //! Every activation is a [`Value`]: for each batch row, `width` contiguous
 //! floats (the row-major flattening of the tensor's non-batch dimensions).

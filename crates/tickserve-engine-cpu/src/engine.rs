@@ -1,0 +1,387 @@
+//! The engine and a model compiled by it: the family's plan, one
+//! [`Bucket`] of buffers per batch size, each member's [`Packed`] weights.
+//! A run is the plan's steps over the bucket's buffers with the member's
+//! weights; a weight swap is picking another member's. Nothing is allocated
+//! per run.
+
+use std::collections::HashMap;
+
+use tickserve_core::{
+    Buckets, CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER,
+    Signature, Weight, metrics as names,
+};
+use tickserve_onnx::ModelGraph;
+use tickserve_plan::forest::import_forest;
+use tickserve_plan::plan::Plan;
+use tickserve_plan::{Imported, arrange, import};
+
+use crate::forest::CompiledForest;
+use crate::kernels::Isa;
+use crate::packed::Packed;
+use crate::run::{Bucket, Prepared};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the compiled CPU engine hands out its f32 buffers as little-endian bytes");
+
+/// Compiles plans for this CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuEngine {
+    isa: Isa,
+}
+
+impl Default for CpuEngine {
+    fn default() -> CpuEngine {
+        CpuEngine::new()
+    }
+}
+
+impl CpuEngine {
+    /// The engine, with the best kernels this CPU runs.
+    pub fn new() -> CpuEngine {
+        CpuEngine { isa: Isa::detect() }
+    }
+
+    /// The engine with the kernels of `isa` (the portable ones run
+    /// anywhere; tests compare the two).
+    pub fn with_isa(isa: Isa) -> CpuEngine {
+        CpuEngine { isa }
+    }
+
+    /// The kernels it runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Compiles `imported` (its plan, its first member's weights) for
+    /// every bucket of `buckets`, completing `graph`'s signature. `given`
+    /// are the weights the family's graph takes as inputs (none: the model
+    /// holds every value); the plan's other slots hold the graph's own
+    /// constants (`Constant` nodes), the same for every member.
+    pub fn compile_plan(
+        &self,
+        imported: &Imported,
+        given: Option<&[Weight]>,
+        signature: &tickserve_onnx::PartialSignature,
+        buckets: &Buckets,
+    ) -> Result<CpuModel, EngineError> {
+        let plan = &imported.plan;
+        for ((name, _), (expected, _, _)) in plan.outputs.iter().zip(&signature.outputs) {
+            if name != expected {
+                return Err(EngineError::InvalidModel(format!(
+                    "the plan's output '{name}' is not the signature's '{expected}'"
+                )));
+            }
+        }
+        if plan.inputs.len() != signature.inputs.len()
+            || plan.outputs.len() != signature.outputs.len()
+        {
+            return Err(EngineError::InvalidModel(format!(
+                "the plan has {} inputs and {} outputs; the signature {} and {}",
+                plan.inputs.len(),
+                plan.outputs.len(),
+                signature.inputs.len(),
+                signature.outputs.len()
+            )));
+        }
+        let outputs = plan
+            .outputs
+            .iter()
+            .map(|(_, v)| plan.values[*v].dims.clone())
+            .collect();
+        let mut model = CpuModel {
+            signature: signature.complete(outputs),
+            buckets: buckets.clone(),
+            program: Program::Plan {
+                constants: imported
+                    .weights
+                    .iter()
+                    .filter(|w| !given.is_some_and(|g| g.iter().any(|g| g.name == w.name)))
+                    .cloned()
+                    .collect(),
+                prepared: plan.steps.iter().map(|s| Prepared::new(plan, s)).collect(),
+                sized: buckets
+                    .sizes()
+                    .iter()
+                    .map(|&rows| Bucket::new(plan, rows))
+                    .collect(),
+                plan: plan.clone(),
+                members: HashMap::new(),
+            },
+            isa: self.isa,
+        };
+        model.add_member(SOLE_MEMBER, &imported.weights)?;
+        model.warm_up()?;
+        Ok(model)
+    }
+
+    /// Compiles `forest` for every bucket of `buckets`.
+    pub fn compile_forest(
+        &self,
+        forest: tickserve_plan::forest::Forest,
+        signature: &tickserve_onnx::PartialSignature,
+        buckets: &Buckets,
+    ) -> Result<CpuModel, EngineError> {
+        let forest = CompiledForest::new(forest).map_err(EngineError::Unsupported)?;
+        let (features, targets) = (forest.features(), forest.targets());
+        let mut model = CpuModel {
+            signature: signature.complete(vec![vec![targets]]),
+            buckets: buckets.clone(),
+            program: Program::Forest {
+                inputs: buckets
+                    .sizes()
+                    .iter()
+                    .map(|&r| vec![0.0; r * features])
+                    .collect(),
+                outputs: buckets
+                    .sizes()
+                    .iter()
+                    .map(|&r| vec![0.0; r * targets])
+                    .collect(),
+                scores: vec![0.0; targets],
+                given: vec![false; targets],
+                forest,
+            },
+            isa: self.isa,
+        };
+        model.warm_up()?;
+        Ok(model)
+    }
+}
+
+/// What `graph` compiles to here, or why the engine cannot run it: a plan
+/// (with its first member's weights), or a forest.
+enum Compiled {
+    Plan(Imported),
+    Forest(tickserve_plan::forest::Forest),
+}
+
+fn compiled(graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<Compiled, EngineError> {
+    if graph.onnx.is_tree_ensemble() {
+        if weights.is_some_and(|w| !w.is_empty()) {
+            return Err(EngineError::Unsupported(
+                "a tree ensemble's trees are constants: it has no weights to share".to_string(),
+            ));
+        }
+        return import_forest(&graph.onnx, &graph.signature.inputs)
+            .map(Compiled::Forest)
+            .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()));
+    }
+    imported(graph, weights).map(Compiled::Plan)
+}
+
+/// The plan of `graph`, or why the engine cannot run it.
+fn imported(graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<Imported, EngineError> {
+    import(&graph.onnx, &graph.signature.inputs, weights)
+        .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()))
+}
+
+impl Engine<ModelGraph> for CpuEngine {
+    fn platform(&self) -> &'static str {
+        "tickserve_cpu"
+    }
+
+    fn backend(&self) -> &'static str {
+        "tickserve_cpu"
+    }
+
+    /// Imports the graph (as a forest, for a tree ensemble):
+    /// [`EngineError::Unsupported`] names the first node the importer cannot
+    /// take.
+    fn check(&self, graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<(), EngineError> {
+        compiled(graph, weights).map(|_| ())
+    }
+
+    fn compile(
+        &self,
+        request: &CompileRequest<'_, ModelGraph>,
+    ) -> Result<Box<dyn CompiledModel>, EngineError> {
+        if request.device != Device::Cpu {
+            return Err(EngineError::Unsupported(format!(
+                "the compiled CPU engine runs on the CPU, not on {}",
+                request.device
+            )));
+        }
+        let signature = &request.graph.signature;
+        let model = match compiled(request.graph, request.weights)? {
+            Compiled::Plan(imported) => {
+                self.compile_plan(&imported, request.weights, signature, request.buckets)?
+            }
+            Compiled::Forest(forest) => self.compile_forest(forest, signature, request.buckets)?,
+        };
+        if !request.check {
+            for size in request.buckets.sizes() {
+                metrics::counter!(names::GRAPH_COMPILATIONS,
+                    "family" => request.family.to_string(), "bucket" => size.to_string(), "device" => "cpu")
+                .increment(1);
+            }
+        }
+        Ok(Box::new(model))
+    }
+}
+
+/// A family's plan, or a forest, compiled for every bucket, owned by one
+/// executor thread.
+#[derive(Debug)]
+pub struct CpuModel {
+    signature: Signature,
+    buckets: Buckets,
+    program: Program,
+    isa: Isa,
+}
+
+/// What a model runs.
+#[derive(Debug)]
+enum Program {
+    /// A plan: its buffers per bucket, each member's packed weights.
+    Plan {
+        plan: Plan,
+        /// The graph's own values, for slots a member does not give.
+        constants: Vec<Weight>,
+        prepared: Vec<Prepared>,
+        sized: Vec<Bucket>,
+        members: HashMap<MemberId, Packed>,
+    },
+    /// A forest: its input and output per bucket, a row's scratch.
+    Forest {
+        forest: CompiledForest,
+        inputs: Vec<Vec<f32>>,
+        outputs: Vec<Vec<f32>>,
+        scores: Vec<f32>,
+        given: Vec<bool>,
+    },
+}
+
+impl CpuModel {
+    /// Runs every bucket once: their memory touched before the first
+    /// request.
+    fn warm_up(&mut self) -> Result<(), EngineError> {
+        for bucket in 0..self.buckets.sizes().len() {
+            self.run(bucket, SOLE_MEMBER)?;
+        }
+        Ok(())
+    }
+}
+
+/// `floats` as the bytes they are stored in.
+fn bytes(floats: &[f32]) -> &[u8] {
+    // SAFETY: an f32 slice is `4 · len` initialised bytes, u8 has no
+    // alignment, and the borrow keeps the floats alive and unchanged.
+    unsafe {
+        std::slice::from_raw_parts(floats.as_ptr().cast::<u8>(), std::mem::size_of_val(floats))
+    }
+}
+
+/// `floats` as bytes to write.
+fn bytes_mut(floats: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as `bytes`; every bit pattern is a valid f32, so any bytes
+    // written leave valid floats.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            floats.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(floats),
+        )
+    }
+}
+
+impl CompiledModel for CpuModel {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn buckets(&self) -> &Buckets {
+        &self.buckets
+    }
+
+    fn device(&self) -> &str {
+        "cpu"
+    }
+
+    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
+        match &mut self.program {
+            Program::Plan { plan, sized, .. } => {
+                let value = plan.inputs[input].1;
+                bytes_mut(&mut sized[bucket].values[value])
+            }
+            Program::Forest { inputs, .. } => bytes_mut(&mut inputs[bucket]),
+        }
+    }
+
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
+        let rows = self
+            .buckets
+            .sizes()
+            .get(bucket)
+            .copied()
+            .ok_or_else(|| EngineError::Internal(format!("no bucket {bucket}")))?;
+        match &mut self.program {
+            Program::Plan {
+                plan,
+                prepared,
+                sized,
+                members,
+                ..
+            } => {
+                let weights = members.get(&member).ok_or_else(|| {
+                    EngineError::Internal(format!("member {member} is not loaded"))
+                })?;
+                sized[bucket].run(plan, prepared, weights, self.isa);
+            }
+            Program::Forest {
+                forest,
+                inputs,
+                outputs,
+                scores,
+                given,
+            } => {
+                if member != SOLE_MEMBER {
+                    return Err(EngineError::Internal(format!(
+                        "member {member} is not loaded"
+                    )));
+                }
+                forest.run(&inputs[bucket], rows, &mut outputs[bucket], scores, given);
+            }
+        }
+        Ok(())
+    }
+
+    fn output(&self, bucket: usize, output: usize) -> &[u8] {
+        match &self.program {
+            Program::Plan { plan, sized, .. } => {
+                let value = plan.outputs[output].1;
+                bytes(&sized[bucket].values[value])
+            }
+            Program::Forest { outputs, .. } => bytes(&outputs[bucket]),
+        }
+    }
+
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
+        match &mut self.program {
+            Program::Plan {
+                plan,
+                members,
+                constants,
+                ..
+            } => {
+                let mut all = weights.to_vec();
+                all.extend(
+                    constants
+                        .iter()
+                        .filter(|c| !weights.iter().any(|w| w.name == c.name))
+                        .cloned(),
+                );
+                let slots = arrange(plan, &all).map_err(EngineError::InvalidModel)?;
+                members.insert(member, Packed::new(plan, slots));
+                Ok(())
+            }
+            Program::Forest { .. } => Err(EngineError::InvalidModel(
+                "this model was compiled with its trees as constants".to_string(),
+            )),
+        }
+    }
+
+    fn remove_member(&mut self, member: MemberId) {
+        if let Program::Plan { members, .. } = &mut self.program {
+            members.remove(&member);
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! The compiled CPU engine's integration tests, one binary: every model the
+//! plan importer takes (the sample models, the op-set fixtures, the
+//! per-tick benchmark's, the sequence models PyTorch's and tf2onnx's
+//! exporters wrote), compiled by the engine with each of its kernel sets
+//! and run beside ONNX Runtime on the same rows ([`against_onnx_runtime`]).
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod against_onnx_runtime;
