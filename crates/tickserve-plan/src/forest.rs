@@ -7,14 +7,15 @@
 //! its comparison holds or when the feature is NaN and the node sends
 //! missing values that way; the leaves' weights aggregated per target
 //! (sum, average, min, max), the base values added, then the post
-//! transform (`NONE`, `LOGISTIC`, `SOFTMAX`, `PROBIT`; for one target ONNX
-//! Runtime applies `PROBIT` alone, and so does this).
+//! transform (`NONE`, `LOGISTIC`, `SOFTMAX`; for one target ONNX Runtime
+//! applies none of them, and neither does this).
 //!
 //! What this reads is as hostile as a request: a branch naming a feature
 //! the input lacks, a child outside its tree, a node reached twice (a
 //! cycle), a weight on a branch or for a target beyond `n_targets` is
-//! refused, naming the node. Classifiers (`TreeEnsembleClassifier`) and
-//! `SOFTMAX_ZERO` are not taken yet: such a model runs on ONNX Runtime.
+//! refused, naming the node. Classifiers (`TreeEnsembleClassifier`),
+//! `SOFTMAX_ZERO` and `PROBIT` are not taken yet: such a model runs on ONNX
+//! Runtime.
 
 use std::collections::HashMap;
 
@@ -112,8 +113,6 @@ pub enum PostTransform {
     Logistic,
     /// Softmax over a row's scores.
     Softmax,
-    /// `√2 · erfinv(2x − 1)` per score (ONNX Runtime's approximation).
-    Probit,
 }
 
 /// A regression tree ensemble.
@@ -131,8 +130,7 @@ pub struct Forest {
     pub aggregate: Aggregate,
     /// Applied to the scores.
     pub post_transform: PostTransform,
-    /// Added to the aggregated scores: one per target, or one for a single
-    /// target, or none.
+    /// Added to the aggregated scores: one per target, or none.
     pub base_values: Vec<f32>,
     /// The trees, in the order of their ids.
     pub trees: Vec<Tree>,
@@ -241,11 +239,12 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
         "NONE" => PostTransform::None,
         "LOGISTIC" => PostTransform::Logistic,
         "SOFTMAX" => PostTransform::Softmax,
-        "PROBIT" => PostTransform::Probit,
+        // ONNX Runtime's probit outside (0, 1) is not IEEE's (an
+        // approximation's edge cases): a PROBIT forest stays on it.
         other => return Err(refuse(node, format!("post_transform {other}"))),
     };
     let base_values = floats(node, "base_values")?;
-    if !(base_values.is_empty() || base_values.len() == targets || base_values.len() == 1) {
+    if !(base_values.is_empty() || base_values.len() == targets) {
         return Err(refuse(
             node,
             format!("{} base_values for {targets} targets", base_values.len()),
@@ -397,7 +396,9 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
             let mode = match modes[i] {
                 b"LEAF" => {
                     let leaf = leaf_weights.unwrap_or_default();
-                    if leaf.is_empty() && matches!(aggregate, Aggregate::Min | Aggregate::Max) {
+                    if leaf.is_empty()
+                        && (targets == 1 || matches!(aggregate, Aggregate::Min | Aggregate::Max))
+                    {
                         return Err(refuse(
                             node,
                             format!("leaf {} of tree {tree_id} has no weight", node_ids[i]),
@@ -498,20 +499,6 @@ pub fn logistic(x: f32) -> f32 {
     if x < 0.0 { 1.0 - v } else { v }
 }
 
-/// ONNX Runtime's approximation of `√2 · erfinv(2x − 1)`.
-pub fn probit(x: f32) -> f32 {
-    let x = 2.0 * x - 1.0;
-    let sign = if x < 0.0 { -1.0f32 } else { 1.0 };
-    let x = (1.0 - x) * (1.0 + x);
-    let log = x.ln();
-    // ONNX Runtime's constant, not π: the same digits give the same floats.
-    #[allow(clippy::approx_constant)]
-    let v = 2.0 / (3.14159f32 * 0.147) + 0.5 * log;
-    let v2 = 1.0 / 0.147f32 * log;
-    let v3 = -v + (v * v - v2).sqrt();
-    std::f32::consts::SQRT_2 * sign * v3.sqrt()
-}
-
 impl Forest {
     /// The leaf `tree` reaches for `row`.
     pub fn leaf<'t>(tree: &'t Tree, row: &[f32]) -> &'t [(usize, f32)] {
@@ -557,20 +544,19 @@ impl Forest {
             } else {
                 origin
             };
-            out[0] = if self.post_transform == PostTransform::Probit {
-                probit(z)
-            } else {
-                z
-            };
+            // ONNX Runtime applies no post transform to a single target.
+            out[0] = z;
             return;
         }
         let with_base = self.base_values.len() == self.targets;
         for (j, s) in scores.iter_mut().enumerate() {
             let base = if with_base { self.base_values[j] } else { 0.0 };
-            *s = match self.aggregate {
-                Aggregate::Sum => *s + base,
-                Aggregate::Average => *s / trees + base,
-                Aggregate::Min | Aggregate::Max => base + if given[j] { *s } else { 0.0 },
+            // A target no leaf gave a weight comes out 0, base value or
+            // not, as in ONNX Runtime (its score reads 0 without one).
+            *s = match (given[j], self.aggregate) {
+                (false, _) => 0.0,
+                (true, Aggregate::Sum | Aggregate::Min | Aggregate::Max) => *s + base,
+                (true, Aggregate::Average) => *s / trees + base,
             };
         }
         match self.post_transform {
@@ -578,11 +564,6 @@ impl Forest {
             PostTransform::Logistic => {
                 for (o, s) in out.iter_mut().zip(scores.iter()) {
                     *o = logistic(*s);
-                }
-            }
-            PostTransform::Probit => {
-                for (o, s) in out.iter_mut().zip(scores.iter()) {
-                    *o = probit(*s);
                 }
             }
             PostTransform::Softmax => {

@@ -20,7 +20,7 @@ fn read(path: &Path) -> OnnxModel {
     OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap()
 }
 
-fn floats(bytes: &[u8]) -> Vec<f32> {
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -81,7 +81,7 @@ fn same_outputs(what: &str, ours: &dyn CompiledModel, theirs: &dyn CompiledModel
     }
 }
 
-fn onnx_runtime() -> OrtEngine {
+pub fn onnx_runtime() -> OrtEngine {
     OrtEngine::new(
         &onnxruntime_library(),
         OrtOptions {

@@ -2,8 +2,11 @@
 //! plan importer takes (the sample models, the op-set fixtures, the
 //! per-tick benchmark's, the sequence models PyTorch's and tf2onnx's
 //! exporters wrote), compiled by the engine with each of its kernel sets
-//! and run beside ONNX Runtime on the same rows ([`against_onnx_runtime`]).
+//! and run beside ONNX Runtime on the same rows ([`against_onnx_runtime`]);
+//! random tree ensembles of every shape the forest reader takes beside
+//! ONNX Runtime ([`random_forests`]).
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod against_onnx_runtime;
+mod random_forests;
