@@ -667,4 +667,170 @@ mod tests {
         assert_eq!(clip(""), "no reason given");
         assert_eq!(clip(&"é".repeat(400)).len(), MAX_REASON_BYTES);
     }
+
+    #[test]
+    fn a_refusal_says_who_halted_and_since_when() {
+        let halt = |by: &str| Halt {
+            reason: "fat fingers".into(),
+            by: by.into(),
+            since: "2026-12-04T10:00:00Z".into(),
+        };
+        assert_eq!(
+            halt("api").words(),
+            "by the API since 2026-12-04T10:00:00Z: fat fingers"
+        );
+        assert_eq!(
+            halt("breaker").words(),
+            "by its breaker since 2026-12-04T10:00:00Z: fat fingers"
+        );
+    }
+
+    fn record(model: &str, version: &str, reason: Option<&str>) -> HaltRecord {
+        HaltRecord {
+            model: model.into(),
+            version: version.into(),
+            halt: reason.map(|r| {
+                serde_json::to_vec(&Halt {
+                    reason: r.into(),
+                    by: "api".into(),
+                    since: "s".into(),
+                })
+                .unwrap()
+            }),
+        }
+    }
+
+    #[test]
+    fn the_fleets_halts_apply_here_and_reach_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("halts.json");
+        let halts = Halts::open(Some(file.clone())).unwrap();
+        halts.apply(
+            vec![record("m", "1", Some("a")), record("m", "2", Some("b"))],
+            false,
+        );
+        assert_eq!(halts.check("m", "1").map(|h| h.reason), Some("a".into()));
+        assert_eq!(halts.check("m", "2").map(|h| h.reason), Some("b".into()));
+        let kept = Halts::open(Some(file.clone())).unwrap();
+        assert!(kept.check("m", "1").is_some() && kept.check("m", "2").is_some());
+        // A resume, and a record that is not a halt, lift that version only.
+        halts.apply(vec![record("m", "1", None)], false);
+        assert_eq!(halts.check("m", "1"), None);
+        assert!(halts.check("m", "2").is_some());
+        let mut garbled = record("m", "2", None);
+        garbled.halt = Some(b"not a halt".to_vec());
+        halts.apply(vec![garbled, record("k", "3", Some("c"))], false);
+        assert_eq!(halts.check("m", "2"), None);
+        assert!(halts.check("k", "3").is_some());
+        // A reset is every halt there is.
+        halts.apply(vec![record("n", "4", Some("d"))], true);
+        assert_eq!(halts.check("k", "3"), None);
+        assert!(halts.check("n", "4").is_some());
+        halts.apply(Vec::new(), true);
+        assert_eq!(halts.all(), Vec::new());
+        assert_eq!(Halts::open(Some(file)).unwrap().all(), Vec::new());
+    }
+
+    #[test]
+    fn resuming_one_of_two_halts_leaves_the_other_halted() {
+        let halts = Halts::in_memory();
+        assert!(halts.set("m", "1", "a", "api").2.is_ok());
+        assert!(halts.set("m", "2", "b", "api").2.is_ok());
+        let (lifted, _) = halts.clear("m", "1");
+        assert!(lifted.is_some());
+        assert_eq!(halts.check("m", "1"), None);
+        assert!(halts.check("m", "2").is_some());
+        assert_eq!(halts.clear("m", "1").0, None, "nothing left to lift");
+    }
+
+    #[test]
+    fn a_halts_file_that_is_a_folder_unreadable_or_over_the_limit_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = Halts::open(Some(dir.path().to_path_buf())).unwrap_err();
+        assert!(error.contains("not a regular file"), "{error}");
+        let file = dir.path().join("halts.json");
+        std::fs::write(&file, "{}").unwrap();
+        // Under a file: an error other than "not found" is not "no halts".
+        let error = Halts::open(Some(file.join("below"))).unwrap_err();
+        assert!(error.contains("risk.halts_file"), "{error}");
+        let limit = usize::try_from(MAX_FILE_BYTES).unwrap();
+        let padded = format!("{{}}{}", " ".repeat(limit - 2));
+        std::fs::write(&file, &padded).unwrap();
+        assert_eq!(Halts::open(Some(file.clone())).unwrap().all(), Vec::new());
+        std::fs::write(&file, format!("{padded} ")).unwrap();
+        let error = Halts::open(Some(file)).unwrap_err();
+        assert!(error.contains("over the 1048576 read"), "{error}");
+    }
+
+    fn access(control: tickserve_core::config::RiskControl, keyed: &[FrontEnd]) -> RiskAccess {
+        let mut config = tickserve_core::config::ServerConfig::default();
+        config.risk.control = control;
+        if !keyed.is_empty() {
+            config
+                .security
+                .restricted
+                .push(tickserve_core::config::Restriction {
+                    groups: vec![tickserve_core::config::EndpointGroup::Risk],
+                    header: "risk-key".into(),
+                    key_file: None,
+                    key_env: Some("RISK_KEY".into()),
+                    key_literal: None,
+                    front_ends: keyed.to_vec(),
+                });
+        }
+        RiskAccess::of(&config)
+    }
+
+    use tickserve_core::config::FrontEnd;
+
+    #[test]
+    fn the_risk_group_is_closed_without_a_key_and_a_breakers_halt_needs_one() {
+        use tickserve_core::config::RiskControl::{Closed, Open};
+        let by_breaker = Halt {
+            reason: "r".into(),
+            by: "breaker".into(),
+            since: "s".into(),
+        };
+        let by_api = Halt {
+            by: "api".into(),
+            ..by_breaker.clone()
+        };
+        let ok = |a: &RiskAccess, f, ask| a.allows(f, "m", ask).is_ok();
+        // Closed, no key: nothing is allowed, and the refusal says how to open it.
+        let closed = access(Closed, &[]);
+        for front_end in [FrontEnd::Http, FrontEnd::Grpc] {
+            assert!(!ok(&closed, front_end, RiskAsk::Halt));
+            assert!(!ok(&closed, front_end, RiskAsk::Resume(None)));
+        }
+        let error = closed
+            .allows(FrontEnd::Http, "m", RiskAsk::Halt)
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("risk key group is closed"),
+            "{error}"
+        );
+        // A key on HTTP only: HTTP may, gRPC may not; with the key a
+        // breaker's halt is lifted.
+        let http = access(Closed, &[FrontEnd::Http]);
+        assert!(ok(&http, FrontEnd::Http, RiskAsk::Halt));
+        assert!(ok(
+            &http,
+            FrontEnd::Http,
+            RiskAsk::Resume(Some(&by_breaker))
+        ));
+        assert!(!ok(&http, FrontEnd::Grpc, RiskAsk::Halt));
+        let grpc = access(Closed, &[FrontEnd::Grpc]);
+        assert!(ok(&grpc, FrontEnd::Grpc, RiskAsk::Halt));
+        assert!(!ok(&grpc, FrontEnd::Http, RiskAsk::Halt));
+        // Open on purpose: halts and resumes answer without a key, but not
+        // the lifting of a breaker's halt.
+        let open = access(Open, &[]);
+        assert!(ok(&open, FrontEnd::Grpc, RiskAsk::Halt));
+        assert!(ok(&open, FrontEnd::Http, RiskAsk::Resume(Some(&by_api))));
+        assert!(ok(&open, FrontEnd::Http, RiskAsk::Resume(None)));
+        let error = open
+            .allows(FrontEnd::Http, "m", RiskAsk::Resume(Some(&by_breaker)))
+            .unwrap_err();
+        assert!(error.to_string().contains("a breaker's halt"), "{error}");
+    }
 }

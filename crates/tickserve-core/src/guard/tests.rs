@@ -195,3 +195,21 @@ fn integers_and_doubles_are_read_as_numbers() {
     }
     assert_eq!(element(DataType::Bool, &[1]), None);
 }
+
+#[test]
+fn equal_bounds_and_a_step_of_zero_are_bounds_not_errors() {
+    let config = |min, max, max_step| GuardConfig {
+        output: "signal".into(),
+        min,
+        max,
+        max_step,
+    };
+    let outputs = [("signal", DataType::Fp32)];
+    let pinned = Guards::resolve(&[config(Some(1.0), Some(1.0), Some(0.0))], &outputs).unwrap();
+    assert!(!pinned.is_empty());
+    assert!(Guards::resolve(&[], &outputs).unwrap().is_empty());
+    let error = Guards::resolve(&[config(Some(1.0), Some(0.5), None)], &outputs).unwrap_err();
+    assert!(error.contains("min (1) is above max (0.5)"), "{error}");
+    let error = Guards::resolve(&[config(None, None, Some(-0.1))], &outputs).unwrap_err();
+    assert!(error.contains("max_step must not be negative"), "{error}");
+}
