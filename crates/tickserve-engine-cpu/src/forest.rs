@@ -4,7 +4,9 @@
 //! on the node's kind: `depth` steps of load, compare, select. Trees are
 //! walked eight at a time, interleaved, so the CPU overlaps their eight
 //! chains of dependent loads; the leaves' weights are then added in the
-//! trees' order (the order ONNX Runtime adds them in on one thread). The
+//! trees' order (the order ONNX Runtime adds them in on one thread); the
+//! last group is filled up with a leaf of no weight, so every loop has fixed
+//! bounds and the eight positions stay in registers. The
 //! comparison is compiled per mode where every branch has one (as every
 //! exporter writes them), read per node otherwise.
 
@@ -107,6 +109,20 @@ impl CompiledForest {
                 }
             }
         }
+        // A leaf of no weight that the last group's missing trees stand on:
+        // every group is a full eight, and the walk's loops have fixed bounds.
+        let sentinel = u32::try_from(nodes.len()).map_err(|_| too_large())?;
+        nodes.push(Flat {
+            feature: 0,
+            threshold: f32::NAN,
+            next: [sentinel, sentinel],
+        });
+        modes.push(Mode::Leq);
+        value.push(0.0);
+        ranges.push((0, 0));
+        while roots.len() % GROUP != 0 {
+            roots.push(sentinel);
+        }
         let mut branch_modes = forest.trees.iter().flat_map(|t| {
             t.nodes.iter().filter_map(|n| match n {
                 Node::Branch { mode, .. } => Some(*mode),
@@ -122,6 +138,18 @@ impl CompiledForest {
             .collect();
         let summed =
             forest.targets == 1 && matches!(forest.aggregate, Aggregate::Sum | Aggregate::Average);
+        // What the walk reads without bounds checks: every child and root a
+        // node of the array, every feature one of the row's.
+        let within = |i: u32| (i as usize) < nodes.len();
+        let sound = forest.features > 0
+            && roots.iter().all(|&r| within(r))
+            && nodes.iter().all(|n| {
+                n.next.iter().all(|&c| within(c))
+                    && ((n.feature & !MISSING_TRUE) as usize) < forest.features
+            });
+        if !sound {
+            return Err("the forest's nodes do not stay within it".to_string());
+        }
         Ok(CompiledForest {
             nodes,
             modes: (!uniform).then_some(modes),
@@ -163,7 +191,7 @@ impl CompiledForest {
     ) {
         let (features, targets) = (self.forest.features, self.forest.targets);
         for (row, out) in input
-            .chunks_exact(features)
+            .chunks_exact(features) // each row exactly as long as the walk reads
             .zip(output.chunks_exact_mut(targets))
             .take(rows)
         {
@@ -193,15 +221,18 @@ impl CompiledForest {
     ) {
         let nodes = self.nodes.as_slice();
         let mut sum = 0.0f32;
-        for (roots, &depth) in self.roots.chunks(GROUP).zip(&self.depths) {
+        for (roots, &depth) in self.roots.chunks_exact(GROUP).zip(&self.depths) {
             let mut at = [0u32; GROUP];
-            at[..roots.len()].copy_from_slice(roots);
-            let at = &mut at[..roots.len()];
+            at.copy_from_slice(roots);
             for _ in 0..depth {
-                for a in at.iter_mut() {
-                    let node = nodes[*a as usize];
-                    let feature = node.feature & !MISSING_TRUE;
-                    let x = row.get(feature as usize).copied().unwrap_or(f32::NAN);
+                for a in &mut at {
+                    // SAFETY: `new` proved every root and child an index of
+                    // `nodes`; `at` starts at roots and moves to children.
+                    let node = unsafe { *nodes.get_unchecked(*a as usize) };
+                    let feature = (node.feature & !MISSING_TRUE) as usize;
+                    // SAFETY: `new` proved every feature below `features`,
+                    // the length of every row `run` passes.
+                    let x = unsafe { *row.get_unchecked(feature) };
                     let go = holds(*a as usize, x, node.threshold)
                         | ((node.feature & MISSING_TRUE != 0) & x.is_nan());
                     *a = node.next[usize::from(go)];

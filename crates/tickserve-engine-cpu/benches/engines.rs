@@ -1,0 +1,76 @@
+//! One bucket run of one row, the compiled CPU engine beside ONNX Runtime in
+//! one run: the per-tick benchmark's tree ensemble and LSTM step, and the
+//! sample MLP. The same graph, the same buckets, the same input; what is
+//! timed is `CompiledModel::run` alone (ONNX Runtime's: its IoBinding run).
+//!
+//!     cargo bench -p tickserve-engine-cpu --bench engines
+
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::path::Path;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tickserve_core::config::ModelConfig;
+use tickserve_core::{Buckets, CompileRequest, CompiledModel, Device, Engine, SOLE_MEMBER};
+use tickserve_engine_cpu::CpuEngine;
+use tickserve_engine_ort::{OrtEngine, OrtOptions};
+use tickserve_onnx::{ModelGraph, OnnxModel};
+use tickserve_testing::{onnxruntime_library, root, write_models};
+
+fn compiled(engine: &dyn Engine<ModelGraph>, path: &Path) -> Box<dyn CompiledModel> {
+    let onnx = OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap();
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let graph = ModelGraph { onnx, signature };
+    let mut model = engine
+        .compile(&CompileRequest {
+            family: "bench",
+            graph: &graph,
+            buckets: &Buckets::new(&[1], None).unwrap(),
+            weights: None,
+            device: Device::Cpu,
+            check: true,
+        })
+        .unwrap();
+    for input in 0..model.signature().inputs.len() {
+        let bytes = model.input_mut(0, input);
+        for (i, b) in bytes.chunks_exact_mut(4).enumerate() {
+            b.copy_from_slice(&((i % 7) as f32 * 0.25 - 0.75).to_le_bytes());
+        }
+    }
+    model
+}
+
+fn engines(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    write_models("--bench", dir.path());
+    let ort = OrtEngine::new(
+        &onnxruntime_library(),
+        OrtOptions {
+            intra_op_threads: 1,
+        },
+    )
+    .unwrap();
+    let cpu = CpuEngine::new();
+    let models = [
+        ("bench_trees", dir.path().join("bench_trees/1/model.onnx")),
+        ("bench_lstm", dir.path().join("bench_lstm/1/model.onnx")),
+        (
+            "alpha_mlp",
+            root().join("config/models/alpha_mlp/1/model.onnx"),
+        ),
+    ];
+    for (name, path) in &models {
+        let mut group = c.benchmark_group(*name);
+        for (label, engine) in [
+            ("onnxruntime", &ort as &dyn Engine<ModelGraph>),
+            ("compiled", &cpu as &dyn Engine<ModelGraph>),
+        ] {
+            let mut model = compiled(engine, path);
+            group.bench_function(label, |b| b.iter(|| model.run(0, SOLE_MEMBER).unwrap()));
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, engines);
+criterion_main!(benches);
