@@ -666,6 +666,9 @@ mod tests {
         );
         assert_eq!(clip(""), "no reason given");
         assert_eq!(clip(&"é".repeat(400)).len(), MAX_REASON_BYTES);
+        // A cut that falls inside a character steps back to its start.
+        let odd = format!("a{}", "é".repeat(400));
+        assert_eq!(clip(&odd), format!("a{}", "é".repeat(255)));
     }
 
     #[test]
