@@ -40,6 +40,21 @@ async fn a_panicking_shared_memory_thread_is_counted_and_restarted() {
     .await
     .unwrap();
 
+    // The panic is counted (the client's request may time out before the
+    // thread takes it: wait for the count, bounded).
+    let counted = r#"tickserve_shm_thread_panics_total{thread="0"} 1"#;
+    let started = Instant::now();
+    while !support::metrics_text(&base)
+        .await
+        .lines()
+        .any(|l| l == counted)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no panic counted 10 s after the request"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // The only thread panicked: it starts again (bounded wait), and readiness
     // says so once it has.
     let started = Instant::now();
