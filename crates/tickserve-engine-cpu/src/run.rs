@@ -185,17 +185,7 @@ impl Bucket {
                 outer,
                 chunks,
             } => {
-                let mut at = 0;
-                for row in 0..rows {
-                    for block in 0..*outer {
-                        for (input, &chunk) in inputs.iter().zip(chunks) {
-                            let from = (row * outer + block) * chunk;
-                            out[at..at + chunk]
-                                .copy_from_slice(&values[*input][from..from + chunk]);
-                            at += chunk;
-                        }
-                    }
-                }
+                reference::concat(out, values, inputs, rows, *outer, chunks);
                 0
             }
             Op::Conv1d(conv) => {
@@ -212,20 +202,7 @@ impl Bucket {
                 0
             }
             Op::Softmax { input, segment } => {
-                for (o, x) in out
-                    .chunks_exact_mut(*segment)
-                    .zip(values[*input].chunks_exact(*segment))
-                {
-                    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0.0f32;
-                    for (o, v) in o.iter_mut().zip(x) {
-                        *o = (v - max).exp();
-                        sum += *o;
-                    }
-                    for o in o.iter_mut() {
-                        *o /= sum;
-                    }
-                }
+                reference::softmax(out, &values[*input], *segment);
                 0
             }
             Op::LayerNorm {
@@ -235,21 +212,14 @@ impl Bucket {
                 epsilon,
                 segment,
             } => {
-                let scale = &member.slots[*scale];
-                let bias = bias.map(|b| member.slots[b].as_slice());
-                for (o, x) in out
-                    .chunks_exact_mut(*segment)
-                    .zip(values[*input].chunks_exact(*segment))
-                {
-                    let mean = x.iter().sum::<f32>() / *segment as f32;
-                    let var =
-                        x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / *segment as f32;
-                    let inv = 1.0 / (var + epsilon).sqrt();
-                    for (i, (o, v)) in o.iter_mut().zip(x).enumerate() {
-                        let b = bias.map_or(0.0, |b| b[i]);
-                        *o = (v - mean) * inv * scale[i] + b;
-                    }
-                }
+                reference::layer_norm(
+                    out,
+                    &values[*input],
+                    &member.slots[*scale],
+                    bias.map(|b| member.slots[b].as_slice()),
+                    *epsilon,
+                    *segment,
+                );
                 0
             }
             Op::Recurrent(layer) => {

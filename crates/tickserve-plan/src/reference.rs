@@ -2,7 +2,7 @@
 //! meaning the importer is tested against (ONNX Runtime on the same model)
 //! and the kernels are tested against (the GPU tests).
 
-use crate::plan::{Cell, Conv1d, Elementwise, Op, Plan, Recurrent};
+use crate::plan::{Cell, Conv1d, Elementwise, Op, Plan, Recurrent, ValueId};
 
 /// `len` deterministic pseudo-random floats in [-2, 2) from `seed`: the
 /// inputs a plan and ONNX Runtime are compared on.
@@ -134,17 +134,7 @@ pub fn run(plan: &Plan, weights: &[Vec<f32>], inputs: &[&[f32]], rows: usize) ->
                 outer,
                 chunks,
             } => {
-                let mut at = 0;
-                for row in 0..rows {
-                    for block in 0..*outer {
-                        for (input, &chunk) in inputs.iter().zip(chunks) {
-                            let from = (row * outer + block) * chunk;
-                            out[at..at + chunk]
-                                .copy_from_slice(&values[*input][from..from + chunk]);
-                            at += chunk;
-                        }
-                    }
-                }
+                concat(&mut out, &values, inputs, rows, *outer, chunks);
             }
             Op::Conv1d(conv) => {
                 let x = &values[conv.input];
@@ -165,39 +155,21 @@ pub fn run(plan: &Plan, weights: &[Vec<f32>], inputs: &[&[f32]], rows: usize) ->
                     values[v] = last_c;
                 }
             }
-            Op::Softmax { input, segment } => {
-                for (o, x) in out
-                    .chunks_mut(*segment)
-                    .zip(values[*input].chunks(*segment))
-                {
-                    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
-                    for (o, v) in o.iter_mut().zip(x) {
-                        *o = (v - max).exp() / sum;
-                    }
-                }
-            }
+            Op::Softmax { input, segment } => softmax(&mut out, &values[*input], *segment),
             Op::LayerNorm {
                 input,
                 scale,
                 bias,
                 epsilon,
                 segment,
-            } => {
-                for (o, x) in out
-                    .chunks_mut(*segment)
-                    .zip(values[*input].chunks(*segment))
-                {
-                    let mean = x.iter().sum::<f32>() / *segment as f32;
-                    let var =
-                        x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / *segment as f32;
-                    let inv = 1.0 / (var + epsilon).sqrt();
-                    for (i, (o, v)) in o.iter_mut().zip(x).enumerate() {
-                        let b = bias.map_or(0.0, |b| weights[b][i]);
-                        *o = (v - mean) * inv * weights[*scale][i] + b;
-                    }
-                }
-            }
+            } => layer_norm(
+                &mut out,
+                &values[*input],
+                &weights[*scale],
+                bias.map(|b| weights[b].as_slice()),
+                *epsilon,
+                *segment,
+            ),
         }
         for (i, o) in out.iter_mut().enumerate() {
             *o = apply(&step.epilogue, weights, *o, i % width);
@@ -208,6 +180,60 @@ pub fn run(plan: &Plan, weights: &[Vec<f32>], inputs: &[&[f32]], rows: usize) ->
         .iter()
         .map(|(_, v)| values[*v].clone())
         .collect()
+}
+
+/// [`Op::Concat`] over `rows` rows: each output row is, for each of
+/// `outer` blocks, `chunks[i]` floats of value `inputs[i]` (of `values`)
+/// in turn.
+pub fn concat(
+    out: &mut [f32],
+    values: &[Vec<f32>],
+    inputs: &[ValueId],
+    rows: usize,
+    outer: usize,
+    chunks: &[usize],
+) {
+    let mut at = 0;
+    for row in 0..rows {
+        for block in 0..outer {
+            for (input, &chunk) in inputs.iter().zip(chunks) {
+                let from = (row * outer + block) * chunk;
+                out[at..at + chunk].copy_from_slice(&values[*input][from..from + chunk]);
+                at += chunk;
+            }
+        }
+    }
+}
+
+/// [`Op::Softmax`]: softmax over each `segment` floats of `x`, into `out`.
+pub fn softmax(out: &mut [f32], x: &[f32], segment: usize) {
+    for (o, x) in out.chunks_mut(segment).zip(x.chunks(segment)) {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
+        for (o, v) in o.iter_mut().zip(x) {
+            *o = (v - max).exp() / sum;
+        }
+    }
+}
+
+/// [`Op::LayerNorm`] over each `segment` floats of `x`, into `out`.
+pub fn layer_norm(
+    out: &mut [f32],
+    x: &[f32],
+    scale: &[f32],
+    bias: Option<&[f32]>,
+    epsilon: f32,
+    segment: usize,
+) {
+    for (o, x) in out.chunks_mut(segment).zip(x.chunks(segment)) {
+        let mean = x.iter().sum::<f32>() / segment as f32;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / segment as f32;
+        let inv = 1.0 / (var + epsilon).sqrt();
+        for (i, (o, v)) in o.iter_mut().zip(x).enumerate() {
+            let b = bias.map_or(0.0, |b| b[i]);
+            *o = (v - mean) * inv * scale[i] + b;
+        }
+    }
 }
 
 /// The input element that output element `j` of a [`Op::Rearrange`] reads.
