@@ -139,6 +139,7 @@ impl CpuEngine {
                     .collect(),
                 scores: vec![0.0; targets],
                 given: vec![false; targets],
+                members: std::collections::HashSet::from([SOLE_MEMBER]),
                 forest,
             },
             isa: self.isa,
@@ -241,9 +242,11 @@ enum Program {
         sized: Vec<Bucket>,
         members: HashMap<MemberId, Packed>,
     },
-    /// A forest: its input and output per bucket, a row's scratch.
+    /// A forest: its input and output per bucket, a row's scratch, its
+    /// members (models of the same trees: a forest has no weights to swap).
     Forest {
         forest: CompiledForest,
+        members: std::collections::HashSet<MemberId>,
         inputs: Vec<Vec<f32>>,
         outputs: Vec<Vec<f32>>,
         scores: Vec<f32>,
@@ -332,8 +335,9 @@ impl CompiledModel for CpuModel {
                 outputs,
                 scores,
                 given,
+                members,
             } => {
-                if member != SOLE_MEMBER {
+                if !members.contains(&member) {
                     return Err(EngineError::Internal(format!(
                         "member {member} is not loaded"
                     )));
@@ -373,15 +377,25 @@ impl CompiledModel for CpuModel {
                 members.insert(member, Packed::new(plan, slots));
                 Ok(())
             }
+            // Another model of the same trees (its family key says so).
+            Program::Forest { members, .. } if weights.is_empty() => {
+                members.insert(member);
+                Ok(())
+            }
             Program::Forest { .. } => Err(EngineError::InvalidModel(
-                "this model was compiled with its trees as constants".to_string(),
+                "a tree ensemble's trees are constants: it has no weights to add".to_string(),
             )),
         }
     }
 
     fn remove_member(&mut self, member: MemberId) {
-        if let Program::Plan { members, .. } = &mut self.program {
-            members.remove(&member);
+        match &mut self.program {
+            Program::Plan { members, .. } => {
+                members.remove(&member);
+            }
+            Program::Forest { members, .. } => {
+                members.remove(&member);
+            }
         }
     }
 }

@@ -255,3 +255,50 @@ fn nan_inputs_answer_as_onnx_runtime_does() {
         matches_onnx_runtime_with_nan(&ort, &dir.path().join("tree_gbt/1/model.onnx"), nan_every);
     }
 }
+
+/// Two models of the same trees share one compiled forest: the second joins
+/// with no weights and answers as the first; weights are refused.
+#[test]
+fn a_second_model_of_the_same_trees_joins_its_forest() {
+    let dir = tempfile::tempdir().unwrap();
+    write_models("--fixtures", dir.path());
+    let model = read(&dir.path().join("tree_gbt/1/model.onnx"));
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let graph = tickserve_onnx::ModelGraph {
+        onnx: model,
+        signature,
+    };
+    let buckets = Buckets::new(&[1], None).unwrap();
+    let mut ours = CpuEngine::new()
+        .compile(&CompileRequest {
+            family: "trees",
+            graph: &graph,
+            buckets: &buckets,
+            weights: Some(&[]),
+            device: Device::Cpu,
+            check: true,
+        })
+        .unwrap();
+    ours.add_member(4, &[]).unwrap();
+    let row: Vec<u8> = [0.5f32, -1.0, 2.0, 0.25]
+        .iter()
+        .cycle()
+        .take(graph.signature.inputs[0].dims[0])
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    ours.input_mut(0, 0).copy_from_slice(&row);
+    ours.run(0, SOLE_MEMBER).unwrap();
+    let first = ours.output(0, 0).to_vec();
+    ours.run(0, 4).unwrap();
+    assert_eq!(ours.output(0, 0), first.as_slice());
+    ours.remove_member(4);
+    assert!(ours.run(0, 4).is_err());
+    let weight = tickserve_core::Weight {
+        name: "w".into(),
+        datatype: tickserve_core::DataType::Fp32,
+        dims: vec![1],
+        data: vec![0; 4],
+    };
+    let error = ours.add_member(5, &[weight]).unwrap_err();
+    assert!(error.to_string().contains("no weights to add"), "{error}");
+}
