@@ -1,6 +1,7 @@
 """The shared-memory client (iceoryx2 request-response of byte slices)."""
 import ctypes
 import itertools
+import os
 import time
 
 import iceoryx2 as iox2
@@ -40,11 +41,15 @@ class ShmClient:
     """Inference over shared memory: `infer(model, {"input": array}) -> {"output": array}`.
 
     One client per thread. `timeout` (seconds) bounds each call; the server also gets it as
-    the request's deadline."""
+    the request's deadline. `spin` (seconds): how long a call polls for its answer without
+    pause before it yields its core between polls (`os.sched_yield`); None (the default)
+    polls for the whole call, as a client on a core of its own does (pin it with
+    `os.sched_setaffinity`); 0 lets other threads on the same cores run while it waits."""
 
-    def __init__(self, service="tickserve", timeout=5.0):
+    def __init__(self, service="tickserve", timeout=5.0, spin=None):
         self.service = service
         self.timeout = timeout
+        self.spin = spin
         self._connection = _Connection(service)
         self._models = {}
         self._ids = itertools.count(1)
@@ -102,6 +107,8 @@ class ShmClient:
             if response is not None:
                 return bytes(response.payload().as_memory_view())
             now = time.monotonic()
+            if self.spin is not None and now - started >= self.spin:
+                os.sched_yield()
             if now - started >= self.timeout:
                 raise TimeoutError(f"no answer from tickserve within {self.timeout} s")
             if now - checked >= LIVENESS_CHECK_S:

@@ -87,6 +87,21 @@ struct Args {
     /// when the instances' threads outnumber the cores they run on).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20us")]
     client_spin: Duration,
+    /// How an open-loop instance waits for its next tick's due time:
+    /// `sleep` (the OS wakes it, some microseconds late, and the lateness
+    /// counts), or `spin` (it polls the clock on its core, as a client of the
+    /// latency mode does).
+    #[arg(long, value_enum, default_value = "sleep")]
+    client_wait: Wait,
+}
+
+/// How a client waits for a tick's due time (`--client-wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Wait {
+    /// `std::thread::sleep`.
+    Sleep,
+    /// Poll the clock.
+    Spin,
 }
 
 /// How the ticks travel.
@@ -161,6 +176,7 @@ struct Settings {
     ticks: usize,
     interval: Option<Duration>,
     client_spin: Duration,
+    client_wait: Wait,
 }
 
 /// What one instance measured.
@@ -196,6 +212,7 @@ fn run(args: &Args) -> Result<(), String> {
         ticks: args.ticks,
         interval: args.interval,
         client_spin: args.client_spin,
+        client_wait: args.client_wait,
     };
     let threads: Vec<_> = (0..clients)
         .map(|c| {
@@ -250,6 +267,7 @@ fn run(args: &Args) -> Result<(), String> {
         "model": workload.name, "transport": args.transport.name(), "instances": instances,
         "ticks": args.ticks, "warmup": args.warmup, "interval_us": interval_us,
         "client_spin_us": args.client_spin.as_secs_f64() * 1e6,
+        "client_wait": format!("{:?}", args.client_wait).to_lowercase(),
         "p50_us": e2e.p50, "p99_us": e2e.p99, "p999_us": e2e.p999, "max_us": e2e.max,
         "max_over_median": e2e.max / e2e.p50.max(f64::MIN_POSITIVE),
         "throughput_per_s": throughput,
@@ -338,9 +356,18 @@ fn client(
             &params[..]
         };
         if let Some(due) = due {
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
+            match settings.client_wait {
+                Wait::Sleep => {
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                }
+                Wait::Spin => {
+                    while Instant::now() < due {
+                        std::hint::spin_loop();
+                    }
+                }
             }
         }
         let sent = Instant::now();
@@ -376,7 +403,10 @@ fn client(
     for (n, t) in (warmup..warmup + ticks).enumerate() {
         let due = settings
             .interval
-            .map(|every| began + every.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
+            // The first counted tick is due one interval after the warm-up, as
+            // every later one is after the one before: none finds the path warm
+            // from a tick just answered.
+            .map(|every| began + every.saturating_mul(u32::try_from(n + 1).unwrap_or(u32::MAX)));
         for (i, m) in measured.iter_mut() {
             let (took, compute, answer) = send(*i, t, due)?;
             m.answers.push(answer);

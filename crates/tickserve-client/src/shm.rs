@@ -158,7 +158,9 @@ impl ShmClient {
     /// Sets how long a call polls for its answer without pause before it
     /// yields its core between polls ([`DEFAULT_SPIN`]). Many clients on
     /// fewer cores send more at once with 0: a spinning client holds a core
-    /// its neighbours would send from.
+    /// its neighbours would send from. `Duration::MAX` polls for the whole
+    /// call, never yielding: a client on a core of its own facing a server
+    /// in the latency mode (docs/shm.md).
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
     }

@@ -46,6 +46,9 @@ pub struct ServerConfig {
     pub security: SecurityConfig,
     /// The shared-memory front end for clients on the same host.
     pub shm: ShmConfig,
+    /// The latency mode: hot threads polling on cores of their own (off
+    /// unless `cores` names some).
+    pub latency: crate::latency::LatencyConfig,
     /// The prediction journal (off unless enabled).
     pub journal: JournalConfig,
     /// Risk controls that outlive a model's load: where halts are kept.
@@ -665,6 +668,33 @@ impl ServerConfig {
         toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// This configuration with the latency mode's placement applied: the
+    /// shared-memory front-end threads and the executors pinned to
+    /// `latency.cores`, each polling for ever ([`crate::latency::FOREVER`])
+    /// instead of sleeping; as it is when the mode is off. Call after
+    /// [`ServerConfig::validate`].
+    pub fn with_latency_placement(&self) -> ServerConfig {
+        let mut placed = self.clone();
+        if !self.latency.enabled() {
+            return placed;
+        }
+        let threads = if self.shm.enabled {
+            self.shm.threads
+        } else {
+            0
+        };
+        let placement = self.latency.place(threads);
+        if !placement.shm.is_empty() {
+            placed.shm.cpus = placement.shm;
+            placed.shm.spin = crate::latency::FOREVER;
+        }
+        if !placement.executors.is_empty() {
+            placed.runtime.executor_cpus = placement.executors;
+            placed.runtime.spin = crate::latency::FOREVER;
+        }
+        placed
+    }
+
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<(), String> {
         self.security.validate()?;
@@ -689,6 +719,11 @@ impl ServerConfig {
         }
         crate::durations::check("shm.spin", shm.spin, MAX_SPIN)?;
         crate::durations::check("runtime.spin", self.runtime.spin, MAX_SPIN)?;
+        self.latency.validate(crate::latency::Threads {
+            shm: if shm.enabled { shm.threads } else { 0 },
+            shm_cpus: &shm.cpus,
+            executor_cpus: &self.runtime.executor_cpus,
+        })?;
         if self.runtime.handoff_directory.is_some() || self.runtime.handoff_wait.is_some() {
             return Err(
                 "runtime.handoff_directory and runtime.handoff_wait are gone: replicas \
@@ -956,6 +991,39 @@ mod tests {
             let error = config.validate().unwrap_err();
             assert!(error.starts_with(key), "{text}: {error}");
         }
+    }
+
+    /// `[latency] cores` pins the front end and the executors and makes
+    /// them poll for ever; off, nothing moves; a placement of its own beside
+    /// it is refused by name.
+    #[test]
+    fn the_latency_mode_places_and_spins_the_hot_threads() {
+        let text =
+            "[shm]\nenabled = true\nthreads = 2\n[latency]\ncores = [3, 4, 5]\nwarm = \"1ms\"";
+        let config: ServerConfig = toml::from_str(text).unwrap();
+        config.validate().unwrap();
+        let placed = config.with_latency_placement();
+        assert_eq!(placed.shm.cpus, [3, 4]);
+        assert_eq!(placed.runtime.executor_cpus, [5]);
+        assert_eq!(placed.shm.spin, crate::latency::FOREVER);
+        assert_eq!(placed.runtime.spin, crate::latency::FOREVER);
+        // Without [shm], every core goes to the executors.
+        let config: ServerConfig = toml::from_str("[latency]\ncores = [3]").unwrap();
+        let placed = config.with_latency_placement();
+        assert!(placed.shm.cpus.is_empty());
+        assert_eq!(placed.shm.spin, ShmConfig::default().spin);
+        assert_eq!(placed.runtime.executor_cpus, [3]);
+        // Off: the configuration as it was.
+        let config: ServerConfig = toml::from_str("[shm]\nenabled = true").unwrap();
+        let placed = config.with_latency_placement();
+        assert_eq!(placed.shm.spin, config.shm.spin);
+        assert_eq!(placed.runtime.spin, Duration::ZERO);
+        assert!(placed.runtime.executor_cpus.is_empty());
+        let config: ServerConfig =
+            toml::from_str("[shm]\ncpus = [1]\n[latency]\ncores = [3]").unwrap();
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("remove shm.cpus"), "{error}");
+        assert!(toml::from_str::<ServerConfig>("[latency]\ncore = [3]").is_err());
     }
 
     /// Halts are kept by default, durably, in `state/halts.json`; `""` keeps

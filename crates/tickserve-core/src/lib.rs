@@ -17,6 +17,7 @@ pub mod error;
 pub mod files;
 pub mod fleet;
 pub mod guard;
+pub mod latency;
 pub mod metrics;
 pub mod monte_carlo;
 pub mod name;

@@ -136,6 +136,11 @@ pub const SEND_TIMEOUTS: &str = "tickserve_send_timeouts_total";
 /// `thread`.
 pub const SHM_THREAD_PANICS: &str = "tickserve_shm_thread_panics_total";
 
+/// Warm runs a shared-memory front-end thread of the latency mode made on
+/// its own core after `latency.warm` without a request, labelled `thread`;
+/// never counted as requests.
+pub const SHM_WARM_RUNS: &str = "tickserve_shm_warm_runs_total";
+
 /// Journal records written, labelled `model`.
 pub const JOURNAL_RECORDS: &str = "tickserve_journal_records_total";
 /// Bytes written to journal files.
@@ -376,6 +381,12 @@ pub fn describe() {
         Unit::Count,
         "Connections closed because their peer left an answer untaken for server.send_timeout, \
          by protocol."
+    );
+    describe_counter!(
+        SHM_WARM_RUNS,
+        Unit::Count,
+        "Warm runs a latency-mode shared-memory thread made on its own core after latency.warm \
+         without a request, by thread; not requests."
     );
     describe_counter!(
         SHM_THREAD_PANICS,

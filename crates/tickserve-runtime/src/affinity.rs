@@ -15,6 +15,18 @@ pub fn pin_current_thread(cpu: usize) {
     }
 }
 
+/// The first of `cpus` this process may not run on (the CPU does not exist,
+/// or lies outside the process's affinity mask: `taskset`, a cgroup's
+/// cpuset), if any.
+pub fn first_unavailable_cpu(cpus: &[usize]) -> Option<usize> {
+    let allowed: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    cpus.iter().copied().find(|cpu| !allowed.contains(cpu))
+}
+
 /// Puts the calling thread in Linux's `SCHED_IDLE` class: it runs only when
 /// no other thread wants the CPU. Logs and goes on where it cannot.
 pub fn idle_current_thread() {
@@ -32,6 +44,21 @@ pub fn idle_current_thread() {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
+    #[test]
+    fn a_cpu_outside_the_machine_is_unavailable() {
+        assert_eq!(super::first_unavailable_cpu(&[]), None);
+        assert_eq!(
+            super::first_unavailable_cpu(&[usize::MAX]),
+            Some(usize::MAX)
+        );
+        let first = core_affinity::get_core_ids().unwrap_or_default()[0].id;
+        assert_eq!(super::first_unavailable_cpu(&[first]), None);
+        assert_eq!(
+            super::first_unavailable_cpu(&[first, 1 << 20]),
+            Some(1 << 20)
+        );
+    }
+
     #[test]
     fn an_idle_thread_is_in_the_idle_class_and_others_are_not() {
         // SAFETY: pid 0 is the calling thread.

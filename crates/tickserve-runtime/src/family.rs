@@ -223,14 +223,22 @@ impl Family {
     /// Runs the smallest bucket of every executor once with `member`'s
     /// weights, on this thread, where requests may run on their caller's
     /// thread (run at once): a thread that takes requests has then run the
-    /// model before its first one. Not a request: nothing is counted. A
-    /// failure changes nothing (the model's load already ran every bucket).
+    /// model before its first one. An executor busy with a run is skipped.
+    /// Not a request: nothing is counted. A failure changes nothing (the
+    /// model's load already ran every bucket).
     pub fn warm_here(&self, member: &Member) {
         if self.inline_rows == 0 {
             return;
         }
         for executor in &self.executors {
-            let mut executor = executor.lock().unwrap_or_else(|p| p.into_inner());
+            // A busy executor is warm already, and this thread (a
+            // front-end thread, maybe polling for its next request) does not
+            // wait for it.
+            let mut executor = match executor.try_lock() {
+                Ok(executor) => executor,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
             if executor.warm_buckets() > 0
                 && let Err(e) = executor.warm_member(0, member.id)
             {

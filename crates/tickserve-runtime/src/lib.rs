@@ -65,7 +65,7 @@ mod update;
 mod worker;
 
 pub use crate::admission::ModelQueue;
-pub use crate::affinity::pin_current_thread;
+pub use crate::affinity::{first_unavailable_cpu, pin_current_thread};
 pub use crate::engines::Engines;
 pub use crate::poll::{Poller, Prints};
 pub use crate::sequences::{SequenceState, SequenceSummary, Sequences};

@@ -124,18 +124,21 @@ impl<J: Queued> Intake<J> {
         self
     }
 
-    /// A job that arrives within `spin`, polling; `None` when none did.
-    fn poll_for_job(&mut self) -> Option<J> {
-        if self.spin.is_zero() {
-            return None;
+    /// A job that arrives within `spin` (and within `keep_warm`, when set),
+    /// polling: `Some(job)`, `None` when none did, `Err` once the channel is
+    /// closed.
+    fn poll_for_job(&mut self) -> Result<Option<J>, ()> {
+        let limit = self.keep_warm.map_or(self.spin, |k| self.spin.min(k));
+        if limit.is_zero() {
+            return Ok(None);
         }
         let started = Instant::now();
         loop {
             match self.channel.try_recv() {
-                Ok(job) => return Some(job),
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
-                Err(std::sync::mpsc::TryRecvError::Empty) if started.elapsed() >= self.spin => {
-                    return None;
+                Ok(job) => return Ok(Some(job)),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(()),
+                Err(std::sync::mpsc::TryRecvError::Empty) if started.elapsed() >= limit => {
+                    return Ok(None);
                 }
                 Err(std::sync::mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
             }
@@ -187,9 +190,15 @@ impl<J: Queued> Intake<J> {
                 Decision::Empty if self.closing => return Step::Stop,
                 Decision::Empty => {
                     let job = match (self.poll_for_job(), self.keep_warm) {
-                        (Some(job), _) => Ok(job),
-                        (None, None) => self.channel.recv().map_err(drop),
-                        (None, Some(interval)) => match self.channel.recv_timeout(interval) {
+                        (Ok(Some(job)), _) => Ok(job),
+                        (Err(()), _) => Err(()),
+                        // It polled the whole keep-warm interval (a spin as
+                        // long or longer, the latency mode's for ever).
+                        (Ok(None), Some(interval)) if self.spin >= interval => {
+                            return Step::Warm;
+                        }
+                        (Ok(None), None) => self.channel.recv().map_err(drop),
+                        (Ok(None), Some(interval)) => match self.channel.recv_timeout(interval) {
                             Ok(job) => Ok(job),
                             Err(RecvTimeoutError::Timeout) => return Step::Warm,
                             Err(RecvTimeoutError::Disconnected) => Err(()),

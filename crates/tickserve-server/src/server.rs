@@ -64,6 +64,20 @@ impl Server {
     /// Loads the repository, binds both front ends and starts serving.
     pub async fn start(config: &ServerConfig) -> anyhow::Result<Server> {
         observe::install_recorder();
+        // The latency mode pins its polling threads; one left unpinned would
+        // poll on a core another thread needs.
+        if let Some(cpu) = tickserve_runtime::first_unavailable_cpu(&config.latency.cores) {
+            anyhow::bail!(
+                "latency.cores names core {cpu}, which this process may not run on (the \
+                 machine's cores, less what taskset or the cgroup's cpuset leaves out)"
+            );
+        }
+        let placed = config.with_latency_placement();
+        let config = &placed;
+        if config.latency.enabled() {
+            tracing::info!(shm = ?config.shm.cpus, executors = ?config.runtime.executor_cpus,
+                warm = ?config.latency.warm, "latency mode: these threads poll on their cores");
+        }
         if config.runtime.mlockall {
             lock_memory()?;
         }
@@ -157,10 +171,10 @@ impl Server {
         let shm = if config.shm.enabled {
             let edge = Arc::clone(&edge);
             let runtime = tokio::runtime::Handle::current();
-            let config = config.shm.clone();
+            let (config, warm) = (config.shm.clone(), config.latency.warm);
             Some(
                 tokio::task::spawn_blocking(move || {
-                    shm::ShmFrontEnd::start(&config, edge, runtime)
+                    shm::ShmFrontEnd::start(&config, warm, edge, runtime)
                 })
                 .await
                 .context("the shared-memory front end panicked")??,

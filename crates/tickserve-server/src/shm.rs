@@ -11,7 +11,9 @@
 //! port, in rounds (every request waiting, answered in turn, then the next
 //! round: see [`rounds`]); after a request it keeps polling for `shm.spin`,
 //! then sleeps on the event (waking at least every [`TICK`] to clean up
-//! after clients that died).
+//! after clients that died). In the latency mode (`[latency]`) the spin is
+//! for ever: the thread, pinned to its core, never sleeps, and with
+//! `latency.warm` it reruns the last model it served while idle.
 //!
 //! A request runs on the thread that took it when it can finish there (the
 //! run-at-once path: an idle executor, nothing queued): the future is polled
@@ -155,9 +157,12 @@ pub struct ShmFrontEnd {
 
 impl ShmFrontEnd {
     /// Creates the services and starts `config.threads` threads serving them
-    /// with `edge`'s runtime; async work goes to `runtime`.
+    /// with `edge`'s runtime; async work goes to `runtime`. `warm`
+    /// (`latency.warm`; zero: never): a thread with no request for that long
+    /// runs the last model it served once more, on its own core.
     pub fn start(
         config: &ShmConfig,
+        warm: Duration,
         edge: Arc<Edge>,
         runtime: tokio::runtime::Handle,
     ) -> anyhow::Result<ShmFrontEnd> {
@@ -210,6 +215,7 @@ impl ShmFrontEnd {
             runtime,
             handles: Mutex::new(Handles::new()),
             spin: config.spin,
+            warm: (!warm.is_zero()).then_some(warm),
             max_answer_bytes: config.max_answer_bytes,
             gather: config.gather,
             _services: (service, wake),
@@ -267,6 +273,8 @@ struct Context_ {
     /// The handles given out.
     handles: Mutex<Handles>,
     spin: Duration,
+    /// `latency.warm`, when set.
+    warm: Option<Duration>,
     /// `shm.max_answer_bytes`.
     max_answer_bytes: usize,
     /// `shm.gather`.
@@ -329,6 +337,12 @@ fn serve(context: &Context_, stop: &AtomicBool) {
     // A round's requests whose answers wait for its gathered runs.
     let mut unfinished: Vec<Unfinished> = Vec::with_capacity(MAX_CLIENTS * MAX_REQUESTS_PER_CLIENT);
     let mut gathering = false;
+    // The handle of the last model this thread ran, and when it last ran
+    // anything (a request or a warm run): `latency.warm`.
+    let mut last_model: Option<u64> = None;
+    let mut last_run = Instant::now();
+    let warm_runs = metrics::counter!(tickserve_core::metrics::SHM_WARM_RUNS,
+        "thread" => std::thread::current().name().unwrap_or("shm").to_string());
     while !stop.load(Ordering::Acquire) {
         let mut served = false;
         loop {
@@ -344,7 +358,11 @@ fn serve(context: &Context_, stop: &AtomicBool) {
                         tickserve_runtime::gather::begin();
                         gathering = true;
                     }
-                    handle(context, active, gathering.then_some(&mut unfinished));
+                    if let Some(model) =
+                        handle(context, active, gathering.then_some(&mut unfinished))
+                    {
+                        last_model = Some(model);
+                    }
                     if gathering && rounds.left() == 0 {
                         finish_round(context, &mut unfinished);
                         gathering = false;
@@ -360,6 +378,7 @@ fn serve(context: &Context_, stop: &AtomicBool) {
         let now = Instant::now();
         if served {
             last_request = now;
+            last_run = now;
             continue;
         }
         if now.duration_since(last_cleanup) >= TICK {
@@ -367,6 +386,13 @@ fn serve(context: &Context_, stop: &AtomicBool) {
             context.node.try_cleanup_dead_nodes();
         }
         if now.duration_since(last_request) < context.spin {
+            if let (Some(interval), Some(model)) = (context.warm, last_model)
+                && now.duration_since(last_run) >= interval
+            {
+                warm(context, model);
+                warm_runs.increment(1);
+                last_run = Instant::now();
+            }
             std::hint::spin_loop();
             continue;
         }
@@ -377,8 +403,13 @@ fn serve(context: &Context_, stop: &AtomicBool) {
 
 /// Answers one request: a lookup here; an inference here when it can
 /// finish without waiting, else on the async runtime (in a gathering round,
-/// `round` keeps it until the round's runs: [`finish_round`]).
-fn handle(context: &Context_, active: ActiveRequest, round: Option<&mut Vec<Unfinished>>) {
+/// `round` keeps it until the round's runs: [`finish_round`]). The handle
+/// of the model an inference asked for, when it named a known one.
+fn handle(
+    context: &Context_,
+    active: ActiveRequest,
+    round: Option<&mut Vec<Unfinished>>,
+) -> Option<u64> {
     crate::faults::shm_request();
     let started = Instant::now();
     let bytes = active.payload();
@@ -391,7 +422,7 @@ fn handle(context: &Context_, active: ActiveRequest, round: Option<&mut Vec<Unfi
         };
         let error = context.edge.refuse(Protocol::Shm, "", started, error);
         respond_error(active, request_id, &error);
-        return;
+        return None;
     }
     // The client may still write its sample: what is checked and parsed is
     // a copy (the inputs are slices of it, not copied again).
@@ -402,13 +433,14 @@ fn handle(context: &Context_, active: ActiveRequest, round: Option<&mut Vec<Unfi
             let error = Error::request("", e.to_string());
             let error = context.edge.refuse(Protocol::Shm, "", started, error);
             respond_error(active, request_id, &error);
-            return;
+            return None;
         }
     };
     match request {
         wire::Request::Lookup { name, version, .. } => {
             let (name, version) = (name.to_string(), version.to_string());
             lookup(context, active, request_id, name, version);
+            None
         }
         wire::Request::Infer {
             request_id,
@@ -432,7 +464,7 @@ fn handle(context: &Context_, active: ActiveRequest, round: Option<&mut Vec<Unfi
                 };
                 let error = context.edge.refuse(Protocol::Shm, "", started, error);
                 respond_error(active, request_id, &error);
-                return;
+                return None;
             };
             let request = Infer {
                 request_id,
@@ -444,7 +476,26 @@ fn handle(context: &Context_, active: ActiveRequest, round: Option<&mut Vec<Unfi
                 started,
             };
             infer(context, active, request, round);
+            Some(handle)
         }
+    }
+}
+
+/// Runs the model behind `handle` once on this thread (`latency.warm`): the
+/// smallest bucket of each idle executor, nothing counted; a model gone
+/// since is skipped.
+fn warm(context: &Context_, handle: u64) {
+    let model = context
+        .handles
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .resolve(handle);
+    let Some((name, version)) = model else {
+        return;
+    };
+    let version = (!version.is_empty()).then_some(version.as_str());
+    if let Ok(model) = context.edge.runtime.model(&name, version) {
+        model.warm_here();
     }
 }
 

@@ -186,18 +186,43 @@ fn a_spinning_executor_takes_what_comes_and_parks_when_nothing_does() {
     let mut intake = Intake::new(channel, 64, Duration::ZERO).with_spin(Duration::from_millis(5));
     // Nothing comes: the poll gives up after its spin.
     let started = Instant::now();
-    assert!(intake.poll_for_job().is_none());
+    assert!(matches!(intake.poll_for_job(), Ok(None)));
     assert!(started.elapsed() >= Duration::from_millis(5));
     // A request that is there is taken without parking.
     sender.send(Row(Instant::now())).unwrap();
-    assert!(intake.poll_for_job().is_some());
+    assert!(matches!(intake.poll_for_job(), Ok(Some(_))));
+    // A closed channel ends the poll at once.
+    drop(sender);
+    assert!(intake.poll_for_job().is_err());
     // Without spin nothing is polled.
     let (_sender, channel) = std::sync::mpsc::channel::<Row>();
-    assert!(
-        Intake::new(channel, 64, Duration::ZERO)
-            .poll_for_job()
-            .is_none()
-    );
+    assert!(matches!(
+        Intake::new(channel, 64, Duration::ZERO).poll_for_job(),
+        Ok(None)
+    ));
+}
+
+/// The latency mode's executor polls for ever, yet still makes its warm
+/// runs: it polls one keep-warm interval at a time; and it stops once the
+/// channel closes instead of polling on.
+#[test]
+fn an_executor_polling_for_ever_still_warms_and_stops() {
+    let (sender, channel) = std::sync::mpsc::channel();
+    let mut intake = Intake::new(channel, 64, Duration::ZERO)
+        .with_spin(tickserve_core::latency::FOREVER)
+        .with_keep_warm(Some(Duration::from_millis(5)));
+    let (mut batch, mut expired) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(5), "{waited:?}");
+    assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
+    sender.send(Row(Instant::now())).unwrap();
+    assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
+    assert_eq!(batch.len(), 1);
+    drop(sender);
+    batch.clear();
+    assert_eq!(intake.next(&mut batch, &mut expired), Step::Stop);
 }
 
 /// A queued request of one row with a deadline.

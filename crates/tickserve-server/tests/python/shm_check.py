@@ -131,6 +131,11 @@ def main():
     check(time.monotonic() - started < 10, "the server slowed down after a client died")
     fresh = ShmClient(args.service)
     check("probabilities" in fresh.infer("alpha_mlp", good), "a new client after the kill")
+    # A client that yields its core while it waits (spin=0) gets the same answers.
+    yielding = ShmClient(args.service, spin=0)
+    check(np.array_equal(yielding.infer("alpha_mlp", good)["probabilities"],
+                         fresh.infer("alpha_mlp", good)["probabilities"]),
+          "a yielding client's answer differs")
     print("ok a client killed mid-request: the others are served")
     # Clients past the server's bound are told so, not that there is no server.
     extra, refusal = [], None

@@ -507,3 +507,124 @@ async fn a_rounds_rows_of_several_sequences_run_together_and_answer_as_alone() {
         }
     }
 }
+
+/// The first CPU this process may run on (`Cpus_allowed_list`).
+fn first_allowed_cpu() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    let first = list.trim().split([',', '-']).next().unwrap();
+    first.parse().unwrap()
+}
+
+/// This process's thread named `name`: its `/proc/self/task/TID` folder.
+fn thread_named(name: &str) -> std::path::PathBuf {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|task| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|comm| comm.trim() == name)
+        })
+        .unwrap_or_else(|| panic!("no thread named {name}"))
+}
+
+/// The scheduler state of a thread (`R` running or runnable, `S` asleep).
+fn state(task: &std::path::Path) -> char {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+    // The state follows the command name's closing parenthesis.
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}
+
+/// The latency mode (`[latency] cores`): the front-end thread is pinned to
+/// its core and never sleeps, idle or not (every look at it finds it
+/// running), answers as usual, and with `latency.warm` runs its last model
+/// again while idle (counted apart from requests). Without it, the same
+/// thread sleeps once idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latency_mode_pins_its_front_end_thread_which_never_sleeps_and_stays_warm() {
+    if support::alone(
+        module_path!(),
+        "the_latency_mode_pins_its_front_end_thread_which_never_sleeps_and_stays_warm",
+    ) {
+        return;
+    }
+    let cpu = first_allowed_cpu();
+    let looks = |task: std::path::PathBuf| async move {
+        let mut states = String::new();
+        for _ in 0..40 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            states.push(state(&task));
+        }
+        states
+    };
+    for latency in [false, true] {
+        let (server, service) = server_with(&format!("latency-{latency}"), |config| {
+            if latency {
+                config.latency.cores = vec![cpu];
+                config.latency.warm = std::time::Duration::from_millis(1);
+            }
+        })
+        .await;
+        let answers = tokio::task::spawn_blocking(move || {
+            let mut client = ShmClient::connect_to(&service).unwrap();
+            client.set_spin(std::time::Duration::MAX);
+            (0..20)
+                .map(|i| client.infer("alpha_mlp", &[alpha_row(i as f32)]).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+        assert_eq!(answers.len(), 20);
+        assert_eq!(answers[0][0].shape, vec![1, 3]);
+        let task = thread_named("shm-0");
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        let states = looks(task).await;
+        let base = format!("http://{}", server.http_addr);
+        let warm_runs = support::counter_total(
+            &support::metrics_text(&base).await,
+            tickserve_core::metrics::SHM_WARM_RUNS,
+        );
+        if latency {
+            assert_eq!(allowed, cpu.to_string(), "the thread is not pinned");
+            assert!(
+                states.chars().all(|s| s == 'R'),
+                "the latency mode's front-end thread slept: {states}"
+            );
+            assert!(warm_runs >= 1.0, "no warm run while idle: {warm_runs}");
+        } else {
+            assert!(
+                states.contains('S'),
+                "an idle front-end thread never slept: {states}"
+            );
+            assert_eq!(warm_runs, 0.0, "a warm run without latency.warm");
+        }
+        server.shutdown().await.unwrap();
+    }
+}
+
+/// A latency core this process may not run on stops the start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latency_core_the_process_may_not_use_stops_the_start() {
+    let mut config = support::config(&support::root().join("config/models"));
+    config.latency.cores = vec![1 << 20];
+    let error = tickserve_server::Server::start(&config)
+        .await
+        .err()
+        .expect("the start went on");
+    assert!(
+        error
+            .to_string()
+            .contains("latency.cores names core 1048576"),
+        "{error}"
+    );
+}
