@@ -10,12 +10,15 @@
 #   loadtest/run.sh family                 # RATE spread over tick_000..tick_007
 #
 # Scenarios: lib/scenarios.js. Env passed to k6: RATE, MAX_RATE, DURATION, VUS.
+# K6: the k6 binary (default .venv/bin/k6, which scripts/setup.sh installs);
+# LOADTEST_RESULTS: where the summaries go (default loadtest/results).
 # The server is started, waited for and stopped by scripts/bench/server.py (its binary:
 # $TICKSERVE_BIN, else target/release/tickserve, built here unless
 # TICKSERVE_SKIP_BUILD=1). Server and k6 share this machine's cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-results=loadtest/results
+results=${LOADTEST_RESULTS:-loadtest/results}
+k6=${K6:-.venv/bin/k6}
 
 # k6, run by scripts/bench/server.py (below) once the server it started is ready:
 # `loadtest/run.sh --k6 SCENARIO PROTOCOL...`; exits 1 if any thresholds fail.
@@ -23,9 +26,10 @@ if [ "${1:-}" = --k6 ]; then
   scenario=$2
   shift 2
   status=0
+  mkdir -p "$results"
   for protocol in "$@"; do
     summary="$results/$scenario-$protocol.json"
-    if .venv/bin/k6 run -q -e SCENARIO="$scenario" -e TICKSERVE_HTTP="http://127.0.0.1:$TICKSERVE_HTTP_PORT" \
+    if "$k6" run -q -e SCENARIO="$scenario" -e TICKSERVE_HTTP="http://127.0.0.1:$TICKSERVE_HTTP_PORT" \
         -e TICKSERVE_GRPC="127.0.0.1:$TICKSERVE_GRPC_PORT" -e RATE="${RATE:-1000}" -e MAX_RATE="${MAX_RATE:-8000}" \
         -e DURATION="${DURATION:-30s}" -e VUS="${VUS:-1}" --summary-export "$summary" \
         "loadtest/$protocol.js" > "$results/$scenario-$protocol.txt" 2>&1; then
