@@ -51,12 +51,15 @@ struct Mailbox {
   float y;       // the answer
 };
 
+// Matrices are stored transposed, [k][G]: a warp's 32 threads (32 consecutive gate rows)
+// read 32 consecutive floats of one k, one 128-byte line (row-major, [G][k], they would
+// read 32 lines a load, and shared memory would serve the same bank 32 times).
 struct Weights {
-  const float* w1;  // [G][F]
-  const float* r1;  // [G][H]
+  const float* w1;  // [F][G]
+  const float* r1;  // [H][G]
   const float* b1;  // [G]
-  const float* w2;  // [G][H]
-  const float* r2;  // [G][H]
+  const float* w2;  // [H][G]
+  const float* r2;  // [H][G]
   const float* b2;  // [G]
   const float* head;  // [H]
   float head_b;
@@ -90,7 +93,7 @@ __device__ void cell(const float* gates, float* h, float* c) {
 // mode 0: echo; 1: the step, weights from global memory; 2: the step, layer 2 and the
 // head from shared memory (FP16).
 __global__ void resident(Mailbox* box, Weights w, int mode) {
-  extern __shared__ __half resident_w[];  // mode 2: r2 [G][H] as FP16
+  extern __shared__ __half resident_w[];  // mode 2: r2 [H][G] as FP16
   __shared__ float x[F], h1[H], c1[H], h2[H], c2[H], gates[G];
   __shared__ int tick;
   int r = threadIdx.x;
@@ -123,12 +126,10 @@ __global__ void resident(Mailbox* box, Weights w, int mode) {
     __syncthreads();
     // Layer 1: gates = b1 + W1 x + R1 h1.
     float acc = w.b1[r];
-    const float* wr = w.w1 + r * F;
 #pragma unroll 8
-    for (int k = 0; k < F; ++k) acc += wr[k] * x[k];
-    const float* rr = w.r1 + r * H;
+    for (int k = 0; k < F; ++k) acc += w.w1[k * G + r] * x[k];
 #pragma unroll 8
-    for (int k = 0; k < H; ++k) acc += rr[k] * h1[k];
+    for (int k = 0; k < H; ++k) acc += w.r1[k * G + r] * h1[k];
     gates[r] = acc;
     __syncthreads();
     cell(gates, h1, c1);
@@ -136,15 +137,12 @@ __global__ void resident(Mailbox* box, Weights w, int mode) {
     // Layer 2: gates = b2 + W2 h1 + R2 h2.
     acc = w.b2[r];
     if (mode == 2) {
-      const float* w2 = w.w2 + r * H;
-      const __half* r2 = resident_w + r * H;
 #pragma unroll 8
-      for (int k = 0; k < H; ++k) acc += w2[k] * h1[k] + __half2float(r2[k]) * h2[k];
+      for (int k = 0; k < H; ++k)
+        acc += w.w2[k * G + r] * h1[k] + __half2float(resident_w[k * G + r]) * h2[k];
     } else {
-      const float* w2 = w.w2 + r * H;
-      const float* r2 = w.r2 + r * H;
 #pragma unroll 8
-      for (int k = 0; k < H; ++k) acc += w2[k] * h1[k] + r2[k] * h2[k];
+      for (int k = 0; k < H; ++k) acc += w.w2[k * G + r] * h1[k] + w.r2[k * G + r] * h2[k];
     }
     gates[r] = acc;
     __syncthreads();
@@ -183,15 +181,15 @@ struct Reference {
     std::vector<double> gates(G);
     for (int r = 0; r < G; ++r) {
       double a = host[2][r];
-      for (int k = 0; k < F; ++k) a += double(host[0][r * F + k]) * x[k];
-      for (int k = 0; k < H; ++k) a += double(host[1][r * H + k]) * h1[k];
+      for (int k = 0; k < F; ++k) a += double(host[0][k * G + r]) * x[k];
+      for (int k = 0; k < H; ++k) a += double(host[1][k * G + r]) * h1[k];
       gates[r] = a;
     }
     step(gates, h1, c1);
     for (int r = 0; r < G; ++r) {
       double a = host[5][r];
       for (int k = 0; k < H; ++k)
-        a += double(host[3][r * H + k]) * h1[k] + double(q(host[4][r * H + k])) * h2[k];
+        a += double(host[3][k * G + r]) * h1[k] + double(q(host[4][k * G + r])) * h2[k];
       gates[r] = a;
     }
     step(gates, h2, c2);
