@@ -87,11 +87,13 @@ write_summary
 library=$root/.local/lib/libonnxruntime.so.1.31.1
 export TICKSERVE_ONNXRUNTIME_LIBRARY=$library
 "$py" scripts/dev/make_models.py --bench "$work/models" >"$OUT/models.log" 2>&1
-# config NAME EXTRA: a server configuration on the benchmark models, shared memory on.
+# config NAME EXTRA DIR: a server configuration on the models in DIR, shared memory on,
+# every model on the CPU (a GPU machine's default, "auto", would put them on its GPU;
+# CORES_DEVICE=gpu:0 measures that instead).
 config() {
   local name=$1 extra=${2:-}
-  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\n[shm]\nenabled = true\nservice = "tickserve-cores-%s"\n[model_defaults]\n%s\n' \
-    "$3" "$library" "$name" "$extra" >"$work/$name.toml"
+  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\n[shm]\nenabled = true\nservice = "tickserve-cores-%s"\n[model_defaults]\ndevices = ["%s"]\n%s\n' \
+    "$3" "$library" "$name" "${CORES_DEVICE:-cpu}" "$extra" >"$work/$name.toml"
   echo "$work/$name.toml"
 }
 plain=$(config plain "" "$work/models")
