@@ -15,10 +15,11 @@
 # Steps: 1 the machine; 2 the per-tick harness (tickserve-bench) on the 2x128 LSTM tick
 # over shared memory at 1, 8, 64, 256 and 512 instances, then at 8 and 64 with the clients
 # yielding (--client-spin 0s), shm.gather on (2b) and off (2c), the whole sweep with
-# shm.gather off (2d), an open loop of 64 instruments at 1 kHz and 100 Hz (2e); 3 the other models and gRPC at
+# shm.gather off (2d), an open loop of 64 instruments at 1 kHz and 100 Hz (2e), the sweep
+# with 4 front-end threads and 4 executors a model (2f); 3 the other models and gRPC at
 # one instance (the tree ensemble, the 100-tick window, the LSTM over gRPC); 4 sparse
 # ticks (one every 10 ms, 100 ms, 1 s, open loop) with keep_warm off and on, and in the
-# latency mode beside its closed loop (4c); 5 batching at
+# latency mode beside its closed loop (4c) and without its warm runs (4d); 5 batching at
 # concurrency 32 (perf_analyzer, gRPC, alpha_mlp): batched against unbatched; 6 priority
 # levels (scripts/bench/bench_priorities.sh --closed): level 1's p99 idle and while 8
 # level-2 requests stay outstanding (the bar: at most twice idle); 7 the k6 load tests
@@ -141,8 +142,16 @@ wanted 2 && step "2c. the same, clients yielding, shm.gather = false" 60 sweep.l
 wanted 2 && step "2d. the sweep of step 2, shm.gather = false" 90 sweep.log "$serve" "$alone" \
   bash -c 'sweep tickserve-cores-alone ", shm.gather = false" "$CORES_SWEEP"'
 
-# Open loop: 64 instruments, each tick due 1 ms (then 10 ms) after the one before, the
-# latency counted from when it was due (a late send counts).
+# The sweep with 4 front-end threads and 4 executors per model: whether the server's
+# throughput grows past one front-end thread's.
+threads4=$(config threads4 "executors = 4" "$work/models")
+sed -i 's/^enabled = true$/enabled = true\nthreads = 4/' "$threads4"
+wanted 2 && step "2f. the sweep of step 2, shm.threads = 4, executors = 4" 90 sweep.log "$serve" "$threads4" \
+  bash -c 'sweep tickserve-cores-threads4 ", shm.threads = 4, executors = 4" "$CORES_SWEEP"'
+
+# Open loop: 64 instruments, each tick due 1 ms (then 10 ms) after the one before, their
+# phases spread over the interval, the latency counted from when it was due (a late send
+# counts).
 export CORES_OPEN=${CORES_OPEN:-64:1ms:1000 64:10ms:200}
 open_loop() {
   local case instances every ticks
@@ -190,6 +199,11 @@ printf '[latency]\ncores = [%s]\nwarm = "1ms"\n' "$latency_cores" >>"$latency"
 wanted 4 && step "4c. sparse ticks, the latency mode (cores $latency_cores, warm 1ms; client spinning)" 70 \
   sparse.log "$serve" "$latency" env SPARSE=latency SPARSE_CLOSED=1 \
   SPARSE_ARGS="--client-spin 1h --client-wait spin" bash -c sparse
+# The same without latency.warm: what the front-end thread's warm runs give.
+cold=$(config cold "" "$work/models")
+printf '[latency]\ncores = [%s]\n' "$latency_cores" >>"$cold"
+wanted 4 && step "4d. sparse ticks, the latency mode without warm runs" 60 sparse.log "$serve" "$cold" \
+  env SPARSE=cold SPARSE_ARGS="--client-spin 1h --client-wait spin" bash -c sparse
 
 # 5. Batching at concurrency 32: perf_analyzer (the carried wheel's binary) over gRPC on
 # alpha_mlp, one row per request, against the shipped buckets and against buckets = [1].

@@ -69,9 +69,15 @@ struct Args {
     #[arg(long, default_value = "http://127.0.0.1:8001")]
     grpc: String,
     /// Open loop: every instance's next counted tick is due this long after
-    /// its last was due (`10ms`, `1s`); closed loop without it.
+    /// its last was due (`10ms`, `1s`); closed loop without it. Instance i
+    /// of N ticks i/N of an interval after instance 0 (instruments tick at
+    /// their own phases), unless `--aligned`.
     #[arg(long, value_parser = humantime::parse_duration)]
     interval: Option<Duration>,
+    /// Open loop: every instance's tick falls due at the same instant (a
+    /// burst of N ticks each interval) instead of at phases spread over it.
+    #[arg(long)]
+    aligned: bool,
     /// The ONNX Runtime library for the reference.
     #[arg(
         long,
@@ -175,6 +181,8 @@ struct Settings {
     warmup: usize,
     ticks: usize,
     interval: Option<Duration>,
+    /// Every instance's phase in the interval: `i / phases` of it (1: aligned).
+    phases: u32,
     client_spin: Duration,
     client_wait: Wait,
 }
@@ -211,6 +219,11 @@ fn run(args: &Args) -> Result<(), String> {
         warmup: args.warmup,
         ticks: args.ticks,
         interval: args.interval,
+        phases: if args.aligned {
+            1
+        } else {
+            u32::try_from(instances).unwrap_or(u32::MAX)
+        },
         client_spin: args.client_spin,
         client_wait: args.client_wait,
     };
@@ -266,6 +279,7 @@ fn run(args: &Args) -> Result<(), String> {
     let line = serde_json::json!({
         "model": workload.name, "transport": args.transport.name(), "instances": instances,
         "ticks": args.ticks, "warmup": args.warmup, "interval_us": interval_us,
+        "aligned": args.aligned,
         "client_spin_us": args.client_spin.as_secs_f64() * 1e6,
         "client_wait": format!("{:?}", args.client_wait).to_lowercase(),
         "p50_us": e2e.p50, "p99_us": e2e.p99, "p999_us": e2e.p999, "max_us": e2e.max,
@@ -401,13 +415,21 @@ fn client(
     warm?;
     let began = Instant::now();
     for (n, t) in (warmup..warmup + ticks).enumerate() {
+        // The first counted tick is due one interval after the warm-up, as
+        // every later one is after the one before: none finds the path warm
+        // from a tick just answered.
         let due = settings
             .interval
-            // The first counted tick is due one interval after the warm-up, as
-            // every later one is after the one before: none finds the path warm
-            // from a tick just answered.
             .map(|every| began + every.saturating_mul(u32::try_from(n + 1).unwrap_or(u32::MAX)));
         for (i, m) in measured.iter_mut() {
+            // Instance i's phase: i / phases of an interval later.
+            let phase = |every: Duration| {
+                let i = u32::try_from(*i).unwrap_or(u32::MAX) % settings.phases.max(1);
+                every / settings.phases.max(1) * i
+            };
+            let due = due
+                .zip(settings.interval)
+                .map(|(d, every)| d + phase(every));
             let (took, compute, answer) = send(*i, t, due)?;
             m.answers.push(answer);
             m.latency.push(took);
