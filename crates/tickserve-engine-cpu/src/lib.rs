@@ -23,6 +23,7 @@
 
 pub mod engine;
 pub mod forest;
+pub mod fuzzing;
 pub mod kernels;
 pub mod packed;
 pub mod recurrent;

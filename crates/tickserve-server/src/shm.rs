@@ -283,6 +283,16 @@ struct Context_ {
     _services: (RequestService, WakeService),
 }
 
+impl Context_ {
+    /// The model name and version behind a handle this process gave out.
+    fn resolve(&self, handle: u64) -> Option<(String, String)> {
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .resolve(handle)
+    }
+}
+
 /// The first wait before a thread that panicked starts again; it doubles
 /// with each panic in a row, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -449,12 +459,7 @@ fn handle(
             parameters,
             inputs,
         } => {
-            let model = context
-                .handles
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .resolve(handle);
-            let Some((name, version)) = model else {
+            let Some((name, version)) = context.resolve(handle) else {
                 let error = Error::ModelNotFound {
                     model: format!("handle {handle:#018x}"),
                     version: None,
@@ -485,12 +490,7 @@ fn handle(
 /// smallest bucket of each idle executor, nothing counted; a model gone
 /// since is skipped.
 fn warm(context: &Context_, handle: u64) {
-    let model = context
-        .handles
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .resolve(handle);
-    let Some((name, version)) = model else {
+    let Some((name, version)) = context.resolve(handle) else {
         return;
     };
     let version = (!version.is_empty()).then_some(version.as_str());

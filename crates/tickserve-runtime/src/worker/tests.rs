@@ -155,25 +155,31 @@ fn requests_that_came_while_the_executor_was_busy_wait_for_company() {
     assert!(admitted.elapsed() >= delay, "went before max_queue_delay");
 }
 
-#[test]
-fn an_idle_executor_with_keep_warm_asks_for_a_warm_run_and_a_request_still_goes_first() {
-    let (sender, channel) = std::sync::mpsc::channel();
-    let mut intake =
-        Intake::new(channel, 64, Duration::ZERO).with_keep_warm(Some(Duration::from_millis(5)));
+/// Nothing comes for 5 ms: a warm run, and nothing taken; a request that is
+/// there goes first (no warm run before it); once every sender is gone the
+/// intake stops, warm runs or not.
+fn warms_then_answers_then_stops(mut intake: Intake<Row>, sender: std::sync::mpsc::Sender<Row>) {
     let (mut batch, mut expired) = (Vec::new(), Vec::new());
-    // Nothing comes for 5 ms: a warm run, and nothing taken.
     let started = Instant::now();
     assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
-    assert!(started.elapsed() >= Duration::from_millis(5));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(5), "{waited:?}");
     assert!(batch.is_empty() && expired.is_empty());
-    // A request that is there goes first: no warm run before it.
+    assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
     sender.send(Row(Instant::now())).unwrap();
     assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
     assert_eq!(batch.len(), 1);
-    // Once every sender is gone it stops, warm runs or not.
     drop(sender);
     batch.clear();
     assert_eq!(intake.next(&mut batch, &mut expired), Step::Stop);
+}
+
+#[test]
+fn an_idle_executor_with_keep_warm_asks_for_a_warm_run_and_a_request_still_goes_first() {
+    let (sender, channel) = std::sync::mpsc::channel();
+    let intake =
+        Intake::new(channel, 64, Duration::ZERO).with_keep_warm(Some(Duration::from_millis(5)));
+    warms_then_answers_then_stops(intake, sender);
     // A zero interval is no keep-warm.
     let (_sender, channel) = std::sync::mpsc::channel::<Row>();
     let cold = Intake::new(channel, 64, Duration::ZERO).with_keep_warm(Some(Duration::ZERO));
@@ -208,21 +214,10 @@ fn a_spinning_executor_takes_what_comes_and_parks_when_nothing_does() {
 #[test]
 fn an_executor_polling_for_ever_still_warms_and_stops() {
     let (sender, channel) = std::sync::mpsc::channel();
-    let mut intake = Intake::new(channel, 64, Duration::ZERO)
+    let intake = Intake::new(channel, 64, Duration::ZERO)
         .with_spin(tickserve_core::latency::FOREVER)
         .with_keep_warm(Some(Duration::from_millis(5)));
-    let (mut batch, mut expired) = (Vec::new(), Vec::new());
-    let started = Instant::now();
-    assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
-    let waited = started.elapsed();
-    assert!(waited >= Duration::from_millis(5), "{waited:?}");
-    assert_eq!(intake.next(&mut batch, &mut expired), Step::Warm);
-    sender.send(Row(Instant::now())).unwrap();
-    assert_eq!(intake.next(&mut batch, &mut expired), Step::Answer);
-    assert_eq!(batch.len(), 1);
-    drop(sender);
-    batch.clear();
-    assert_eq!(intake.next(&mut batch, &mut expired), Step::Stop);
+    warms_then_answers_then_stops(intake, sender);
 }
 
 /// A queued request of one row with a deadline.
