@@ -145,3 +145,62 @@ async fn a_round_at_the_inline_cap_runs_once_and_one_more_row_runs_twice() {
     }
     stop(runtime);
 }
+
+/// A round whose requests interleave two families (`alpha_mlp`, `tick_000`):
+/// each family takes its own requests out of the round, in arrival order,
+/// and every request is answered as it is alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_of_two_families_runs_each_familys_own_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    support::copy_sample_model(dir.path(), "alpha_mlp", None);
+    support::copy_sample_model(dir.path(), "tick_000", None);
+    let mut config = tickserve_core::config::ServerConfig::default();
+    config.repository.path = dir.path().to_path_buf();
+    config.runtime.onnxruntime_library = support::library();
+    let runtime = Runtime::load(&config).unwrap();
+    let tick = |first: f32| {
+        let values: Vec<f32> = std::iter::once(first)
+            .chain((1..16).map(|i| i as f32 / 32.0))
+            .collect();
+        support::request("tick_000", "features", vec![1, 16], &values)
+    };
+    let requests: Vec<_> = (1..=6)
+        .map(|i| {
+            if i % 2 == 1 {
+                row(0, i as f32)
+            } else {
+                tick(i as f32)
+            }
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for request in &requests {
+        alone.push(runtime.infer(request.clone()).await.unwrap());
+    }
+    gather::begin();
+    let mut answers: Vec<Answer<'_>> = requests
+        .iter()
+        .map(|request| Box::pin(runtime.infer(request.clone())) as Answer<'_>)
+        .collect();
+    for (i, answer) in answers.iter_mut().enumerate() {
+        assert!(poll_once(answer).is_pending(), "request {i} ran alone");
+    }
+    assert_eq!(gather::run(), 6, "answered on this thread");
+    for (i, answer) in answers.iter_mut().enumerate() {
+        let Poll::Ready(Ok(answer)) = poll_once(answer) else {
+            panic!("request {i} was not answered by the round's runs");
+        };
+        assert_eq!(
+            answer.outputs[0].name, alone[i].outputs[0].name,
+            "request {i}"
+        );
+        for (g, w) in values(&answer).iter().zip(values(&alone[i])) {
+            assert!(
+                (g - w).abs() <= 1e-5,
+                "request {i}: {g} in the round, {w} alone"
+            );
+        }
+    }
+    drop(answers);
+    runtime.shutdown();
+}
