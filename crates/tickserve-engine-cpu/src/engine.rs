@@ -11,7 +11,7 @@ use tickserve_core::{
     Signature, Weight, metrics as names,
 };
 use tickserve_onnx::ModelGraph;
-use tickserve_plan::forest::import_forest;
+use tickserve_plan::forest::{Yield, import_forest};
 use tickserve_plan::plan::Plan;
 use tickserve_plan::{Imported, arrange, import};
 
@@ -123,8 +123,17 @@ impl CpuEngine {
     ) -> Result<CpuModel, EngineError> {
         let forest = CompiledForest::new(forest).map_err(EngineError::Unsupported)?;
         let (features, targets) = (forest.features(), forest.targets());
+        let dims = forest
+            .forest()
+            .outputs
+            .iter()
+            .map(|(_, y)| match y {
+                Yield::Scores => vec![targets],
+                Yield::Label => Vec::new(),
+            })
+            .collect();
         let mut model = CpuModel {
-            signature: signature.complete(vec![vec![targets]]),
+            signature: signature.complete(dims),
             buckets: buckets.clone(),
             program: Program::Forest {
                 inputs: buckets
@@ -137,10 +146,11 @@ impl CpuEngine {
                     .iter()
                     .map(|&r| vec![0.0; r * targets])
                     .collect(),
+                labels: buckets.sizes().iter().map(|&r| vec![0; r]).collect(),
                 scores: vec![0.0; targets],
                 given: vec![false; targets],
                 members: std::collections::HashSet::from([SOLE_MEMBER]),
-                forest,
+                forest: Box::new(forest),
             },
             isa: self.isa,
         };
@@ -163,7 +173,7 @@ fn compiled(graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<Compiled, 
                 "a tree ensemble's trees are constants: it has no weights to share".to_string(),
             ));
         }
-        return import_forest(&graph.onnx, &graph.signature.inputs)
+        return import_forest(&graph.onnx, &graph.signature)
             .map(Compiled::Forest)
             .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()));
     }
@@ -242,13 +252,15 @@ enum Program {
         sized: Vec<Bucket>,
         members: HashMap<MemberId, Packed>,
     },
-    /// A forest: its input and output per bucket, a row's scratch, its
-    /// members (models of the same trees: a forest has no weights to swap).
+    /// A forest: its input, scores and labels per bucket, a row's scratch,
+    /// its members (models of the same trees: a forest has no weights to
+    /// swap).
     Forest {
-        forest: CompiledForest,
+        forest: Box<CompiledForest>,
         members: std::collections::HashSet<MemberId>,
         inputs: Vec<Vec<f32>>,
         outputs: Vec<Vec<f32>>,
+        labels: Vec<Vec<i64>>,
         scores: Vec<f32>,
         given: Vec<bool>,
     },
@@ -271,6 +283,14 @@ fn bytes(floats: &[f32]) -> &[u8] {
     // alignment, and the borrow keeps the floats alive and unchanged.
     unsafe {
         std::slice::from_raw_parts(floats.as_ptr().cast::<u8>(), std::mem::size_of_val(floats))
+    }
+}
+
+/// `labels` as the bytes they are stored in.
+fn labels_bytes(labels: &[i64]) -> &[u8] {
+    // SAFETY: as `bytes`: an i64 slice is `8 · len` initialised bytes.
+    unsafe {
+        std::slice::from_raw_parts(labels.as_ptr().cast::<u8>(), std::mem::size_of_val(labels))
     }
 }
 
@@ -333,6 +353,7 @@ impl CompiledModel for CpuModel {
                 forest,
                 inputs,
                 outputs,
+                labels,
                 scores,
                 given,
                 members,
@@ -342,7 +363,14 @@ impl CompiledModel for CpuModel {
                         "member {member} is not loaded"
                     )));
                 }
-                forest.run(&inputs[bucket], rows, &mut outputs[bucket], scores, given);
+                forest.run(
+                    &inputs[bucket],
+                    rows,
+                    &mut outputs[bucket],
+                    &mut labels[bucket],
+                    scores,
+                    given,
+                );
             }
         }
         Ok(())
@@ -354,7 +382,15 @@ impl CompiledModel for CpuModel {
                 let value = plan.outputs[output].1;
                 bytes(&sized[bucket].values[value])
             }
-            Program::Forest { outputs, .. } => bytes(&outputs[bucket]),
+            Program::Forest {
+                forest,
+                outputs,
+                labels,
+                ..
+            } => match forest.forest().outputs.get(output) {
+                Some((_, Yield::Label)) => labels_bytes(&labels[bucket]),
+                _ => bytes(&outputs[bucket]),
+            },
         }
     }
 

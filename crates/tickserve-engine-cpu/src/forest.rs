@@ -179,20 +179,23 @@ impl CompiledForest {
         &self.forest
     }
 
-    /// Runs `rows` rows of `input` into `output`; `scores` and `given` are
+    /// Runs `rows` rows of `input` into `output` (`targets` a row) and
+    /// `labels` (a classifier's, one a row); `scores` and `given` are
     /// `targets` long (scratch).
     pub fn run(
         &self,
         input: &[f32],
         rows: usize,
         output: &mut [f32],
+        labels: &mut [i64],
         scores: &mut [f32],
         given: &mut [bool],
     ) {
         let (features, targets) = (self.forest.features, self.forest.targets);
-        for (row, out) in input
+        for ((row, out), label) in input
             .chunks_exact(features) // each row exactly as long as the walk reads
             .zip(output.chunks_exact_mut(targets))
+            .zip(labels.iter_mut())
             .take(rows)
         {
             scores.fill(0.0);
@@ -206,7 +209,7 @@ impl CompiledForest {
                 (None, Mode::Eq) => self.walk(row, scores, given, |_, x, t| x == t),
                 (None, Mode::Neq) => self.walk(row, scores, given, |_, x, t| x != t),
             }
-            self.forest.finish(scores, given, out);
+            *label = self.forest.finish(scores, given, out);
         }
     }
 

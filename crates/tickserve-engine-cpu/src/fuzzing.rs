@@ -10,7 +10,7 @@
 //! the same order).
 
 use crate::forest::CompiledForest;
-use tickserve_plan::forest::{Aggregate, Forest, Mode, Node, PostTransform, Tree};
+use tickserve_plan::forest::{Aggregate, Forest, Mode, Node, PostTransform, Tree, Yield};
 
 /// The fuzzer's bytes as a stream of choices (zeros once they run out).
 struct Draw<'a>(&'a [u8]);
@@ -103,7 +103,8 @@ pub fn forest(data: &[u8]) {
         PostTransform::None,
         PostTransform::Logistic,
         PostTransform::Softmax,
-    ][d.below(3)];
+        PostTransform::SoftmaxZero,
+    ][d.below(4)];
     let base_values = match d.below(3) {
         0 => Vec::new(),
         1 if targets == 1 => vec![d.float()],
@@ -119,8 +120,10 @@ pub fn forest(data: &[u8]) {
     let forest = Forest {
         input: "x".to_string(),
         features,
-        output: "y".to_string(),
+        outputs: vec![("y".to_string(), Yield::Scores)],
         targets,
+        classes: None,
+        scale: 1.0,
         aggregate,
         post_transform,
         base_values,
@@ -142,10 +145,18 @@ pub fn forest(data: &[u8]) {
     let rows = 1 + d.below(4);
     let input: Vec<f32> = (0..rows * features).map(|_| d.float()).collect();
     let mut output = vec![0.0f32; rows * targets];
+    let mut labels = vec![0i64; rows];
     let (mut scores, mut given) = (vec![0.0f32; targets], vec![false; targets]);
-    compiled.run(&input, rows, &mut output, &mut scores, &mut given);
+    compiled.run(
+        &input,
+        rows,
+        &mut output,
+        &mut labels,
+        &mut scores,
+        &mut given,
+    );
     for (r, row) in input.chunks_exact(features).enumerate() {
-        let want = forest.evaluate(row);
+        let (want, _) = forest.evaluate(row);
         let got = &output[r * targets..(r + 1) * targets];
         for (g, w) in got.iter().zip(&want) {
             assert!(

@@ -1,27 +1,37 @@
-//! A tree ensemble as a [`Forest`]: the one `TreeEnsembleRegressor` node
-//! (`ai.onnx.ml`) of a model, as LightGBM, XGBoost and scikit-learn export
-//! them through onnxmltools and skl2onnx, read into trees of branches and
-//! leaves with every attribute checked (ids, features, children, targets),
-//! and [`Forest::evaluate`], its meaning for one row in plain Rust, as ONNX
-//! Runtime computes it: each tree walked from its root, a branch taken when
-//! its comparison holds or when the feature is NaN and the node sends
-//! missing values that way; the leaves' weights aggregated per target
-//! (sum, average, min, max), the base values added, then the post
-//! transform (`NONE`, `LOGISTIC`, `SOFTMAX`; for one target ONNX Runtime
-//! applies none of them, and neither does this).
+//! A tree ensemble as a [`Forest`]: the one `TreeEnsembleRegressor` or
+//! `TreeEnsembleClassifier` node (`ai.onnx.ml`) of a model, as LightGBM,
+//! XGBoost and scikit-learn export them through onnxmltools and skl2onnx,
+//! read into trees of branches and leaves with every attribute checked
+//! (ids, features, children, targets, classes), and [`Forest::evaluate`],
+//! its meaning for one row in plain Rust, as ONNX Runtime computes it: each
+//! tree walked from its root, a branch taken when its comparison holds or
+//! when the feature is NaN and the node sends missing values that way; the
+//! leaves' weights aggregated per target (sum, average, min, max; a
+//! classifier's per class, summed), the base values added, then the post
+//! transform (`NONE`, `LOGISTIC`, `SOFTMAX`, `SOFTMAX_ZERO`; for one target
+//! ONNX Runtime applies none of them, and neither does this). A classifier
+//! also gives its label: the top class's, or for two classes ONNX
+//! Runtime's binary rules ([`Forest::finish`]).
+//!
+//! The exporters put a few nodes after the ensemble (LightGBM: an
+//! `Identity` per output, a `Cast` of the label to INT64, the probabilities
+//! multiplied by a constant 1): `Identity`, a `Cast` to the type the value
+//! already has and one `Mul` of the scores by a one-element FP32 constant
+//! are read; any other node is refused.
 //!
 //! What this reads is as hostile as a request: a branch naming a feature
 //! the input lacks, a child outside its tree, a node reached twice (a
-//! cycle), a weight on a branch or for a target beyond `n_targets` is
-//! refused, naming the node. Classifiers (`TreeEnsembleClassifier`),
-//! `SOFTMAX_ZERO` and `PROBIT` are not taken yet: such a model runs on ONNX
-//! Runtime.
+//! cycle), a weight on a branch or for a target beyond `n_targets` (a class
+//! beyond the labels) is refused, naming the node. `PROBIT`, string class
+//! labels and the few class layouts where ONNX Runtime's answer is not
+//! defined (it fails the row, or leaves a probability unwritten) are not
+//! taken: such a model runs on ONNX Runtime.
 
 use std::collections::HashMap;
 
-use tickserve_core::{DataType, TensorSpec};
-use tickserve_onnx::OnnxModel;
+use tickserve_core::DataType;
 use tickserve_onnx::proto::{AttributeProto, NodeProto};
+use tickserve_onnx::{OnnxModel, PartialSignature};
 
 use crate::import::Unsupported;
 
@@ -113,6 +123,30 @@ pub enum PostTransform {
     Logistic,
     /// Softmax over a row's scores.
     Softmax,
+    /// Softmax over a row's scores that leaves a score of 0 (within
+    /// 1e-7) near 0: `e^(s - max)` for the others, `s · e^-max` for it.
+    SoftmaxZero,
+}
+
+/// What one output of the graph holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Yield {
+    /// The scores: `targets` FP32 a row (a classifier's probabilities).
+    Scores,
+    /// A classifier's label: one INT64 a row.
+    Label,
+}
+
+/// A classifier's classes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classes {
+    /// The label of each class id.
+    pub labels: Vec<i64>,
+    /// Every weight names one class id: ONNX Runtime's binary case (two
+    /// classes, the second's probability derived from the first's score).
+    pub one_class: bool,
+    /// No weight is negative (a binary score is then a probability).
+    pub all_positive: bool,
 }
 
 /// A regression tree ensemble.
@@ -122,10 +156,15 @@ pub struct Forest {
     pub input: String,
     /// Floats per row of the input.
     pub features: usize,
-    /// The output's name.
-    pub output: String,
-    /// Scores per row of the output.
+    /// The graph's outputs, in order: their names and what each holds.
+    pub outputs: Vec<(String, Yield)>,
+    /// Scores per row (a classifier's: one per class).
     pub targets: usize,
+    /// A classifier's classes; `None` for a regressor.
+    pub classes: Option<Classes>,
+    /// The scores are multiplied by this after the post transform (a `Mul`
+    /// after the ensemble; 1 without one).
+    pub scale: f32,
     /// How leaves' weights combine.
     pub aggregate: Aggregate,
     /// Applied to the scores.
@@ -194,22 +233,40 @@ fn index(id: i64) -> Option<usize> {
 /// (its place in the tree, and which side) that names it.
 type Pending = (usize, usize, Option<(usize, bool)>);
 
-/// Reads `model` as a forest: one `TreeEnsembleRegressor` node from its one
-/// FP32 input (`inputs`, the signature's) to its one output.
-pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest, Unsupported> {
+/// Reads `model` as a forest: one `TreeEnsembleRegressor` or
+/// `TreeEnsembleClassifier` node from the one FP32 input of `signature`,
+/// followed by nothing but the nodes the exporters add (see the module's
+/// documentation), to the graph's outputs.
+pub fn import_forest(
+    model: &OnnxModel,
+    signature: &PartialSignature,
+) -> Result<Forest, Unsupported> {
     let graph = model.graph_proto();
     let whole = |reason: &str| Unsupported {
         op: "graph".to_string(),
         node: String::new(),
         reason: reason.to_string(),
     };
-    let [node] = graph.node.as_slice() else {
-        return Err(whole("a forest is one TreeEnsembleRegressor node"));
+    let ensembles: Vec<&NodeProto> = graph
+        .node
+        .iter()
+        .filter(|n| n.domain() == "ai.onnx.ml" && n.op_type().starts_with("TreeEnsemble"))
+        .collect();
+    let [node] = ensembles.as_slice() else {
+        return Err(whole("a forest is one TreeEnsemble node"));
     };
-    if node.domain() != "ai.onnx.ml" || node.op_type() != "TreeEnsembleRegressor" {
-        return Err(refuse(node, "not a TreeEnsembleRegressor of ai.onnx.ml"));
-    }
-    let [input] = inputs else {
+    let node: &NodeProto = node;
+    let classifier = match node.op_type() {
+        "TreeEnsembleRegressor" => false,
+        "TreeEnsembleClassifier" => true,
+        _ => {
+            return Err(refuse(
+                node,
+                "not a TreeEnsembleRegressor or TreeEnsembleClassifier",
+            ));
+        }
+    };
+    let [input] = signature.inputs.as_slice() else {
         return Err(whole("a forest takes one input"));
     };
     if input.datatype != DataType::Fp32 || input.dims.len() != 1 {
@@ -218,18 +275,22 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
     if node.input.first().map(String::as_str) != Some(input.name.as_str()) {
         return Err(refuse(node, "it must read the graph's input"));
     }
-    let [output] = graph.output.as_slice() else {
-        return Err(whole("a forest gives one output"));
-    };
-    if node.output.first().map(String::as_str) != Some(output.name()) {
-        return Err(refuse(node, "it must write the graph's output"));
-    }
     let features = input.dims[0];
-    let targets = index(attribute(node, "n_targets").map_or(1, |a| a.i()))
-        .filter(|t| (1..=1 << 16).contains(t))
-        .ok_or_else(|| refuse(node, "n_targets must be from 1 to 65536"))?;
+    let classes = if classifier {
+        Some(read_classes(node)?)
+    } else {
+        None
+    };
+    let targets = match &classes {
+        Some(classes) => classes.labels.len(),
+        None => index(attribute(node, "n_targets").map_or(1, |a| a.i()))
+            .filter(|t| (1..=MAX_TARGETS).contains(t))
+            .ok_or_else(|| refuse(node, "n_targets must be from 1 to 65536"))?,
+    };
     let aggregate = match string(node, "aggregate_function", "SUM") {
         "SUM" => Aggregate::Sum,
+        // A classifier's trees are summed, whatever the node says.
+        _ if classifier => Aggregate::Sum,
         "AVERAGE" => Aggregate::Average,
         "MIN" => Aggregate::Min,
         "MAX" => Aggregate::Max,
@@ -239,18 +300,215 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
         "NONE" => PostTransform::None,
         "LOGISTIC" => PostTransform::Logistic,
         "SOFTMAX" => PostTransform::Softmax,
+        "SOFTMAX_ZERO" => PostTransform::SoftmaxZero,
         // ONNX Runtime's probit outside (0, 1) is not IEEE's (an
         // approximation's edge cases): a PROBIT forest stays on it.
         other => return Err(refuse(node, format!("post_transform {other}"))),
     };
     let base_values = floats(node, "base_values")?;
-    if !(base_values.is_empty() || base_values.len() == targets) {
+    let base_fits = match &classes {
+        // Two classes: ONNX Runtime reads none, one (the first class's
+        // score) or two.
+        Some(_) if targets == 2 => base_values.len() <= 2,
+        _ => base_values.is_empty() || base_values.len() == targets,
+    };
+    if !base_fits {
         return Err(refuse(
             node,
             format!("{} base_values for {targets} targets", base_values.len()),
         ));
     }
+    let outputs = read_outputs(model, node, classifier, signature)?;
+    let (trees, weights_given) = read_trees(node, features, targets, aggregate, classifier)?;
+    let forest = Forest {
+        input: input.name.clone(),
+        features,
+        outputs: outputs.0,
+        targets,
+        classes,
+        scale: outputs.1,
+        aggregate,
+        post_transform,
+        base_values,
+        trees,
+    };
+    if let Some(classes) = &forest.classes {
+        defined(node, &forest, classes, weights_given)?;
+    }
+    Ok(forest)
+}
 
+/// The most targets (classes) of a forest.
+pub const MAX_TARGETS: usize = 1 << 16;
+
+/// A classifier's labels, and how its weights name the classes.
+fn read_classes(node: &NodeProto) -> Result<Classes, Unsupported> {
+    if attribute(node, "classlabels_strings").is_some_and(|a| !a.strings.is_empty()) {
+        return Err(refuse(
+            node,
+            "its class labels are strings: tickserve serves no string tensors",
+        ));
+    }
+    let labels = ints(node, "classlabels_int64s").to_vec();
+    if !(2..=MAX_TARGETS).contains(&labels.len()) {
+        return Err(refuse(
+            node,
+            format!(
+                "{} class labels: from 2 to {MAX_TARGETS} are compiled",
+                labels.len()
+            ),
+        ));
+    }
+    let ids = ints(node, "class_ids");
+    let weights = floats(node, "class_weights")?;
+    let first = ids.first().copied();
+    Ok(Classes {
+        one_class: ids.iter().all(|&id| Some(id) == first),
+        all_positive: weights.iter().all(|&w| w >= 0.0),
+        labels,
+    })
+}
+
+/// The graph's outputs as what the ensemble gives, through the nodes after
+/// it; and the one scale on the scores.
+fn read_outputs(
+    model: &OnnxModel,
+    node: &NodeProto,
+    classifier: bool,
+    signature: &PartialSignature,
+) -> Result<(Vec<(String, Yield)>, f32), Unsupported> {
+    let graph = model.graph_proto();
+    let gives: &[Yield] = if classifier {
+        &[Yield::Label, Yield::Scores]
+    } else {
+        &[Yield::Scores]
+    };
+    let mut values: HashMap<&str, Yield> = node
+        .output
+        .iter()
+        .zip(gives)
+        .filter(|(name, _)| !name.is_empty())
+        .map(|(name, y)| (name.as_str(), *y))
+        .collect();
+    let mut scale: Option<f32> = None;
+    let mut after = false;
+    for tail in &graph.node {
+        if std::ptr::eq(tail, node) {
+            after = true;
+            continue;
+        }
+        if !after {
+            return Err(refuse(tail, "a forest's graph computes nothing before it"));
+        }
+        let known: Vec<Yield> = tail
+            .input
+            .iter()
+            .filter_map(|i| values.get(i.as_str()).copied())
+            .collect();
+        let [y] = known.as_slice() else {
+            return Err(refuse(tail, "it must read one value of the ensemble"));
+        };
+        let [out] = tail.output.as_slice() else {
+            return Err(refuse(tail, "it must give one value"));
+        };
+        let fits = match (tail.op_type(), y) {
+            ("Identity", _) => tail.input.len() == 1,
+            // ONNX's element types: 1 is FLOAT, 7 is INT64.
+            ("Cast", Yield::Scores) => attribute(tail, "to").map(|a| a.i()) == Some(1),
+            ("Cast", Yield::Label) => attribute(tail, "to").map(|a| a.i()) == Some(7),
+            ("Mul", Yield::Scores) if scale.is_none() && tail.input.len() == 2 => {
+                let other = tail
+                    .input
+                    .iter()
+                    .find(|i| !values.contains_key(i.as_str()))
+                    .and_then(|name| graph.initializer.iter().find(|t| t.name() == name))
+                    .and_then(|t| tickserve_onnx::tensor_weight(t).ok())
+                    .filter(|w| w.datatype == DataType::Fp32 && w.data.len() == 4);
+                scale =
+                    other.map(|w| f32::from_le_bytes([w.data[0], w.data[1], w.data[2], w.data[3]]));
+                scale.is_some()
+            }
+            _ => false,
+        };
+        if !fits {
+            return Err(refuse(
+                tail,
+                "after the ensemble, only Identity, a Cast to the value's own type and one Mul \
+                 of the scores by a one-element FP32 constant are compiled",
+            ));
+        }
+        values.insert(out.as_str(), *y);
+    }
+    let mut outputs = Vec::with_capacity(signature.outputs.len());
+    for (name, datatype, _) in &signature.outputs {
+        let y = values.get(name.as_str()).copied().ok_or_else(|| {
+            refuse(
+                node,
+                format!("the graph's output '{name}' is not a value of the ensemble"),
+            )
+        })?;
+        let want = match y {
+            Yield::Scores => DataType::Fp32,
+            Yield::Label => DataType::Int64,
+        };
+        if *datatype != want {
+            return Err(refuse(
+                node,
+                format!("the graph's output '{name}' is declared {datatype}; it holds {want}"),
+            ));
+        }
+        outputs.push((name.clone(), y));
+    }
+    if outputs.is_empty() {
+        return Err(whole_graph("a forest gives at least one output"));
+    }
+    Ok((outputs, scale.unwrap_or(1.0)))
+}
+
+fn whole_graph(reason: &str) -> Unsupported {
+    Unsupported {
+        op: "graph".to_string(),
+        node: String::new(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Refuses the class layouts where ONNX Runtime's answer is not defined:
+/// more than two classes, no base values and a row that may reach no
+/// weight (it fails the row); two classes, one base value and weights on
+/// both (it leaves the second probability unwritten).
+fn defined(
+    node: &NodeProto,
+    forest: &Forest,
+    classes: &Classes,
+    weights_given: bool,
+) -> Result<(), Unsupported> {
+    if forest.targets > 2 && forest.base_values.is_empty() && !weights_given {
+        return Err(refuse(
+            node,
+            "no base values and no tree whose every leaf weighs a class: a row could reach \
+             no class",
+        ));
+    }
+    if forest.targets == 2 && forest.base_values.len() == 1 && !classes.one_class {
+        return Err(refuse(
+            node,
+            "two classes, one base value and weights on both: ONNX Runtime leaves a \
+             probability unwritten",
+        ));
+    }
+    Ok(())
+}
+
+/// Each tree of `node`, from its root down; and whether some tree weighs
+/// a target at every leaf.
+fn read_trees(
+    node: &NodeProto,
+    features: usize,
+    targets: usize,
+    aggregate: Aggregate,
+    classifier: bool,
+) -> Result<(Vec<Tree>, bool), Unsupported> {
     let tree_ids = ints(node, "nodes_treeids");
     let node_ids = ints(node, "nodes_nodeids");
     let feature_ids = ints(node, "nodes_featureids");
@@ -300,13 +558,17 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
     }
 
     // Leaves' weights, by node.
-    let target_trees = ints(node, "target_treeids");
-    let target_nodes = ints(node, "target_nodeids");
-    let target_ids = ints(node, "target_ids");
-    let target_weights = floats(node, "target_weights")?;
+    let prefix = if classifier { "class" } else { "target" };
+    let target_trees = ints(node, &format!("{prefix}_treeids"));
+    let target_nodes = ints(node, &format!("{prefix}_nodeids"));
+    let target_ids = ints(node, &format!("{prefix}_ids"));
+    let target_weights = floats(node, &format!("{prefix}_weights"))?;
     let w = target_trees.len();
     if target_nodes.len() != w || target_ids.len() != w || target_weights.len() != w {
-        return Err(refuse(node, "the target_* attributes differ in length"));
+        return Err(refuse(
+            node,
+            format!("the {prefix}_* attributes differ in length"),
+        ));
     }
     let mut weights: HashMap<usize, Vec<(usize, f32)>> = HashMap::new();
     for k in 0..w {
@@ -327,10 +589,7 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
             .ok_or_else(|| {
                 refuse(
                     node,
-                    format!(
-                        "target id {} is not below n_targets {targets}",
-                        target_ids[k]
-                    ),
+                    format!("{prefix} id {} is not below {targets}", target_ids[k]),
                 )
             })?;
         weights
@@ -341,6 +600,7 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
 
     // Each tree: its nodes from the root down, every node reached once.
     let mut trees = Vec::with_capacity(by_tree.len());
+    let mut weighed = false;
     for (&tree_id, members) in &by_tree {
         // The root: the node no other node of the tree names.
         let mut named: std::collections::HashSet<i64> = std::collections::HashSet::new();
@@ -476,27 +736,60 @@ pub fn import_forest(model: &OnnxModel, inputs: &[TensorSpec]) -> Result<Forest,
                 format!("tree {tree_id} has nodes its root does not reach"),
             ));
         }
+        weighed |= nodes
+            .iter()
+            .all(|n| !matches!(n, Node::Leaf(leaf) if leaf.is_empty()));
         trees.push(Tree { nodes, depth });
     }
     if !weights.is_empty() {
         return Err(refuse(node, "a weight names a node no tree reaches"));
     }
-    Ok(Forest {
-        input: input.name.clone(),
-        features,
-        output: output.name().to_string(),
-        targets,
-        aggregate,
-        post_transform,
-        base_values,
-        trees,
-    })
+    Ok((trees, weighed))
 }
 
 /// ONNX Runtime's logistic function.
 pub fn logistic(x: f32) -> f32 {
     let v = 1.0 / (1.0 + (-x.abs()).exp());
     if x < 0.0 { 1.0 - v } else { v }
+}
+
+/// Applies `post` to a row's scores (two or more), as ONNX Runtime does.
+fn transform(post: PostTransform, scores: &mut [f32], out: &mut [f32]) {
+    match post {
+        PostTransform::None => out.copy_from_slice(scores),
+        PostTransform::Logistic => {
+            for (o, s) in out.iter_mut().zip(scores.iter()) {
+                *o = logistic(*s);
+            }
+        }
+        PostTransform::Softmax => {
+            let max = scores.iter().copied().fold(-f32::MAX, f32::max);
+            let mut sum = 0.0f32;
+            for (o, s) in out.iter_mut().zip(scores.iter()) {
+                *o = (s - max).exp();
+                sum += *o;
+            }
+            for o in out.iter_mut() {
+                *o /= sum;
+            }
+        }
+        PostTransform::SoftmaxZero => {
+            let max = scores.iter().copied().fold(-f32::MAX, f32::max);
+            let scale = (-max).exp();
+            let mut sum = 0.0f32;
+            for (o, s) in out.iter_mut().zip(scores.iter()) {
+                if *s > 0.000_000_1 || *s < -0.000_000_1 {
+                    *o = (s - max).exp();
+                    sum += *o;
+                } else {
+                    *o = s * scale;
+                }
+            }
+            for o in out.iter_mut() {
+                *o /= sum;
+            }
+        }
+    }
 }
 
 impl Forest {
@@ -525,9 +818,27 @@ impl Forest {
         }
     }
 
-    /// The scores of one row, from the leaves' weights per target (`sums`
-    /// and whether any leaf gave the target one).
-    pub fn finish(&self, scores: &mut [f32], given: &[bool], out: &mut [f32]) {
+    /// The scores of one row into `out`, from the leaves' weights per
+    /// target (`scores`, and whether any leaf gave the target one; both
+    /// scratch afterwards), and its label (a classifier's; 0 otherwise).
+    pub fn finish(&self, scores: &mut [f32], given: &mut [bool], out: &mut [f32]) -> i64 {
+        let label = match &self.classes {
+            Some(classes) => self.finish_classes(classes, scores, given, out),
+            None => {
+                self.finish_targets(scores, given, out);
+                0
+            }
+        };
+        if self.scale != 1.0 {
+            for o in out.iter_mut() {
+                *o *= self.scale;
+            }
+        }
+        label
+    }
+
+    /// A regressor's scores.
+    fn finish_targets(&self, scores: &mut [f32], given: &[bool], out: &mut [f32]) {
         let trees = self.trees.len() as f32;
         if self.targets == 1 {
             let origin = if self.base_values.len() == 1 {
@@ -559,25 +870,100 @@ impl Forest {
                 (true, Aggregate::Average) => *s / trees + base,
             };
         }
-        match self.post_transform {
-            PostTransform::None => out.copy_from_slice(scores),
-            PostTransform::Logistic => {
-                for (o, s) in out.iter_mut().zip(scores.iter()) {
-                    *o = logistic(*s);
+        transform(self.post_transform, scores, out);
+    }
+
+    /// A classifier's probabilities and label, as ONNX Runtime's
+    /// `TreeAggregatorClassifier` and `write_scores` make them.
+    fn finish_classes(
+        &self,
+        classes: &Classes,
+        scores: &mut [f32],
+        given: &mut [bool],
+        out: &mut [f32],
+    ) -> i64 {
+        let base = &self.base_values;
+        if self.targets > 2 {
+            for (k, b) in base.iter().enumerate() {
+                scores[k] = if given[k] { scores[k] + b } else { *b };
+                given[k] = true;
+            }
+            // The first of the greatest scores a class was given.
+            let mut top: Option<usize> = None;
+            for k in 0..self.targets {
+                if given[k] && top.is_none_or(|t| scores[k] > scores[t]) {
+                    top = Some(k);
                 }
             }
-            PostTransform::Softmax => {
-                let max = scores.iter().copied().fold(-f32::MAX, f32::max);
-                let mut sum = 0.0f32;
-                for (o, s) in out.iter_mut().zip(scores.iter()) {
-                    *o = (s - max).exp();
-                    sum += *o;
+            transform(self.post_transform, scores, out);
+            // `import_forest` refused forests where a row can reach no class.
+            return top.map_or(classes.labels[0], |t| classes.labels[t]);
+        }
+        // Two classes. How the second score is written (ONNX Runtime's
+        // `add_second_class`), when only one is kept.
+        let mut second: Option<u8> = None;
+        let mut kept = 2;
+        match base.as_slice() {
+            [_, b1] if given[1] => {
+                // ONNX Runtime reads the first base value as the second's.
+                scores[1] = b1 + scores[0];
+                scores[0] = -scores[1];
+            }
+            [b0, b1] => {
+                scores[1] += b1;
+                scores[0] += b0;
+            }
+            [b0] => {
+                scores[0] += b0;
+                if !given[1] {
+                    kept = 1;
                 }
-                for o in out.iter_mut() {
-                    *o /= sum;
+            }
+            _ => {
+                second = Some(3);
+                if !given[1] {
+                    kept = 1;
                 }
             }
         }
+        let positive = if kept == 2 && given[1] {
+            scores[1]
+        } else if given[0] {
+            scores[0]
+        } else {
+            0.0
+        };
+        let label = if classes.one_class {
+            let (wins, which) = if classes.all_positive {
+                (positive > 0.5, [1, 0])
+            } else {
+                (positive > 0.0, [3, 2])
+            };
+            second = Some(which[usize::from(wins)]);
+            classes.labels[usize::from(wins)]
+        } else {
+            // ONNX Runtime's default labels here, whatever the classes'.
+            i64::from(positive > 0.0)
+        };
+        // ONNX Runtime reads a score no leaf gave as 0, whatever was added
+        // to it.
+        for (s, g) in scores.iter_mut().zip(given.iter()) {
+            if !g {
+                *s = 0.0;
+            }
+        }
+        if kept == 2 {
+            transform(self.post_transform, &mut scores[..2], &mut out[..2]);
+            return label;
+        }
+        let s = scores[0];
+        // (`import_forest` refused the one layout that writes one score.)
+        out[..2].copy_from_slice(&match (self.post_transform, second) {
+            (PostTransform::Logistic, _) => [logistic(-s), logistic(s)],
+            (_, Some(0 | 1)) => [1.0 - s, s],
+            _ => [-s, s],
+        });
+        label
     }
 
     /// Adds a leaf's weights into `scores` as the aggregate combines them.
@@ -606,16 +992,17 @@ impl Forest {
         }
     }
 
-    /// One row's output (`targets` floats), walking every tree: the meaning
-    /// the compiled layout is tested against.
-    pub fn evaluate(&self, row: &[f32]) -> Vec<f32> {
+    /// One row's scores (`targets` floats) and label (a classifier's; 0
+    /// otherwise), walking every tree: the meaning the compiled layout is
+    /// tested against.
+    pub fn evaluate(&self, row: &[f32]) -> (Vec<f32>, i64) {
         let mut scores = vec![0.0f32; self.targets];
         let mut given = vec![false; self.targets];
         for tree in &self.trees {
             self.combine(Forest::leaf(tree, row), &mut scores, &mut given);
         }
         let mut out = vec![0.0f32; self.targets];
-        self.finish(&mut scores, &given, &mut out);
-        out
+        let label = self.finish(&mut scores, &mut given, &mut out);
+        (out, label)
     }
 }
