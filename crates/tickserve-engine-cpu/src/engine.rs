@@ -114,10 +114,13 @@ impl CpuEngine {
         Ok(model)
     }
 
-    /// Compiles `forest` for every bucket of `buckets`.
+    /// Compiles `forest` for every bucket of `buckets`; `constants` are the
+    /// weights its family took out of the graph (its members must give the
+    /// same).
     pub fn compile_forest(
         &self,
         forest: tickserve_plan::forest::Forest,
+        constants: &[Weight],
         signature: &tickserve_onnx::PartialSignature,
         buckets: &Buckets,
     ) -> Result<CpuModel, EngineError> {
@@ -150,6 +153,7 @@ impl CpuEngine {
                 scores: vec![0.0; targets],
                 given: vec![false; targets],
                 members: std::collections::HashSet::from([SOLE_MEMBER]),
+                constants: constants.to_vec(),
                 forest: Box::new(forest),
             },
             isa: self.isa,
@@ -168,12 +172,10 @@ enum Compiled {
 
 fn compiled(graph: &ModelGraph, weights: Option<&[Weight]>) -> Result<Compiled, EngineError> {
     if graph.onnx.is_tree_ensemble() {
-        if weights.is_some_and(|w| !w.is_empty()) {
-            return Err(EngineError::Unsupported(
-                "a tree ensemble's trees are constants: it has no weights to share".to_string(),
-            ));
-        }
-        return import_forest(&graph.onnx, &graph.signature)
+        // A forest's trees are attributes of its node: what a family takes
+        // out of its graph as weights are the constants after it (a
+        // LightGBM classifier's `Mul` by 1), which every member must share.
+        return import_forest(&graph.onnx, &graph.signature, weights.unwrap_or(&[]))
             .map(Compiled::Forest)
             .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()));
     }
@@ -217,7 +219,12 @@ impl Engine<ModelGraph> for CpuEngine {
             Compiled::Plan(imported) => {
                 self.compile_plan(&imported, request.weights, signature, request.buckets)?
             }
-            Compiled::Forest(forest) => self.compile_forest(forest, signature, request.buckets)?,
+            Compiled::Forest(forest) => self.compile_forest(
+                forest,
+                request.weights.unwrap_or(&[]),
+                signature,
+                request.buckets,
+            )?,
         };
         if !request.check {
             for size in request.buckets.sizes() {
@@ -258,6 +265,8 @@ enum Program {
     Forest {
         forest: Box<CompiledForest>,
         members: std::collections::HashSet<MemberId>,
+        /// The weights the family took out of the graph, as compiled.
+        constants: Vec<Weight>,
         inputs: Vec<Vec<f32>>,
         outputs: Vec<Vec<f32>>,
         labels: Vec<Vec<i64>>,
@@ -357,6 +366,7 @@ impl CompiledModel for CpuModel {
                 scores,
                 given,
                 members,
+                ..
             } => {
                 if !members.contains(&member) {
                     return Err(EngineError::Internal(format!(
@@ -413,13 +423,18 @@ impl CompiledModel for CpuModel {
                 members.insert(member, Packed::new(plan, slots));
                 Ok(())
             }
-            // Another model of the same trees (its family key says so).
-            Program::Forest { members, .. } if weights.is_empty() => {
+            // Another model of the same trees (its family key says so) and
+            // the same constants after them.
+            Program::Forest {
+                members, constants, ..
+            } if weights == constants.as_slice() => {
                 members.insert(member);
                 Ok(())
             }
             Program::Forest { .. } => Err(EngineError::InvalidModel(
-                "a tree ensemble's trees are constants: it has no weights to add".to_string(),
+                "a tree ensemble's trees are constants: a member must give the same weights as \
+                 the model it joins (the constants after its trees)"
+                    .to_string(),
             )),
         }
     }

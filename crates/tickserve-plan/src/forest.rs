@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 
-use tickserve_core::DataType;
+use tickserve_core::{DataType, Weight};
 use tickserve_onnx::proto::{AttributeProto, NodeProto};
 use tickserve_onnx::{OnnxModel, PartialSignature};
 
@@ -236,10 +236,13 @@ type Pending = (usize, usize, Option<(usize, bool)>);
 /// Reads `model` as a forest: one `TreeEnsembleRegressor` or
 /// `TreeEnsembleClassifier` node from the one FP32 input of `signature`,
 /// followed by nothing but the nodes the exporters add (see the module's
-/// documentation), to the graph's outputs.
+/// documentation), to the graph's outputs. `constants` are the graph's
+/// weights where they were taken out of it (a family's): the constant of a
+/// `Mul` is looked for among its initializers, then there.
 pub fn import_forest(
     model: &OnnxModel,
     signature: &PartialSignature,
+    constants: &[Weight],
 ) -> Result<Forest, Unsupported> {
     let graph = model.graph_proto();
     let whole = |reason: &str| Unsupported {
@@ -318,7 +321,7 @@ pub fn import_forest(
             format!("{} base_values for {targets} targets", base_values.len()),
         ));
     }
-    let outputs = read_outputs(model, node, classifier, signature)?;
+    let outputs = read_outputs(model, node, classifier, signature, constants)?;
     let (trees, weights_given) = read_trees(node, features, targets, aggregate, classifier)?;
     let forest = Forest {
         input: input.name.clone(),
@@ -376,6 +379,7 @@ fn read_outputs(
     node: &NodeProto,
     classifier: bool,
     signature: &PartialSignature,
+    constants: &[Weight],
 ) -> Result<(Vec<(String, Yield)>, f32), Unsupported> {
     let graph = model.graph_proto();
     let gives: &[Yield] = if classifier {
@@ -421,8 +425,14 @@ fn read_outputs(
                     .input
                     .iter()
                     .find(|i| !values.contains_key(i.as_str()))
-                    .and_then(|name| graph.initializer.iter().find(|t| t.name() == name))
-                    .and_then(|t| tickserve_onnx::tensor_weight(t).ok())
+                    .and_then(|name| {
+                        graph
+                            .initializer
+                            .iter()
+                            .find(|t| t.name() == name)
+                            .and_then(|t| tickserve_onnx::tensor_weight(t).ok())
+                            .or_else(|| constants.iter().find(|w| &w.name == name).cloned())
+                    })
                     .filter(|w| w.datatype == DataType::Fp32 && w.data.len() == 4);
                 scale =
                     other.map(|w| f32::from_le_bytes([w.data[0], w.data[1], w.data[2], w.data[3]]));

@@ -246,6 +246,38 @@ fn exported_tree_models_answer_as_onnx_runtime_does() {
     }
 }
 
+/// A LightGBM classifier as a family shares it: the constant its graph
+/// multiplies the probabilities by is taken out as a weight, the forest
+/// reads it from there, and a member joins only with the same constant.
+#[test]
+fn a_forest_family_reads_its_constants_from_its_weights() {
+    let path = root().join("crates/tickserve-engine-cpu/tests/exported/lgb_bin/1/model.onnx");
+    let onnx = read(&path);
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let (graph, weights) = onnx.with_weights_as_inputs().unwrap();
+    assert_eq!(weights.len(), 1, "{weights:?}");
+    let graph = tickserve_onnx::ModelGraph {
+        onnx: graph,
+        signature,
+    };
+    let buckets = Buckets::new(&SIZES, None).unwrap();
+    let mut ours = CpuEngine::new()
+        .compile(&CompileRequest {
+            family: "test",
+            graph: &graph,
+            buckets: &buckets,
+            weights: Some(&weights),
+            device: Device::Cpu,
+            check: false,
+        })
+        .unwrap();
+    ours.add_member(1, &weights).unwrap();
+    let mut other = weights.clone();
+    other[0].data = 2.0f32.to_le_bytes().to_vec();
+    let refused = ours.add_member(2, &other).unwrap_err().to_string();
+    assert!(refused.contains("same weights"), "{refused}");
+}
+
 #[test]
 fn a_member_swapped_in_answers_as_its_own_file_does() {
     let ort = onnx_runtime();
@@ -342,5 +374,5 @@ fn a_second_model_of_the_same_trees_joins_its_forest() {
         data: vec![0; 4],
     };
     let error = ours.add_member(5, &[weight]).unwrap_err();
-    assert!(error.to_string().contains("no weights to add"), "{error}");
+    assert!(error.to_string().contains("same weights"), "{error}");
 }

@@ -413,8 +413,8 @@ fn random_forests_answer_as_onnx_runtime_does() {
             // A row of its warm-up reached no class: ONNX Runtime fails
             // it; the engine refuses such a forest at import.
             Err(e) if e.to_string().contains("narrowing_error") => {
-                let refused =
-                    tickserve_plan::forest::import_forest(&onnx, &signature).is_err_and(|e| {
+                let refused = tickserve_plan::forest::import_forest(&onnx, &signature, &[])
+                    .is_err_and(|e| {
                         ["could reach no class", "PROBIT"]
                             .iter()
                             .any(|r| e.to_string().contains(r))
@@ -492,7 +492,7 @@ fn random_forests_answer_as_onnx_runtime_does() {
 
 /// The forest's settings, for a failure's message.
 fn describe(onnx: &OnnxModel, signature: &tickserve_onnx::PartialSignature) -> String {
-    match tickserve_plan::forest::import_forest(onnx, signature) {
+    match tickserve_plan::forest::import_forest(onnx, signature, &[]) {
         Ok(f) => format!(
             "{} trees, {} targets, {:?}, {:?}, base {:?}, classes {:?}, scale {}",
             f.trees.len(),

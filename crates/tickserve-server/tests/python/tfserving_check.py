@@ -116,7 +116,12 @@ def main():
     p.add_argument("--http", required=True)
     p.add_argument("--grpc", required=True)
     p.add_argument("--repository", required=True)
+    p.add_argument("--models", default="alpha_mlp,half_plus_two,tf_two_inputs,typed_io",
+                   help="the models to run, comma-separated; * for every model but those "
+                        "--skip names")
+    p.add_argument("--skip", default="")
     args = p.parse_args()
+    chosen, skipped = set(args.models.split(",")), set(args.skip.split(","))
     with tempfile.TemporaryDirectory() as out:
         predict_pb2, metadata_pb2, status_pb2, prediction_grpc, model_grpc = stubs(pathlib.Path(out))
         from tensorflow.core.framework import tensor_pb2
@@ -128,7 +133,7 @@ def main():
         checked = 0
         for path in sorted(pathlib.Path(args.repository).glob("*/*/model.onnx")):
             name = path.parts[-3]
-            if name in {"alpha_mlp", "half_plus_two", "tf_two_inputs", "typed_io"}:
+            if (name in chosen or "*" in chosen) and name not in skipped:
                 session = ort.InferenceSession(str(path))
             else:
                 continue

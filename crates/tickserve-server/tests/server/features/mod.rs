@@ -3,6 +3,7 @@
 //! shadows and canary splits, output guards, the kill switch and breaker,
 //! priority levels, keep-warm; replicas as one fleet on etcd.
 
+mod exported_models;
 mod fleet;
 mod guards;
 mod journal;
