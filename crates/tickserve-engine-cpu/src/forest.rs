@@ -8,7 +8,10 @@
 //! last group is filled up with a leaf of no weight, so every loop has fixed
 //! bounds and the eight positions stay in registers. The
 //! comparison is compiled per mode where every branch has one (as every
-//! exporter writes them), read per node otherwise.
+//! exporter writes them), read per node otherwise; where every branch also
+//! sends NaN the same way (LightGBM's and XGBoost's mostly do), the NaN test
+//! is folded into the comparison (`x <= t` or NaN is `!(x > t)`), one
+//! comparison a node.
 
 use tickserve_plan::forest::{Aggregate, Forest, Mode, Node};
 
@@ -38,6 +41,9 @@ pub struct CompiledForest {
     modes: Option<Vec<Mode>>,
     /// The branches' one comparison.
     mode: Mode,
+    /// Whether every branch sends a NaN to its true child (`Some(true)`),
+    /// or every one to its false child; the nodes then carry no flag.
+    missing: Option<bool>,
     roots: Vec<u32>,
     /// Per group of [`GROUP`] trees, its deepest tree's depth.
     depths: Vec<usize>,
@@ -131,6 +137,21 @@ impl CompiledForest {
         });
         let first = branch_modes.next().unwrap_or(Mode::Leq);
         let uniform = branch_modes.all(|m| m == first);
+        // Whether every branch sends NaN the same way: then the flag is
+        // dropped from the nodes and folded into the comparison.
+        let mut missing = forest.trees.iter().flat_map(|t| {
+            t.nodes.iter().filter_map(|n| match n {
+                Node::Branch { missing_true, .. } => Some(*missing_true),
+                Node::Leaf(_) => None,
+            })
+        });
+        let first_missing = missing.next().unwrap_or(false);
+        let missing = (uniform && missing.all(|m| m == first_missing)).then_some(first_missing);
+        if missing.is_some() {
+            for node in &mut nodes {
+                node.feature &= !MISSING_TRUE;
+            }
+        }
         let depths = forest
             .trees
             .chunks(GROUP)
@@ -154,6 +175,7 @@ impl CompiledForest {
             nodes,
             modes: (!uniform).then_some(modes),
             mode: first,
+            missing,
             roots,
             depths,
             value,
@@ -182,6 +204,10 @@ impl CompiledForest {
     /// Runs `rows` rows of `input` into `output` (`targets` a row) and
     /// `labels` (a classifier's, one a row); `scores` and `given` are
     /// `targets` long (scratch).
+    #[allow(
+        clippy::neg_cmp_op_on_partial_ord,
+        reason = "`!(x > t)` is true for a NaN, which is the point: `x <= t` or missing"
+    )]
     pub fn run(
         &self,
         input: &[f32],
@@ -200,22 +226,61 @@ impl CompiledForest {
         {
             scores.fill(0.0);
             given.fill(false);
-            match (&self.modes, self.mode) {
-                (Some(modes), _) => self.walk(row, scores, given, |i, x, t| modes[i].holds(x, t)),
-                (None, Mode::Leq) => self.walk(row, scores, given, |_, x, t| x <= t),
-                (None, Mode::Lt) => self.walk(row, scores, given, |_, x, t| x < t),
-                (None, Mode::Gte) => self.walk(row, scores, given, |_, x, t| x >= t),
-                (None, Mode::Gt) => self.walk(row, scores, given, |_, x, t| x > t),
-                (None, Mode::Eq) => self.walk(row, scores, given, |_, x, t| x == t),
-                (None, Mode::Neq) => self.walk(row, scores, given, |_, x, t| x != t),
+            // A comparison is false for a NaN but `!=`; `!(x > t)` is
+            // `x <= t` or a NaN.
+            match (&self.modes, self.mode, self.missing) {
+                (Some(modes), _, _) => {
+                    self.walk::<true>(row, scores, given, |i, x, t| modes[i].holds(x, t))
+                }
+                (None, Mode::Leq, Some(true)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| !(x > t))
+                }
+                (None, Mode::Lt, Some(true)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| !(x >= t))
+                }
+                (None, Mode::Gte, Some(true)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| !(x < t))
+                }
+                (None, Mode::Gt, Some(true)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| !(x <= t))
+                }
+                (None, Mode::Eq, Some(true)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x == t || x.is_nan())
+                }
+                (None, Mode::Leq, Some(false)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x <= t)
+                }
+                (None, Mode::Lt, Some(false)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x < t)
+                }
+                (None, Mode::Gte, Some(false)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x >= t)
+                }
+                (None, Mode::Gt, Some(false)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x > t)
+                }
+                (None, Mode::Eq, Some(false)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x == t)
+                }
+                (None, Mode::Neq, Some(_)) => {
+                    self.walk::<false>(row, scores, given, |_, x, t| x != t)
+                }
+                (None, Mode::Leq, None) => self.walk::<true>(row, scores, given, |_, x, t| x <= t),
+                (None, Mode::Lt, None) => self.walk::<true>(row, scores, given, |_, x, t| x < t),
+                (None, Mode::Gte, None) => self.walk::<true>(row, scores, given, |_, x, t| x >= t),
+                (None, Mode::Gt, None) => self.walk::<true>(row, scores, given, |_, x, t| x > t),
+                (None, Mode::Eq, None) => self.walk::<true>(row, scores, given, |_, x, t| x == t),
+                (None, Mode::Neq, None) => self.walk::<true>(row, scores, given, |_, x, t| x != t),
             }
             *label = self.forest.finish(scores, given, out);
         }
     }
 
-    /// Walks every tree for `row`, eight at a time, and combines the leaves.
+    /// Walks every tree for `row`, eight at a time, and combines the leaves;
+    /// `FLAGGED`: the nodes carry [`MISSING_TRUE`] (else `holds` decides a
+    /// NaN too).
     #[inline(always)]
-    fn walk(
+    fn walk<const FLAGGED: bool>(
         &self,
         row: &[f32],
         scores: &mut [f32],
@@ -232,12 +297,20 @@ impl CompiledForest {
                     // SAFETY: `new` proved every root and child an index of
                     // `nodes`; `at` starts at roots and moves to children.
                     let node = unsafe { *nodes.get_unchecked(*a as usize) };
-                    let feature = (node.feature & !MISSING_TRUE) as usize;
+                    let feature = if FLAGGED {
+                        (node.feature & !MISSING_TRUE) as usize
+                    } else {
+                        node.feature as usize
+                    };
                     // SAFETY: `new` proved every feature below `features`,
                     // the length of every row `run` passes.
                     let x = unsafe { *row.get_unchecked(feature) };
-                    let go = holds(*a as usize, x, node.threshold)
-                        | ((node.feature & MISSING_TRUE != 0) & x.is_nan());
+                    let go = if FLAGGED {
+                        holds(*a as usize, x, node.threshold)
+                            | ((node.feature & MISSING_TRUE != 0) & x.is_nan())
+                    } else {
+                        holds(*a as usize, x, node.threshold)
+                    };
                     *a = node.next[usize::from(go)];
                 }
             }

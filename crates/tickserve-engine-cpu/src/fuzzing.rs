@@ -110,7 +110,7 @@ pub fn forest(data: &[u8]) {
         1 if targets == 1 => vec![d.float()],
         _ => (0..targets).map(|_| d.float()).collect(),
     };
-    let trees = (0..1 + d.below(20))
+    let trees = (0..1 + d.below(40))
         .map(|_| {
             let mut nodes = Vec::new();
             let (_, depth) = subtree(&mut d, &mut nodes, (features, targets, hostile), 0);

@@ -230,7 +230,7 @@ fn forest(d: &mut Draw) -> Vec<u8> {
         ..s
     };
     let mut a = Attributes::default();
-    for tree in 0..1 + d.below(24) as i64 {
+    for tree in 0..1 + d.below(40) as i64 {
         let mut next = 0;
         subtree(d, &mut a, &s, tree * 3 + 1, &mut next, 0);
     }
