@@ -1,5 +1,6 @@
 //! Fuzzing entry points (`fuzz/`, cargo-fuzz; the committed corpus replays in
-//! `tests/engine_cpu/fuzz_corpus.rs`).
+//! `tests/engine_cpu/fuzz_corpus.rs`), and the random models ([`models`])
+//! the engine is tested against ONNX Runtime on.
 //!
 //! [`forest`] is a differential: the compiled tree walk ([`CompiledForest`]: eight trees
 //! at a time over a flat node array, read without bounds checks) against the plain walk
@@ -8,6 +9,8 @@
 //! aggregate and post transform. A forest whose feature lies outside the row must be
 //! refused; every other must give the plain walk's scores exactly (the same additions in
 //! the same order).
+
+pub mod models;
 
 use crate::forest::CompiledForest;
 use tickserve_plan::forest::{Aggregate, Forest, Mode, Node, PostTransform, Tree, Yield};

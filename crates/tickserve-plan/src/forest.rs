@@ -364,9 +364,11 @@ fn read_classes(node: &NodeProto) -> Result<Classes, Unsupported> {
     }
     let ids = ints(node, "class_ids");
     let weights = floats(node, "class_weights")?;
+    // ONNX Runtime's binary case: exactly one class id among the weights
+    // (none is not one).
     let first = ids.first().copied();
     Ok(Classes {
-        one_class: ids.iter().all(|&id| Some(id) == first),
+        one_class: first.is_some() && ids.iter().all(|&id| Some(id) == first),
         all_positive: weights.iter().all(|&w| w >= 0.0),
         labels,
     })

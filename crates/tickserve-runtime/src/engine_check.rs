@@ -120,7 +120,9 @@ fn floats(bytes: &[u8]) -> Vec<f32> {
 }
 
 /// The largest `|a − b| / max(|b|, 1)` and where; `None` when the lengths
-/// differ. A NaN on either side counts as infinitely far.
+/// differ. A NaN on one side only counts as infinitely far; a NaN on both
+/// is the same answer (a tree ensemble's `SOFTMAX_ZERO` over no score gives
+/// NaN on both engines).
 pub fn difference(ours: &[f32], theirs: &[f32]) -> Option<(f64, usize)> {
     if ours.len() != theirs.len() {
         return None;
@@ -128,7 +130,9 @@ pub fn difference(ours: &[f32], theirs: &[f32]) -> Option<(f64, usize)> {
     let mut worst = (0.0f64, 0usize);
     for (i, (&a, &b)) in ours.iter().zip(theirs).enumerate() {
         let (a, b) = (f64::from(a), f64::from(b));
-        let rel = if a.is_nan() || b.is_nan() {
+        let rel = if a.is_nan() && b.is_nan() {
+            0.0
+        } else if a.is_nan() || b.is_nan() {
             f64::INFINITY
         } else {
             (a - b).abs() / b.abs().max(1.0)
@@ -138,4 +142,42 @@ pub fn difference(ours: &[f32], theirs: &[f32]) -> Option<(f64, usize)> {
         }
     }
     Some(worst)
+}
+
+/// One input of the fuzz target `against_onnx_runtime`
+/// (`fuzz/fuzz_targets/against_onnx_runtime.rs`): a random tree ensemble or
+/// dense network (`tickserve_engine_cpu::fuzzing::models`) built from
+/// `data`, put through [`same_answers`] on the compiled CPU engine against
+/// `reference` (ONNX Runtime). Panics on a difference, a failed run, or a
+/// dense network the compiled engine refuses; a forest either engine refuses
+/// (PROBIT, the class layouts ONNX Runtime leaves undefined) passes. Not an
+/// API.
+#[doc(hidden)]
+pub fn fuzz_against_onnx_runtime(reference: &dyn Engine<ModelGraph>, data: &[u8]) {
+    use tickserve_engine_cpu::fuzzing::models::{Choices, FromBytes, forest, mlp};
+    let mut d = FromBytes(data);
+    let is_forest = d.chance(50);
+    let bytes = if is_forest {
+        forest(&mut d)
+    } else {
+        mlp(&mut d)
+    };
+    let onnx = tickserve_onnx::OnnxModel::parse(&bytes).expect("the generator writes ONNX");
+    let signature = onnx
+        .signature(&tickserve_core::config::ModelConfig::default())
+        .expect("the generator writes a servable signature");
+    let graph = ModelGraph { onnx, signature };
+    let compiled = tickserve_engine_cpu::CpuEngine::new();
+    match same_answers("fuzz", &compiled, reference, &graph, None) {
+        Ok(_) => {}
+        Err(e)
+            if e.starts_with("answers differently")
+                || e.starts_with("failed its check run")
+                || e.starts_with("gives")
+                || !is_forest =>
+        {
+            panic!("{e}")
+        }
+        Err(_) => {}
+    }
 }

@@ -42,7 +42,7 @@ mod affinity;
 mod batcher;
 pub mod cuda_reference;
 mod draw;
-mod engine_check;
+pub mod engine_check;
 mod engines;
 #[doc(hidden)]
 pub use engines::fuzz_import;

@@ -115,7 +115,20 @@ fn matches_onnx_runtime_with_nan(ort: &OrtEngine, path: &Path, nan_every: usize)
         .filter(|dir| dir.join("model.toml").exists())
         .map(|dir| ModelConfig::load(dir, "model").unwrap())
         .unwrap_or_default();
-    let signature = model.signature(&config).unwrap();
+    model_matches_onnx_runtime(ort, &model, &config, &path.display().to_string(), nan_every);
+}
+
+/// `model` (with `config`) compiled on both engines (every bucket, both
+/// kernel sets), each bucket run on the same rows and compared; `what`
+/// names it in a failure.
+pub fn model_matches_onnx_runtime(
+    ort: &OrtEngine,
+    model: &OnnxModel,
+    config: &ModelConfig,
+    what: &str,
+    nan_every: usize,
+) {
+    let signature = model.signature(config).unwrap();
     let buckets = Buckets::new(&SIZES, None).unwrap();
     let graph = tickserve_onnx::ModelGraph {
         onnx: model.clone(),
@@ -124,12 +137,12 @@ fn matches_onnx_runtime_with_nan(ort: &OrtEngine, path: &Path, nan_every: usize)
     let mut theirs = ort
         .compile(&OrtCompileRequest {
             family: "test",
-            onnx: &model,
+            onnx: model,
             signature: &signature,
             buckets: &buckets,
             weights: None,
         })
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{what}: ONNX Runtime: {e}"));
     for isa in isas() {
         let mut ours = CpuEngine::with_isa(isa)
             .compile(&CompileRequest {
@@ -140,7 +153,7 @@ fn matches_onnx_runtime_with_nan(ort: &OrtEngine, path: &Path, nan_every: usize)
                 device: Device::Cpu,
                 check: false,
             })
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         for (bucket, &rows) in SIZES.iter().enumerate() {
             fill_with_nan(
                 [ours.as_mut(), &mut theirs],
@@ -151,7 +164,7 @@ fn matches_onnx_runtime_with_nan(ort: &OrtEngine, path: &Path, nan_every: usize)
             );
             ours.run(bucket, SOLE_MEMBER).unwrap();
             theirs.run(bucket, SOLE_MEMBER).unwrap();
-            let what = format!("{} ({}, {rows} rows)", path.display(), isa.name());
+            let what = format!("{what} ({}, {rows} rows)", isa.name());
             same_outputs(&what, ours.as_ref(), &theirs, bucket);
         }
     }

@@ -12,3 +12,4 @@
 mod against_onnx_runtime;
 mod fuzz_corpus;
 mod random_forests;
+mod random_plans;

@@ -11,6 +11,7 @@
 #![allow(clippy::disallowed_methods)] // tests wait for executors on their own threads in the machine's time
 #![allow(clippy::panic, clippy::unwrap_used, missing_docs)]
 
+mod against_onnx_runtime;
 mod cpu_engine;
 mod gather;
 mod gpu_fallback;
