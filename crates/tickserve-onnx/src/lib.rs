@@ -25,6 +25,13 @@ use proto::tensor_shape_proto::dimension::Value as DimValue;
 
 pub use tickserve_core::Weight;
 
+/// `model` as the bytes of an `.onnx` file (protobuf): for the tests and
+/// fuzzers that write models of their own.
+pub fn encode(model: &proto::ModelProto) -> Vec<u8> {
+    use prost::Message;
+    model.encode_to_vec()
+}
+
 /// Reads a stored tensor (an initializer or a `Constant`'s value) as a
 /// [`Weight`]: raw data, or float / int64 data.
 pub fn tensor_weight(t: &proto::TensorProto) -> Result<Weight, String> {

@@ -21,7 +21,6 @@
 //! tiny spread by itself: one rounding step apart in the inputs is 1e-5
 //! apart in the answer, between any two implementations.)
 
-use prost::Message;
 use tickserve_onnx::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
     TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType,
@@ -400,7 +399,7 @@ pub fn forest(d: &mut impl Choices) -> Vec<u8> {
         }),
         ..Default::default()
     };
-    model.encode_to_vec()
+    tickserve_onnx::encode(&model)
 }
 
 /// A float tensor initializer.
@@ -550,5 +549,5 @@ pub fn mlp(d: &mut impl Choices) -> Vec<u8> {
         }),
         ..Default::default()
     };
-    model.encode_to_vec()
+    tickserve_onnx::encode(&model)
 }
