@@ -212,19 +212,25 @@ fn the_benchmark_models_answer_as_onnx_runtime_does() {
     }
 }
 
-/// Models no one here wrote: PyTorch's two exporters and tf2onnx's, LSTMs
-/// and GRUs of one and two layers, with state in and out.
-#[test]
-fn exported_sequence_models_answer_as_onnx_runtime_does() {
-    let ort = onnx_runtime();
-    let corpus = root().join("crates/tickserve-engine-cuda/tests/exported");
-    let mut names: Vec<String> = std::fs::read_dir(&corpus)
+/// The models of the repository `corpus` (those with a version 1), by name.
+fn model_names(corpus: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(corpus)
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.path().join("1/model.onnx").exists())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
+    names
+}
+
+/// Models no one here wrote: PyTorch's two exporters and tf2onnx's, LSTMs
+/// and GRUs of one and two layers, with state in and out.
+#[test]
+fn exported_sequence_models_answer_as_onnx_runtime_does() {
+    let ort = onnx_runtime();
+    let corpus = root().join("crates/tickserve-engine-cuda/tests/exported");
+    let mut names = model_names(&corpus);
     // A Keras GRU with reset_after=False comes out as an ONNX Loop: not a plan.
     names.retain(|n| n != "tf_gru_v1");
     assert!(names.len() >= 13, "{names:?}");
@@ -240,13 +246,7 @@ fn exported_sequence_models_answer_as_onnx_runtime_does() {
 fn exported_tree_models_answer_as_onnx_runtime_does() {
     let ort = onnx_runtime();
     let corpus = root().join("crates/tickserve-engine-cpu/tests/exported");
-    let mut names: Vec<String> = std::fs::read_dir(&corpus)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("1/model.onnx").exists())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
+    let names = model_names(&corpus);
     assert!(names.len() >= 13, "{names:?}");
     for name in names {
         for nan_every in [0, 7] {
