@@ -245,18 +245,13 @@ pub fn import_forest(
     constants: &[Weight],
 ) -> Result<Forest, Unsupported> {
     let graph = model.graph_proto();
-    let whole = |reason: &str| Unsupported {
-        op: "graph".to_string(),
-        node: String::new(),
-        reason: reason.to_string(),
-    };
     let ensembles: Vec<&NodeProto> = graph
         .node
         .iter()
         .filter(|n| n.domain() == "ai.onnx.ml" && n.op_type().starts_with("TreeEnsemble"))
         .collect();
     let [node] = ensembles.as_slice() else {
-        return Err(whole("a forest is one TreeEnsemble node"));
+        return Err(whole_graph("a forest is one TreeEnsemble node"));
     };
     let node: &NodeProto = node;
     let classifier = match node.op_type() {
@@ -270,7 +265,7 @@ pub fn import_forest(
         }
     };
     let [input] = signature.inputs.as_slice() else {
-        return Err(whole("a forest takes one input"));
+        return Err(whole_graph("a forest takes one input"));
     };
     if input.datatype != DataType::Fp32 || input.dims.len() != 1 {
         return Err(refuse(node, "its input must be FP32 rows of one dimension"));
@@ -477,6 +472,7 @@ fn read_outputs(
     Ok((outputs, scale.unwrap_or(1.0)))
 }
 
+/// A refusal of the graph as a whole, not of one node.
 fn whole_graph(reason: &str) -> Unsupported {
     Unsupported {
         op: "graph".to_string(),
