@@ -138,6 +138,29 @@ impl Etcd {
         self.members[i].spawn(&initial.join(","), "existing");
     }
 
+    /// Runs `etcdctl ARGS` against the running members; its output. Panics
+    /// when it fails.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let running: Vec<&str> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| m.client.as_str())
+            .collect();
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &running.join(",")])
+            .args(args)
+            .output()
+            .expect("etcdctl runs");
+        assert!(
+            output.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// The index of the member that leads now, if one does.
     pub fn leader(&self) -> Option<usize> {
         self.members.iter().position(|m| {

@@ -2,8 +2,9 @@
 //! a sequence's ticks on any replica answer as one server would, a sequence
 //! moves with its version, a start elsewhere ends the old copy, a drain
 //! hands every sequence over, a killed replica's sequences are told lost
-//! (naming no host or process), two ticks claiming at once both run, and a
-//! halt sent to one replica halts every replica and outlives restarts.
+//! (naming no host or process), two ticks claiming at once both run, a
+//! halt sent to one replica halts every replica and outlives restarts, and
+//! a breaker tripped on one replica halts its version on every replica.
 
 #![allow(clippy::disallowed_methods)] // waits on other processes and on etcd, in real time
 
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 use tickserve_core::config::{FleetConfig, ServerConfig};
 use tickserve_testing::etcd::Etcd;
 
+use super::risk;
 use super::sequences::{body, post, prediction, tick};
 use crate::support;
 
@@ -69,51 +71,36 @@ fn infer(server: &tickserve_server::Server, version: Option<&str>) -> String {
     }
 }
 
-/// The real server in a process of its own on `config_file` (killed with
-/// SIGKILL when dropped); its HTTP address.
-struct Process {
-    child: std::process::Child,
-    http: String,
+/// A configuration file for a replica of fleet `prefix` on `repository`
+/// (written into it), for [`support::spawn_server`]: risk control open, halts
+/// kept in the fleet's store only.
+fn replica_file(repository: &std::path::Path, etcd: &Etcd, prefix: &str) -> std::path::PathBuf {
+    let file = repository.join(format!("replica-{prefix}.toml"));
+    std::fs::write(
+        &file,
+        format!(
+            "[repository]\npath = \"{}\"\n[runtime]\nonnxruntime_library = \"{}\"\n\
+             [risk]\ncontrol = \"open\"\nhalts_file = \"\"\n\
+             [fleet]\nendpoints = [\"{}\"]\nprefix = \"{prefix}\"\nlease = \"1s\"\n",
+            repository.display(),
+            support::root()
+                .join(".local/lib/libonnxruntime.so.1.31.1")
+                .display(),
+            etcd.endpoints()[0],
+        ),
+    )
+    .unwrap();
+    file
 }
 
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_server(config_file: &std::path::Path) -> Process {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tickserve"))
-        .args(["serve", "--http-port", "0", "--grpc-port", "0", "--config"])
-        .arg(config_file)
-        .current_dir(support::root())
-        .env(
-            "TICKSERVE_ONNXRUNTIME_LIBRARY",
-            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
-        )
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut lines = Vec::new();
-    for line in stderr.lines() {
-        let line = line.unwrap();
-        if let Some(at) = line.find(" ready http=") {
-            let http = line[at + " ready http=".len()..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .to_string();
-            return Process { child, http };
-        }
-        lines.push(line);
-    }
-    let _ = child.wait();
-    panic!("the server stopped before it was ready: {lines:#?}");
+/// `tickserve_model_halted` for `seq_lstm_step` version 1 in the metrics
+/// of the server at `http` (`host:port`); `None` before it was ever set.
+async fn halted_gauge(http: &str) -> Option<f64> {
+    let text = support::metrics_text(&format!("http://{http}")).await;
+    text.lines()
+        .filter(|l| l.starts_with(tickserve_core::metrics::MODEL_HALTED))
+        .filter(|l| l.contains("model=\"seq_lstm_step\"") && l.contains("version=\"1\""))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,21 +148,10 @@ async fn replicas_hand_sequences_over_asked_and_drained_and_a_killed_ones_are_lo
     // A replica killed (SIGKILL) takes its sequences with it: once its lease
     // ends, their next tick elsewhere says the state is lost and how to
     // start again, naming no host, process or path.
-    let file = repository.path().join("replica.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[repository]\npath = \"{}\"\n[runtime]\nonnxruntime_library = \"{}\"\n\
-             [fleet]\nendpoints = [\"{}\"]\nprefix = \"handover\"\nlease = \"1s\"\n",
-            repository.path().display(),
-            support::root()
-                .join(".local/lib/libonnxruntime.so.1.31.1")
-                .display(),
-            etcd.endpoints()[0],
-        ),
-    )
-    .unwrap();
-    let killed = spawn_server(&file);
+    let killed = support::spawn_server(
+        &replica_file(repository.path(), &etcd, "handover"),
+        &support::root(),
+    );
     let killed_url = format!("http://{}/v2/models/seq_lstm_step/infer", killed.http);
     let (status, _) = post(
         &http,
@@ -307,6 +283,11 @@ async fn a_halt_sent_to_one_replica_halts_every_replica_and_outlives_restarts() 
     let repository = repository(1);
     let config = in_fleet(repository.path(), &etcd, "halts");
     let (a, b) = (support::start(&config).await, support::start(&config).await);
+    // A replica in a process of its own: its metrics are its own.
+    let d = support::spawn_server(
+        &replica_file(repository.path(), &etcd, "halts"),
+        &support::root(),
+    );
     let http = reqwest::Client::new();
     let halt = format!(
         "http://{}/v2/models/seq_lstm_step/versions/1/halt",
@@ -315,9 +296,11 @@ async fn a_halt_sent_to_one_replica_halts_every_replica_and_outlives_restarts() 
     let (status, answer) = post(&http, &halt, &json!({"reason": "desk halt"})).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["kept"], true, "{answer}");
-    // The answer came once both replicas applied it: b refuses at once.
-    assert_eq!(answer["fleet"]["replicas"], 2, "{answer}");
-    assert_eq!(answer["fleet"]["applied"], 2, "{answer}");
+    // The answer came once every replica applied it: b refuses at once,
+    // and d's gauge says halted.
+    assert_eq!(answer["fleet"]["replicas"], 3, "{answer}");
+    assert_eq!(answer["fleet"]["applied"], 3, "{answer}");
+    assert_eq!(halted_gauge(&d.http).await, Some(1.0));
     let one = body(json!(1), true, false, &tick(1, 0));
     let (status, refused) = post(&http, &infer(&b, None), &one).await;
     assert_eq!(status, 423, "{refused}");
@@ -345,7 +328,109 @@ async fn a_halt_sent_to_one_replica_halts_every_replica_and_outlives_restarts() 
             "a still refuses"
         );
     }
+    while halted_gauge(&d.http).await != Some(0.0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "d's gauge still says halted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for server in [a, b, c] {
+        server.shutdown().await.unwrap();
+    }
+}
+
+/// A halt a live replica has not applied within the lease's TTL is
+/// answered as not kept, saying how many replicas applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halt_a_live_replica_has_not_applied_is_answered_as_not_kept() {
+    let etcd = Etcd::start();
+    let repository = repository(1);
+    let a = support::start(&in_fleet(repository.path(), &etcd, "partial")).await;
+    // A member whose lease lives but which never follows the halts.
+    let granted = etcd.ctl(&["lease", "grant", "60"]);
+    let lease = granted.split_whitespace().nth(1).unwrap();
+    etcd.ctl(&["put", "--lease", lease, "partial/members/ghost", "ghost"]);
+    let halt = format!(
+        "http://{}/v2/models/seq_lstm_step/versions/1/halt",
+        a.http_addr
+    );
+    let (status, answer) = post(&reqwest::Client::new(), &halt, &json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["kept"], false, "{answer}");
+    assert_eq!(answer["fleet"]["replicas"], 2, "{answer}");
+    assert_eq!(answer["fleet"]["applied"], 1, "{answer}");
+    a.shutdown().await.unwrap();
+}
+
+/// A breaker tripped on one replica halts its version on every replica,
+/// and the replica where it tripped journals the halt, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_tripped_on_one_replica_halts_every_replica_and_is_journaled() {
+    let etcd = Etcd::start();
+    let repository = tempfile::tempdir().unwrap();
+    support::sample(
+        repository.path(),
+        "alpha_mlp",
+        "guarded",
+        1,
+        Some(
+            "[[guard]]\noutput = \"probabilities\"\nmax = 0.9\n[breaker]\ntrips = 1\nwindow = \"1m\"\n",
+        ),
+    );
+    let journal = tempfile::tempdir().unwrap();
+    let mut config = super::journal::journaled(repository.path(), journal.path());
+    config.fleet = Some(fleet_of(&etcd, "breakers"));
+    let a = support::start(&config).await;
+    let b = support::start(&in_fleet(repository.path(), &etcd, "breakers")).await;
+    let http = reqwest::Client::new();
+    let url = |server: &tickserve_server::Server| {
+        format!("http://{}/v2/models/guarded/infer", server.http_addr)
+    };
+    let (good, tripping) = (risk::body(0.0), risk::body(-5.0));
+    assert_eq!(post(&http, &url(&b), &good).await.0, 200);
+
+    // One trip on a halts the version there at once, then on b.
+    assert_eq!(post(&http, &url(&a), &tripping).await.0, 422);
+    let (status, answer) = post(&http, &url(&a), &good).await;
+    assert_eq!(status, 423, "{answer}");
+    let started = Instant::now();
+    let answer = loop {
+        let (status, answer) = post(&http, &url(&b), &good).await;
+        if status == 423 {
+            break answer;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "b still answers ({status}): {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("is halted: by its breaker"),
+        "{answer}"
+    );
+
+    super::journal::flush(&a).await;
+    let halts: Vec<_> = super::journal::records(journal.path())
+        .into_iter()
+        .filter(|(status, _, _)| status == "halted")
+        .collect();
+    // The halt itself (over `breaker`) and the refused request after it.
+    assert_eq!(halts.len(), 2, "{halts:?}");
+    assert_eq!(halts[0].1, "breaker", "{halts:?}");
+    assert!(
+        halts[0]
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("1 guard trips within 1m"),
+        "{halts:?}"
+    );
+    for server in [a, b] {
         server.shutdown().await.unwrap();
     }
 }

@@ -32,7 +32,8 @@ fn mixed_repository() -> tempfile::TempDir {
     dir
 }
 
-fn journaled(repository: &Path, journal: &Path) -> ServerConfig {
+/// `support::config` with the journal on, writing into `journal`.
+pub(super) fn journaled(repository: &Path, journal: &Path) -> ServerConfig {
     let mut config = support::config(repository);
     config.journal.enabled = true;
     config.journal.directory = journal.to_path_buf();
@@ -40,7 +41,7 @@ fn journaled(repository: &Path, journal: &Path) -> ServerConfig {
 }
 
 /// Waits until every record handed over so far is written and synced.
-async fn flush(server: &tickserve_server::Server) {
+pub(super) async fn flush(server: &tickserve_server::Server) {
     let journal = Arc::clone(server.edge().journal.as_ref().unwrap());
     tokio::task::spawn_blocking(move || journal.flush())
         .await
@@ -305,8 +306,6 @@ async fn a_withheld_answer_is_recorded_with_its_outputs_and_the_guard() {
 /// front end they came over; a refused request while halted is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn halts_and_resumes_are_records_between_the_predictions() {
-    use arrow_array::Array;
-    use arrow_array::cast::AsArray;
     let journal = tempfile::tempdir().unwrap();
     let mut config = journaled(&support::root().join("config/models"), journal.path());
     config.risk.control = tickserve_core::config::RiskControl::Open;
@@ -330,21 +329,7 @@ async fn halts_and_resumes_are_records_between_the_predictions() {
     control("resume").await;
     assert_eq!(post_alpha(&base, 2).await.as_u16(), 200);
     flush(&server).await;
-    let mut statuses = Vec::new();
-    for path in walk(journal.path()) {
-        for batch in &read_file(&path).unwrap().batches {
-            let column = |name: &str| batch.column(batch.schema().index_of(name).unwrap()).clone();
-            let (status, error, protocol) = (column("status"), column("error"), column("protocol"));
-            for row in 0..batch.num_rows() {
-                let error = error.as_string::<i32>();
-                statuses.push((
-                    status.as_string::<i32>().value(row).to_string(),
-                    protocol.as_string::<i32>().value(row).to_string(),
-                    error.is_valid(row).then(|| error.value(row).to_string()),
-                ));
-            }
-        }
-    }
+    let statuses = records(journal.path());
     let kinds: Vec<&str> = statuses.iter().map(|s| s.0.as_str()).collect();
     assert_eq!(
         kinds,
@@ -543,6 +528,28 @@ async fn verify_finds_a_truncated_tail_a_gap_and_an_edited_record() {
 }
 
 /// The record files (`*.arrows`) under `dir`.
+/// Every record under `dir`, in file order: (status, protocol, error).
+pub(super) fn records(dir: &Path) -> Vec<(String, String, Option<String>)> {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    let mut records = Vec::new();
+    for path in walk(dir) {
+        for batch in &read_file(&path).unwrap().batches {
+            let column = |name: &str| batch.column(batch.schema().index_of(name).unwrap()).clone();
+            let (status, error, protocol) = (column("status"), column("error"), column("protocol"));
+            let error = error.as_string::<i32>();
+            for row in 0..batch.num_rows() {
+                records.push((
+                    status.as_string::<i32>().value(row).to_string(),
+                    protocol.as_string::<i32>().value(row).to_string(),
+                    error.is_valid(row).then(|| error.value(row).to_string()),
+                ));
+            }
+        }
+    }
+    records
+}
+
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -25,7 +25,7 @@ fn alpha(repository: &Path, name: &str, version: u64, toml: &str) {
 
 /// A row of `value` in every feature: 0.0 answers probabilities below 0.34,
 /// -5.0 one of 0.99 (onnxruntime).
-fn body(value: f32) -> serde_json::Value {
+pub(super) fn body(value: f32) -> serde_json::Value {
     serde_json::json!({
         "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 50], "data": vec![value; 50]}]
     })
@@ -485,4 +485,47 @@ async fn halt_and_resume_are_closed_by_default_and_a_breakers_halt_needs_the_key
         "still halted"
     );
     server.shutdown().await.unwrap();
+}
+
+/// A halts file named bare (`halts.json`: no folder) is kept in the
+/// working directory, and the halt outlives a restart there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_halts_file_name_is_kept_in_the_working_directory() {
+    let repository = tempfile::tempdir().unwrap();
+    alpha(repository.path(), "alpha_mlp", 1, "");
+    let cwd = tempfile::tempdir().unwrap();
+    let file = cwd.path().join("tickserve.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[repository]\npath = \"{}\"\n[runtime]\nonnxruntime_library = \"{}\"\n\
+             [risk]\ncontrol = \"open\"\nhalts_file = \"halts.json\"\n",
+            repository.path().display(),
+            support::root()
+                .join(".local/lib/libonnxruntime.so.1.31.1")
+                .display(),
+        ),
+    )
+    .unwrap();
+    let server = support::spawn_server(&file, cwd.path());
+    let base = format!("http://{}/v2/models/alpha_mlp", server.http);
+    let (status, answer) = post(
+        &format!("{base}/versions/1/halt"),
+        &serde_json::json!({"reason": "desk closed"}),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["kept"], true, "{answer}");
+    let kept = std::fs::read_to_string(cwd.path().join("halts.json")).unwrap();
+    assert!(kept.contains("desk closed"), "{kept}");
+    drop(server);
+    let server = support::spawn_server(&file, cwd.path());
+    let (status, answer) = post(
+        &format!("http://{}/v2/models/alpha_mlp/infer", server.http),
+        &body(0.0),
+        None,
+    )
+    .await;
+    assert_eq!(status, 423, "{answer}");
 }

@@ -451,3 +451,57 @@ pub fn tf_predict(
         output_filter: Vec::new(),
     }
 }
+
+/// The real server in a process of its own on `config_file`, in working
+/// directory `cwd` (killed with SIGKILL when dropped); its HTTP address.
+pub struct Process {
+    /// The child process.
+    pub child: std::process::Child,
+    /// Its HTTP address, `host:port`.
+    pub http: String,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `tickserve serve` on `config_file` (ports 0) in `cwd`; returns
+/// once it says it is ready (panics, with its log, if it stops before).
+pub fn spawn_server(config_file: &Path, cwd: &Path) -> Process {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args(["serve", "--http-port", "0", "--grpc-port", "0", "--config"])
+        .arg(config_file)
+        .current_dir(cwd)
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut lines = Vec::new();
+    for line in stderr.by_ref() {
+        let line = line.unwrap();
+        if let Some(at) = line.find(" ready http=") {
+            let http = line[at + " ready http=".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string();
+            // Its log is read on (and dropped), so that a full pipe never
+            // stops the process.
+            std::thread::spawn(move || stderr.for_each(drop));
+            return Process { child, http };
+        }
+        lines.push(line);
+    }
+    let _ = child.wait();
+    panic!("the server stopped before it was ready: {lines:#?}");
+}
