@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Exports small ONNX sequence models (LSTM, GRU) with third-party exporters.
+"""Exports small ONNX sequence models (LSTM, GRU) and dense networks with third-party exporters.
 
 tickserve's CUDA engine imports ONNX graphs; scripts/dev/make_models.py writes its sample
 models by hand, so those only hold what we thought to write. This script has PyTorch's
@@ -29,9 +29,13 @@ torch (TorchScript exporter, opset 17):
                  [batch,2,16] -> prediction [batch,1], h_out, c_out [batch,2,16]
   pt_lstm_multi  window [batch,12,8], features [batch,4] -> LSTM(16) -> out[:, -1]
                  ++ features -> Linear(20,1)
+  pt_mlp         features [batch,16] -> Linear(16,32) -> ReLU -> Linear(32,32) -> Tanh
+                 -> Linear(32,1)
+  pt_mlp_norm    features [batch,16] -> Linear(16,32) -> LayerNorm(32) -> Sigmoid
+                 -> Linear(32,3) -> Softmax
 torch (dynamo exporter, torch.export, its default opset (20 with torch 2.15); a model it
        fails on is reported and skipped):
-  pt2_lstm1, pt2_gru2   as pt_lstm1, pt_gru2
+  pt2_lstm1, pt2_gru2, pt2_mlp, pt2_mlp_norm   as pt_lstm1, pt_gru2, pt_mlp, pt_mlp_norm
 tf (Keras models, tf2onnx.convert.from_keras, opset 17):
   tf_lstm1       window [None,12,8] -> LSTM(16) -> Dense(1)
   tf_lstm2       LSTM(16, return_sequences) -> LSTM(16) -> Dense(1)
@@ -40,6 +44,8 @@ tf (Keras models, tf2onnx.convert.from_keras, opset 17):
   tf_gru_v1      GRU(16, reset_after=False) -> Dense(1) (tf2onnx 1.16.1 writes an ONNX
                  Loop of MatMul/Sigmoid/Tanh here, not a GRU)
   tf_lstm_multi  window [None,12,8], features [None,4] -> LSTM(16) ++ features -> Dense(1)
+  tf_mlp         features [None,16] -> Dense(32, relu) -> Dense(32, tanh) -> Dense(1)
+  tf_mlp_norm    features [None,16] -> Dense(32) -> LayerNormalization -> Dense(3, softmax)
 
 Each model is run once with ONNX Runtime on a random batch of 3 and compared with the
 framework's own output; one line per model lists its op types (first appearance,
@@ -56,6 +62,8 @@ FEATURES = 8
 HIDDEN = 16
 WINDOW = 12
 EXTRA = 4  # the `features` input of the multi-input models
+DENSE_FEATURES = 16  # the dense networks' `features` input
+DENSE_HIDDEN = 32
 VERIFY_BATCH = 3
 
 MODEL_TOML = (
@@ -233,6 +241,16 @@ def torch_models():
             out, _ = self.lstm(window)
             return self.head(torch.cat([out[:, -1, :], features], dim=1))
 
+    def dense(norm):
+        """features [batch, 16] -> the dense network of pt_mlp (norm: of pt_mlp_norm)."""
+        if norm:
+            return nn.Sequential(
+                nn.Linear(DENSE_FEATURES, DENSE_HIDDEN), nn.LayerNorm(DENSE_HIDDEN),
+                nn.Sigmoid(), nn.Linear(DENSE_HIDDEN, 3), nn.Softmax(dim=1))
+        return nn.Sequential(
+            nn.Linear(DENSE_FEATURES, DENSE_HIDDEN), nn.ReLU(),
+            nn.Linear(DENSE_HIDDEN, DENSE_HIDDEN), nn.Tanh(), nn.Linear(DENSE_HIDDEN, 1))
+
     def window_model(kind, layers, head_on):
         rnn = getattr(nn, kind)(FEATURES, HIDDEN, num_layers=layers, batch_first=True)
         return Window(rnn, head_on)
@@ -252,6 +270,10 @@ def torch_models():
           torch.randn(batch, 2, HIDDEN))),
         ("pt_lstm_multi", Multi, ["window", "features"], ["prediction"],
          (window, torch.randn(batch, EXTRA))),
+        ("pt_mlp", lambda: dense(False), ["features"], ["prediction"],
+         (torch.randn(batch, DENSE_FEATURES),)),
+        ("pt_mlp_norm", lambda: dense(True), ["features"], ["probabilities"],
+         (torch.randn(batch, DENSE_FEATURES),)),
     ]
     for seed, (name, make, inputs, outputs, example) in enumerate(specs):
         torch.manual_seed(seed)
@@ -310,7 +332,8 @@ def export_torch(repository):
         verify(path, name, module, inputs)
 
     # Dynamo exporter (torch.export); a failure is reported, and the model skipped.
-    for name, source in (("pt2_lstm1", "pt_lstm1"), ("pt2_gru2", "pt_gru2")):
+    for name, source in (("pt2_lstm1", "pt_lstm1"), ("pt2_gru2", "pt_gru2"),
+                         ("pt2_mlp", "pt_mlp"), ("pt2_mlp_norm", "pt_mlp_norm")):
         module, inputs, outputs, example = models[source]
         batch = torch.export.Dim("batch", min=1, max=4096)
         path, toml = model_paths(repository, name)
@@ -318,7 +341,7 @@ def export_torch(repository):
             program = torch.onnx.export(
                 module, example, dynamo=True, verbose=False,
                 input_names=inputs, output_names=outputs,
-                dynamic_shapes={n: {0: batch} for n in inputs})
+                dynamic_shapes=tuple({0: batch} for _ in inputs))
             model = program.model_proto
             strip_node_metadata(model.graph)
             onnx.save(model, str(path))  # weights inline: the model is far below 2 GB
@@ -350,6 +373,18 @@ def tf_models():
         return keras.Sequential(
             [window, *body, layers.Dense(1, name="prediction")], name=name)
 
+    def dense(name, norm):
+        features = keras.Input(shape=(DENSE_FEATURES,), name="features")
+        if norm:
+            body = [layers.Dense(DENSE_HIDDEN, name="dense_a"),
+                    layers.LayerNormalization(name="norm"),
+                    layers.Dense(3, activation="softmax", name="probabilities")]
+        else:
+            body = [layers.Dense(DENSE_HIDDEN, activation="relu", name="dense_a"),
+                    layers.Dense(DENSE_HIDDEN, activation="tanh", name="dense_b"),
+                    layers.Dense(1, name="prediction")]
+        return keras.Sequential([features, *body], name=name)
+
     def multi(name):
         window = keras.Input(shape=(WINDOW, FEATURES), name="window")
         features = keras.Input(shape=(EXTRA,), name="features")
@@ -370,6 +405,8 @@ def tf_models():
         ("tf_gru_v1", lambda n: sequential(
             n, layers.GRU(HIDDEN, reset_after=False, name="gru"))),
         ("tf_lstm_multi", multi),
+        ("tf_mlp", lambda n: dense(n, False)),
+        ("tf_mlp_norm", lambda n: dense(n, True)),
     ]
     for seed, (name, make) in enumerate(specs):
         keras.backend.clear_session()
@@ -413,7 +450,10 @@ def export_tf(repository):
     np.random.seed(0)
     rng = np.random.default_rng(0)
     for name, model in tf_models():
-        signature = [tf.TensorSpec([None, WINDOW, FEATURES], tf.float32, name="window")]
+        if name.startswith("tf_mlp"):
+            signature = [tf.TensorSpec([None, DENSE_FEATURES], tf.float32, name="features")]
+        else:
+            signature = [tf.TensorSpec([None, WINDOW, FEATURES], tf.float32, name="window")]
         if len(model.inputs) == 2:
             signature.append(tf.TensorSpec([None, EXTRA], tf.float32, name="features"))
         proto, _ = tf2onnx.convert.from_keras(model, input_signature=signature, opset=17)
@@ -422,7 +462,7 @@ def export_tf(repository):
         toml.write_text(MODEL_TOML.format(exporter="tf2onnx from Keras"))
         feed = random_feed(proto, VERIFY_BATCH, rng)
         want = model([feed[s.name] for s in signature] if len(signature) > 1
-                     else feed["window"], training=False)
+                     else feed[signature[0].name], training=False)
         check_and_report(path, name, feed, [np.asarray(want)])
     return []
 

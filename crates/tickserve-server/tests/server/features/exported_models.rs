@@ -1,7 +1,7 @@
 //! Models no one here wrote, served on the engine `runtime.cpu_engine =
 //! "auto"` chooses: tree ensembles from LightGBM's, XGBoost's and
-//! scikit-learn's converters, LSTMs and GRUs from PyTorch's two exporters and
-//! tf2onnx; every model's configuration names the compiled CPU engine (the
+//! scikit-learn's converters, LSTMs, GRUs and dense networks from PyTorch's
+//! two exporters and tf2onnx; every model's configuration names the compiled CPU engine (the
 //! one that is not a plan names ONNX Runtime), and its answers over KServe
 //! v2 HTTP and gRPC, shared memory and TF Serving's API equal onnxruntime's
 //! (`tests/python/exported_check.py`, `tests/python/tfserving_check.py`).
@@ -57,12 +57,18 @@ async fn exported_tree_ensembles_answer_as_onnxruntime_on_every_front_end() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exported_sequence_models_answer_as_onnxruntime_on_every_front_end() {
+async fn exported_sequence_and_dense_models_answer_as_onnxruntime_on_every_front_end() {
     serve(
         "crates/tickserve-engine-cuda/tests/exported",
         "sequences",
-        // tf2onnx writes a Keras GRU with reset_after=False as a Loop.
-        &["--except", "tf_gru_v1=onnxruntime"],
+        // tf2onnx writes a Keras GRU with reset_after=False as a Loop, and
+        // a Keras LayerNormalization as a reshape around a BatchNormalization.
+        &[
+            "--except",
+            "tf_gru_v1=onnxruntime",
+            "--except",
+            "tf_mlp_norm=onnxruntime",
+        ],
         "pt_lstm_state",
     )
     .await;
