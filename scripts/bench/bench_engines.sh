@@ -7,6 +7,10 @@
 #
 #   scripts/bench/bench_engines.sh [TICKS]      # default 10000 ticks after 1000 of warm-up
 #
+# LATENCY=1 runs each server in the latency mode (docs/shm.md#latency-mode): its one
+# shared-memory thread pinned to the last core, polling for ever, the one-row tick run on
+# it; tickserve-bench pinned to core 0 (`taskset`), polling for its answer for ever.
+#
 # Needs the release build: cargo build --release -p tickserve-server -p tickserve-bench
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,13 +21,21 @@ trap 'rm -rf "$work"' EXIT
 cp -r config/models/alpha_mlp "$work/models/"
 library=$PWD/.local/lib/libonnxruntime.so.1.31.1
 export TICKSERVE_ONNXRUNTIME_LIBRARY=$library WORK=$work TICKS=$ticks
+client=(target/release/tickserve-bench)
+latency=""
+if [ "${LATENCY:-0}" = 1 ]; then
+  last=$(($(nproc) - 1))
+  latency=$(printf 'threads = 1\n[latency]\ncores = [%s]\n' "$last")
+  client=(taskset -c 0 target/release/tickserve-bench --client-spin 1s)
+fi
+export CLIENT="${client[*]}"
 for engine in onnxruntime auto; do
-  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\ncpu_engine = "%s"\n[shm]\nenabled = true\nservice = "tickserve-engines-%s"\n' \
-    "$work/models" "$library" "$engine" "$engine" >"$work/$engine.toml"
+  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\ncpu_engine = "%s"\n[shm]\nenabled = true\nservice = "tickserve-engines-%s"\n%s\n' \
+    "$work/models" "$library" "$engine" "$engine" "$latency" >"$work/$engine.toml"
   ENGINE=$engine python3 scripts/bench/server.py --config "$work/$engine.toml" -- bash -c '
     for model in bench_trees bench_lstm alpha_mlp; do
       echo "== cpu_engine = $ENGINE, $model"
-      target/release/tickserve-bench --repository "$WORK/models" --model "$model" \
+      $CLIENT --repository "$WORK/models" --model "$model" \
         --service "tickserve-engines-$ENGINE" --grpc "http://127.0.0.1:$TICKSERVE_GRPC_PORT" \
         --ticks "$TICKS" --warmup 1000
     done'
