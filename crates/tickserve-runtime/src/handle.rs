@@ -2,11 +2,18 @@
 //! is ([`Loaded`]) and its replicas, each a membership in a family on one
 //! device.
 //!
-//! The edge looks a model up once per request ([`crate::Models::get`]) and
-//! calls [`ModelHandle::prepare`] (validation against the signature, the
-//! Monte Carlo plan, the priority level, a stateful model's turn in its
-//! sequence), then [`ModelHandle::run`]: the replica with the shortest queue
-//! and its family's [`Family::submit`].
+//! The edge looks a model up once per request ([`crate::Runtime::model`],
+//! or the split's and fallback's routing) and calls [`ModelHandle::prepare`]
+//! (validation against the signature, the Monte Carlo plan, the priority
+//! level, a stateful model's turn in its sequence). Then one of two ways:
+//! [`ModelHandle::run_now`] answers a plain request on the caller's thread
+//! when an executor of its replica is idle and nothing is queued; otherwise
+//! [`ModelHandle::run_held`] (or [`ModelHandle::run`], which keeps the new
+//! state at once) waits for the sequence's turn, runs the request on the
+//! replica with the shortest queue (its family's [`Family::submit`], or
+//! parked with a shared-memory round's requests while that thread gathers:
+//! [`crate::gather`]), expands and summarizes Monte Carlo, and hands back a
+//! sequence's new state for the caller to keep once the answer may go.
 
 #![allow(clippy::disallowed_methods)] // a request's admission instant (its wait and deadline) is the machine's time
 

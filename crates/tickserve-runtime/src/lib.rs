@@ -119,6 +119,20 @@ pub struct Runtime {
     loaded_from: Prints,
 }
 
+/// The stateful models among `handles`, as a sequence snapshot files them.
+fn held(handles: &[Arc<ModelHandle>]) -> Vec<sequences::snapshot::Held<'_>> {
+    handles
+        .iter()
+        .filter_map(|h| {
+            h.sequences().map(|s| sequences::snapshot::Held {
+                name: &h.name,
+                version: &h.version,
+                sequences: s,
+            })
+        })
+        .collect()
+}
+
 /// Moves a reloaded model's sequences from its old versions into the new
 /// ones whose state pairs and windows are unchanged, so that a reload does not end them.
 /// (A tick that was running on the old version as it was replaced finishes
@@ -218,7 +232,8 @@ impl Runtime {
         }
         runtime.models.set_all(models);
         if let Some(path) = &runtime.config.runtime.sequence_snapshot {
-            match sequences::snapshot::restore(path, &runtime.models.ready_handles()) {
+            let handles = runtime.models.ready_handles();
+            match sequences::snapshot::restore(path, &held(&handles)) {
                 Ok(0) => {}
                 Ok(n) => {
                     tracing::info!(sequences = n, file = %path.display(), "sequences restored")
@@ -308,7 +323,7 @@ impl Runtime {
     pub fn write_sequence_snapshot(&self) -> Result<usize, String> {
         match &self.config.runtime.sequence_snapshot {
             None => Ok(0),
-            Some(path) => sequences::snapshot::write(path, &self.models.ready_handles()),
+            Some(path) => sequences::snapshot::write(path, &held(&self.models.ready_handles())),
         }
     }
 

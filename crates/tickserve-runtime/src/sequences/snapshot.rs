@@ -34,8 +34,7 @@ use bytes::Bytes;
 use tickserve_core::TensorSpec;
 use tickserve_core::sequence::{SequenceId, SequenceSpec};
 
-use super::{KeyIdOrd, SequenceKey, Snapshotted};
-use crate::handle::ModelHandle;
+use super::{KeyIdOrd, SequenceKey, Sequences, Snapshotted};
 
 const MAGIC: &[u8] = b"tickserve-sequences 3\n";
 
@@ -45,13 +44,25 @@ const MAGIC_V2: &[u8] = b"tickserve-sequences 2\n";
 /// The first line of a version-1 file, read too.
 const MAGIC_V1: &[u8] = b"tickserve-sequences 1\n";
 
-/// Writes every stateful model's sequences in `handles` to `path`; returns
+/// A stateful model's sequences, with the name and version a snapshot
+/// files them under.
+#[derive(Debug, Clone, Copy)]
+pub struct Held<'a> {
+    /// The model's name.
+    pub name: &'a str,
+    /// Its version.
+    pub version: &'a str,
+    /// Its sequences.
+    pub sequences: &'a Sequences,
+}
+
+/// Writes every stateful model's sequences in `held` to `path`; returns
 /// how many. The file is written as a temporary beside it (`*.partial`,
 /// owner-only, created new: a symlink or anything else already at that name
 /// is removed, never followed), streamed, flushed to disk, renamed over
 /// `path`, and the directory flushed, so that `path` is always either the
 /// previous snapshot or this one, whole.
-pub fn write(path: &Path, handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
+pub fn write(path: &Path, held: &[Held<'_>]) -> Result<usize, String> {
     let temporary = path.with_extension("partial");
     let fail = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     match std::fs::remove_file(&temporary) {
@@ -60,7 +71,7 @@ pub fn write(path: &Path, handles: &[std::sync::Arc<ModelHandle>]) -> Result<usi
     }
     let file = create_private(&temporary).map_err(fail)?;
     let mut out = std::io::BufWriter::new(file);
-    let total = write_to(&mut out, handles).map_err(fail)?;
+    let total = write_to(&mut out, held).map_err(fail)?;
     let file = out.into_inner().map_err(|e| fail(e.into_error()))?;
     file.sync_all().map_err(fail)?;
     drop(file);
@@ -96,20 +107,13 @@ fn sync_directory(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn write_to(
-    out: &mut impl Write,
-    handles: &[std::sync::Arc<ModelHandle>],
-) -> std::io::Result<usize> {
+fn write_to(out: &mut impl Write, held: &[Held<'_>]) -> std::io::Result<usize> {
     out.write_all(MAGIC)?;
-    let stateful: Vec<_> = handles
-        .iter()
-        .filter_map(|h| h.sequences().map(|s| (h, s)))
-        .collect();
-    put_u32(out, stateful.len())?;
+    put_u32(out, held.len())?;
     let mut total = 0;
-    for (handle, sequences) in stateful {
-        let all = sequences.snapshot();
-        encode_model(out, &handle.name, &handle.version, sequences.spec(), &all)?;
+    for model in held {
+        let all = model.sequences.snapshot();
+        encode_model(out, model.name, model.version, model.sequences.spec(), &all)?;
         total += all.len();
     }
     out.flush()?;
@@ -182,16 +186,16 @@ pub(crate) fn encode_one(
     out
 }
 
-/// Restores the sequences of `path` into the models of `handles` that
+/// Restores the sequences of `path` into the models of `held` that
 /// match (see the module's notes); returns how many came back. A missing
 /// file restores nothing.
-pub fn restore(path: &Path, handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
+pub fn restore(path: &Path, held: &[Held<'_>]) -> Result<usize, String> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let restored = read(&bytes, handles).map_err(|e| format!("{}: {e}", path.display()))?;
+    let restored = read(&bytes, held).map_err(|e| format!("{}: {e}", path.display()))?;
     let done = path.with_extension("restored");
     std::fs::rename(path, &done).map_err(|e| format!("cannot rename {}: {e}", path.display()))?;
     Ok(restored)
@@ -225,13 +229,13 @@ impl Decoded {
     }
 }
 
-fn read(bytes: &[u8], handles: &[std::sync::Arc<ModelHandle>]) -> Result<usize, String> {
+fn read(bytes: &[u8], held: &[Held<'_>]) -> Result<usize, String> {
     let mut restored = 0;
     for part in decode(bytes)? {
-        let target = handles
+        let target = held
             .iter()
             .find(|h| h.name == part.name && h.version == part.version)
-            .and_then(|h| h.sequences());
+            .map(|h| h.sequences);
         let matches = target.is_some_and(|s| part.fits(s.spec()));
         if target.is_some() && !matches {
             tracing::warn!(

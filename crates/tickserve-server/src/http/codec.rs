@@ -1,6 +1,10 @@
 //! The v2 HTTP/JSON inference format, with Triton's binary tensor extension:
-//! decoding a request body into an [`InferRequest`] and encoding an
-//! [`InferResponse`] into a body.
+//! [`decode`] reads a request body into the edge's [`Decoded`] (its inputs,
+//! the outputs asked for, its parameters, and [`Binary`]: which outputs go
+//! back binary); [`encode`] writes an [`InferResponse`] as a body.
+//!
+//! The JSON header is read by hand where it is plain (`fast::reader`: binary
+//! inputs, plain parameters), by serde_json otherwise (`request_header`).
 //!
 //! Tensor `data` may be flat or nested (row-major); it is converted straight
 //! into little-endian bytes of the declared datatype, with range checks. With
