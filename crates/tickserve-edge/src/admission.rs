@@ -10,7 +10,7 @@
 //! either is cut off with the refusal. The inference pipeline takes what a
 //! body holds ([`BodyBytes::take`]) and keeps it until the answer is sent.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tickserve_core::Error;
@@ -27,12 +27,11 @@ impl Drop for Slot {
 }
 
 /// The bytes one connection holds now, and the most it may
-/// (`server.max_connection_bytes`); and whether it has answered yet.
+/// (`server.max_connection_bytes`).
 #[derive(Debug)]
 pub struct ConnectionBudget {
     held: AtomicUsize,
     limit: usize,
-    answered: AtomicBool,
 }
 
 impl ConnectionBudget {
@@ -41,16 +40,7 @@ impl ConnectionBudget {
         ConnectionBudget {
             held: AtomicUsize::new(0),
             limit,
-            answered: AtomicBool::new(false),
         }
-    }
-
-    /// True for the first request on this connection that asks, false
-    /// after: the first answer's headers may teach HTTP/2's header
-    /// compression names that later answers refer to (the server's `timing`).
-    pub fn first_answer(&self) -> bool {
-        // Read first: after the first answer no request writes the line.
-        !self.answered.load(Ordering::Relaxed) && !self.answered.swap(true, Ordering::Relaxed)
     }
 }
 
@@ -64,24 +54,18 @@ pub struct HeldBytes {
 }
 
 impl HeldBytes {
-    /// One hold of both `self`'s bytes and `other`'s.
-    pub fn join(mut self, mut other: HeldBytes) -> HeldBytes {
+    /// Holds `other`'s bytes in this hold too.
+    pub fn join(&mut self, mut other: HeldBytes) {
         self.bytes += std::mem::take(&mut other.bytes);
         if self.connection.is_none() {
             self.connection = other.connection.take();
         }
         self.connection_bytes += std::mem::take(&mut other.connection_bytes);
-        self
     }
 
     /// Bytes held in the server-wide budget.
     pub fn bytes(&self) -> usize {
         self.bytes
-    }
-
-    /// The connection whose budget holds them too, for a body.
-    pub fn connection(&self) -> Option<&ConnectionBudget> {
-        self.connection.as_deref()
     }
 
     /// Holds `bytes` more, counted even over the budget: for what already
@@ -204,18 +188,5 @@ impl Edge {
     /// Bytes of requests held now, every front end together.
     pub fn inflight_bytes(&self) -> usize {
         self.inflight_bytes.load(Ordering::Acquire)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ConnectionBudget;
-
-    #[test]
-    fn a_connection_answers_first_once() {
-        let connection = ConnectionBudget::new(1024);
-        assert!(connection.first_answer());
-        assert!(!connection.first_answer());
-        assert!(!connection.first_answer());
     }
 }

@@ -43,15 +43,3 @@ pub enum RequestBytes {
     /// Not held yet (shared memory): admitted with the request.
     Count(usize),
 }
-
-impl RequestBytes {
-    /// True for the first request on its connection that asks (see
-    /// [`super::admission::ConnectionBudget::first_answer`]); false for
-    /// bytes of no connection.
-    pub fn first_on_connection(&self) -> bool {
-        match self {
-            RequestBytes::Held(held) => held.connection().is_some_and(|c| c.first_answer()),
-            RequestBytes::Count(_) => false,
-        }
-    }
-}

@@ -1,17 +1,18 @@
 //! What follows a request through the pipeline, each feature a field of
 //! [`Followers`]: its metrics, the journal's record, its shadows' copy, the
-//! canary split's count. The pipeline ([`crate::infer`]) calls their points
-//! in a fixed order and names no feature:
+//! canary split's count. A follower observes the request, or refuses it
+//! before anything runs; it never changes where the request goes or what
+//! its answer says (the deciders do: `infer`'s `route` and `verdict`). The
+//! pipeline ([`crate::infer`]) calls four points, in this order, and names
+//! no feature:
 //!
-//! 1. [`Followers::admit`]: a feature that may refuse before the request
-//!    costs anything (the journal in `refuse` mode, when it cannot keep a
+//! 1. [`Followers::begin`]: before the request costs anything, a feature
+//!    may refuse it (the journal in `refuse` mode, when it cannot keep a
 //!    record);
-//! 2. [`Followers::served_by`]: the request goes to another version than it
-//!    was looked up as (a halted version's fallback, a sequence's version);
-//! 3. [`Followers::asked`]: decoded, on its final version;
-//! 4. [`Followers::prepared`]: validated and in its place;
-//! 5. [`Followers::ran`]: the model answered (before the output guards);
-//! 6. [`Followers::answered`] or [`Followers::refused`]: the outcome, once.
+//! 2. [`Followers::asked`]: decoded, on the version that will answer it;
+//! 3. [`Followers::prepared`]: validated and in its place;
+//! 4. [`Followers::finished`]: the verdict on the model's answer (or
+//!    [`Followers::refused`], for a request that never ran), once.
 //!
 //! Static dispatch, one struct per request: a request that no feature
 //! follows (no journal, no shadows, no split) allocates nothing here. A new
@@ -25,7 +26,7 @@ use tickserve_runtime::{ModelHandle, Prepared, Routed, ShadowPlan};
 
 use crate::Edge;
 use crate::call::Call;
-use crate::journal::Pending;
+use crate::journal::{Pending, Written};
 use crate::observe::{self, Protocol};
 use crate::params::Parameters;
 use crate::shadow::Mirror;
@@ -113,26 +114,22 @@ impl Followers {
     }
 
     /// Whether a feature refuses the request before it costs anything.
-    pub(crate) fn admit(&self) -> Result<(), Error> {
+    pub(crate) fn begin(&self) -> Result<(), Error> {
         match &self.journal {
             Some(pending) => pending.admit(),
             None => Ok(()),
         }
     }
 
-    /// The request goes to `handle` instead of the version it was looked up as.
-    pub(crate) fn served_by(&mut self, handle: &Arc<ModelHandle>) {
-        if let Some(pending) = self.journal.as_mut() {
-            pending.served_by(handle);
-        }
-    }
-
-    /// Decoded, on its final version `handle`: its id and parameters.
-    pub(crate) fn asked(&mut self, handle: &ModelHandle, id: &str, parameters: &Parameters) {
+    /// Decoded, on `handle`, the version that answers it (a halted
+    /// version's fallback, a sequence's version, or the one looked up): its
+    /// id and parameters.
+    pub(crate) fn asked(&mut self, handle: &Arc<ModelHandle>, id: &str, parameters: &Parameters) {
         if self.drawn {
             handle.count_routed();
         }
         if let Some(pending) = self.journal.as_mut() {
+            pending.served_by(handle);
             pending.asked(id, parameters);
         }
     }
@@ -149,57 +146,90 @@ impl Followers {
             .map(Box::new);
     }
 
-    /// Whether the answer must wait for a feature ([`Followers::answered`]
-    /// awaits the journal's record in `refuse` mode): such a request is
-    /// never answered on the caller's thread without a future.
+    /// Whether the outcome may have to wait for a feature (the journal's
+    /// record, in `refuse` mode): such a request is never run on the
+    /// caller's thread without a future.
     pub(crate) fn waits(&self) -> bool {
         self.journal.is_some()
     }
 
-    /// The model answered `result` (before the output guards): the shadows
-    /// get their copy of the request, to compare with it.
-    pub(crate) fn ran(&mut self, result: &Result<InferResponse, Error>) {
-        if let (Some(mirror), Ok(response)) = (self.mirror.take(), result) {
+    /// The verdict on a run: `result`, and the model's answer a guard
+    /// `withheld` (`result` is then its error). The shadows get their copy
+    /// of the request with the model's answer, the journal its record; the
+    /// metrics are recorded once the outcome is final.
+    pub(crate) fn finished(
+        mut self,
+        result: Result<InferResponse, Error>,
+        withheld: Option<InferResponse>,
+    ) -> Told {
+        let answered = result.as_ref().ok().or(withheld.as_ref());
+        if let (Some(mirror), Some(response)) = (self.mirror.take(), answered) {
             mirror.send(response);
+        }
+        let written = self
+            .journal
+            .take()
+            .and_then(|pending| (*pending).answered(&result, withheld.as_ref()));
+        match written {
+            None => {
+                self.metrics.outcome(result.as_ref().err());
+                Told::Final(result)
+            }
+            Some(written) => Told::Writing(Writing {
+                written,
+                metrics: self.metrics,
+                result,
+            }),
         }
     }
 
-    /// The outcome: the journal's record handed over (in `refuse` mode, an
-    /// answer whose record could not be written becomes an error), the
-    /// metrics recorded. `withheld` is the answer a guard withheld (`result`
-    /// is then its error).
-    pub(crate) async fn answered(
-        mut self,
-        result: Result<InferResponse, Error>,
-        withheld: Option<&InferResponse>,
-    ) -> Result<InferResponse, Error> {
-        let result = match self.journal.take() {
-            Some(pending) => (*pending).answered(result, withheld).await,
-            None => result,
-        };
-        self.metrics.outcome(result.as_ref().err());
-        result
-    }
-
-    /// [`Followers::answered`] for a request no feature waits for
-    /// ([`Followers::waits`] is false).
-    pub(crate) fn answered_now(
-        self,
-        result: Result<InferResponse, Error>,
-    ) -> Result<InferResponse, Error> {
-        self.metrics.outcome(result.as_ref().err());
-        result
-    }
-
-    /// Refused before it ran: the metrics recorded, the journal's record
-    /// handed over (none for a request the journal itself refused).
-    pub(crate) fn refused(self, error: Error) -> Error {
+    /// Refused before it ran, on `handle` where it had come that far: the
+    /// metrics recorded, the journal's record handed over (none for a
+    /// request the journal itself refused).
+    pub(crate) fn refused(self, handle: Option<&Arc<ModelHandle>>, error: Error) -> Error {
         self.metrics.outcome(Some(&error));
-        if let Some(pending) = self.journal
+        if let Some(mut pending) = self.journal
             && !matches!(error, Error::JournalUnavailable { .. })
         {
+            if let Some(handle) = handle {
+                pending.served_by(handle);
+            }
             (*pending).refused(&error);
         }
         error
+    }
+}
+
+/// A run's outcome once the followers have it.
+pub(crate) enum Told {
+    /// Final: nothing waits.
+    Final(Result<InferResponse, Error>),
+    /// Final once the journal has written its record.
+    Writing(Writing),
+}
+
+/// An outcome waiting for its journal record (`refuse` mode).
+pub(crate) struct Writing {
+    written: Written,
+    metrics: Metrics,
+    result: Result<InferResponse, Error>,
+}
+
+impl Told {
+    /// The outcome, once final: an answer whose record could not be written
+    /// becomes an error; the metrics recorded.
+    pub(crate) async fn outcome(self) -> Result<InferResponse, Error> {
+        match self {
+            Told::Final(result) => result,
+            Told::Writing(Writing {
+                written,
+                metrics,
+                result,
+            }) => {
+                let result = written.confirm(result).await;
+                metrics.outcome(result.as_ref().err());
+                result
+            }
+        }
     }
 }

@@ -22,6 +22,34 @@ use tickserve_runtime::{ModelHandle, Prepared};
 
 use super::params;
 
+/// A record handed over in `refuse` mode, until the journal has written it.
+pub struct Written {
+    written: tokio::sync::oneshot::Receiver<bool>,
+    handle: Arc<ModelHandle>,
+}
+
+impl Written {
+    /// `result` once the record is written; an answer whose record could
+    /// not be written becomes an error.
+    pub async fn confirm(
+        self,
+        result: Result<InferResponse, Error>,
+    ) -> Result<InferResponse, Error> {
+        match self.written.await {
+            Ok(true) => result,
+            _ => {
+                metrics::counter!(tickserve_core::metrics::JOURNAL_REFUSED,
+                    "reason" => "unwritten")
+                .increment(1);
+                Err(Error::JournalUnavailable {
+                    model: self.handle.name.clone(),
+                    reason: "its record could not be written".to_string(),
+                })
+            }
+        }
+    }
+}
+
 /// `bytes` in lower-case hex, in one allocation.
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -192,17 +220,17 @@ impl Pending {
         self.record.error = Some(error.client_message());
     }
 
-    /// Hands the record of an answered request to the journal; in `refuse`
-    /// mode waits until it is written, and turns the answer into an error if
-    /// it could not be. `withheld` is the answer a guard withheld (`result`
-    /// is then its error): the record holds what the model said, and why it
-    /// went no further.
-    pub async fn answered(
+    /// Hands the record of an answered request to the journal. `withheld`
+    /// is the answer a guard withheld (`result` is then its error): the
+    /// record holds what the model said, and why it went no further. In
+    /// `refuse` mode the answer must wait for the record: [`Written`] says
+    /// when it is written.
+    pub fn answered(
         mut self,
-        result: Result<InferResponse, Error>,
+        result: &Result<InferResponse, Error>,
         withheld: Option<&InferResponse>,
-    ) -> Result<InferResponse, Error> {
-        match (&result, withheld) {
+    ) -> Option<Written> {
+        match (result, withheld) {
             (Ok(response), _) => self.took(response),
             (Err(error), Some(response)) => {
                 self.took(response);
@@ -211,21 +239,9 @@ impl Pending {
             (Err(error), None) => self.failed(error),
         }
         let handle = Arc::clone(&self.record.handle);
-        match self.journal.submit(self.record) {
-            None => result,
-            Some(written) => match written.await {
-                Ok(true) => result,
-                _ => {
-                    metrics::counter!(tickserve_core::metrics::JOURNAL_REFUSED,
-                        "reason" => "unwritten")
-                    .increment(1);
-                    Err(Error::JournalUnavailable {
-                        model: handle.name.clone(),
-                        reason: "its record could not be written".to_string(),
-                    })
-                }
-            },
-        }
+        self.journal
+            .submit(self.record)
+            .map(|written| Written { written, handle })
     }
 
     /// What the model answered, into the record.

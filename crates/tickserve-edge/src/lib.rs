@@ -8,10 +8,11 @@
 //! - [`call`]: a request as its front end describes it, before decoding;
 //! - [`admission`]: a slot and the request's bytes in the server-wide budget;
 //! - [`params`]: the one parameter reader;
-//! - [`infer`]: the pipeline: readiness, admission, the one model lookup,
-//!   decoding (large payloads off the async workers), parameters, the
-//!   runtime call, metrics;
-//! - `follow`: what follows a request at the pipeline's fixed points (its
+//! - [`payload`]: what a front end hands the pipeline and gets back;
+//! - [`infer`]: the pipeline, one envelope from admission to the one exit:
+//!   admit, route (the deciders on where a request goes), decode, prepare,
+//!   run, verdict (the decider on whether its answer goes), finish;
+//! - `follow`: what follows a request at the pipeline's four points (its
 //!   metrics, the journal's record, the shadows' copy, the split's count);
 //! - [`journal`]: a journaled request's record, handed to the journal when
 //!   it is answered;
@@ -33,6 +34,7 @@ pub mod infer;
 pub mod journal;
 pub mod observe;
 pub mod params;
+pub mod payload;
 pub mod sequence_key;
 pub mod shadow;
 
@@ -45,7 +47,8 @@ use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
 pub use call::{Call, RequestBytes};
-pub use infer::{Decoded, Payload, Unsent};
+pub use infer::{Admitted, Unsent};
+pub use payload::{Answer, DECODE_IN_PLACE_BYTES, Decoded, Payload};
 
 /// The most inputs, and the most outputs, one request may name (every JSON
 /// front end).

@@ -35,6 +35,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::tls::Tls;
+use crate::transport::first_answer::FirstAnswer;
 use activity::Activity;
 use budget::BodyRules;
 use stall::{Watched, WriteStall};
@@ -224,7 +225,11 @@ pub async fn serve(
         let counting = {
             let edge = Arc::clone(&edge);
             let budget = Arc::clone(&budget);
-            move |request| budget::count(request, &edge, &budget, body_timeout, rules)
+            let first = Arc::new(FirstAnswer::default());
+            move |mut request: http::Request<_>| {
+                request.extensions_mut().insert(Arc::clone(&first));
+                budget::count(request, &edge, &budget, body_timeout, rules)
+            }
         };
         let service =
             tower::util::MapFuture::new(tower::util::MapRequest::new(router.clone(), counting), {

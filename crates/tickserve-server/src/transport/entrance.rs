@@ -16,6 +16,7 @@ use tickserve_edge::admission::BodyBytes;
 use tickserve_edge::observe::Protocol;
 use tickserve_edge::{Call, RequestBytes};
 
+use super::first_answer::FirstAnswer;
 use super::headers::InferHeaders;
 use super::{deadline, sequence_key, trace};
 
@@ -28,6 +29,7 @@ pub struct Entrance {
     key: Option<KeyId>,
     sequence_key: Result<Option<String>, String>,
     bytes: RequestBytes,
+    first: Option<Arc<FirstAnswer>>,
 }
 
 impl Entrance {
@@ -46,6 +48,7 @@ impl Entrance {
             key: extensions.get().copied(),
             sequence_key: sequence_key::of(found.sequence_key.iter().copied()),
             bytes: request_bytes(extensions, len),
+            first: extensions.get().cloned(),
         }
     }
 
@@ -64,6 +67,7 @@ impl Entrance {
                     .iter(),
             ),
             bytes: request_bytes(request.extensions(), 0),
+            first: request.extensions().get().cloned(),
         }
     }
 
@@ -73,9 +77,9 @@ impl Entrance {
     }
 
     /// True for the first request on its connection that asks (see
-    /// [`RequestBytes::first_on_connection`]).
+    /// [`FirstAnswer`]); false for a request of no connection.
     pub fn first_on_connection(&self) -> bool {
-        self.bytes.first_on_connection()
+        self.first.as_ref().is_some_and(|first| first.take())
     }
 
     /// The request's [`Call`] for `model` at `version` over `protocol`; `len`

@@ -12,12 +12,14 @@
 //!   `traceparent` and the sequence-id header as HTTP and gRPC carry them;
 //! - [`entrance`]: a request's [`tickserve_edge::Call`], made once per
 //!   transport;
+//! - [`first_answer`]: whether an answer is its connection's first;
 //! - [`status`]: what a failure becomes on each protocol.
 
 pub mod access;
 pub mod body;
 pub mod deadline;
 pub mod entrance;
+pub mod first_answer;
 pub mod headers;
 pub mod routes;
 pub mod sequence_key;

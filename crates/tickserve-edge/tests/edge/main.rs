@@ -1,0 +1,4 @@
+//! The edge's pipeline without a socket: a runtime over the sample models,
+//! the edge over it, and a payload the test decodes itself.
+
+mod pipeline;
