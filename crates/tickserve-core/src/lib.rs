@@ -36,5 +36,7 @@ pub use engine::{
 };
 pub use error::{Error, ErrorKind};
 pub use name::Name;
-pub use request::{InferRequest, InferResponse, InputTensor, ModelRequest, OutputTensor, Timing};
+pub use request::{
+    InferRequest, InferResponse, InputTensor, MAX_RANK, ModelRequest, OutputTensor, Timing,
+};
 pub use signature::{Signature, TensorSpec};

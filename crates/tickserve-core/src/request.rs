@@ -10,6 +10,11 @@ use bytes::Bytes;
 
 use crate::{DataType, Name};
 
+/// The most dimensions one tensor's shape may have, on every front end:
+/// each reader of a request (HTTP JSON and binary, gRPC, TF Serving's JSON
+/// and protobuf, shared memory) refuses a deeper shape before it reads it.
+pub const MAX_RANK: usize = 16;
+
 /// One input tensor as the client sent it, before validation.
 #[derive(Debug, Clone)]
 pub struct InputTensor {

@@ -12,7 +12,7 @@
 //!
 //! - a `ModelInferRequest` (unary or streamed) is walked through its schema
 //!   (`REQUEST`): each repeated field has a count limit (inputs,
-//!   outputs, raw contents: [`MAX_ENTRIES`]; dimensions: [`MAX_DIMS`];
+//!   outputs, raw contents: [`MAX_ENTRIES`]; dimensions: [`MAX_RANK`];
 //!   parameters: [`MAX_PARAMETERS`] per map), and the bytes prost would
 //!   allocate are estimated and held to [`AMPLIFICATION`] times the message's
 //!   size plus [`SLACK_BYTES`];
@@ -43,8 +43,8 @@ use crate::tensorflow as tf;
 /// would cost memory.
 pub const MAX_ENTRIES: usize = 4096;
 
-/// The most dimensions of one input's `shape` (the HTTP front end allows 32).
-pub const MAX_DIMS: usize = 64;
+/// The most dimensions of one input's `shape`: every front end's limit.
+pub use tickserve_core::MAX_RANK;
 
 /// The most entries of one `parameters` map.
 pub const MAX_PARAMETERS: usize = 256;
@@ -280,7 +280,7 @@ const INPUT: Schema = Schema {
     fields: &[
         (1, "name", Kind::Bytes, usize::MAX),
         (2, "datatype", Kind::Bytes, usize::MAX),
-        (3, "shape", varint(8), MAX_DIMS),
+        (3, "shape", varint(8), MAX_RANK),
         (
             4,
             "parameters",
@@ -340,7 +340,7 @@ const TF_SHAPE: Schema = Schema {
     name: "TensorShapeProto",
     size: size_of::<tf::TensorShapeProto>(),
     fields: &[
-        (2, "dim", Kind::Message(&TF_DIM), MAX_DIMS),
+        (2, "dim", Kind::Message(&TF_DIM), MAX_RANK),
         (3, "unknown_rank", varint(1), usize::MAX),
     ],
 };
@@ -664,13 +664,15 @@ mod tests {
         let error = check_infer_request(&small.encode_to_vec()).unwrap_err();
         assert!(error.contains("int64_contents"), "{error}");
         // A shape of many dimensions.
-        let shape = input(Default::default(), vec![1; MAX_DIMS + 1]);
+        let shape = input(Default::default(), vec![1; MAX_RANK + 1]);
         let error = check_infer_request(&shape.encode_to_vec()).unwrap_err();
         assert!(
-            error.contains("InferInputTensor.shape holds more than 64 entries"),
+            error.contains(&format!(
+                "InferInputTensor.shape holds more than {MAX_RANK} entries"
+            )),
             "{error}"
         );
-        let mut dims = input(Default::default(), vec![1; MAX_DIMS]);
+        let mut dims = input(Default::default(), vec![1; MAX_RANK]);
         assert_eq!(check_infer_request(&dims.encode_to_vec()), Ok(()));
         // Many parameters on an input.
         dims.inputs[0].parameters = (0..=MAX_PARAMETERS)

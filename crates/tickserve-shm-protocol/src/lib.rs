@@ -87,8 +87,8 @@ pub const ANSWER_MAGIC: [u8; 4] = *b"TSA2";
 pub const HEADER_BYTES: usize = 32;
 /// The most tensors one request or answer carries.
 pub const MAX_TENSORS: usize = 256;
-/// The most dimensions one tensor has.
-pub const MAX_DIMS: usize = 16;
+/// The most dimensions one tensor has: every front end's limit.
+pub use tickserve_core::MAX_RANK;
 /// The longest tensor or model name, and version, in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
 /// The header flag of an infer request that carries a parameter block.
@@ -465,9 +465,9 @@ impl<'a> Reader<'a> {
             let ndims = usize::from(self.u8()?);
             self.u32()?;
             let data_len = usize::try_from(self.u64()?).unwrap_or(usize::MAX);
-            if ndims > MAX_DIMS {
+            if ndims > MAX_RANK {
                 return bad(format!(
-                    "a tensor of {ndims} dimensions; at most {MAX_DIMS}"
+                    "a tensor of {ndims} dimensions; at most {MAX_RANK}"
                 ));
             }
             let mut dims = Vec::with_capacity(ndims);

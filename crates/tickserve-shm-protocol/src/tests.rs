@@ -362,9 +362,9 @@ fn every_limit_admits_exactly_its_value_and_refuses_one_more() {
     assert!(parse_request(&request(&[], &[tensor(at, &[1])])).is_ok());
     let e = parse_request(&request(&[], &[tensor(over, &[1])])).unwrap_err();
     assert!(e.0.contains("at most 1024"), "{e}");
-    // Dimensions: MAX_DIMS.
-    let dims_at: &'static [i64] = Box::leak(vec![1i64; MAX_DIMS].into_boxed_slice());
-    let dims_over: &'static [i64] = Box::leak(vec![1i64; MAX_DIMS + 1].into_boxed_slice());
+    // Dimensions: MAX_RANK.
+    let dims_at: &'static [i64] = Box::leak(vec![1i64; MAX_RANK].into_boxed_slice());
+    let dims_over: &'static [i64] = Box::leak(vec![1i64; MAX_RANK + 1].into_boxed_slice());
     assert!(parse_request(&request(&[], &[tensor("x", dims_at)])).is_ok());
     let e = parse_request(&request(&[], &[tensor("x", dims_over)])).unwrap_err();
     assert!(e.0.contains("dimensions"), "{e}");

@@ -7,7 +7,7 @@
 //! Only the common shape is read this way: tensors in `raw_input_contents`,
 //! no typed `contents`, no `parameters` on an input or an output, at most a
 //! given number of inputs, outputs and request parameters, at most
-//! [`MAX_DIMS`] dimensions. Anything else, and anything malformed, reads as
+//! [`MAX_RANK`] dimensions. Anything else, and anything malformed, reads as
 //! `None`: the caller decodes the message with prost behind
 //! [`crate::bounded`]'s walk instead, which answers it as before (its limits,
 //! prost's errors). So a message read here is one prost decodes to the same
@@ -18,7 +18,7 @@ use std::ops::Range;
 use prost::Message as _;
 use smallvec::SmallVec;
 
-use crate::bounded::{MAX_DIMS, varint_at as varint};
+use crate::bounded::{MAX_RANK, varint_at as varint};
 use crate::inference::InferParameter;
 
 /// A `ModelInferRequest` of the common shape, borrowing from its bytes (a
@@ -173,9 +173,9 @@ fn input(bytes: &[u8], within: Range<usize>) -> Option<InputView<'_>> {
     Some(view)
 }
 
-/// Adds one dimension to `shape`; `None` past [`MAX_DIMS`].
+/// Adds one dimension to `shape`; `None` past [`MAX_RANK`].
 fn dimension(shape: &mut Vec<i64>, value: u64) -> Option<()> {
-    if shape.len() == MAX_DIMS {
+    if shape.len() == MAX_RANK {
         return None;
     }
     // An int64 is its varint's bits, as prost reads it.

@@ -14,8 +14,8 @@ use smallvec::SmallVec;
 
 use tickserve_edge::MAX_TENSORS;
 
-/// The most dimensions one input's shape may have.
-pub const MAX_RANK: usize = 32;
+/// The most dimensions one input's shape may have: every front end's limit.
+pub use tickserve_core::MAX_RANK;
 /// The most bytes of JSON one `parameters` object may take.
 pub const MAX_PARAMETER_BYTES: usize = 64 * 1024;
 

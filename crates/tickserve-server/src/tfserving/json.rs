@@ -19,8 +19,8 @@ use tickserve_core::{DataType, Error, InferResponse, InputTensor, Signature, Ten
 
 use super::{SIGNATURE_NAME, alias, check_signature, input};
 
-/// The most dimensions a tensor may have in the JSON (the v2 front end's limit).
-pub const MAX_RANK: usize = 32;
+/// The most dimensions a tensor may have in the JSON: every front end's limit.
+pub use tickserve_core::MAX_RANK;
 
 /// A `:predict` body.
 #[derive(Deserialize)]

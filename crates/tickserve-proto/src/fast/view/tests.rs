@@ -103,7 +103,7 @@ fn the_common_shape_reads_as_prost_decodes_it() {
 #[test]
 fn limits_leave_the_message_to_the_walk() {
     let mut message = requests().remove(0);
-    message.inputs[0].shape = vec![1; MAX_DIMS + 1];
+    message.inputs[0].shape = vec![1; MAX_RANK + 1];
     assert_eq!(infer_request(&message.encode_to_vec(), 64), None);
     let mut message = requests().remove(0);
     message.raw_input_contents = vec![bytes::Bytes::new(); 3];

@@ -5,6 +5,7 @@
 use crate::support;
 
 use serde_json::{Value, json};
+use tickserve_core::MAX_RANK;
 use tickserve_proto::inference as pb;
 use tickserve_proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::Code;
@@ -144,6 +145,25 @@ async fn http_bad_input_is_refused_clearly() {
         None,
         400,
         &["model 'alpha_mlp', input 'feature'", "'features'"],
+    )
+    .await;
+    // The rank limit: one dimension past it is refused by the reader, JSON
+    // and binary alike; at it, the shape reaches the model's own check.
+    let deep = |rank: usize| alpha(json!(vec![1; rank]), row(1));
+    let past = format!("more than {MAX_RANK} dimensions in a shape");
+    http.refused(infer, json(deep(MAX_RANK + 1)), None, 400, &[&past])
+        .await;
+    let (body, n) = binary_body(&deep(MAX_RANK + 1), &floats(&[0.5]));
+    http.refused(infer, body, Some(n), 400, &[&past]).await;
+    http.refused(
+        infer,
+        json(deep(MAX_RANK)),
+        None,
+        400,
+        &[
+            "model 'alpha_mlp', input 'features'",
+            &format!("(rank {MAX_RANK})"),
+        ],
     )
     .await;
     let missing = json!({"inputs": [
@@ -466,6 +486,18 @@ async fn grpc_bad_input_is_refused_clearly() {
         unknown_version,
         Code::NotFound,
         vec!["version 7", "versions: 1"],
+    ));
+    // The rank limit: one dimension past it is refused by the reader; at
+    // it, the shape reaches the model's own check.
+    cases.push((
+        grpc_request(vec![1; MAX_RANK + 1], Some(floats(&[0.5])), None),
+        Code::InvalidArgument,
+        vec!["shape holds more than 16 entries"],
+    ));
+    cases.push((
+        grpc_request(vec![1; MAX_RANK], Some(floats(&[0.5])), None),
+        Code::InvalidArgument,
+        vec!["input 'features'", "(rank 16)"],
     ));
     let mut unknown_input = good.clone();
     unknown_input.inputs[0].name = "feature".into();
