@@ -1,8 +1,6 @@
 //! The shared-memory client (iceoryx2): blocking [`ShmClient`], and
 //! [`AsyncShmClient`], which runs one on a thread of its own.
 
-#![allow(clippy::disallowed_methods)] // a client's waits and timeouts are the machine's time
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -328,6 +326,7 @@ impl ShmClient {
         result
     }
 
+    #[allow(clippy::disallowed_methods)] // a client's waits and timeouts are the machine's time
     fn exchange(
         &mut self,
         len: usize,

@@ -321,6 +321,7 @@ impl Halts {
 
     /// Halts `model` `version` (`by`: `api` or `breaker`): the halt in
     /// force, whether it is new, and whether the file was rewritten.
+    #[allow(clippy::disallowed_methods)] // a halt says since when on the wall clock
     fn set(
         &self,
         model: &str,

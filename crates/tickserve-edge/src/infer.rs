@@ -246,6 +246,7 @@ impl Envelope {
         }
     }
 
+    #[allow(clippy::disallowed_methods)] // a request's deadline is the machine's time
     fn prepare_decoded<E>(&mut self, mut decoded: Decoded<E>) -> Result<(Prepared, E), Error> {
         self.route_sequence(&mut decoded.parameters)?;
         self.followers

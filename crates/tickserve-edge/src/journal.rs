@@ -9,8 +9,6 @@
 //! wall clock when the runtime's answer (or the error) reached the edge,
 //! before the front end encodes it.
 
-#![allow(clippy::disallowed_methods)] // a record's receive time and latency are the machine's time
-
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -69,6 +67,7 @@ pub struct Pending {
 impl Pending {
     /// The record of a request to `handle` that came over `protocol` at
     /// `started`, with `key` and `traceparent`.
+    #[allow(clippy::disallowed_methods)] // a record's receive and answer times are the wall clock
     pub fn new(
         journal: &Arc<Journal>,
         handle: &Arc<ModelHandle>,
@@ -214,6 +213,7 @@ impl Pending {
         let _ = self.journal.submit(self.record);
     }
 
+    #[allow(clippy::disallowed_methods)] // a record's receive and answer times are the wall clock
     fn failed(&mut self, error: &Error) {
         self.record.answered = SystemTime::now();
         self.record.status = error.kind().as_str();
@@ -245,6 +245,7 @@ impl Pending {
     }
 
     /// What the model answered, into the record.
+    #[allow(clippy::disallowed_methods)] // a record's receive and answer times are the wall clock
     fn took(&mut self, response: &InferResponse) {
         self.record.answered = SystemTime::now();
         self.record.queue = response.timing.queue;
@@ -288,6 +289,7 @@ impl Pending {
 /// A halt or resume of `handle`'s version as a record of its stream, over
 /// `protocol` (`http`, `grpc`, `breaker`): status `status` (`halted`,
 /// `resumed`), `words` as its error, no inputs or outputs. Not waited for.
+#[allow(clippy::disallowed_methods)] // a record's receive time and latency are the machine's time
 pub fn event(
     journal: &Arc<Journal>,
     handle: &Arc<ModelHandle>,

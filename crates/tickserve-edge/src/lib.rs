@@ -23,8 +23,6 @@
 //! - [`sequence_key`]: what the sequence-id header names;
 //! - [`observe`]: the metrics every request records.
 
-#![allow(clippy::disallowed_methods)] // a state call's deadline is the machine's time
-
 pub mod admission;
 pub mod breaker;
 pub mod call;
@@ -60,6 +58,7 @@ pub const STATE_TURN_TIMEOUT: std::time::Duration = std::time::Duration::from_se
 
 /// When a state-API call stops waiting for its sequence's turn: now and
 /// [`STATE_TURN_TIMEOUT`].
+#[allow(clippy::disallowed_methods)] // a state call's deadline is the machine's time
 pub fn state_turn_deadline() -> Option<std::time::Instant> {
     Some(tickserve_core::durations::deadline_after(
         std::time::Instant::now(),

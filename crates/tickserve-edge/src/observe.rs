@@ -2,8 +2,6 @@
 //! and the model it named. Which recorder takes them is the process's
 //! choice (the server installs Prometheus's).
 
-#![allow(clippy::disallowed_methods)] // request latency is the machine's time
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
@@ -116,6 +114,7 @@ fn answered(protocol: Protocol, model: &str) -> Option<Arc<Answered>> {
 
 /// Records one answered inference request. `model` is the label: only names
 /// of models in the repository, so a client cannot grow the label set.
+#[allow(clippy::disallowed_methods)] // request latency is the machine's time
 pub fn record_request(protocol: Protocol, model: &str, started: Instant, error: Option<&Error>) {
     if error.is_none()
         && let Some(handles) = answered(protocol, model)

@@ -18,8 +18,6 @@
 //! weight swap is picking the member's binding: no copy, no rebinding (measured
 //! in `benches/weights.rs`).
 
-#![allow(clippy::disallowed_methods)] // a compilation's duration is the machine's time
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -135,6 +133,7 @@ impl OrtEngine {
     /// Compiles `request.onnx` once per bucket with a static batch dimension,
     /// binds preallocated tensors (and the first member's weights, for a graph
     /// that takes them as inputs), and warms every bucket up.
+    #[allow(clippy::disallowed_methods)] // a compilation's duration is the machine's time
     pub fn compile(&self, request: &OrtCompileRequest<'_>) -> Result<OrtModel, EngineError> {
         let mut sessions = Vec::with_capacity(request.buckets.sizes().len());
         let mut output_dims: Option<Vec<Vec<usize>>> = None;

@@ -6,8 +6,6 @@
 //! acknowledged it (or the lease's TTL has passed): after a halt's answer,
 //! no live replica serves the version.
 
-#![allow(clippy::disallowed_methods)] // the wait for acknowledgements is the machine's time
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +22,7 @@ use crate::membership::Membership;
 const LOOK_AGAIN: Duration = Duration::from_millis(2);
 
 impl Fleet {
+    #[allow(clippy::disallowed_methods)] // the wait for acknowledgements is the machine's time
     pub(crate) async fn write_halt(&self, record: HaltRecord) -> Result<Propagation, String> {
         let began = Instant::now();
         let key = self.keys.halt(&record.model, &record.version);

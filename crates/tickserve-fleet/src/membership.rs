@@ -13,8 +13,6 @@
 //! and the epoch moves on: every sequence kept under the old epoch is
 //! refused as lost here, as it is everywhere else.
 
-#![allow(clippy::disallowed_methods)] // the fence is the machine's monotonic time by design
-
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -41,6 +39,7 @@ pub(crate) struct Membership {
 }
 
 impl Membership {
+    #[allow(clippy::disallowed_methods)] // the fence is the machine's monotonic time by design
     fn nanos(&self) -> u64 {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
@@ -117,6 +116,7 @@ async fn grant(clients: &Clients, keys: &Keys, ttl: Duration) -> Result<(i64, St
 }
 
 /// Joins the fleet: a lease, proven from now.
+#[allow(clippy::disallowed_methods)] // the fence is the machine's monotonic time by design
 pub(crate) async fn join(
     clients: &Clients,
     keys: &Keys,

@@ -12,8 +12,6 @@
 //! before the lease could end) and its sequences are taken as lost: a start
 //! takes the record over, a tick is told the state is lost.
 
-#![allow(clippy::disallowed_methods)] // a claim waits for a live keeper at most a wait of the machine's time
-
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -115,6 +113,7 @@ struct KeeperWait {
 }
 
 impl KeeperWait {
+    #[allow(clippy::disallowed_methods)] // a claim waits for a live keeper at most a wait of the machine's time
     fn new(wait: Duration) -> KeeperWait {
         KeeperWait {
             began: Instant::now(),
@@ -196,6 +195,7 @@ impl Fleet {
     /// One step of a wait for live keeper `owner` to let `key` go: asks it
     /// (once), then waits until the record may have changed; once the wait
     /// has lasted its limit, how long it lasted.
+    #[allow(clippy::disallowed_methods)] // a claim waits for a live keeper at most a wait of the machine's time
     async fn wait_for(
         &self,
         keeper: &mut KeeperWait,

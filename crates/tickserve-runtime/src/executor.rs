@@ -10,8 +10,6 @@
 //! ([`crate::worker`]) calls it for queued jobs, and a caller's own thread
 //! calls [`Executor::answer`] when it finds the executor idle.
 
-#![allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
-
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -243,6 +241,7 @@ impl Executor {
     /// (each row with its own member's, `self.row_members`, when they are
     /// not all `member`); records the run (time, rows, padding) and counts a
     /// weight swap when the previous run bound another member's.
+    #[allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
     fn run_bucket(
         &mut self,
         bucket: usize,
@@ -313,6 +312,7 @@ impl Executor {
     /// while it waited, otherwise runs it. Called by the executor thread for
     /// queued jobs and by the caller's own thread when the executor was idle.
     /// The answer takes the submission's id (it is left empty).
+    #[allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
     pub fn answer(
         &mut self,
         member: &Member,
@@ -322,6 +322,7 @@ impl Executor {
         let mut cost = RequestCost {
             waited: started - submission.admitted,
             rows: submission.request.rows,
+            started: Some(started),
             ..RequestCost::default()
         };
         member.metrics.queue_wait.record(cost.waited.as_secs_f64());
@@ -347,6 +348,7 @@ impl Executor {
 
     /// Answers DEADLINE_EXCEEDED to a job whose deadline passed in the queue;
     /// it is never computed.
+    #[allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
     pub fn refuse_expired(&mut self, job: Job) {
         let waited = job.submission.admitted.elapsed();
         job.member.queue.expired(job.submission.level);
@@ -368,6 +370,7 @@ impl Executor {
     /// engine gives each row its own member's weights (the batcher mixes
     /// members only then: every executor of a family runs one engine on one
     /// device).
+    #[allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
     pub fn answer_batch(&mut self, jobs: &mut Vec<Job>) {
         if jobs.len() <= 1 {
             if let Some(job) = jobs.pop() {
@@ -387,6 +390,7 @@ impl Executor {
             let cost = RequestCost {
                 waited: started - job.submission.admitted,
                 rows: job.submission.request.rows,
+                started: Some(started),
                 ..RequestCost::default()
             };
             job.member
@@ -456,6 +460,7 @@ impl Executor {
     /// run): their rows follow each other in the bucket's buffers, each with
     /// its request's member's weights, the rest is zero padding, and each
     /// gets back only its own output rows.
+    #[allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
     fn run_together(
         &mut self,
         member: &Member,
@@ -527,6 +532,7 @@ impl Executor {
 
     /// Runs every row of `request` through the buckets with `member`'s
     /// weights and gathers the outputs asked for.
+    #[allow(clippy::disallowed_methods)] // a run's costs and a request's wait are the machine's time
     fn run(
         &mut self,
         member: &Member,

@@ -15,8 +15,6 @@
 //! [`crate::gather`]), expands and summarizes Monte Carlo, and hands back a
 //! sequence's new state for the caller to keep once the answer may go.
 
-#![allow(clippy::disallowed_methods)] // a request's admission instant (its wait and deadline) is the machine's time
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -290,6 +288,7 @@ impl ModelHandle {
     /// stream prepares its messages in order, then runs them concurrently).
     /// This handle is the version it runs on, and its name is the one errors
     /// give.
+    #[allow(clippy::disallowed_methods)] // a request's admission instant (its wait and deadline) is the machine's time
     pub fn prepare(&self, request: ModelRequest) -> Result<Prepared, Error> {
         let valid = validate_for(&self.name, &request, &self.signature, &self.settings.limits)?;
         let sequence = match (&self.sequences, request.sequence) {
@@ -578,6 +577,7 @@ impl ModelHandle {
     /// version, only on capacity no request waits for: on an idle executor
     /// of a CPU family (on a blocking thread), or through an empty queue at
     /// the lowest level on a GPU; `None` when it would wait (dropped).
+    #[allow(clippy::disallowed_methods)] // a request's admission instant (its wait and deadline) is the machine's time
     pub async fn shadow(&self, request: ValidRequest) -> Option<Result<InferResponse, Error>> {
         let replica = self.route()?;
         let submission = Submission {

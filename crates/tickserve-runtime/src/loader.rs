@@ -10,8 +10,6 @@
 //! the rate. [`versions_of`] turns the outcomes into each version's state: a
 //! [`ModelHandle`] over its replicas, or why it failed.
 
-#![allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -180,6 +178,7 @@ pub type Outcome = (Candidate, Result<Joined, String>);
 
 impl Loader<'_> {
     /// Loads every candidate; the outcomes come back in the candidates' order.
+    #[allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
     pub fn load(&self, candidates: Vec<Candidate>) -> Vec<Outcome> {
         let total = candidates.len();
         let started = Instant::now();
@@ -393,6 +392,7 @@ impl Loader<'_> {
     /// Waits for a founding family's executors; on success `first` is its
     /// first member. On failure the queue drops here and the executors that
     /// did compile stop.
+    #[allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
     fn finish(&self, f: Founding, first: First) -> Outcome {
         let mut executors = Vec::with_capacity(f.reports.len());
         let mut failure = f.spawn_error;
@@ -488,6 +488,7 @@ impl Loader<'_> {
 }
 
 /// Adds `p` to `family` as a new member.
+#[allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
 fn join(family: Arc<Family>, p: &Parsed) -> Result<Joined, String> {
     let weights = p.weights.as_deref().unwrap_or_default();
     let member = family
@@ -505,6 +506,7 @@ fn join(family: Arc<Family>, p: &Parsed) -> Result<Joined, String> {
 
 /// Reads and parses one candidate; with sharing on, takes its weights out of
 /// the graph.
+#[allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
 fn parse(
     candidate: Candidate,
     defaults: &ModelDefaults,
@@ -673,6 +675,7 @@ struct Progress {
 }
 
 impl Progress {
+    #[allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
     fn new(what: &'static str, total: usize) -> Progress {
         let now = Instant::now();
         Progress {
@@ -684,6 +687,7 @@ impl Progress {
         }
     }
 
+    #[allow(clippy::disallowed_methods)] // load times and progress logs are the machine's time
     fn tick(&self) {
         let done = self.done.fetch_add(1, Ordering::AcqRel) + 1;
         let Ok(mut last) = self.last_log.try_lock() else {

@@ -15,8 +15,6 @@
 //! copies dropped because the shadow would have waited, or that failed
 //! (`tickserve_shadow_dropped_total{reason}`).
 
-#![allow(clippy::disallowed_methods)] // a shadow run's duration is the machine's time
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -88,6 +86,7 @@ impl ShadowPlan {
     /// Runs `request` on the shadow (see [`ModelHandle::shadow`]) and
     /// compares its answer with `primary`'s, recording the outcome; returns
     /// the shadow's answer (`None`: dropped, it would have waited).
+    #[allow(clippy::disallowed_methods)] // a shadow run's duration is the machine's time
     pub async fn run(
         &self,
         request: ValidRequest,

@@ -8,7 +8,7 @@
 //! perf_analyzer checks.
 
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A count and a total duration in nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,8 +47,11 @@ pub struct Snapshot {
     pub inference_count: u64,
     /// Engine runs.
     pub execution_count: u64,
-    /// Milliseconds since the epoch of the last answered request.
+    /// Milliseconds since the epoch of the last answered request (0:
+    /// none yet), on the wall clock when the snapshot was taken.
     pub last_inference_ms: u64,
+    /// When the last answered request was answered.
+    last_inference: Option<Instant>,
 }
 
 /// What answering one request cost.
@@ -66,6 +69,8 @@ pub struct RequestCost {
     pub output: Duration,
     /// Rows in the request.
     pub rows: usize,
+    /// When it was taken up (`total` runs from there), once it was.
+    pub started: Option<Instant>,
     /// Whether it was computed and answered with a prediction.
     pub ok: bool,
 }
@@ -79,6 +84,16 @@ impl RequestCost {
             compute: self.input + self.infer + self.output,
         }
     }
+}
+
+/// `at` on the wall clock, in milliseconds since the epoch.
+#[allow(clippy::disallowed_methods)] // Triton's statistics give the last inference on the wall clock: read when they are asked for, not per request
+fn wall_ms(at: Instant) -> u64 {
+    let wall = SystemTime::now()
+        .checked_sub(at.elapsed())
+        .unwrap_or(UNIX_EPOCH);
+    wall.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Statistics of one model version (shared by its replicas).
@@ -116,10 +131,6 @@ impl ModelStats {
 
     /// Records one answered (or refused after admission) request.
     pub fn record_request(&self, cost: &RequestCost) {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
         let mut c = self.counters();
         c.queue.add(cost.waited);
         if cost.ok {
@@ -128,7 +139,9 @@ impl ModelStats {
             c.compute_infer.add(cost.infer);
             c.compute_output.add(cost.output);
             c.inference_count += cost.rows as u64;
-            c.last_inference_ms = now_ms;
+            if let Some(started) = cost.started {
+                c.last_inference = Some(started + cost.total);
+            }
         } else {
             c.fail.add(cost.waited + cost.total);
         }
@@ -136,6 +149,46 @@ impl ModelStats {
 
     /// A consistent copy of every counter.
     pub fn snapshot(&self) -> Snapshot {
-        self.counters().clone()
+        let mut snapshot = self.counters().clone();
+        snapshot.last_inference_ms = snapshot.last_inference.map_or(0, wall_ms);
+        snapshot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::disallowed_methods)] // the wall clock is what is checked
+    fn wall_now_ms() -> u64 {
+        wall_ms(Instant::now())
+    }
+
+    /// The last inference is an answered request's time, on the wall clock
+    /// (Triton's `last_inference`), read when the statistics are: 0 before
+    /// any; a refused request leaves it.
+    #[allow(clippy::disallowed_methods)] // a request taken up now
+    #[test]
+    fn the_last_inference_is_the_last_answer_on_the_wall_clock() {
+        let stats = ModelStats::new(1);
+        assert_eq!(stats.snapshot().last_inference_ms, 0);
+        let before = wall_now_ms();
+        let answered = RequestCost {
+            ok: true,
+            started: Some(Instant::now()),
+            ..RequestCost::default()
+        };
+        stats.record_request(&answered);
+        let after = wall_now_ms();
+        let at = stats.snapshot().last_inference_ms;
+        assert!(
+            before.saturating_sub(1) <= at && at <= after + 1,
+            "{before} <= {at} <= {after}"
+        );
+        stats.record_request(&RequestCost {
+            started: Some(Instant::now() + Duration::from_secs(60)),
+            ..RequestCost::default()
+        });
+        assert!(stats.snapshot().last_inference_ms <= after + 1);
     }
 }

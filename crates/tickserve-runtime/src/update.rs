@@ -8,8 +8,6 @@
 //! the serving ones serving, and says why (the index, the log,
 //! `tickserve_model_loads_total{outcome="failed"}`).
 
-#![allow(clippy::disallowed_methods)] // a switch's duration is the machine's time
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -233,6 +231,7 @@ impl Runtime {
     /// those `reload` names; switches to them once all are ready; settles
     /// its labels. Errors name every version that failed; the versions that
     /// served before then keep serving beside those that loaded.
+    #[allow(clippy::disallowed_methods)] // a switch's duration is the machine's time
     pub(crate) fn update_model(&self, dir: ModelDir, reload: &Reload) -> Result<(), Error> {
         let started = Instant::now();
         let name = dir.name.clone();

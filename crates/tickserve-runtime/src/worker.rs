@@ -10,8 +10,6 @@
 //! and the queue is empty. Jobs leave the queue counts (their tickets are
 //! released) as they are taken out, before they run.
 
-#![allow(clippy::disallowed_methods)] // an executor's spin and run times are the machine's time
-
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -127,6 +125,7 @@ impl<J: Queued> Intake<J> {
     /// A job that arrives within `spin` (and within `keep_warm`, when set),
     /// polling: `Some(job)`, `None` when none did, `Err` once the channel is
     /// closed.
+    #[allow(clippy::disallowed_methods)] // an executor's spin and run times are the machine's time
     fn poll_for_job(&mut self) -> Result<Option<J>, ()> {
         let limit = self.keep_warm.map_or(self.spin, |k| self.spin.min(k));
         if limit.is_zero() {
@@ -160,6 +159,7 @@ impl<J: Queued> Intake<J> {
     /// jobs into `expired` ([`Step::Answer`]); with `keep_warm`, says when the
     /// queue stayed empty that long ([`Step::Warm`]); [`Step::Stop`] once the
     /// channel is closed and nothing is left.
+    #[allow(clippy::disallowed_methods)] // an executor's spin and run times are the machine's time
     fn next(&mut self, batch: &mut Vec<J>, expired: &mut Vec<J>) -> Step {
         loop {
             while let Ok(job) = self.channel.try_recv() {
@@ -478,6 +478,7 @@ fn compile_at_idle_priority(
 /// run on their caller's thread (`runtime.inline_budget`). 0 for models whose
 /// work must stay on their own thread, or whose smallest bucket is already
 /// too slow.
+#[allow(clippy::disallowed_methods)] // an executor's spin and run times are the machine's time
 fn inline_rows(model: &mut dyn CompiledModel, budget: Duration) -> usize {
     if !model.runs_on_any_thread() || budget.is_zero() {
         return 0;

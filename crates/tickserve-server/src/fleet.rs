@@ -3,8 +3,6 @@
 //! drain hands every sequence over and leaves (docs/deploy.md, "Scaling
 //! out"). The protocol is `tickserve_fleet`'s.
 
-#![allow(clippy::disallowed_methods)] // a hand-over's duration is the machine's time
-
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,6 +37,7 @@ pub async fn answer_asked(
 
 /// Hands every sequence over (the drain: nothing new is admitted, and each
 /// sequence's earlier requests are answered first), then leaves the fleet.
+#[allow(clippy::disallowed_methods)] // a hand-over's duration is the machine's time
 pub async fn hand_over_all(edge: &Edge, fleet: &Fleet) {
     let started = Instant::now();
     let handed = edge.runtime.hand_over_all().await;

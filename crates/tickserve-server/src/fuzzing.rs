@@ -16,8 +16,6 @@
 //! stable, so every finding, once added to the corpus, stays a regression case.
 //! Public for those two only (hidden from the docs): not an API.
 
-#![allow(clippy::disallowed_methods)] // a fuzz input's deadline is the machine's time
-
 use std::time::Duration;
 
 use prost::Message;
@@ -138,6 +136,7 @@ fn answers_alike(request: &tickserve_core::ModelRequest) {
 
 /// A gRPC `ModelInferRequest` message as it comes off the wire, and a
 /// `grpc-timeout` header made of the same bytes.
+#[allow(clippy::disallowed_methods)] // a fuzz input's deadline is the machine's time
 pub fn grpc_request(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = deadline::parse_grpc_timeout(text);

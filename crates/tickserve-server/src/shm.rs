@@ -29,8 +29,6 @@
 //! (`tickserve_shm_thread_panics_total`), the server reports not ready while
 //! the thread is down, and the thread starts again after a back-off.
 
-#![allow(clippy::disallowed_methods)] // the front end's spin, idle clean-up, restart back-off and request latency are the machine's time
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
@@ -304,6 +302,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// the server reports not ready while the thread is down, and the loop
 /// starts again after a back-off (a panic a minute after the last starts
 /// the back-off afresh).
+#[allow(clippy::disallowed_methods)] // the restart back-off is the machine's time
 fn supervise(index: usize, context: &Context_, stop: &AtomicBool) {
     let mut backoff = FIRST_BACKOFF;
     let mut last_panic: Option<Instant> = None;
@@ -336,6 +335,7 @@ fn supervise(index: usize, context: &Context_, stop: &AtomicBool) {
 }
 
 /// A front-end thread's loop.
+#[allow(clippy::disallowed_methods)] // the spin and the idle clean-up are the machine's time
 fn serve(context: &Context_, stop: &AtomicBool) {
     // Futures polled here may set timers (a sequence's turn, say).
     let _entered = context.runtime.enter();
@@ -415,6 +415,7 @@ fn serve(context: &Context_, stop: &AtomicBool) {
 /// finish without waiting, else on the async runtime (in a gathering round,
 /// `round` keeps it until the round's runs: [`finish_round`]). The handle
 /// of the model an inference asked for, when it named a known one.
+#[allow(clippy::disallowed_methods)] // a request's latency is the machine's time
 fn handle(
     context: &Context_,
     active: ActiveRequest,
@@ -686,6 +687,7 @@ struct Infer {
 }
 
 /// Answers a lookup: the model's handle and signature.
+#[allow(clippy::disallowed_methods)] // a request's latency is the machine's time
 fn lookup(
     context: &Context_,
     active: ActiveRequest,

@@ -3,8 +3,6 @@
 //! request then finds the engine's per-thread state made and its code and
 //! data in this thread's reach (docs/performance.md, "Sparse traffic").
 
-#![allow(clippy::disallowed_methods)] // warming waits at most a while of the machine's time
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +18,7 @@ const GATHER: Duration = Duration::from_millis(100);
 /// share a worker (unless a worker stays busy past [`GATHER`]: then some
 /// worker runs it twice and one not at all, which costs its first request
 /// only what it cost before).
+#[allow(clippy::disallowed_methods)] // warming waits at most a while of the machine's time
 pub async fn workers(edge: &Arc<Edge>) {
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     let arrived = Arc::new(AtomicUsize::new(0));

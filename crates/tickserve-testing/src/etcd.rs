@@ -2,8 +2,6 @@
 //! member, or a cluster of three, each on free ports with a temporary data
 //! directory; stopped (killed) when dropped.
 
-#![allow(clippy::disallowed_methods)] // waits for another process (etcd) in real time
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -93,6 +91,7 @@ impl Etcd {
     }
 
     /// Waits until `etcdctl endpoint health` says every running member is healthy.
+    #[allow(clippy::disallowed_methods)] // waits for another process (etcd) in real time
     pub fn wait_healthy(&self) {
         let started = Instant::now();
         let running: Vec<String> = self

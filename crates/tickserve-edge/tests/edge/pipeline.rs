@@ -3,8 +3,6 @@
 //! breaker, the journal in `refuse` mode, a large payload decoded on a
 //! blocking thread, a sequence's ticks.
 
-#![allow(clippy::disallowed_methods)] // a request's start is the machine's time
-
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::ThreadId;
@@ -84,6 +82,7 @@ impl Payload for Rows {
 
 /// A request for `model` (at `version`, when named), with the routing
 /// header `sequence_key`.
+#[allow(clippy::disallowed_methods)] // a request's start is the machine's time
 fn call<'a>(model: &'a str, version: Option<&'a str>, sequence_key: Option<&str>) -> Call<'a> {
     Call {
         protocol: Protocol::Http,

@@ -86,6 +86,7 @@ fn journal_on(
 
 /// A record of a request refused before it was validated (no tensors),
 /// whose error text is `error_bytes` long: the record's size in the queue.
+#[allow(clippy::disallowed_methods)] // a record's times are the wall clock
 pub fn record(handle: &Arc<ModelHandle>, id: &str, error_bytes: usize) -> Record {
     let now = SystemTime::now();
     Record {

@@ -3,8 +3,6 @@
 //! ([`Turn::begin`]), record its answer ([`Turn::finish`]), and pass the
 //! turn on when dropped.
 
-#![allow(clippy::disallowed_methods)] // waiting for a turn runs against the request's deadline, the machine's time
-
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,6 +46,7 @@ pub struct Claim {
 impl Entry {
     /// Waits for the turn until `deadline` (DEADLINE_EXCEEDED after it);
     /// claims the sequence first where it is kept elsewhere.
+    #[allow(clippy::disallowed_methods)] // waiting for a turn runs against the request's deadline, the machine's time
     pub async fn turn(self, model: &str, deadline: Option<Instant>) -> Result<Turn, Error> {
         let waiting = match self {
             Entry::Now(turn) => return Ok(turn),

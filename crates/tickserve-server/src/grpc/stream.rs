@@ -21,8 +21,6 @@
 //!
 //! [`ModelHandle::prepare`]: tickserve_runtime::ModelHandle::prepare
 
-#![allow(clippy::disallowed_methods)] // request latency is the machine's time
-
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -128,6 +126,7 @@ fn failed(message: String) -> pb::ModelStreamInferResponse {
 /// Admits `message` here (in stream order: a sequence's requests take
 /// their turns in the order they came), and runs it on a task of its own.
 /// The message's bytes and slot are held until its answer is sent.
+#[allow(clippy::disallowed_methods)] // request latency is the machine's time
 async fn start(
     edge: &Arc<Edge>,
     mut message: pb::ModelInferRequest,

@@ -7,8 +7,6 @@
 //! pipeline ([`tickserve_edge::infer`]). Errors are `{"error": "..."}` with the
 //! status of their kind ([`crate::transport::status`]).
 
-#![allow(clippy::disallowed_methods)] // request latency is the machine's time
-
 pub mod codec;
 pub(crate) mod fast;
 mod reply;
@@ -146,6 +144,7 @@ impl Payload for JsonBody {
 }
 
 /// `POST .../infer`.
+#[allow(clippy::disallowed_methods)] // request latency is the machine's time
 pub async fn infer(
     edge: &Arc<Edge>,
     model: &ModelRef,

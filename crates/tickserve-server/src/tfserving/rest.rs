@@ -9,8 +9,6 @@
 //! with the status of their kind (TF Serving's mapping agrees: bad input 400,
 //! unknown model 404, overload 429, deadline 504, not ready 503).
 
-#![allow(clippy::disallowed_methods)] // request latency is the machine's time
-
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -133,6 +131,7 @@ impl Payload for PredictBody {
 }
 
 /// `POST /v1/models/...:predict` (or a path TF Serving answers with an error).
+#[allow(clippy::disallowed_methods)] // request latency is the machine's time
 pub async fn post(
     edge: &Arc<Edge>,
     t: &TfRoute,

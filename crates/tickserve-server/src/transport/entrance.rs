@@ -6,8 +6,6 @@
 //! writes its own; a `ModelStreamInfer` stream's messages carry only their
 //! own parameters).
 
-#![allow(clippy::disallowed_methods)] // request latency is the machine's time
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,6 +51,7 @@ impl Entrance {
     }
 
     /// A gRPC call's, from its metadata and extensions (now: when it came).
+    #[allow(clippy::disallowed_methods)] // request latency is the machine's time
     pub fn grpc<T>(request: &tonic::Request<T>) -> Entrance {
         Entrance {
             started: Instant::now(),

@@ -20,8 +20,6 @@
 //! OUT_OF_RANGE for a message over the size limit is INVALID_ARGUMENT, as
 //! every other bad request. Every HTTP error body is `{"error": "..."}`.
 
-#![allow(clippy::disallowed_methods)] // a deadline is the machine's time
-
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -233,6 +231,7 @@ pub fn grpc_oversized_is_invalid_argument<B>(mut response: http::Response<B>) ->
 /// client's mistake, so it becomes INVALID_ARGUMENT saying what was missing,
 /// counted among `method`'s requests as refused for a bad request. Other
 /// answers are returned as they are.
+#[allow(clippy::disallowed_methods)] // a deadline is the machine's time
 pub fn grpc_missing_message_is_invalid_argument(
     response: http::Response<axum::body::Body>,
     method: &str,

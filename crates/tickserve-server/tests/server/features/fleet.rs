@@ -6,8 +6,6 @@
 //! halt sent to one replica halts every replica and outlives restarts, and
 //! a breaker tripped on one replica halts its version on every replica.
 
-#![allow(clippy::disallowed_methods)] // waits on other processes and on etcd, in real time
-
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
