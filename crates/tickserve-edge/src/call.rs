@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use tickserve_core::sequence::KeyId;
+use tickserve_runtime::gather::Round;
 
 use crate::admission::HeldBytes;
 use crate::observe::Protocol;
@@ -34,6 +35,9 @@ pub struct Call<'a> {
     /// The `tickserve-sequence-id` header it carried ([`crate::sequence_key`]),
     /// or the words for a malformed one.
     pub sequence_key: Result<Option<String>, String>,
+    /// The front-end round it runs with ([`tickserve_runtime::gather`]):
+    /// the shared-memory front end's requests taken at once on one thread.
+    pub round: Option<Round>,
 }
 
 /// A request's bytes in `server.max_inflight_bytes`.

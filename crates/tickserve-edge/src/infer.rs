@@ -6,10 +6,10 @@
 //!
 //! Admission makes one value, the request's [`Envelope`]: what it holds (a
 //! slot, its bytes), where it goes (its model version), what follows it
-//! (`follow`'s [`Followers`]). Every later stage is a method on it, in the
+//! (`follow`'s `Followers`). Every later stage is a method on it, in the
 //! order the pipeline runs:
 //!
-//! 1. admit ([`Envelope::admit`]): readiness, the followers' `begin`, a
+//! 1. admit (`Envelope::admit`): readiness, the followers' `begin`, a
 //!    slot, the request's bytes, the one model lookup;
 //! 2. route (`route`): the deciders on where it goes: a halted version's
 //!    fallback, the sequence-id header, a sequence's version;
@@ -19,7 +19,7 @@
 //! 5. run: the runtime's call ([`Admitted::run`]);
 //! 6. verdict (`verdict`): the decider on whether the answer goes (output
 //!    guards, breaker trips);
-//! 7. finish ([`Envelope::finish`]), the one exit: the followers told, a
+//! 7. finish (`Envelope::finish`), the one exit: the followers told, a
 //!    sequence's new state kept only with an answer that goes.
 //!
 //! A follower observes, or refuses before anything runs; a decider changes
@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::sequence::KeyId;
 use tickserve_core::{Error, InferResponse, durations};
 use tickserve_runtime::ModelHandle;
+use tickserve_runtime::gather::Round;
 use tickserve_runtime::{HeldState, Prepared};
 
 use super::Edge;
@@ -66,6 +67,8 @@ pub struct Envelope {
     transport_timeout: Option<Duration>,
     /// The `tickserve-sequence-id` header.
     sequence_key: Option<String>,
+    /// The front-end round its run parks in.
+    round: Option<Round>,
     /// The sequence a tick continues, for its answer's header.
     sequence: Option<String>,
     /// It asked for a Monte Carlo answer (its outputs are summaries, which
@@ -193,6 +196,7 @@ impl Envelope {
             key: call.key,
             transport_timeout: None,
             sequence_key: None,
+            round: call.round.take(),
             sequence: None,
             monte_carlo: false,
             followers,
@@ -258,6 +262,9 @@ impl Envelope {
             .map(|t| durations::deadline_after(Instant::now(), t));
         let (request, encoding) = decoded.into_request(deadline);
         let mut prepared = self.handle.prepare(request)?;
+        if let Some(round) = &self.round {
+            prepared.gather_in(round);
+        }
         self.followers.prepared(&self.handle, &mut prepared);
         // A Monte Carlo run's noisy copies and their answer are held too.
         self.bytes

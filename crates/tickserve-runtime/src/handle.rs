@@ -11,9 +11,10 @@
 //! [`ModelHandle::run_held`] (or [`ModelHandle::run`], which keeps the new
 //! state at once) waits for the sequence's turn, runs the request on the
 //! replica with the shortest queue (its family's [`Family::submit`], or
-//! parked with a shared-memory round's requests while that thread gathers:
-//! [`crate::gather`]), expands and summarizes Monte Carlo, and hands back a
-//! sequence's new state for the caller to keep once the answer may go.
+//! parked with the other requests of the front-end round it carries:
+//! [`crate::gather`]), expands and summarizes Monte Carlo around the run,
+//! and hands back a sequence's new state ([`HeldState`]) for the caller to
+//! keep once the answer may go.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,11 +28,11 @@ use tickserve_core::{Clock, Device, Error, InferResponse, ModelRequest, Name, Si
 
 use crate::admission::ModelQueue;
 use crate::family::Family;
-use crate::gather::{self, Parking};
+use crate::gather::{Parking, Round};
 use crate::job::Submission;
 use crate::member::Member;
 use crate::monte_carlo::{self, Plan};
-use crate::sequences::{Entry, Purpose, Sequences, Turn, take_state, tick_row_of, with_state};
+use crate::sequences::{Entry, HeldState, Purpose, Sequences, take_state, tick_row_of, with_state};
 use crate::settings::ModelSettings;
 use crate::stats::ModelStats;
 
@@ -102,42 +103,6 @@ pub struct ModelHandle {
 /// blocking thread, not on the async worker that serves connections.
 const NOISE_IN_PLACE_ELEMENTS: usize = 64 * 1024;
 
-/// A sequence tick's new state, not yet kept ([`ModelHandle::run_held`]):
-/// [`HeldState::apply`] keeps it; dropped, the sequence stays as it was
-/// before the tick (a start leaves no sequence behind). It holds the
-/// sequence's turn until then.
-#[derive(Debug)]
-pub struct HeldState {
-    turn: Turn,
-    control: SequenceControl,
-    next: Vec<bytes::Bytes>,
-    window_ticks: u64,
-    /// The sequence's last answered values of the outputs `max_step`
-    /// guards watch, before this tick.
-    previous: Vec<(String, bytes::Bytes)>,
-    /// This tick's values of those outputs.
-    answered: Vec<(String, bytes::Bytes)>,
-}
-
-impl HeldState {
-    /// Keeps the tick's new state (or ends the sequence, for its last tick)
-    /// and its answered values for the `max_step` guards, and passes the
-    /// turn on.
-    pub fn apply(self) {
-        self.turn
-            .finish(&self.control, self.next, self.window_ticks, self.answered);
-    }
-
-    /// The sequence's last answered values of `output` before this tick
-    /// (kept for an output a `max_step` guard watches), if it has any.
-    pub fn previous(&self, output: &str) -> Option<&[u8]> {
-        self.previous
-            .iter()
-            .find(|(name, _)| name == output)
-            .map(|(_, values)| values.as_ref())
-    }
-}
-
 /// A request validated and placed, waiting to run ([`ModelHandle::prepare`]).
 #[derive(Debug)]
 pub struct Prepared {
@@ -146,6 +111,8 @@ pub struct Prepared {
     sequence: Option<SequenceTick>,
     held_bytes: usize,
     keep_state: bool,
+    /// The front-end round it parks in, until the round runs.
+    round: Option<Round>,
 }
 
 impl Prepared {
@@ -177,6 +144,12 @@ impl Prepared {
         self.monte_carlo.as_ref().map(Plan::seed)
     }
 
+    /// Parks its run in `round` (see [`crate::gather`]) while the round is
+    /// open, to run with the round's other requests.
+    pub fn gather_in(&mut self, round: &Round) {
+        self.round = Some(round.clone());
+    }
+
     /// Asks the run to report the state rows it read
     /// ([`InferResponse::state_read`]), for the journal.
     pub fn keep_state(&mut self) {
@@ -202,6 +175,17 @@ impl Prepared {
 struct SequenceTick {
     control: SequenceControl,
     entry: Entry,
+}
+
+/// How a prepared request runs, beside its submission.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    /// The front-end round it parks in.
+    round: Option<&'a Round>,
+    /// Which row of a Monte Carlo tick's answer is its clean row.
+    tick_row: Option<usize>,
+    /// Report the state rows it read.
+    keep_state: bool,
 }
 
 /// One replica of a model version.
@@ -372,6 +356,7 @@ impl ModelHandle {
             sequence: sequence.map(|(control, entry)| SequenceTick { control, entry }),
             held_bytes,
             keep_state: false,
+            round: None,
         })
     }
 
@@ -427,8 +412,11 @@ impl ModelHandle {
     /// builds to wait (a few hundred bytes of state moved through three of
     /// them); the request is borrowed, not moved in and out.
     pub fn run_now(&self, prepared: &mut Prepared) -> Option<Result<InferResponse, Error>> {
-        // A gathering thread parks the request with its round's (`run`).
-        if prepared.monte_carlo.is_some() || prepared.sequence.is_some() || gather::gathering() {
+        // A request of an open round parks with the round's (`run`).
+        if prepared.monte_carlo.is_some()
+            || prepared.sequence.is_some()
+            || prepared.round.as_ref().is_some_and(Round::open)
+        {
             return None;
         }
         let replica = self.route()?;
@@ -463,8 +451,15 @@ impl ModelHandle {
             sequence,
             held_bytes: _,
             keep_state,
+            round,
         } = prepared;
-        // A sequence advances on its clean row only: kept for the run.
+        let run = Run {
+            round: round.as_ref(),
+            tick_row: tick_row_of(&monte_carlo),
+            keep_state,
+        };
+        // Monte Carlo around the run: its noisy copies in, its summaries
+        // out. A sequence advances on its clean row only: kept for the run.
         let mut clean = None;
         if let Some(plan) = &monte_carlo {
             let noisy = self.expand(plan, &submission.request).await?;
@@ -473,62 +468,69 @@ impl ModelHandle {
                 clean = Some(valid.inputs);
             }
         }
-        let (answer, restarted, state_read, mut held) = match (sequence, &self.sequences) {
+        let (answer, mut held) = match (sequence, &self.sequences) {
             (Some(tick), Some(sequences)) => {
-                let turn = tick.entry.turn(&self.name, submission.deadline).await?;
-                let start = turn.begin(&tick.control)?;
-                let spec = sequences.spec();
-                let (request, windows) = with_state(spec, submission.request, clean, &start.state);
-                submission.request = request;
-                // The ticks its windows hold with this one.
-                let seen = (!spec.windows.is_empty())
-                    .then(|| start.window_ticks.saturating_add(1).min(spec.full_after()));
-                let waits =
-                    spec.warmup == Warmup::Wait && seen.is_some_and(|s| s < spec.full_after());
-                let (mut answer, mut next) = if waits {
-                    // Warming up: the tick is kept, the model does not run,
-                    // and the state pairs stay as they were.
-                    let pairs = start.state.get(..spec.states.len()).unwrap_or_default();
-                    (self.unanswered(submission.id), pairs.to_vec())
-                } else {
-                    let mut answer = self.submit(submission).await?;
-                    let next = take_state(spec, &mut answer, tick_row_of(&monte_carlo));
-                    (answer, next)
-                };
-                next.extend(windows);
-                answer.window_ticks = seen;
-                let read = if keep_state { start.state } else { Vec::new() };
-                let held = HeldState {
-                    turn,
-                    control: tick.control,
-                    next,
-                    window_ticks: seen.unwrap_or(0),
-                    previous: start.last_answer,
-                    answered: Vec::new(),
-                };
-                (answer, start.restarted, read, Some(held))
+                let (answer, held) = self.tick(sequences, tick, submission, clean, run).await?;
+                (answer, Some(held))
             }
-            _ => (self.submit(submission).await?, false, Vec::new(), None),
+            _ => (self.submit(submission, run.round).await?, None),
         };
         // A warming-up tick has no outputs: its summary is the answer as it is.
-        let mut answer = match monte_carlo {
+        let answer = match monte_carlo {
             Some(plan) => plan.reduce(answer),
             None => answer,
         };
-        answer.sequence_restarted = restarted;
-        answer.state_read = state_read;
-        // What a `max_step` guard compares the next tick with.
         if let Some(held) = held.as_mut() {
-            held.answered = self
-                .settings
-                .guards
-                .step_outputs()
-                .filter_map(|output| {
-                    let tensor = answer.outputs.iter().find(|o| *o.name == *output)?;
-                    Some((output.to_string(), tensor.data.clone()))
-                })
-                .collect();
+            held.remember(&answer, self.settings.guards.step_outputs());
         }
+        Ok((answer, held))
+    }
+
+    /// One tick of sequence `tick` of `sequences`: its turn, its state
+    /// gathered into the request (`clean`: a Monte Carlo tick's own rows,
+    /// which its state advances on), the run (or none, while its windows
+    /// warm up), the new state taken out of the answer and held, not kept.
+    async fn tick(
+        &self,
+        sequences: &Sequences,
+        tick: SequenceTick,
+        mut submission: Submission,
+        clean: Option<Vec<bytes::Bytes>>,
+        run: Run<'_>,
+    ) -> Result<(InferResponse, HeldState), Error> {
+        let turn = tick.entry.turn(&self.name, submission.deadline).await?;
+        let start = turn.begin(&tick.control)?;
+        let spec = sequences.spec();
+        let (request, windows) = with_state(spec, submission.request, clean, &start.state);
+        submission.request = request;
+        // The ticks its windows hold with this one.
+        let seen = (!spec.windows.is_empty())
+            .then(|| start.window_ticks.saturating_add(1).min(spec.full_after()));
+        let waits = spec.warmup == Warmup::Wait && seen.is_some_and(|s| s < spec.full_after());
+        let (mut answer, mut next) = if waits {
+            // Warming up: the tick is kept, the model does not run, and the
+            // state pairs stay as they were.
+            let pairs = start.state.get(..spec.states.len()).unwrap_or_default();
+            (self.unanswered(submission.id), pairs.to_vec())
+        } else {
+            let mut answer = self.submit(submission, run.round).await?;
+            let next = take_state(spec, &mut answer, run.tick_row);
+            (answer, next)
+        };
+        next.extend(windows);
+        answer.window_ticks = seen;
+        answer.sequence_restarted = start.restarted;
+        if run.keep_state {
+            answer.state_read = start.state;
+        }
+        let held = HeldState {
+            turn,
+            control: tick.control,
+            next,
+            window_ticks: seen.unwrap_or(0),
+            previous: start.last_answer,
+            answered: Vec::new(),
+        };
         Ok((answer, held))
     }
 
@@ -548,8 +550,12 @@ impl ModelHandle {
         }
     }
 
-    /// Submits to the replica with the shortest queue.
-    async fn submit(&self, submission: Submission) -> Result<InferResponse, Error> {
+    /// Submits to the replica with the shortest queue, or parks in `round`.
+    async fn submit(
+        &self,
+        submission: Submission,
+        round: Option<&Round>,
+    ) -> Result<InferResponse, Error> {
         let Some(replica) = self.route() else {
             return Err(Error::ModelNotReady {
                 model: self.name.clone(),
@@ -560,8 +566,12 @@ impl ModelHandle {
                 },
             });
         };
-        // A gathering front-end thread runs it with the rest of its round.
-        match gather::park(&replica.family, &replica.member, submission) {
+        // A front-end round runs it with the rest of its requests.
+        let parking = match round {
+            Some(round) => round.park(&replica.family, &replica.member, submission),
+            None => Parking::No(submission),
+        };
+        match parking {
             Parking::Parked(answer) => answer.await.unwrap_or_else(|_| {
                 Err(Error::Internal {
                     model: self.name.clone(),

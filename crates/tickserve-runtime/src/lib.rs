@@ -17,7 +17,7 @@
 //! | `engines` | the engines, and the choice of one per replica (the only code serving with ONNX Runtime or CUDA) |
 //! | `worker` | an executor thread: compile, time the inline budget, serve batches from the intake |
 //! | `family` | a compiled graph on its executors and its queue; `submit` runs at once or admits |
-//! | `gather` | a front-end thread's round: requests parked as it polls them, then run together on an idle executor on that thread |
+//! | `gather` | a front-end thread's round, passed with its requests: they park in it as the thread polls them, then run together on an idle executor on that thread |
 //! | `repository` | the repository on disk |
 //! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
 //! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), the table's place in a fleet of replicas: ownership and hand-over through its store (`fleet`) |
@@ -92,9 +92,10 @@ use tickserve_core::config::{Labels, ModelConfig, ServerConfig};
 use tickserve_core::{Error, InferRequest, InferResponse};
 
 use crate::family::Family;
-pub use crate::handle::{HeldState, Loaded, ModelHandle, Prepared, ReplicaInfo};
+pub use crate::handle::{Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
 pub use crate::registry::{IndexEntry, ModelVersions, Models, Routed, Split, VersionState};
+pub use crate::sequences::HeldState;
 pub use crate::settings::ModelSettings;
 pub use crate::shadow::{Compared, ShadowPlan, compare};
 pub use crate::stats::ModelStats;
@@ -418,6 +419,19 @@ impl Runtime {
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
         let handle = self.model(&request.model, request.version.as_deref())?;
         handle.infer(request.request).await
+    }
+
+    /// [`Runtime::infer`], run with the requests of front-end round `round`
+    /// while it is open ([`gather`]).
+    pub async fn infer_in(
+        &self,
+        request: InferRequest,
+        round: &gather::Round,
+    ) -> Result<InferResponse, Error> {
+        let handle = self.model(&request.model, request.version.as_deref())?;
+        let mut prepared = handle.prepare(request.request)?;
+        prepared.gather_in(round);
+        handle.run(prepared).await
     }
 
     /// The repository index: every model directory, and each loaded or

@@ -45,6 +45,7 @@ use iceoryx2::prelude::*;
 use tickserve_core::config::ShmConfig;
 use tickserve_core::{DataType, Error, InferResponse, InputTensor, TensorSpec, durations};
 use tickserve_runtime::ModelHandle;
+use tickserve_runtime::gather::Round;
 use tickserve_shm_protocol as wire;
 
 use crate::transport::status;
@@ -339,14 +340,13 @@ fn supervise(index: usize, context: &Context_, stop: &AtomicBool) {
 fn serve(context: &Context_, stop: &AtomicBool) {
     // Futures polled here may set timers (a sequence's turn, say).
     let _entered = context.runtime.enter();
-    // A round a panic interrupted ends here: what it parked is answered.
-    tickserve_runtime::gather::run();
     let mut last_request = Instant::now();
     let mut last_cleanup = Instant::now();
     let mut rounds = Rounds::new(MAX_CLIENTS * MAX_REQUESTS_PER_CLIENT);
     // A round's requests whose answers wait for its gathered runs.
     let mut unfinished: Vec<Unfinished> = Vec::with_capacity(MAX_CLIENTS * MAX_REQUESTS_PER_CLIENT);
-    let mut gathering = false;
+    // The round being gathered, from its first request to its last.
+    let mut round: Option<Round> = None;
     // The handle of the last model this thread ran, and when it last ran
     // anything (a request or a warm run): `latency.warm`.
     let mut last_model: Option<u64> = None;
@@ -364,18 +364,17 @@ fn serve(context: &Context_, stop: &AtomicBool) {
                 Ok(Some(active)) => {
                     served = true;
                     // The first of a round of several: its requests gather.
-                    if context.gather && !gathering && rounds.left() > 0 {
-                        tickserve_runtime::gather::begin();
-                        gathering = true;
+                    if context.gather && round.is_none() && rounds.left() > 0 {
+                        round = Some(Round::new());
                     }
-                    if let Some(model) =
-                        handle(context, active, gathering.then_some(&mut unfinished))
-                    {
+                    let gathering = round.as_ref().map(|r| (r, &mut unfinished));
+                    if let Some(model) = handle(context, active, gathering) {
                         last_model = Some(model);
                     }
-                    if gathering && rounds.left() == 0 {
-                        finish_round(context, &mut unfinished);
-                        gathering = false;
+                    if rounds.left() == 0
+                        && let Some(round) = round.take()
+                    {
+                        finish_round(context, &round, &mut unfinished);
                     }
                 }
                 Ok(None) => break,
@@ -419,7 +418,7 @@ fn serve(context: &Context_, stop: &AtomicBool) {
 fn handle(
     context: &Context_,
     active: ActiveRequest,
-    round: Option<&mut Vec<Unfinished>>,
+    round: Option<(&Round, &mut Vec<Unfinished>)>,
 ) -> Option<u64> {
     crate::faults::shm_request();
     let started = Instant::now();
@@ -514,8 +513,8 @@ type Work = Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send>>;
 /// Runs what the round's requests parked (each model's rows together, on
 /// this thread), then answers each request whose answer is now ready, in
 /// the round's order; the rest finish on the async runtime.
-fn finish_round(context: &Context_, unfinished: &mut Vec<Unfinished>) {
-    tickserve_runtime::gather::run();
+fn finish_round(context: &Context_, round: &Round, unfinished: &mut Vec<Unfinished>) {
+    round.run();
     let limit = context.max_answer_bytes;
     let mut poll_context = Context::from_waker(Waker::noop());
     for Unfinished {
@@ -630,9 +629,10 @@ fn infer(
     context: &Context_,
     active: ActiveRequest,
     request: Infer,
-    round: Option<&mut Vec<Unfinished>>,
+    round: Option<(&Round, &mut Vec<Unfinished>)>,
 ) {
     let edge = Arc::clone(&context.edge);
+    let gather_in = round.as_ref().map(|(round, _)| Round::clone(round));
     let Infer {
         request_id,
         name,
@@ -656,6 +656,7 @@ fn infer(
             started,
             // One host, no balancer: the parameter block names the sequence.
             sequence_key: Ok(None),
+            round: gather_in,
         };
         edge.infer(call, inputs).await.map(|answer| answer.response)
     };
@@ -664,7 +665,7 @@ fn infer(
     match work.as_mut().poll(&mut poll_context) {
         Poll::Ready(result) => respond(active, request_id, result, context.max_answer_bytes),
         Poll::Pending => match round {
-            Some(round) => round.push(Unfinished {
+            Some((_, unfinished)) => unfinished.push(Unfinished {
                 active,
                 request_id,
                 work,

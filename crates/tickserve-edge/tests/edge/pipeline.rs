@@ -94,6 +94,7 @@ fn call<'a>(model: &'a str, version: Option<&'a str>, sequence_key: Option<&str>
         key: None,
         traceparent: None,
         sequence_key: Ok(sequence_key.map(str::to_string)),
+        round: None,
     }
 }
 

@@ -32,12 +32,14 @@
 //! `max_sequence_idle` on the request path) and the list and snapshot.
 
 mod fleet;
+mod held;
 pub mod snapshot;
 
 pub(crate) use fleet::parse_key_text;
 mod state;
 mod turn;
 
+pub use held::HeldState;
 pub(crate) use state::{take_state, tick_row_of, with_state};
 pub use turn::{Claim, Entry, Turn};
 

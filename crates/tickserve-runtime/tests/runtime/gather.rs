@@ -1,5 +1,5 @@
-//! A front-end thread's round (`tickserve_runtime::gather`): requests polled
-//! while the thread gathers park at their family and then run together, in
+//! A front-end thread's round (`tickserve_runtime::gather::Round`): requests
+//! of the round polled before it runs park at their family and then run together, in
 //! one bucket run, on an idle executor, on this thread; with the family's
 //! executor busy they go through its queue instead and are answered there.
 
@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use tickserve_core::{Error, InferResponse};
-use tickserve_runtime::{Runtime, gather};
+use tickserve_runtime::Runtime;
+use tickserve_runtime::gather::Round;
 
 use crate::support;
 use support::gate::{HOLD, OpenOnDrop, gated_runtime_with, row, stop};
@@ -17,9 +18,9 @@ use support::gate::{HOLD, OpenOnDrop, gated_runtime_with, row, stop};
 type Answer<'a> = Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Send + 'a>>;
 
 /// The round's requests: one `alpha_mlp` row each, first features 1, 2, ...
-fn round(runtime: &Runtime, requests: usize) -> Vec<Answer<'_>> {
+fn round<'a>(runtime: &'a Runtime, gathering: &'a Round, requests: usize) -> Vec<Answer<'a>> {
     (1..=requests)
-        .map(|i| Box::pin(runtime.infer(row(0, i as f32))) as Answer<'_>)
+        .map(|i| Box::pin(runtime.infer_in(row(0, i as f32), gathering)) as Answer<'_>)
         .collect()
 }
 
@@ -52,12 +53,12 @@ async fn a_rounds_requests_park_and_run_together_on_this_thread() {
         alone.push(runtime.infer(row(0, i as f32)).await.unwrap());
     }
     let before = runs(&runtime);
-    gather::begin();
-    let mut answers = round(&runtime, 5);
+    let gathering = Round::new();
+    let mut answers = round(&runtime, &gathering, 5);
     for (i, answer) in answers.iter_mut().enumerate() {
         assert!(poll_once(answer).is_pending(), "request {i} ran alone");
     }
-    assert_eq!(gather::run(), 5, "answered on this thread");
+    assert_eq!(gathering.run(), 5, "answered on this thread");
     for (i, answer) in answers.iter_mut().enumerate() {
         let Poll::Ready(Ok(answer)) = poll_once(answer) else {
             panic!("request {i} was not answered by the round's run");
@@ -84,12 +85,12 @@ async fn with_the_executor_busy_a_rounds_requests_go_through_the_queue() {
         async move { runtime.infer(row(0, HOLD)).await }
     });
     gate.wait_for(1);
-    gather::begin();
-    let mut answers = round(&runtime, 3);
+    let gathering = Round::new();
+    let mut answers = round(&runtime, &gathering, 3);
     for answer in &mut answers {
         assert!(poll_once(answer).is_pending());
     }
-    assert_eq!(gather::run(), 0, "no idle executor: nothing runs here");
+    assert_eq!(gathering.run(), 0, "no idle executor: nothing runs here");
     for answer in &mut answers {
         assert!(
             poll_once(answer).is_pending(),
@@ -117,12 +118,12 @@ async fn a_round_at_the_inline_cap_runs_once_and_one_more_row_runs_twice() {
     assert!(cap >= 2, "alpha_mlp runs {cap} rows on a caller's thread");
     for (requests, want_runs) in [(cap, 1), (cap + 1, 2)] {
         let before = runs(&runtime);
-        gather::begin();
-        let mut answers = round(&runtime, requests);
+        let gathering = Round::new();
+        let mut answers = round(&runtime, &gathering, requests);
         for answer in answers.iter_mut() {
             assert!(poll_once(answer).is_pending());
         }
-        gather::run();
+        gathering.run();
         for (i, answer) in answers.iter_mut().enumerate() {
             if requests == cap {
                 assert!(
@@ -177,15 +178,15 @@ async fn a_round_of_two_families_runs_each_familys_own_requests() {
     for request in &requests {
         alone.push(runtime.infer(request.clone()).await.unwrap());
     }
-    gather::begin();
+    let gathering = Round::new();
     let mut answers: Vec<Answer<'_>> = requests
         .iter()
-        .map(|request| Box::pin(runtime.infer(request.clone())) as Answer<'_>)
+        .map(|request| Box::pin(runtime.infer_in(request.clone(), &gathering)) as Answer<'_>)
         .collect();
     for (i, answer) in answers.iter_mut().enumerate() {
         assert!(poll_once(answer).is_pending(), "request {i} ran alone");
     }
-    assert_eq!(gather::run(), 6, "answered on this thread");
+    assert_eq!(gathering.run(), 6, "answered on this thread");
     for (i, answer) in answers.iter_mut().enumerate() {
         let Poll::Ready(Ok(answer)) = poll_once(answer) else {
             panic!("request {i} was not answered by the round's runs");

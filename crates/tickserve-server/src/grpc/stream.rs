@@ -149,6 +149,7 @@ async fn start(
         // A stream is routed once, when it opens: its messages name their
         // sequences in their parameters.
         sequence_key: Ok(None),
+        round: None,
     };
     let admitted = edge.admit_request(call, convert::Message(message)).await;
     tokio::spawn(async move {

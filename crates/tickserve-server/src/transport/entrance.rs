@@ -110,6 +110,7 @@ impl Entrance {
             } else {
                 Ok(None)
             },
+            round: None,
         }
     }
 }
