@@ -207,8 +207,8 @@ PARTS = {
          [(1, "view::infer_request", "case"), (1, "Read::of", "case"),
           (1, "FrameDecoder as tonic::codec::Decoder>::decode", "case")]),
         # The encoder's call is inlined into tonic's EncodeBody in some builds.
-        ("answer encoding: `Answer::encode` (the answer written from the core's response, "
-         "dropped after)", [(1, "grpc::answer::Answer::encode", "case")]),
+        ("answer encoding: `UnaryAnswer::encode` (the answer written from the core's response, "
+         "dropped after)", [(1, "grpc::fast::answer::UnaryAnswer::encode", "case")]),
         ("timing headers: `timing::add`, tonic's `into_sanitized_headers`, HPACK's "
          "`Encoder::encode`",
          [(1, "tickserve_server::timing::add", "case"),

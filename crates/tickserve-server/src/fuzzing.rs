@@ -8,8 +8,9 @@
 //! reads, serde_json reads alike, and whatever answer header the HTTP
 //! writer writes, serde_json writes alike (`http_binary`); whatever the gRPC message
 //! is read as in place, prost decodes alike, field by field
-//! (`grpc_request`); whatever TF Serving's one-pass reading reads, the
-//! general reading reads alike (`tf_json`).
+//! (`grpc_request`); whatever unary answer the gRPC writer writes, prost
+//! writes alike (`grpc_answer`); whatever TF Serving's one-pass reading
+//! reads, the general reading reads alike (`tf_json`).
 //!
 //! The cargo-fuzz targets in `fuzz/` call these (nightly, libFuzzer); the
 //! `fuzz_corpus` integration test replays the committed corpus through them on
@@ -28,6 +29,7 @@ use tickserve_proto::fast::view;
 use tickserve_proto::inference as pb;
 
 use crate::grpc::convert;
+use crate::grpc::fast::answer::UnaryAnswer;
 use crate::http::codec;
 use crate::transport::deadline;
 
@@ -159,6 +161,110 @@ pub fn grpc_request(data: &[u8]) {
         let deadline = std::time::Instant::now().checked_add(Duration::from_millis(5));
         let (request, _) = decoded.into_request(deadline);
         let _ = validate_for("m", &request, &signature(), &limits());
+    }
+}
+
+/// A unary gRPC answer drawn from `data` (names, datatypes, shapes of any
+/// dimensions, contents, raw or typed, with or without response
+/// parameters): the fenced writer (`grpc::fast::answer`) writes prost's
+/// bytes for it.
+pub fn grpc_answer(data: &[u8]) {
+    let mut draw = Draw(data);
+    let flags = draw.byte();
+    let raw = flags & 1 == 1;
+    let sequence_restarted = flags & 2 == 2;
+    let window_ticks = (flags & 4 == 4).then(|| u64::from(draw.byte()));
+    let (model, version, id) = (draw.text(), draw.text(), draw.text());
+    let outputs = (0..draw.byte() % 5)
+        .map(|_| {
+            let name = draw.text();
+            let datatype = DataType::ALL[usize::from(draw.byte()) % DataType::ALL.len()];
+            let shape = (0..draw.byte() % 5).map(|_| draw.dim()).collect();
+            let wanted = usize::from(draw.byte() % 16) * datatype.size();
+            let got = draw.bytes(wanted);
+            let whole = got.len() / datatype.size() * datatype.size();
+            tickserve_core::OutputTensor {
+                name: name.as_str().into(),
+                datatype,
+                shape,
+                data: bytes::Bytes::copy_from_slice(&got[..whole]),
+            }
+        })
+        .collect();
+    let response = tickserve_core::InferResponse {
+        model: model.as_str().into(),
+        version: version.as_str().into(),
+        id,
+        outputs,
+        timing: tickserve_core::Timing::default(),
+        sequence_restarted,
+        bucket: 1,
+        state_read: Vec::new(),
+        window_ticks,
+    };
+    let answer = |response| UnaryAnswer { response, raw };
+    let mut fast = Vec::new();
+    answer(response.clone()).encode(&mut fast);
+    let message = answer(response.clone()).message();
+    let library = message.encode_to_vec();
+    if message.parameters.is_empty() {
+        assert_eq!(
+            fast, library,
+            "the fenced writer and prost differ on {response:?}"
+        );
+    } else {
+        // A map's entries go in its (random) iteration order: the same
+        // entries, and the same bytes for the rest (bytes: a NaN equals
+        // itself there).
+        let mut message = message;
+        let mut fast = pb::ModelInferResponse::decode(fast.as_slice()).unwrap_or_else(|e| {
+            panic!("the fenced writer's bytes do not decode ({e}) on {response:?}")
+        });
+        assert_eq!(fast.parameters, message.parameters, "on {response:?}");
+        fast.parameters.clear();
+        message.parameters.clear();
+        assert_eq!(
+            fast.encode_to_vec(),
+            message.encode_to_vec(),
+            "on {response:?}"
+        );
+    }
+}
+
+/// Values drawn from a fuzzer's bytes, zeros once they run out.
+struct Draw<'a>(&'a [u8]);
+
+impl Draw<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    /// Up to `n` bytes.
+    fn bytes(&mut self, n: usize) -> &[u8] {
+        let (taken, rest) = self.0.split_at(n.min(self.0.len()));
+        self.0 = rest;
+        taken
+    }
+
+    /// A name of up to 47 bytes (invalid UTF-8 replaced).
+    fn text(&mut self) -> String {
+        let n = usize::from(self.byte() % 48);
+        String::from_utf8_lossy(self.bytes(n)).into_owned()
+    }
+
+    /// A dimension of any sign and size.
+    fn dim(&mut self) -> i64 {
+        let n = usize::from(self.byte() % 9);
+        let mut le = [0u8; 8];
+        let got = self.bytes(n);
+        le[..got.len()].copy_from_slice(got);
+        i64::from_le_bytes(le)
     }
 }
 

@@ -5,8 +5,8 @@
 //! Inference goes through the edge's pipeline; errors become statuses in
 //! [`crate::transport::status`].
 
-pub mod answer;
 pub mod convert;
+pub mod fast;
 pub mod risk;
 pub mod sequences;
 pub mod stream;

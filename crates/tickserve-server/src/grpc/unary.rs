@@ -22,7 +22,7 @@ use tickserve_runtime::ModelHandle;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Request, Response, Status};
 
-use super::answer::UnaryAnswer;
+use super::fast::answer::UnaryAnswer;
 use super::{convert, optional, pb};
 use crate::transport::status::grpc as status;
 use crate::transport::{entrance::Entrance, sequence_key};

@@ -28,6 +28,7 @@ fn the_fuzzing_corpus_runs_without_a_panic() {
         ("http_json", fuzzing::http_json as fn(&[u8])),
         ("http_binary", fuzzing::http_binary),
         ("grpc_request", fuzzing::grpc_request),
+        ("grpc_answer", fuzzing::grpc_answer),
         ("config", fuzzing::config),
         ("shm_request", fuzzing::shm_request),
         ("tf_json", fuzzing::tf_json),

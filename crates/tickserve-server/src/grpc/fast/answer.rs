@@ -8,7 +8,7 @@ use bytes::BufMut;
 use smallvec::SmallVec;
 use tickserve_core::{InferResponse, OutputTensor};
 
-use super::{convert, pb};
+use crate::grpc::{convert, pb};
 
 /// A unary inference answer, as the handler gives it to the codec.
 pub struct UnaryAnswer {
