@@ -52,7 +52,7 @@ use crate::payload::{Answer, DECODE_IN_PLACE_BYTES, Decoded, Payload};
 
 /// A request from its admission to its answer: what it holds, where it
 /// goes, what follows it.
-pub struct Envelope {
+pub(crate) struct Envelope {
     edge: Arc<Edge>,
     /// The version that answers it.
     handle: Arc<ModelHandle>,

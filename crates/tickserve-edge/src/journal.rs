@@ -21,7 +21,7 @@ use tickserve_runtime::{ModelHandle, Prepared};
 use super::params;
 
 /// A record handed over in `refuse` mode, until the journal has written it.
-pub struct Written {
+pub(crate) struct Written {
     written: tokio::sync::oneshot::Receiver<bool>,
     handle: Arc<ModelHandle>,
 }
@@ -29,7 +29,7 @@ pub struct Written {
 impl Written {
     /// `result` once the record is written; an answer whose record could
     /// not be written becomes an error.
-    pub async fn confirm(
+    pub(crate) async fn confirm(
         self,
         result: Result<InferResponse, Error>,
     ) -> Result<InferResponse, Error> {
@@ -59,7 +59,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A journaled request's record, filled in as the request goes.
-pub struct Pending {
+pub(crate) struct Pending {
     journal: Arc<Journal>,
     record: Record,
 }
@@ -68,7 +68,7 @@ impl Pending {
     /// The record of a request to `handle` that came over `protocol` at
     /// `started`, with `key` and `traceparent`.
     #[allow(clippy::disallowed_methods)] // a record's receive and answer times are the wall clock
-    pub fn new(
+    pub(crate) fn new(
         journal: &Arc<Journal>,
         handle: &Arc<ModelHandle>,
         protocol: &'static str,
@@ -104,14 +104,14 @@ impl Pending {
 
     /// The request goes to `handle` instead of the version it was looked up
     /// as (a split model's sequence); the record names it.
-    pub fn served_by(&mut self, handle: &Arc<ModelHandle>) {
+    pub(crate) fn served_by(&mut self, handle: &Arc<ModelHandle>) {
         self.record.handle = Arc::clone(handle);
     }
 
     /// The record of this request's copy for `shadow` (protocol `shadow`,
     /// the same id, parameters and inputs), if the journal takes the shadow's
     /// model; call after [`Pending::prepared`].
-    pub fn for_shadow(&self, shadow: &Arc<ModelHandle>) -> Option<Pending> {
+    pub(crate) fn for_shadow(&self, shadow: &Arc<ModelHandle>) -> Option<Pending> {
         if !self.journal.wants(shadow) {
             return None;
         }
@@ -141,12 +141,12 @@ impl Pending {
     }
 
     /// In `refuse` mode, whether the request may run (see [`Journal::admit`]).
-    pub fn admit(&self) -> Result<(), Error> {
+    pub(crate) fn admit(&self) -> Result<(), Error> {
         self.journal.admit(&self.record.handle.name)
     }
 
     /// What the request asked: its id and parameters.
-    pub fn asked(&mut self, id: &str, parameters: &params::Parameters) {
+    pub(crate) fn asked(&mut self, id: &str, parameters: &params::Parameters) {
         self.record.id = id.to_string();
         self.record.parameters = RecordedParameters {
             priority: parameters.priority,
@@ -186,7 +186,7 @@ impl Pending {
     /// frame), which would then live until the writer thread wrote the record
     /// and be freed there, so that every request's connection took a fresh
     /// buffer. A copy of the rows is cheaper than that churn.
-    pub fn prepared(&mut self, prepared: &mut Prepared) {
+    pub(crate) fn prepared(&mut self, prepared: &mut Prepared) {
         let (inputs, rows) = prepared.inputs();
         let total = inputs.iter().map(|i| i.len()).sum();
         let mut owned = bytes::BytesMut::with_capacity(total);
@@ -208,7 +208,7 @@ impl Pending {
     }
 
     /// Hands the record of a request refused before it ran to the journal.
-    pub fn refused(mut self, error: &Error) {
+    pub(crate) fn refused(mut self, error: &Error) {
         self.failed(error);
         let _ = self.journal.submit(self.record);
     }
@@ -225,7 +225,7 @@ impl Pending {
     /// record holds what the model said, and why it went no further. In
     /// `refuse` mode the answer must wait for the record: [`Written`] says
     /// when it is written.
-    pub fn answered(
+    pub(crate) fn answered(
         mut self,
         result: &Result<InferResponse, Error>,
         withheld: Option<&InferResponse>,
@@ -290,7 +290,7 @@ impl Pending {
 /// `protocol` (`http`, `grpc`, `breaker`): status `status` (`halted`,
 /// `resumed`), `words` as its error, no inputs or outputs. Not waited for.
 #[allow(clippy::disallowed_methods)] // a record's receive time and latency are the machine's time
-pub fn event(
+pub(crate) fn event(
     journal: &Arc<Journal>,
     handle: &Arc<ModelHandle>,
     protocol: &'static str,

@@ -5,36 +5,44 @@
 //! once, and knows no wire (no HTTP, gRPC or shared-memory type: the
 //! server's `transport` holds what reads them):
 //!
-//! - [`call`]: a request as its front end describes it, before decoding;
-//! - [`admission`]: a slot and the request's bytes in the server-wide budget;
-//! - [`params`]: the one parameter reader;
-//! - [`payload`]: what a front end hands the pipeline and gets back;
-//! - [`infer`]: the pipeline, one envelope from admission to the one exit:
+//! - `call`: a request as its front end describes it, before decoding
+//!   ([`Call`]);
+//! - `admission`: a slot and the request's bytes in the server-wide budget;
+//! - [`params`]: the one parameter reader, and the parameters' names;
+//! - `payload`: what a front end hands the pipeline and gets back
+//!   ([`Payload`], [`Decoded`], [`Answer`]);
+//! - `infer`: the pipeline, one envelope from admission to the one exit:
 //!   admit, route (the deciders on where a request goes), decode, prepare,
 //!   run, verdict (the decider on whether its answer goes), finish;
 //! - `follow`: what follows a request at the pipeline's four points (its
 //!   metrics, the journal's record, the shadows' copy, the split's count);
-//! - [`journal`]: a journaled request's record, handed to the journal when
+//! - `journal`: a journaled request's record, handed to the journal when
 //!   it is answered;
-//! - [`shadow`]: a request's copy for its version's shadows, sent once it
-//!   is answered;
-//! - [`halts`] and [`breaker`]: the kill switch and the breakers that halt
-//!   a version;
+//! - `shadow`: a request's copy for its version's shadows, sent once it is
+//!   answered;
+//! - `halts` and `breaker`: the kill switch ([`Halts`]) and the breakers
+//!   that halt a version;
 //! - [`sequence_key`]: what the sequence-id header names;
 //! - [`observe`]: the metrics every request records.
+//!
+//! The modules are private but for three namespaces of names ([`params`],
+//! [`sequence_key`], [`observe`]): what a front end uses is re-exported
+//! here, and nothing else is reachable (`unreachable_pub`).
 
-pub mod admission;
-pub mod breaker;
-pub mod call;
+#![warn(unreachable_pub)]
+
+mod admission;
+mod breaker;
+mod call;
 mod follow;
-pub mod halts;
-pub mod infer;
-pub mod journal;
+mod halts;
+mod infer;
+mod journal;
 pub mod observe;
 pub mod params;
-pub mod payload;
+mod payload;
 pub mod sequence_key;
-pub mod shadow;
+mod shadow;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -44,7 +52,10 @@ use tickserve_core::config::{ModelControlMode, ServerConfig};
 use tickserve_journal::Journal;
 use tickserve_runtime::Runtime;
 
+pub use admission::{BodyBytes, ConnectionBudget, HeldBytes};
+pub use breaker::Breakers;
 pub use call::{Call, RequestBytes};
+pub use halts::{Halt, Halts, MAX_REASON_BYTES, RiskAccess, RiskAsk, version_of};
 pub use infer::{Admitted, Unsent};
 pub use payload::{Answer, DECODE_IN_PLACE_BYTES, Decoded, Payload};
 

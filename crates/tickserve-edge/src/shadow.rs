@@ -15,7 +15,7 @@ use tickserve_runtime::{ModelHandle, Prepared, ShadowPlan};
 use super::journal::Pending;
 
 /// A request's copy for the shadows that want it.
-pub struct Mirror {
+pub(crate) struct Mirror {
     plans: Arc<Vec<ShadowPlan>>,
     /// Which of `plans` want it (bit `i` for plan `i`; at most 64 kept).
     chosen: u64,
@@ -28,7 +28,7 @@ pub struct Mirror {
 impl Mirror {
     /// The copy of `prepared` (answered by `handle`) for the `plans` that
     /// draw it; `None` when none does or the request is not mirrored.
-    pub fn of(
+    pub(crate) fn of(
         plans: Arc<Vec<ShadowPlan>>,
         handle: &ModelHandle,
         prepared: &Prepared,
@@ -66,7 +66,7 @@ impl Mirror {
 
     /// Sends the copy to its shadows, after `primary` (the answer, already
     /// computed) is handed back to its front end; never waited for.
-    pub fn send(self, primary: &InferResponse) {
+    pub(crate) fn send(self, primary: &InferResponse) {
         let primary = primary.clone();
         tokio::spawn(async move {
             tokio::task::yield_now().await;

@@ -83,7 +83,7 @@ impl Server {
         }
         // Before the models: a halts file that cannot be read stops the start
         // at once (a halt an operator set must not be dropped).
-        let halts = tickserve_edge::halts::Halts::open(config.risk.halts_file.clone())
+        let halts = tickserve_edge::Halts::open(config.risk.halts_file.clone())
             .map_err(anyhow::Error::msg)?;
         // The fleet too: a replica does not serve without its halts, and its
         // sequence tables join the fleet as they load.

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use super::status;
 use tickserve_core::config::FrontEnd;
 use tickserve_edge::Edge;
-use tickserve_edge::halts::{self, MAX_REASON_BYTES};
+use tickserve_edge::{MAX_REASON_BYTES, RiskAsk, version_of};
 
 use tickserve_proto::tickserve as pb;
 
@@ -40,10 +40,9 @@ impl RiskService for Risk {
         let r = request.into_inner();
         self.edge
             .risk
-            .allows(FrontEnd::Grpc, &r.name, halts::RiskAsk::Halt)
+            .allows(FrontEnd::Grpc, &r.name, RiskAsk::Halt)
             .map_err(|e| status(&e))?;
-        let handle =
-            halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
+        let handle = version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
         let changed = self.edge.halts.halt(&handle, &r.reason, "grpc").await;
         let (halt, kept) = (changed.halt, changed.kept);
@@ -62,17 +61,12 @@ impl RiskService for Risk {
         request: Request<pb::ModelResumeRequest>,
     ) -> Result<Response<pb::ModelResumeResponse>, Status> {
         let r = request.into_inner();
-        let handle =
-            halts::version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
+        let handle = version_of(&self.edge, &r.name, Some(&r.version)).map_err(|e| status(&e))?;
         let (model, version) = (handle.name.clone(), handle.version.clone());
         let lifting = self.edge.halts.check(&model, &version);
         self.edge
             .risk
-            .allows(
-                FrontEnd::Grpc,
-                &model,
-                halts::RiskAsk::Resume(lifting.as_ref()),
-            )
+            .allows(FrontEnd::Grpc, &model, RiskAsk::Resume(lifting.as_ref()))
             .map_err(|e| status(&e))?;
         let changed = self.edge.halts.resume(&handle, "grpc").await;
         let (halt, kept) = (changed.halt, changed.kept);

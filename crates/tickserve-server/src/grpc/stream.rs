@@ -35,7 +35,7 @@ use super::{convert, optional, pb};
 use tickserve_core::sequence::KeyId;
 
 use crate::transport::trace;
-use tickserve_edge::admission::BodyBytes;
+use tickserve_edge::BodyBytes;
 use tickserve_edge::observe::Protocol;
 use tickserve_edge::{Call, Edge, RequestBytes, Unsent};
 

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tickserve_core::Error;
 use tickserve_core::config::FrontEnd;
-use tickserve_edge::halts::RiskAsk;
+use tickserve_edge::{RiskAsk, version_of};
 
 use super::{HttpError, SMALL_BODY_BYTES};
 use crate::transport::body;
@@ -18,7 +18,7 @@ use tickserve_edge::Edge;
 pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
     edge.risk
         .allows(FrontEnd::Http, &path.model, RiskAsk::Halt)?;
-    let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let handle = version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
     let body = body::read(&model, body, SMALL_BODY_BYTES, None).await?;
     let reason = if body.is_empty() {
@@ -65,7 +65,7 @@ pub async fn halt(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, 
 
 /// `POST .../versions/V/resume`.
 pub async fn resume(edge: &Edge, path: &ModelRef, body: Body) -> Result<Response, HttpError> {
-    let handle = tickserve_edge::halts::version_of(edge, &path.model, path.version.as_deref())?;
+    let handle = version_of(edge, &path.model, path.version.as_deref())?;
     let (model, version) = (handle.name.clone(), handle.version.clone());
     let lifting = edge.halts.check(&model, &version);
     edge.risk

@@ -23,7 +23,7 @@ use tickserve_core::Error;
 use tokio::time::Sleep;
 
 use tickserve_edge::Edge;
-use tickserve_edge::admission::{BodyBytes, ConnectionBudget};
+use tickserve_edge::{BodyBytes, ConnectionBudget};
 
 /// The error a body ends with, as a port's handlers read it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -39,8 +39,8 @@ use crate::transport::first_answer::FirstAnswer;
 use activity::Activity;
 use budget::BodyRules;
 use stall::{Watched, WriteStall};
+use tickserve_edge::ConnectionBudget;
 use tickserve_edge::Edge;
-use tickserve_edge::admission::ConnectionBudget;
 
 /// The most an HTTP/1 connection reads ahead of its handler (hyper's read
 /// buffer; its default is about 400 KiB).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tickserve_core::sequence::KeyId;
-use tickserve_edge::admission::BodyBytes;
+use tickserve_edge::BodyBytes;
 use tickserve_edge::observe::Protocol;
 use tickserve_edge::{Call, RequestBytes};
 
