@@ -15,12 +15,13 @@
 //! | `executor` | a compiled model on one device, and the bucket runs |
 //! | `settings` | a model's effective settings |
 //! | `engines` | the engines, and the choice of one per replica (the only code serving with ONNX Runtime or CUDA) |
+//! | `error` | what the facade answers when it cannot start, read its repository or write its sequence snapshot (`RuntimeError`) |
 //! | `worker` | an executor thread: compile, time the inline budget, serve batches from the intake |
 //! | `family` | a compiled graph on its executors and its queue; `submit` runs at once or admits |
 //! | `gather` | a front-end thread's round, passed with its requests: they park in it as the thread polls them, then run together on an idle executor on that thread |
 //! | `repository` | the repository on disk |
 //! | `monte_carlo` | a request's Monte Carlo plan, its noisy copies and the answer's summary |
-//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), the table's place in a fleet of replicas: ownership and hand-over through its store (`fleet`) |
+//! | `sequences` | a stateful model's sequences: their table and turns, the state gathered into a tick and scattered back (`state`), the snapshot written at shutdown and read back at start (`snapshot`), a tick's new state held until its answer may go (`held`), the table's place in a fleet of replicas: ownership and hand-over through its store (`fleet`) |
 //! | `shadow` | a shadow version: which requests it mirrors, its runs on idle capacity, the comparison |
 //! | `handle` | the handle a request is served through: `prepare` and `run` |
 //! | `registry` | every model's versions and their states, the index |
@@ -46,6 +47,7 @@ pub mod engine_check;
 mod engines;
 #[doc(hidden)]
 pub use engines::fuzz_import;
+mod error;
 mod executor;
 mod family;
 pub mod gather;
@@ -91,6 +93,7 @@ use std::time::Duration;
 use tickserve_core::config::{Labels, ModelConfig, ServerConfig};
 use tickserve_core::{Error, InferRequest, InferResponse};
 
+pub use crate::error::RuntimeError;
 use crate::family::Family;
 pub use crate::handle::{Loaded, ModelHandle, Prepared, ReplicaInfo};
 use crate::loader::{Candidate, Loader, versions_of};
@@ -164,16 +167,17 @@ impl Runtime {
     /// start, the repository cannot be read, or a model is placed on a GPU
     /// this machine does not have; other model failures are recorded per
     /// model.
-    pub fn load(config: &ServerConfig) -> Result<Runtime, String> {
-        Runtime::load_with(config, Engines::start(config)?)
+    pub fn load(config: &ServerConfig) -> Result<Runtime, RuntimeError> {
+        let engines = Engines::start(config).map_err(RuntimeError::Engine)?;
+        Runtime::load_with(config, engines)
     }
 
     /// [`Runtime::load`] on engines of the caller's choosing (tests wrap an
     /// engine to inject faults).
-    pub fn load_with(config: &ServerConfig, engines: Engines) -> Result<Runtime, String> {
+    pub fn load_with(config: &ServerConfig, engines: Engines) -> Result<Runtime, RuntimeError> {
         engines
             .replicas(&config.model_defaults.devices)
-            .map_err(|e| format!("model_defaults.devices: {e}"))?;
+            .map_err(|e| RuntimeError::Placement(format!("model_defaults.devices: {e}")))?;
         let runtime = Runtime {
             engines,
             config: config.clone(),
@@ -184,7 +188,7 @@ impl Runtime {
             executors_started: std::sync::atomic::AtomicUsize::new(0),
             loaded_from: poll::prints(&config.repository),
         };
-        let found = repository::scan(&config.repository)?;
+        let found = repository::scan(&config.repository).map_err(RuntimeError::Repository)?;
         // A model placed on a GPU that is not there stops the start: the
         // operator asked for hardware this machine lacks.
         let misplaced: Vec<String> = found
@@ -200,7 +204,7 @@ impl Runtime {
             })
             .collect();
         if !misplaced.is_empty() {
-            return Err(misplaced.join("; "));
+            return Err(RuntimeError::Placement(misplaced.join("; ")));
         }
         let mut models: HashMap<String, ModelVersions> = HashMap::new();
         let mut candidates = Vec::new();
@@ -321,10 +325,11 @@ impl Runtime {
     /// Writes every stateful model's sequences to `runtime.sequence_snapshot`,
     /// if set (call it once no request runs: after the drain). Returns how
     /// many sequences it wrote.
-    pub fn write_sequence_snapshot(&self) -> Result<usize, String> {
+    pub fn write_sequence_snapshot(&self) -> Result<usize, RuntimeError> {
         match &self.config.runtime.sequence_snapshot {
             None => Ok(0),
-            Some(path) => sequences::snapshot::write(path, &held(&self.models.ready_handles())),
+            Some(path) => sequences::snapshot::write(path, &held(&self.models.ready_handles()))
+                .map_err(RuntimeError::Snapshot),
         }
     }
 
@@ -436,8 +441,9 @@ impl Runtime {
 
     /// The repository index: every model directory, and each loaded or
     /// failed version with its state.
-    pub fn index(&self) -> Result<Vec<IndexEntry>, String> {
-        let on_disk = repository::scan(&self.config.repository)?;
+    pub fn index(&self) -> Result<Vec<IndexEntry>, RuntimeError> {
+        let on_disk =
+            repository::scan(&self.config.repository).map_err(RuntimeError::Repository)?;
         Ok(self.models.index(&on_disk))
     }
 

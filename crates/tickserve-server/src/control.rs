@@ -79,7 +79,7 @@ pub async fn index(edge: &Arc<Edge>, ready_only: bool) -> Result<Vec<IndexEntry>
     let entries = tokio::task::spawn_blocking(move || indexing.runtime.index())
         .await
         .map_err(|e| e.to_string())
-        .and_then(|r| r)
+        .and_then(|r| r.map_err(|e| e.to_string()))
         .map_err(|message| Error::Internal {
             model: "_repository".to_string(),
             message,

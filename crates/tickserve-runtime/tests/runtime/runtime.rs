@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tickserve_core::Error;
 use tickserve_core::config::ServerConfig;
 
-use tickserve_runtime::{ModelHandle, Runtime, VersionState};
+use tickserve_runtime::{ModelHandle, Runtime, RuntimeError, VersionState};
 
 use crate::support;
 use support::{copy_sample_model, request, root};
@@ -317,6 +317,8 @@ fn a_gpu_that_is_not_there_stops_the_start_naming_it() {
     config.runtime.onnxruntime_library = root().join(".local/lib/libonnxruntime.so.1.31.1");
     config.model_defaults.devices = vec![Placement::Gpu(99)];
     let error = Runtime::load(&config).err().expect("no machine has gpu:99");
+    assert!(matches!(error, RuntimeError::Placement(_)), "{error:?}");
+    let error = error.to_string();
     assert!(
         error.contains("gpu:99") && error.contains("not available"),
         "{error}"
@@ -328,6 +330,8 @@ fn a_gpu_that_is_not_there_stops_the_start_naming_it() {
     config.model_defaults.devices = vec![Placement::Auto];
     config.repository.path = dir.path().to_path_buf();
     let error = Runtime::load(&config).err().expect("no machine has gpu:99");
+    assert!(matches!(error, RuntimeError::Placement(_)), "{error:?}");
+    let error = error.to_string();
     assert!(
         error.contains("model alpha_mlp") && error.contains("gpu:99"),
         "{error}"
