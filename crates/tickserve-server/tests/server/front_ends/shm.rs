@@ -553,11 +553,18 @@ async fn the_latency_mode_pins_its_front_end_thread_which_never_sleeps_and_stays
         return;
     }
     let cpu = first_allowed_cpu();
-    let looks = |task: std::path::PathBuf| async move {
+    // Looks every 5 ms: 40 of them (200 ms) for the thread that must never
+    // sleep; for the thread that must, until it is seen asleep, at most 400
+    // (2 s: on a loaded machine it may be runnable, waiting for a core, when
+    // looked at, or cleaning up after clients of other tests).
+    let looks = |task: std::path::PathBuf, latency: bool| async move {
         let mut states = String::new();
-        for _ in 0..40 {
+        for _ in 0..(if latency { 40 } else { 400 }) {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             states.push(state(&task));
+            if !latency && states.ends_with('S') {
+                break;
+            }
         }
         states
     };
@@ -588,7 +595,7 @@ async fn the_latency_mode_pins_its_front_end_thread_which_never_sleeps_and_stays
             .unwrap()
             .trim()
             .to_string();
-        let states = looks(task).await;
+        let states = looks(task, latency).await;
         let base = format!("http://{}", server.http_addr);
         let warm_runs = support::counter_total(
             &support::metrics_text(&base).await,
