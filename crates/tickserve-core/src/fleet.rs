@@ -15,6 +15,28 @@ use std::time::Duration;
 /// A future the store answers, boxed so that the traits stay object-safe.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why the fleet's store did not answer. Every one is retryable: the
+/// store comes back, or the lease is renewed or replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetError {
+    /// This replica's lease may have lapsed: it cannot prove that it is a
+    /// member, so it may not act for the fleet.
+    Lapsed(String),
+    /// The store was unreachable, refused the call, or did not answer in
+    /// time.
+    Store(String),
+}
+
+impl std::fmt::Display for FleetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FleetError::Lapsed(why) | FleetError::Store(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for FleetError {}
+
 /// A sequence's name across the fleet: its model and its key's text (the
 /// runtime's `SequenceKey`, written as text; opaque here).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,8 +83,8 @@ pub trait SequenceFleet: Send + Sync + std::fmt::Debug {
     /// This replica's membership: `Ok(epoch)` while its lease is proven
     /// (the epoch changes when a lapsed lease is replaced: every sequence
     /// kept under an earlier epoch may belong to another replica now),
-    /// `Err(why)` when it may have lapsed. An atomic load.
-    fn membership(&self) -> Result<u64, String>;
+    /// `Err(FleetError::Lapsed)` when it may have lapsed. An atomic load.
+    fn membership(&self) -> Result<u64, FleetError>;
 
     /// Makes this replica the keeper of `key` on `version` for a start: a
     /// live keeper elsewhere is asked to let it go first (its state is not
@@ -72,7 +94,7 @@ pub trait SequenceFleet: Send + Sync + std::fmt::Debug {
         key: &'a FleetKey,
         version: &'a str,
         wait: Duration,
-    ) -> Pending<'a, Result<Started, String>>;
+    ) -> Pending<'a, Result<Started, FleetError>>;
 
     /// Takes `key`, kept on `version` by another replica or handed over,
     /// waiting at most `wait` for a live keeper to hand it over.
@@ -81,7 +103,7 @@ pub trait SequenceFleet: Send + Sync + std::fmt::Debug {
         key: &'a FleetKey,
         version: &'a str,
         wait: Duration,
-    ) -> Pending<'a, Result<Claimed, String>>;
+    ) -> Pending<'a, Result<Claimed, FleetError>>;
 
     /// Hands `key` (kept here on `version`) over: its `state` goes to the
     /// store and no replica keeps it until one claims it. `Ok(false)` when
@@ -92,7 +114,7 @@ pub trait SequenceFleet: Send + Sync + std::fmt::Debug {
         key: &'a FleetKey,
         version: &'a str,
         state: Vec<u8>,
-    ) -> Pending<'a, Result<bool, String>>;
+    ) -> Pending<'a, Result<bool, FleetError>>;
 
     /// `key` ended here (an end, a drop, an expiry): its record goes if it
     /// still names this replica. Returns at once (the store's write runs on
@@ -135,7 +157,7 @@ pub struct Propagation {
 pub trait HaltsFleet: Send + Sync + std::fmt::Debug {
     /// Writes `halt` (`None`: resumes) for `model` `version`, and waits
     /// (at most the lease's TTL) until every live replica applied it.
-    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<Propagation, String>>;
+    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<Propagation, FleetError>>;
 
     /// Every halt in the store now, and from then on each change, given to
     /// `apply` in order (on the store's watcher task).

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use etcd_client::{Client, ConnectOptions, KvClient};
+use tickserve_core::fleet::FleetError;
 
 /// The clients, one per endpoint.
 #[derive(Clone)]
@@ -54,7 +55,7 @@ impl Clients {
 
     /// `call` on the key-value client in use, then on each other endpoint
     /// in turn while it fails.
-    pub(crate) async fn kv<T, F, Fut>(&self, call: F) -> Result<T, String>
+    pub(crate) async fn kv<T, F, Fut>(&self, call: F) -> Result<T, FleetError>
     where
         F: Fn(KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -70,6 +71,6 @@ impl Clients {
                 }
             }
         }
-        Err(format!("etcd: {last}"))
+        Err(FleetError::Store(format!("etcd: {last}")))
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{GetOptions, PutOptions};
-use tickserve_core::fleet::{HaltRecord, Propagation};
+use tickserve_core::fleet::{FleetError, HaltRecord, Propagation};
 
 use crate::Fleet;
 use crate::clients::Clients;
@@ -23,7 +23,7 @@ const LOOK_AGAIN: Duration = Duration::from_millis(2);
 
 impl Fleet {
     #[allow(clippy::disallowed_methods)] // the wait for acknowledgements is the machine's time
-    pub(crate) async fn write_halt(&self, record: HaltRecord) -> Result<Propagation, String> {
+    pub(crate) async fn write_halt(&self, record: HaltRecord) -> Result<Propagation, FleetError> {
         let began = Instant::now();
         let key = self.keys.halt(&record.model, &record.version);
         let revision = self
@@ -69,7 +69,7 @@ impl Fleet {
     }
 
     /// Every key and value (as text) under `prefix`.
-    async fn prefix_values(&self, prefix: &str) -> Result<Vec<(String, String)>, String> {
+    async fn prefix_values(&self, prefix: &str) -> Result<Vec<(String, String)>, FleetError> {
         let got = self
             .clients
             .kv(|mut kv| {

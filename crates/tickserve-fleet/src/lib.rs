@@ -28,7 +28,8 @@ use std::time::Duration;
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use tickserve_core::config::FleetConfig;
 use tickserve_core::fleet::{
-    Claimed, FleetKey, HaltRecord, HaltsFleet, Pending, Propagation, SequenceFleet, Started,
+    Claimed, FleetError, FleetKey, HaltRecord, HaltsFleet, Pending, Propagation, SequenceFleet,
+    Started,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -222,7 +223,7 @@ impl Drop for Fleet {
 }
 
 impl SequenceFleet for Fleet {
-    fn membership(&self) -> Result<u64, String> {
+    fn membership(&self) -> Result<u64, FleetError> {
         self.membership.check()
     }
 
@@ -231,7 +232,7 @@ impl SequenceFleet for Fleet {
         key: &'a FleetKey,
         version: &'a str,
         wait: Duration,
-    ) -> Pending<'a, Result<Started, String>> {
+    ) -> Pending<'a, Result<Started, FleetError>> {
         Box::pin(self.start_here(key, version, wait))
     }
 
@@ -240,7 +241,7 @@ impl SequenceFleet for Fleet {
         key: &'a FleetKey,
         version: &'a str,
         wait: Duration,
-    ) -> Pending<'a, Result<Claimed, String>> {
+    ) -> Pending<'a, Result<Claimed, FleetError>> {
         Box::pin(self.claim_here(key, version, wait))
     }
 
@@ -249,7 +250,7 @@ impl SequenceFleet for Fleet {
         key: &'a FleetKey,
         version: &'a str,
         state: Vec<u8>,
-    ) -> Pending<'a, Result<bool, String>> {
+    ) -> Pending<'a, Result<bool, FleetError>> {
         Box::pin(self.hand_over(key, version, state))
     }
 
@@ -275,7 +276,7 @@ impl SequenceFleet for Fleet {
 }
 
 impl HaltsFleet for Fleet {
-    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<Propagation, String>> {
+    fn write<'a>(&'a self, record: HaltRecord) -> Pending<'a, Result<Propagation, FleetError>> {
         Box::pin(self.write_halt(record))
     }
 

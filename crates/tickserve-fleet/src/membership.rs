@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use etcd_client::PutOptions;
+use tickserve_core::fleet::FleetError;
 
 use crate::clients::Clients;
 
@@ -45,15 +46,15 @@ impl Membership {
     }
 
     /// `Ok(epoch)` while the lease is proven.
-    pub(crate) fn check(&self) -> Result<u64, String> {
+    pub(crate) fn check(&self) -> Result<u64, FleetError> {
         if self.nanos() < self.proven_until.load(Ordering::Acquire) {
             Ok(self.epoch.load(Ordering::Acquire))
         } else {
-            Err(format!(
+            Err(FleetError::Lapsed(format!(
                 "its lease (TTL {:?}) has not been renewed in the last {:?}",
                 self.ttl,
                 self.ttl * 3 / 4
-            ))
+            )))
         }
     }
 

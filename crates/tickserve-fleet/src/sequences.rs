@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
-use tickserve_core::fleet::{Claimed, FleetKey, Started};
+use tickserve_core::fleet::{Claimed, FleetError, FleetKey, Started};
 
 use crate::Fleet;
 use crate::follow::Change;
@@ -131,7 +131,7 @@ struct Read {
 
 impl Fleet {
     /// Runs `txn` on a live endpoint.
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, String> {
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, FleetError> {
         self.clients
             .kv(|mut kv| {
                 let txn = txn.clone();
@@ -140,7 +140,7 @@ impl Fleet {
             .await
     }
 
-    async fn read(&self, key: &FleetKey) -> Result<Option<Read>, String> {
+    async fn read(&self, key: &FleetKey) -> Result<Option<Read>, FleetError> {
         let seq = self.keys.sequence(&key.model, &key.key);
         let got = self
             .clients
@@ -157,7 +157,7 @@ impl Fleet {
         }))
     }
 
-    async fn alive(&self, member: &str) -> Result<bool, String> {
+    async fn alive(&self, member: &str) -> Result<bool, FleetError> {
         let member = self.keys.member(member);
         let got = self
             .clients
@@ -171,13 +171,13 @@ impl Fleet {
 
     /// Asks `owner` to hand `key` over (the want ends with this replica's
     /// lease, or when the keeper answers it).
-    async fn ask(&self, owner: &str, key: &FleetKey, version: &str) -> Result<(), String> {
+    async fn ask(&self, owner: &str, key: &FleetKey, version: &str) -> Result<(), FleetError> {
         let want = Want {
             model: key.model.clone(),
             key: key.key.clone(),
             version: version.to_string(),
         };
-        let value = serde_json::to_vec(&want).map_err(|e| e.to_string())?;
+        let value = serde_json::to_vec(&want).map_err(|e| FleetError::Store(e.to_string()))?;
         let want = self.keys.want(owner, &key.model, &key.key);
         let lease = self.membership.lease();
         self.clients
@@ -202,7 +202,7 @@ impl Fleet {
         owner: &str,
         key: &FleetKey,
         version: &str,
-    ) -> Result<Option<Duration>, String> {
+    ) -> Result<Option<Duration>, FleetError> {
         if !keeper.asked {
             self.ask(owner, key, version).await?;
             keeper.asked = true;
@@ -231,7 +231,7 @@ impl Fleet {
 
     /// Whether a record names no live keeper (handed over, or its keeper's
     /// lease ended).
-    async fn free(&self, read: &Read) -> Result<bool, String> {
+    async fn free(&self, read: &Read) -> Result<bool, FleetError> {
         Ok(read.record.owner.is_empty() || !self.alive(&read.record.owner).await?)
     }
 
@@ -240,7 +240,7 @@ impl Fleet {
         key: &FleetKey,
         version: &str,
         wait: Duration,
-    ) -> Result<Started, String> {
+    ) -> Result<Started, FleetError> {
         let mut keeper = KeeperWait::new(wait);
         let seq = self.keys.sequence(&key.model, &key.key);
         let state = self.keys.state(&key.model, &key.key);
@@ -296,7 +296,7 @@ impl Fleet {
         key: &FleetKey,
         version: &str,
         wait: Duration,
-    ) -> Result<Claimed, String> {
+    ) -> Result<Claimed, FleetError> {
         let mut keeper = KeeperWait::new(wait);
         let seq = self.keys.sequence(&key.model, &key.key);
         let state = self.keys.state(&key.model, &key.key);
@@ -362,7 +362,7 @@ impl Fleet {
         key: &FleetKey,
         version: &str,
         state: Vec<u8>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, FleetError> {
         let me = self.membership.id();
         let seq = self.keys.sequence(&key.model, &key.key);
         let mine = Record {
@@ -397,7 +397,7 @@ pub(crate) async fn release(
     me: &str,
     key: &FleetKey,
     version: &str,
-) -> Result<(), String> {
+) -> Result<(), FleetError> {
     let seq = keys.sequence(&key.model, &key.key);
     let mine = Record {
         owner: me.to_string(),

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tickserve_core::config::FleetConfig;
-use tickserve_core::fleet::{Claimed, FleetKey, HaltRecord, HaltsFleet, SequenceFleet, Started};
+use tickserve_core::fleet::{
+    Claimed, FleetError, FleetKey, HaltRecord, HaltsFleet, SequenceFleet, Started,
+};
 use tickserve_fleet::Fleet;
 use tickserve_testing::etcd::Etcd;
 
@@ -238,6 +240,16 @@ async fn a_replica_that_cannot_reach_the_store_fences_itself_and_recovers() {
         assert!(started.elapsed() < Duration::from_secs(3), "still proven");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Fenced: it says its lease may have lapsed, and takes no sequence.
+    assert!(
+        matches!(a.membership(), Err(FleetError::Lapsed(_))),
+        "{:?}",
+        a.membership()
+    );
+    let start = a
+        .start(&key("fenced"), "1", Duration::from_millis(100))
+        .await;
+    assert!(matches!(start, Err(FleetError::Lapsed(_))), "{start:?}");
     etcd.restart(0);
     etcd.wait_healthy();
     let started = Instant::now();

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tickserve_core::Error;
-use tickserve_core::fleet::{Claimed, FleetKey, SequenceFleet, Started};
+use tickserve_core::fleet::{Claimed, FleetError, FleetKey, SequenceFleet, Started};
 use tickserve_core::sequence::SequenceId;
 
 use super::{Gone, KeyIdOrd, Purpose, SequenceKey, Sequences, Snapshotted, snapshot};
@@ -44,7 +44,7 @@ impl Link {
             .map_err(|reason| Error::FleetUnavailable {
                 model: model.to_string(),
                 sequence: id.to_string(),
-                reason,
+                reason: reason.to_string(),
             })
     }
 }
@@ -190,10 +190,10 @@ impl Sequences {
             link.wait.min(d.saturating_duration_since(now))
         });
         let fleet_key = self.fleet_key(key);
-        let unavailable = |reason: String| Error::FleetUnavailable {
+        let unavailable = |reason: FleetError| Error::FleetUnavailable {
             model: self.model.clone(),
             sequence: key.id.to_string(),
-            reason,
+            reason: reason.to_string(),
         };
         let elsewhere = |waited| Error::SequenceElsewhere {
             model: self.model.clone(),
@@ -295,7 +295,7 @@ impl Sequences {
     /// replica keeps it; its copy here is dropped once the store has the
     /// state, or when the store says it is not this replica's any more.
     /// True if handed over.
-    pub async fn hand_over(self: &Arc<Self>, key: &SequenceKey) -> Result<bool, String> {
+    pub async fn hand_over(self: &Arc<Self>, key: &SequenceKey) -> Result<bool, FleetError> {
         let Some(link) = self.fleet.get() else {
             return Ok(false);
         };
@@ -334,7 +334,7 @@ impl Sequences {
     /// Answers another replica's request for `key`: hands it over if it is
     /// here; waits for a claim of it in flight here first; releases a record
     /// that names this replica for a sequence that is not here.
-    pub async fn hand_over_asked(self: &Arc<Self>, key: &SequenceKey) -> Result<bool, String> {
+    pub async fn hand_over_asked(self: &Arc<Self>, key: &SequenceKey) -> Result<bool, FleetError> {
         let Some(link) = self.fleet.get() else {
             return Ok(false);
         };
