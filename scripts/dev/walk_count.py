@@ -13,7 +13,9 @@ function returned to (that thread's caller). A function's file comes from its
 DWARF line info (nm for the address, addr2line for the file). Only files
 under ROOT/crates/ count; events in other code leave the walk where it was.
 A move is a change of file between consecutive counted events in time order
-(all threads); a return is a move into a file the walk has already left.
+(all threads); a return is a move into a file the walk has already left. A
+distinct call is a pair (calling function, called function) in two files of
+the workspace, counted once however often it is made.
 """
 import re
 import subprocess
@@ -81,29 +83,26 @@ def main(replay, binary, root):
     evs = list(events(replay, last_burst(replay)))
     names = {e[2] for e in evs}
     files = files_of(binary, names, root)
+    # A thread's stack: per frame, the frame's file (None outside the
+    # workspace) and the workspace function nearest above it.
     stacks = {}
     edges = set()
     walk = []
     for tid, kind, name in evs:
         stack = stacks.setdefault(tid, [])
+        f = files.get(name) if kind != 'exit' else None
+        caller = stack[-1][1] if stack else None
+        if f and caller and caller[0] != f:
+            edges.add((caller, (f, name)))
         if kind == 'enter':
-            f = files.get(name)
-            caller = stack[-1][1] if stack else None
-            if f and caller and caller[0] != f:
-                edges.add((caller, (f, name)))
-            stack.append((f, (f, name)) if f else (None, stack[-1][1] if stack else None))
+            stack.append((f, (f, name) if f else caller))
             walk.append(f)
-        elif kind == 'leaf':
-            f = files.get(name)
-            caller = stack[-1][1] if stack else None
-            if f and caller and caller[0] != f:
-                edges.add((caller, (f, name)))
+            continue
+        if kind == 'leaf':
             walk.append(f)
-            walk.append(stack[-1][0] if stack else None)
-        else:
-            if stack:
-                stack.pop()
-            walk.append(stack[-1][0] if stack else None)
+        elif stack:
+            stack.pop()
+        walk.append(stack[-1][0] if stack else None)
     moves = returns = 0
     left = set()
     entered = Counter()
@@ -120,8 +119,7 @@ def main(replay, binary, root):
         prev = f
     print(f"files entered: {len(entered)}; moves between files: {moves}; "
           f"returns to a file already left: {returns}")
-    print(f"distinct calls from one file's function into another file's: {len(edges)}; "
-          f"files: {len(entered)}")
+    print(f"distinct calls from one file's function into another file's: {len(edges)}")
     for f, n in entered.most_common():
         print(f"  {n:4d}  {f}")
 
