@@ -1,7 +1,11 @@
-//! A JSON scalar written as tensor bytes: what both JSON front ends (v2's
-//! `data` and TF Serving's `instances` / `inputs`) do with each number.
+//! JSON numbers written as tensor bytes: [`push_scalar`], what both JSON
+//! front ends (v2's `data` and TF Serving's `instances` / `inputs`) do with
+//! each number, and [`json_to_bytes`], v2's `data` list (flat or nested)
+//! read through it.
 
-use tickserve_core::DataType;
+use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use tickserve_core::{DataType, Error};
 
 /// One JSON scalar.
 #[derive(Debug, Clone, Copy)]
@@ -63,4 +67,123 @@ pub fn push_scalar(out: &mut Vec<u8>, datatype: DataType, v: Scalar) -> Result<(
         DataType::Fp64 => out.extend(float(v)?.to_le_bytes()),
     }
     Ok(())
+}
+
+/// Converts JSON tensor data (flat or nested, row-major) straight into
+/// little-endian bytes of `datatype`, reading no more elements than `shape`
+/// holds (the validation that follows says what was wrong).
+pub fn json_to_bytes(
+    model: &str,
+    input: &str,
+    datatype: DataType,
+    shape: &[i64],
+    raw: &RawValue,
+) -> Result<Vec<u8>, Error> {
+    let text = raw.get();
+    // Each JSON element takes at least two bytes ("0,"), so the text bounds
+    // the element count whatever the shape claims.
+    let elements = shape
+        .iter()
+        .try_fold(1usize, |n, &d| {
+            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+        })
+        .unwrap_or(usize::MAX)
+        .min(text.len() / 2 + 1);
+    let mut out = Vec::with_capacity(elements.saturating_mul(datatype.size()));
+    let mut count = 0usize;
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let seed = Elements {
+        datatype,
+        out: &mut out,
+        count: &mut count,
+        limit: elements,
+    };
+    seed.deserialize(&mut reader)
+        .and_then(|()| reader.end())
+        .map_err(|e| {
+            let what = e.to_string();
+            // Our own messages carry " at element N"; serde's line/column
+            // positions mean nothing to a client here.
+            let what = what.split(" at line ").next().unwrap_or(&what).to_string();
+            Error::input(model, input, format!("{datatype} values"), what)
+        })?;
+    Ok(out)
+}
+
+/// Reads tensor elements of one datatype into `out`, nested lists flattened.
+struct Elements<'o> {
+    datatype: DataType,
+    out: &'o mut Vec<u8>,
+    count: &'o mut usize,
+    limit: usize,
+}
+
+impl Elements<'_> {
+    fn reborrow(&mut self) -> Elements<'_> {
+        Elements {
+            datatype: self.datatype,
+            out: self.out,
+            count: self.count,
+            limit: self.limit,
+        }
+    }
+
+    fn push<E: de::Error>(self, value: Scalar) -> Result<(), E> {
+        let index = *self.count;
+        if index >= self.limit {
+            return Err(E::custom(format!(
+                "more elements than the shape holds ({} at least)",
+                index + 1
+            )));
+        }
+        push_scalar(self.out, self.datatype, value)
+            .map_err(|what| E::custom(format!("{what} at element {index}")))?;
+        *self.count += 1;
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Elements<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Elements<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} values, flat or nested in lists", self.datatype)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self.reborrow())?.is_some() {}
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.push(Scalar::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.push(Scalar::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.push(Scalar::Uint(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.push(Scalar::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        let index = *self.count;
+        Err(E::custom(format!(
+            "the string {} at element {index}",
+            tickserve_core::text::quote(v)
+        )))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        let index = *self.count;
+        Err(E::custom(format!("null at element {index}")))
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        let index = *self.count;
+        Err(de::Error::custom(format!("an object at element {index}")))
+    }
 }

@@ -13,15 +13,13 @@
 //! header, in order; outputs asked for with `binary_data` come back that way.
 
 use serde::Serialize;
-use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeSeq, Serializer};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use tickserve_core::validate::declared_datatype;
 use tickserve_core::{DataType, Error, InferResponse, InputTensor, OutputTensor, Signature};
 
 use super::request_header::{Entries, Params, json_header, json_parameters};
-use crate::scalar::{Scalar, push_scalar};
+use crate::scalar::json_to_bytes;
 use tickserve_edge::Decoded;
 use tickserve_edge::params::{self, Param, Parameters};
 
@@ -242,125 +240,6 @@ pub fn param(value: &Value) -> Param<'_> {
     }
 }
 
-/// Converts JSON tensor data (flat or nested, row-major) straight into
-/// little-endian bytes of `datatype`, reading no more elements than `shape`
-/// holds (the validation that follows says what was wrong).
-fn json_to_bytes(
-    model: &str,
-    input: &str,
-    datatype: DataType,
-    shape: &[i64],
-    raw: &RawValue,
-) -> Result<Vec<u8>, Error> {
-    let text = raw.get();
-    // Each JSON element takes at least two bytes ("0,"), so the text bounds
-    // the element count whatever the shape claims.
-    let elements = shape
-        .iter()
-        .try_fold(1usize, |n, &d| {
-            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
-        })
-        .unwrap_or(usize::MAX)
-        .min(text.len() / 2 + 1);
-    let mut out = Vec::with_capacity(elements.saturating_mul(datatype.size()));
-    let mut count = 0usize;
-    let mut reader = serde_json::Deserializer::from_str(text);
-    let seed = Elements {
-        datatype,
-        out: &mut out,
-        count: &mut count,
-        limit: elements,
-    };
-    seed.deserialize(&mut reader)
-        .and_then(|()| reader.end())
-        .map_err(|e| {
-            let what = e.to_string();
-            // Our own messages carry " at element N"; serde's line/column
-            // positions mean nothing to a client here.
-            let what = what.split(" at line ").next().unwrap_or(&what).to_string();
-            Error::input(model, input, format!("{datatype} values"), what)
-        })?;
-    Ok(out)
-}
-
-/// Reads tensor elements of one datatype into `out`, nested lists flattened.
-struct Elements<'o> {
-    datatype: DataType,
-    out: &'o mut Vec<u8>,
-    count: &'o mut usize,
-    limit: usize,
-}
-
-impl Elements<'_> {
-    fn reborrow(&mut self) -> Elements<'_> {
-        Elements {
-            datatype: self.datatype,
-            out: self.out,
-            count: self.count,
-            limit: self.limit,
-        }
-    }
-
-    fn push<E: de::Error>(self, value: Scalar) -> Result<(), E> {
-        let index = *self.count;
-        if index >= self.limit {
-            return Err(E::custom(format!(
-                "more elements than the shape holds ({} at least)",
-                index + 1
-            )));
-        }
-        push_scalar(self.out, self.datatype, value)
-            .map_err(|what| E::custom(format!("{what} at element {index}")))?;
-        *self.count += 1;
-        Ok(())
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Elements<'_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Elements<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} values, flat or nested in lists", self.datatype)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(self.reborrow())?.is_some() {}
-        Ok(())
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.push(Scalar::Bool(v))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.push(Scalar::Int(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.push(Scalar::Uint(v))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.push(Scalar::Float(v))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        let index = *self.count;
-        Err(E::custom(format!(
-            "the string {} at element {index}",
-            tickserve_core::text::quote(v)
-        )))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        let index = *self.count;
-        Err(E::custom(format!("null at element {index}")))
-    }
-    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
-        let index = *self.count;
-        Err(de::Error::custom(format!("an object at element {index}")))
-    }
-}
-
 /// Little-endian tensor bytes, serialized as a flat JSON array.
 struct JsonData<'a>(DataType, &'a [u8]);
 
@@ -573,7 +452,8 @@ mod tests {
     /// of a repeated name wins, anything but an object is refused.
     #[test]
     fn parameters_read_as_a_json_object_would_be() {
-        let raw = |text: &str| serde_json::from_str::<Box<RawValue>>(text).unwrap();
+        let raw =
+            |text: &str| serde_json::from_str::<Box<serde_json::value::RawValue>>(text).unwrap();
         let object = raw(r#"{"a": 1, "b\u0021": "x", "a": true}"#);
         let entries = parameters(Some(Params::Text(object.get())))
             .unwrap()
