@@ -113,18 +113,62 @@ pub struct Parameters {
 }
 
 impl Parameters {
-    /// Reads every request-level parameter of a request for `model` through
-    /// `get` (the value of a parameter by name, if the request has it).
-    pub fn read<'a>(
+    /// Reads every request-level parameter of a request for `model` from
+    /// its `entries` (name and value, in the order the request gives them),
+    /// in one pass: a name given twice counts once, with its last value (a
+    /// protobuf map's rule for a repeated key, and JSON readers'); a name
+    /// the server does not read is the model's, and is passed over.
+    pub fn read<'n, 'a>(
         model: &str,
-        get: impl Fn(&str) -> Option<Param<'a>>,
+        entries: impl IntoIterator<Item = (&'n str, Param<'a>)>,
     ) -> Result<Parameters, Error> {
+        let mut given = Given::default();
+        for (name, value) in entries {
+            given.set(name, value);
+        }
+        let get = |name: &str| given.get(name);
         Ok(Parameters {
             timeout: timeout(model, get(TIMEOUT))?,
             priority: priority(model, get(PRIORITY))?,
             sequence: sequence(model, &get)?,
             monte_carlo: monte_carlo(model, &get)?,
         })
+    }
+}
+
+/// The request-level parameters the server reads.
+const REQUEST_LEVEL: [&str; 10] = [
+    TIMEOUT,
+    PRIORITY,
+    SEQUENCE_ID,
+    SEQUENCE_START,
+    SEQUENCE_END,
+    MC_SAMPLES,
+    MC_NOISE_SIGMA,
+    MC_SEED,
+    MC_OUTPUT,
+    MC_QUANTILES,
+];
+
+/// The values a request gave the [`REQUEST_LEVEL`] parameters, in their
+/// order: the last of each.
+#[derive(Default)]
+struct Given<'a>([Option<Param<'a>>; REQUEST_LEVEL.len()]);
+
+impl<'a> Given<'a> {
+    fn set(&mut self, name: &str, value: Param<'a>) {
+        if let Some(slot) = REQUEST_LEVEL
+            .iter()
+            .position(|known| *known == name)
+            .and_then(|i| self.0.get_mut(i))
+        {
+            *slot = Some(value);
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<Param<'a>> {
+        let i = REQUEST_LEVEL.iter().position(|known| *known == name)?;
+        self.0.get(i).copied().flatten()
     }
 }
 

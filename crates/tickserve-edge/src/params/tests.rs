@@ -4,9 +4,7 @@ use super::*;
 use tickserve_core::sequence::MAX_SEQUENCE_ID_BYTES;
 
 fn read(pairs: &[(&str, Param<'_>)]) -> Result<Parameters, Error> {
-    Parameters::read("m", |name| {
-        pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
-    })
+    Parameters::read("m", pairs.iter().copied())
 }
 
 fn refused(pairs: &[(&str, Param<'_>)]) -> String {
@@ -20,6 +18,21 @@ fn nothing_asked_is_the_defaults() {
         read(&[("some_model_parameter", Param::Other("a JSON object"))]).unwrap(),
         Parameters::default(),
         "unknown parameters are ignored, as in Triton"
+    );
+}
+
+#[test]
+fn a_parameter_given_twice_counts_its_last_value() {
+    let twice = [
+        (PRIORITY, Param::Str("high")),
+        (TIMEOUT, Param::Int(5)),
+        (PRIORITY, Param::Int(2)),
+    ];
+    let read = read(&twice).unwrap();
+    assert_eq!(read.priority, 2, "the first value, a string, is not read");
+    assert_eq!(read.timeout, Some(Duration::from_micros(5)));
+    assert!(
+        refused(&[(PRIORITY, Param::Int(2)), (PRIORITY, Param::Str("high"))]).contains("priority")
     );
 }
 

@@ -98,7 +98,11 @@ pub fn decode(
             data,
         });
     }
-    let parameters = Parameters::read(model, |name| request.parameters.get(name).map(param))?;
+    let given = request
+        .parameters
+        .iter()
+        .map(|(name, value)| (name.as_str(), param(value)));
+    let parameters = Parameters::read(model, given)?;
     let outputs = (!request.outputs.is_empty())
         .then(|| request.outputs.into_iter().map(|o| o.name).collect());
     Ok(Decoded {

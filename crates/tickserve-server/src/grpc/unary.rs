@@ -283,13 +283,11 @@ impl Payload for Read {
     }
 
     fn decode(self, handle: &ModelHandle) -> Result<Decoded<bool>, Error> {
-        let parameters = Parameters::read(&handle.name, |name| {
-            self.parameters
-                .iter()
-                .rev()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| convert::param(value))
-        })?;
+        let given = self.parameters.iter();
+        let parameters = Parameters::read(
+            &handle.name,
+            given.map(|(name, value)| (name.as_str(), convert::param(value))),
+        )?;
         Ok(Decoded {
             id: self.id,
             inputs: self.inputs,

@@ -198,7 +198,10 @@ pub fn decode(
             (Some(names), Some(flags))
         }
     };
-    let parameters = Parameters::read(model, |name| entry(request_parameters, name))?;
+    let given = request_parameters
+        .into_iter()
+        .flat_map(|entries| entries.0.iter());
+    let parameters = Parameters::read(model, given.map(|(name, value)| (&**name, param(value))))?;
     Ok(Decoded {
         id: parsed.id.unwrap_or_default(),
         inputs,

@@ -56,14 +56,7 @@ pub(crate) fn copy_inputs(
     inputs: &[wire::TensorRef<'_>],
     owned: &Bytes,
 ) -> Inputs {
-    // A parameter given twice: the last counts, as on every front end
-    // (protobuf's rule for a map's repeated key, and JSON readers').
-    let parameters = Parameters::read(name, |wanted| {
-        parameters
-            .iter()
-            .rfind(|p| p.name == wanted)
-            .map(|p| param(&p.value))
-    });
+    let parameters = Parameters::read(name, parameters.iter().map(|p| (p.name, param(&p.value))));
     let tensors = inputs
             .iter()
             .map(|t| {
