@@ -11,6 +11,9 @@
 #     cargo +nightly build -p tickserve-server --bin tickserve --target-dir target/mcount
 #   scripts/dev/walk.sh target/mcount/debug/tickserve target/walk
 #
+# A release build (the same with --release) walks the program as it ships: an
+# inlined function counts in the file of the function it was inlined into.
+#
 # REPO=DIR serves another model repository (one where alpha_mlp's model.toml
 # says engine = "onnxruntime", say, to walk two builds through the same engine).
 # The counter is scripts/dev/walk_count.py.
