@@ -123,11 +123,10 @@ impl Parameters {
         entries: impl IntoIterator<Item = (&'n str, Param<'a>)>,
     ) -> Result<Parameters, Error> {
         let mut given = Given::default();
-        let mut known = false;
         for (name, value) in entries {
-            known |= given.set(name, value);
+            given.set(name, value);
         }
-        if !known {
+        if given.is_empty() {
             return Ok(Parameters::default());
         }
         let get = |name: &str| given.get(name);
@@ -160,13 +159,20 @@ const REQUEST_LEVEL: [&str; 10] = [
 struct Given<'a>([Option<Param<'a>>; REQUEST_LEVEL.len()]);
 
 impl<'a> Given<'a> {
-    /// Keeps `value` if `name` is one of them; whether it was.
-    fn set(&mut self, name: &str, value: Param<'a>) -> bool {
-        let slot = REQUEST_LEVEL
+    /// Keeps `value` if `name` is one of them.
+    fn set(&mut self, name: &str, value: Param<'a>) {
+        if let Some(slot) = REQUEST_LEVEL
             .iter()
             .position(|known| *known == name)
-            .and_then(|i| self.0.get_mut(i));
-        slot.map(|slot| *slot = Some(value)).is_some()
+            .and_then(|i| self.0.get_mut(i))
+        {
+            *slot = Some(value);
+        }
+    }
+
+    /// None of them given.
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
     }
 
     fn get(&self, name: &str) -> Option<Param<'a>> {
