@@ -15,7 +15,8 @@ under ROOT/crates/ count; events in other code leave the walk where it was.
 A move is a change of file between consecutive counted events in time order
 (all threads); a return is a move into a file the walk has already left. A
 distinct call is a pair (calling function, called function) in two files of
-the workspace, counted once however often it is made.
+the workspace, counted once however often it is made. Printed: the counts,
+each file's entries, and the 20 most frequent moves (from -> to).
 """
 import re
 import subprocess
@@ -106,12 +107,14 @@ def main(replay, binary, root):
     moves = returns = 0
     left = set()
     entered = Counter()
+    pairs = Counter()
     prev = None
     for f in walk:
         if f is None or f == prev:
             continue
         if prev is not None:
             moves += 1
+            pairs[(prev, f)] += 1
             left.add(prev)
             if f in left:
                 returns += 1
@@ -122,6 +125,9 @@ def main(replay, binary, root):
     print(f"distinct calls from one file's function into another file's: {len(edges)}")
     for f, n in entered.most_common():
         print(f"  {n:4d}  {f}")
+    print("the most frequent moves:")
+    for (a, b), n in pairs.most_common(20):
+        print(f"  {n:4d}  {a} -> {b}")
 
 
 if __name__ == '__main__':
