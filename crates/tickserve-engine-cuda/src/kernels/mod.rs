@@ -1,6 +1,7 @@
 //! CUDA C for a plan's kernels, one `__global__` function per step that is
-//! not a bare product (a recurrent layer's are in [`recurrent`]), compiled
-//! once per family and device with NVRTC.
+//! not a bare product (a recurrent layer's are in `recurrent`), compiled
+//! once per family and device with NVRTC; and, in `resident`, the one
+//! kernel that runs a whole tick of a plan from a mailbox ([`resident()`]).
 //!
 //! Every kernel but the recurrent ones has one signature, `(out, a, b,
 //! table, rows, mixed)`: `a` and `b` are its operands (`a` = `out` for an
@@ -14,6 +15,7 @@
 //! patterns.
 
 mod recurrent;
+mod resident;
 
 use std::fmt::Write;
 
@@ -22,6 +24,7 @@ use tickserve_core::EngineError;
 use crate::plan::{Elementwise, Op, Plan, Step};
 
 pub use recurrent::{gate_name, reset_name};
+pub use resident::{ANSWERED_WORD, ASKED_WORD, DATA_WORD, RESIDENT_BLOCK, Resident, resident};
 
 /// Threads per block for elementwise kernels (row kernels use one warp per segment).
 pub const BLOCK: u32 = 128;

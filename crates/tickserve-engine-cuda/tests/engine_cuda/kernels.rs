@@ -7,7 +7,7 @@ use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
 use tickserve_engine_cuda::import;
-use tickserve_engine_cuda::kernels::{Launch, compile, lowerable, module_source};
+use tickserve_engine_cuda::kernels::{Launch, compile, lowerable, module_source, resident};
 use tickserve_engine_cuda::plan::Op;
 
 use crate::support;
@@ -58,6 +58,33 @@ fn generated_kernels_compile_with_nvrtc() {
             );
         }
     }
+}
+
+#[test]
+fn the_resident_kernel_compiles_with_nvrtc() {
+    let plan = plan_of(&root().join("config/models/seq_lstm_step/1/model.onnx"));
+    let resident = resident(&plan, &[("h_in", "h_out"), ("c_in", "c_out")]).unwrap();
+    let compiled = compile(&resident.source, "sm_90").unwrap_or_else(|e| {
+        panic!(
+            "{e}\n(run scripts/setup.sh; LD_LIBRARY_PATH=.local/lib)\n{}",
+            resident.source
+        )
+    });
+    assert!(
+        compiled
+            .cubin
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with(b"\x7fELF")
+    );
+    assert!(
+        compiled.ptx.contains(".entry resident("),
+        "{}",
+        compiled.ptx
+    );
+    // The mailbox's flags are read and written with system-scope order.
+    assert!(compiled.ptx.contains("ld.acquire.sys"), "{}", compiled.ptx);
+    assert!(compiled.ptx.contains("st.release.sys"), "{}", compiled.ptx);
 }
 
 #[test]

@@ -1,0 +1,359 @@
+//! The resident kernel, run on the CPU: its CUDA C compiled by the host's
+//! C++ compiler behind an emulation of one block (its threads are OS
+//! threads, a block barrier a `std::barrier`, shared arrays statics, the
+//! mailbox's acquire and release the same orders on host atomics), started
+//! once on its own thread, and ticked through its mailbox as the host will
+//! tick it: the inputs written, the asked tick raised with release order,
+//! the answered tick awaited with acquire order. A sequence's 10,000 ticks,
+//! its state kept only in the kernel's state buffer, give what ONNX Runtime
+//! gives with the state fed back, within 1e-5; a member's weights swapped
+//! between two ticks give what the plan's reference gives with them; a
+//! negative tick ends the kernel. What it cannot show: the device's memory
+//! model over PCIe, its scheduling, the round trip's time.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use tickserve_core::CompiledModel;
+use tickserve_core::config::ModelConfig;
+use tickserve_engine_cuda::kernels::{
+    ANSWERED_WORD, ASKED_WORD, DATA_WORD, RESIDENT_BLOCK, Resident, resident,
+};
+use tickserve_engine_cuda::plan::{Cell, Op, Plan};
+use tickserve_engine_cuda::reference::{self, random_rows};
+use tickserve_engine_cuda::{arrange, import};
+
+use crate::support;
+
+use support::{floats, onnx_runtime, read, root};
+
+/// What the kernel needs to build and run as host code, before its source.
+const EMULATION: &str = r#"
+#define TICKSERVE_EMULATED
+#include <math.h>
+#include <string.h>
+#include <atomic>
+#include <barrier>
+#include <thread>
+#include <vector>
+struct tickserve_dim { unsigned int x, y, z; };
+static thread_local tickserve_dim blockIdx, blockDim, threadIdx;
+#define __global__
+static thread_local std::barrier<>* tickserve_block;
+// One block: a function's static is shared by all its threads, as
+// __shared__ is by a block's.
+#define SHARED(type, name, n) static type name[n]
+#define SYNC() tickserve_block->arrive_and_wait()
+#define FENCE() std::atomic_thread_fence(std::memory_order_seq_cst)
+static inline int load_acquire(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void store_release(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+"#;
+
+/// Starts the kernel as one block of `threads` threads; returns once it does.
+const LAUNCH: &str = r#"
+extern "C" void tickserve_run_resident(int* box, const u64* table, float* state,
+        unsigned int threads) {
+    std::barrier<> block(threads);
+    std::vector<std::thread> all;
+    for (unsigned int i = 0; i < threads; ++i)
+        all.emplace_back([&, i] {
+            blockIdx.x = 0; blockDim.x = threads; threadIdx.x = i;
+            tickserve_block = &block;
+            resident(box, table, state);
+        });
+    for (auto& t : all) t.join();
+}
+"#;
+
+type Run = unsafe extern "C" fn(*mut i32, *const u64, *mut f32, u32);
+
+/// The longest a tick may take here before the test fails (no hang).
+const TICK_BOUND: Duration = Duration::from_secs(10);
+
+/// A resident kernel running on its own thread, and its mailbox.
+struct Running {
+    /// The mailbox: the two flag words, then the floats.
+    mailbox: Vec<i32>,
+    /// One pointer per weight slot.
+    table: Vec<u64>,
+    state: Vec<f32>,
+    kernel: Option<std::thread::JoinHandle<()>>,
+    tick: i32,
+    _library: libloading::Library,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    /// Builds `resident`'s kernel and starts it with `threads` threads over
+    /// `weights` (one member's, one vector per slot).
+    fn start(resident: &Resident, weights: &[Vec<f32>], threads: u32) -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let (cpp, so) = (
+            dir.path().join("resident.cpp"),
+            dir.path().join("resident.so"),
+        );
+        let text = format!("{EMULATION}\n{}\n{LAUNCH}", resident.source);
+        std::fs::write(&cpp, &text).unwrap();
+        let built = std::process::Command::new("c++")
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-w",
+                "-o",
+            ])
+            .arg(&so)
+            .arg(&cpp)
+            .output()
+            .expect("a C++ compiler (c++) runs");
+        assert!(
+            built.status.success(),
+            "{}\n{text}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        // SAFETY: a library this test just built; its initialisers do nothing.
+        let library = unsafe { libloading::Library::new(&so) }.unwrap();
+        let mut running = Running {
+            mailbox: vec![0; DATA_WORD + resident.mailbox_floats],
+            table: weights.iter().map(|w| w.as_ptr() as u64).collect(),
+            state: vec![0.0; resident.state_floats],
+            kernel: None,
+            tick: 0,
+            _library: library,
+            _dir: dir,
+        };
+        // SAFETY: the symbol this test's source defines, with that
+        // signature.
+        let run: Run = unsafe {
+            *running
+                ._library
+                .get::<Run>(b"tickserve_run_resident")
+                .unwrap()
+        };
+        // The kernel's thread reads the mailbox, table and state through
+        // these until it is told to stop and joined ([`Running::stop`]);
+        // none of the three is moved or freed before.
+        let pointers = (
+            running.mailbox.as_mut_ptr() as usize,
+            running.table.as_ptr() as usize,
+            running.state.as_mut_ptr() as usize,
+        );
+        running.kernel = Some(std::thread::spawn(move || {
+            let (mailbox, table, state) = pointers;
+            // SAFETY: see above.
+            unsafe {
+                run(
+                    mailbox as *mut i32,
+                    table as *const u64,
+                    state as *mut f32,
+                    threads,
+                )
+            }
+        }));
+        running
+    }
+
+    fn flag(&self, word: usize) -> &AtomicI32 {
+        // SAFETY: an aligned i32 of the mailbox, which outlives the borrow;
+        // the kernel's thread reads and writes it atomically too.
+        unsafe { AtomicI32::from_ptr(self.mailbox.as_ptr().add(word).cast_mut()) }
+    }
+
+    /// One tick: `inputs` (the non-state inputs, in the plan's order, as
+    /// the mailbox lays them out) in, the mailbox's floats after the answer.
+    #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
+    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
+        let data = self
+            .mailbox
+            .as_mut_ptr()
+            .wrapping_add(DATA_WORD)
+            .cast::<f32>();
+        for &(at, values) in inputs {
+            for (j, &x) in values.iter().enumerate() {
+                // SAFETY: inside the mailbox's floats; the kernel does not
+                // read them until the asked tick is raised below.
+                unsafe { data.add(at + j).write_volatile(x) };
+            }
+        }
+        self.tick += 1;
+        self.flag(ASKED_WORD).store(self.tick, Ordering::Release);
+        let started = Instant::now();
+        while self.flag(ANSWERED_WORD).load(Ordering::Acquire) != self.tick {
+            assert!(
+                started.elapsed() < TICK_BOUND,
+                "tick {} not answered within {TICK_BOUND:?}",
+                self.tick
+            );
+            std::hint::spin_loop();
+        }
+        let floats = self.mailbox.len() - DATA_WORD;
+        // SAFETY: the kernel answered: it writes nothing until the next
+        // tick is asked.
+        (0..floats)
+            .map(|j| unsafe { data.add(j).read_volatile() })
+            .collect()
+    }
+
+    /// Points the kernel at other weights, between two ticks.
+    fn swap(&mut self, weights: &[Vec<f32>]) {
+        for (slot, w) in self.table.iter_mut().zip(weights) {
+            *slot = w.as_ptr() as u64;
+        }
+    }
+
+    /// Tells the kernel to return and waits for it, within the bound.
+    #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
+    fn stop(mut self) {
+        self.flag(ASKED_WORD).store(-1, Ordering::Release);
+        let kernel = self.kernel.take().unwrap();
+        let started = Instant::now();
+        while !kernel.is_finished() {
+            assert!(started.elapsed() < TICK_BOUND, "the kernel did not return");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        kernel.join().unwrap();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // A failed assertion: stop the kernel before its buffers go.
+        if let Some(kernel) = self.kernel.take() {
+            self.flag(ASKED_WORD).store(-1, Ordering::Release);
+            let _ = kernel.join();
+        }
+    }
+}
+
+fn plan_of(path: &Path) -> (tickserve_onnx::OnnxModel, Plan, Vec<Vec<f32>>) {
+    let model = read(path);
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let imported = import(&model, &signature.inputs, None).unwrap();
+    let weights = arrange(&imported.plan, &imported.weights).unwrap();
+    (model, imported.plan, weights)
+}
+
+const STATE: [(&str, &str); 2] = [("h_in", "h_out"), ("c_in", "c_out")];
+
+fn close(got: f32, want: f32) -> bool {
+    (got - want).abs() <= 1e-5 * want.abs().max(1.0)
+}
+
+#[test]
+fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
+    let path = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let (model, plan, weights) = plan_of(&path);
+    let layout = resident(&plan, &STATE).unwrap();
+    // tick in; prediction out; h and c kept in the state buffer alone.
+    assert_eq!(layout.inputs, vec![Some(0), None, None]);
+    assert_eq!(layout.outputs, vec![Some(8), None, None]);
+    assert_eq!(layout.state, vec![(0, 16), (16, 16)]);
+    let engine = onnx_runtime();
+    let signature = model.signature(&ModelConfig::default()).unwrap();
+    let mut ort = engine
+        .compile(&tickserve_engine_ort::OrtCompileRequest {
+            family: "test",
+            onnx: &model,
+            signature: &signature,
+            buckets: &tickserve_core::Buckets::new(&[1], None).unwrap(),
+            weights: None,
+        })
+        .unwrap();
+    // The block's loops stride over its threads: 8 here (256 OS threads a
+    // barrier would make this test minutes long; the full block below).
+    let mut kernel = Running::start(&layout, &weights, 8);
+    let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
+    for t in 0..10_000u64 {
+        let x = random_rows(1000 + t, 8);
+        let got = kernel.tick(&[(0, &x)]);
+        for (i, data) in [&x, &h, &c].into_iter().enumerate() {
+            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            ort.input_mut(0, i).copy_from_slice(&bytes);
+        }
+        ort.run(0, tickserve_core::SOLE_MEMBER).unwrap();
+        let want = floats(ort.output(0, 0));
+        h = floats(ort.output(0, 1));
+        c = floats(ort.output(0, 2));
+        assert!(
+            close(got[8], want[0]),
+            "tick {t}: resident {}, onnxruntime {}",
+            got[8],
+            want[0]
+        );
+    }
+    // The state the kernel kept, read back: ONNX Runtime's after 10,000 ticks.
+    for (name, (kept, want)) in ["h", "c"]
+        .iter()
+        .zip([(&kernel.state[..16], &h), (&kernel.state[16..], &c)])
+    {
+        for (j, (g, w)) in kept.iter().zip(want.iter()).enumerate() {
+            assert!(close(*g, *w), "{name}[{j}]: resident {g}, onnxruntime {w}");
+        }
+    }
+    kernel.stop();
+}
+
+#[test]
+fn a_member_swapped_between_ticks_answers_with_its_weights_from_the_next() {
+    let path = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let (_, plan, weights) = plan_of(&path);
+    let other: Vec<Vec<f32>> = weights
+        .iter()
+        .map(|w| w.iter().map(|x| x * 0.75).collect())
+        .collect();
+    let layout = resident(&plan, &STATE).unwrap();
+    // The whole block, as the device launches it.
+    let mut kernel = Running::start(&layout, &weights, RESIDENT_BLOCK);
+    let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
+    for t in 0..40u64 {
+        let member = if t < 20 { &weights } else { &other };
+        if t == 20 {
+            kernel.swap(&other);
+        }
+        let x = random_rows(2000 + t, 8);
+        let got = kernel.tick(&[(0, &x)]);
+        let want = reference::run(&plan, member, &[&x, &h, &c], 1);
+        h.clone_from(&want[1]);
+        c.clone_from(&want[2]);
+        assert!(
+            close(got[8], want[0][0]),
+            "tick {t}: resident {}, the reference {}",
+            got[8],
+            want[0][0]
+        );
+    }
+    kernel.stop();
+}
+
+#[test]
+fn a_plan_outside_the_resident_set_is_refused_naming_what_is_not_in_it() {
+    let models = root().join("config/models");
+    let refused = |path: &Path, state: &[(&str, &str)]| {
+        let (_, plan, _) = plan_of(path);
+        resident(&plan, state).unwrap_err()
+    };
+    let softmax = refused(&models.join("alpha_mlp/1/model.onnx"), &[]);
+    assert!(softmax.contains("is a softmax"), "{softmax}");
+    let window = refused(&models.join("seq_lstm/1/model.onnx"), &[]);
+    assert!(window.contains("a window of 30 steps"), "{window}");
+    let step = models.join("seq_lstm_step/1/model.onnx");
+    let unknown = refused(&step, &[("h_in", "h_next")]);
+    assert!(unknown.contains("h_in -> h_next"), "{unknown}");
+    let (_, plan, _) = plan_of(&step);
+    let mut gru = plan.clone();
+    if let Op::Recurrent(layer) = &mut gru.steps[0].op {
+        layer.cell = Cell::Gru {
+            linear_before_reset: true,
+        };
+    }
+    let error = resident(&gru, &STATE).unwrap_err();
+    assert!(error.contains("is a GRU"), "{error}");
+    let mut wide = plan;
+    wide.values[0].width = 20_000;
+    let error = resident(&wide, &STATE).unwrap_err();
+    assert!(error.contains("a resident block holds at most"), "{error}");
+}
