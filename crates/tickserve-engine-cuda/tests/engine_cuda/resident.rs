@@ -26,7 +26,7 @@ use tickserve_engine_cuda::{arrange, import};
 
 use crate::support;
 
-use support::{floats, onnx_runtime, read, root};
+use support::{bench_models, floats, onnx_runtime, read, root};
 
 /// What the kernel needs to build and run as host code, before its source.
 const EMULATION: &str = r#"
@@ -243,15 +243,13 @@ fn close(got: f32, want: f32) -> bool {
     (got - want).abs() <= 1e-5 * want.abs().max(1.0)
 }
 
-#[test]
-fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
-    let path = root().join("config/models/seq_lstm_step/1/model.onnx");
-    let (model, plan, weights) = plan_of(&path);
-    let layout = resident(&plan, &STATE).unwrap();
-    // tick in; prediction out; h and c kept in the state buffer alone.
-    assert_eq!(layout.inputs, vec![Some(0), None, None]);
-    assert_eq!(layout.outputs, vec![Some(8), None, None]);
-    assert_eq!(layout.state, vec![(0, 16), (16, 16)]);
+/// `path`'s plan ticked `ticks` times through the resident kernel (its
+/// state paired as `state` says) against ONNX Runtime fed its own state
+/// back: every tick's outputs within 1e-5, and the state read back from the
+/// kernel's buffer at the end.
+fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, seed: u64) {
+    let (model, plan, weights) = plan_of(path);
+    let layout = resident(&plan, state).unwrap();
     let engine = onnx_runtime();
     let signature = model.signature(&ModelConfig::default()).unwrap();
     let mut ort = engine
@@ -263,38 +261,95 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
             weights: None,
         })
         .unwrap();
-    // The block's loops stride over its threads: 8 here (256 OS threads a
-    // barrier would make this test minutes long; the full block below).
+    let names: Vec<&str> = signature.outputs.iter().map(|o| o.0.as_str()).collect();
+    let planned: Vec<&str> = plan.outputs.iter().map(|o| o.0.as_str()).collect();
+    assert_eq!(names, planned, "{}", path.display());
+    let width = |v: usize| plan.values[v].width;
+    // Each input's values: fed from the kernel's mailbox or, for a state
+    // input, ONNX Runtime's own last output (zeros at first).
+    let mut fed: Vec<Vec<f32>> = plan
+        .inputs
+        .iter()
+        .map(|(_, v)| vec![0.0; width(*v)])
+        .collect();
+    // The block's loops stride over its threads: 8 here (256 OS threads at
+    // a barrier would make this test minutes long; the full block below).
     let mut kernel = Running::start(&layout, &weights, 8);
-    let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
-    for t in 0..10_000u64 {
-        let x = random_rows(1000 + t, 8);
-        let got = kernel.tick(&[(0, &x)]);
-        for (i, data) in [&x, &h, &c].into_iter().enumerate() {
+    for t in 0..ticks {
+        for (i, at) in layout.inputs.iter().enumerate() {
+            if at.is_some() {
+                fed[i] = random_rows(seed + t * 16 + i as u64, fed[i].len());
+            }
+        }
+        let mailbox: Vec<(usize, &[f32])> = layout
+            .inputs
+            .iter()
+            .zip(&fed)
+            .filter_map(|(at, x)| at.map(|at| (at, x.as_slice())))
+            .collect();
+        let got = kernel.tick(&mailbox);
+        for (i, data) in fed.iter().enumerate() {
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
             ort.input_mut(0, i).copy_from_slice(&bytes);
         }
         ort.run(0, tickserve_core::SOLE_MEMBER).unwrap();
-        let want = floats(ort.output(0, 0));
-        h = floats(ort.output(0, 1));
-        c = floats(ort.output(0, 2));
-        assert!(
-            close(got[8], want[0]),
-            "tick {t}: resident {}, onnxruntime {}",
-            got[8],
-            want[0]
-        );
+        let want: Vec<Vec<f32>> = (0..names.len()).map(|o| floats(ort.output(0, o))).collect();
+        for (o, at) in layout.outputs.iter().enumerate() {
+            let Some(at) = at else { continue };
+            for (j, w) in want[o].iter().enumerate() {
+                let g = got[at + j];
+                assert!(
+                    close(g, *w),
+                    "{} tick {t} {}[{j}]: resident {g}, onnxruntime {w}",
+                    path.display(),
+                    names[o]
+                );
+            }
+        }
+        for (input, output) in state {
+            let i = plan.inputs.iter().position(|(n, _)| n == input).unwrap();
+            let o = names.iter().position(|n| n == output).unwrap();
+            fed[i].clone_from(&want[o]);
+        }
     }
-    // The state the kernel kept, read back: ONNX Runtime's after 10,000 ticks.
-    for (name, (kept, want)) in ["h", "c"]
-        .iter()
-        .zip([(&kernel.state[..16], &h), (&kernel.state[16..], &c)])
-    {
-        for (j, (g, w)) in kept.iter().zip(want.iter()).enumerate() {
-            assert!(close(*g, *w), "{name}[{j}]: resident {g}, onnxruntime {w}");
+    // The state the kernel kept, read back: ONNX Runtime's after the last tick.
+    for ((input, _), &(at, w)) in state.iter().zip(&layout.state) {
+        let i = plan.inputs.iter().position(|(n, _)| n == input).unwrap();
+        for (j, (g, want)) in kernel.state[at..at + w].iter().zip(&fed[i]).enumerate() {
+            assert!(
+                close(*g, *want),
+                "{} {input}[{j}] kept: resident {g}, onnxruntime {want}",
+                path.display()
+            );
         }
     }
     kernel.stop();
+}
+
+#[test]
+fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
+    let step = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let (_, plan, _) = plan_of(&step);
+    let layout = resident(&plan, &STATE).unwrap();
+    // tick in; prediction out; h and c kept in the state buffer alone.
+    assert_eq!(layout.inputs, vec![Some(0), None, None]);
+    assert_eq!(layout.outputs, vec![Some(8), None, None]);
+    assert_eq!(layout.state, vec![(0, 16), (16, 16)]);
+    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000);
+    // bench_lstm: two layers of 128 on 32 features, each layer's h and c kept.
+    let bench = bench_models();
+    let pairs = [
+        ("h1_in", "h1_out"),
+        ("c1_in", "c1_out"),
+        ("h2_in", "h2_out"),
+        ("c2_in", "c2_out"),
+    ];
+    ticks_match_onnx_runtime(
+        &bench.path().join("bench_lstm/1/model.onnx"),
+        &pairs,
+        10_000,
+        5000,
+    );
 }
 
 #[test]

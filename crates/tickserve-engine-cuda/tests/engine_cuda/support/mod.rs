@@ -35,17 +35,28 @@ pub fn python() -> PathBuf {
 /// test, saying which Python it ran, where that Python lacks onnx or numpy
 /// (run scripts/setup.sh, or set `TICKSERVE_PYTHON`).
 pub fn fixtures() -> tempfile::TempDir {
+    made("--fixtures")
+}
+
+/// The per-tick benchmark's models (`make_models.py --bench`: `bench_lstm`
+/// and the rest) in a temporary repository.
+pub fn bench_models() -> tempfile::TempDir {
+    made("--bench")
+}
+
+/// What `make_models.py FLAG DIR` writes, in a temporary directory.
+fn made(flag: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let python = python();
     let output = std::process::Command::new(&python)
         .arg(root().join("scripts/dev/make_models.py"))
-        .arg("--fixtures")
+        .arg(flag)
         .arg(dir.path())
         .output();
     match output {
         Ok(out) if out.status.success() => dir,
         Ok(out) => panic!(
-            "{} scripts/dev/make_models.py --fixtures failed (run scripts/setup.sh, or set \
+            "{} scripts/dev/make_models.py {flag} failed (run scripts/setup.sh, or set \
              TICKSERVE_PYTHON to a Python with onnx and numpy): {}",
             python.display(),
             String::from_utf8_lossy(&out.stderr)
