@@ -157,7 +157,12 @@ fi
 wanted() { [[ " ${GPU_STEPS:-2 3 4 5 6 7 8 9 10} " == *" $1 "* ]]; }
 wanted 2 && step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
 wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
-  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu::
+  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu:: --skip the_resident_kernel
+# 3b. The resident kernel (kernels::resident, started once, ticked through mapped memory):
+# 10,000 ticks of seq_lstm_step and of bench_lstm against ONNX Runtime, a member swapped,
+# then bench_lstm's round trip over 20,000 ticks, printed as one JSON line.
+wanted 3 && step "3b. resident kernel vs ONNX Runtime, and its tick's round trip (bench_lstm)" 60 resident.log \
+  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --nocapture --test-threads 1 gpu::the_resident_kernel
 wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 wanted 5 && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/device/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"

@@ -155,6 +155,62 @@ impl Drop for PinnedMemory {
     }
 }
 
+/// Page-locked host memory mapped into the device's address space: the host
+/// and a running kernel read and write the same bytes (a mailbox), with no
+/// copy call between them.
+#[derive(Debug)]
+pub struct MappedMemory {
+    ptr: *mut u8,
+    bytes: usize,
+    /// The same bytes' device address.
+    pub device: sys::CUdeviceptr,
+}
+
+impl MappedMemory {
+    /// Allocates `bytes` (at least 1), zeroed, mapped into the current
+    /// context's device.
+    pub fn zeroed(bytes: usize) -> Result<MappedMemory, EngineError> {
+        let bytes = bytes.max(1);
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: a plain allocation, zeroed below before anything reads it.
+        let ptr = unsafe { result::malloc_host(bytes, flags) }
+            .map_err(driver("mapped host allocation"))?
+            .cast::<u8>();
+        // SAFETY: `ptr` is `bytes` long, just allocated.
+        unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in the
+        // current context.
+        let mapped =
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast::<c_void>(), 0) }
+                .result();
+        if let Err(e) = mapped {
+            // SAFETY: allocated above, freed once, never handed out.
+            let _ = unsafe { result::free_host(ptr.cast::<c_void>()) };
+            return Err(driver("mapping host memory into the device")(e));
+        }
+        Ok(MappedMemory { ptr, bytes, device })
+    }
+
+    /// The host address of its first byte (the mapping is `bytes` long and
+    /// lives as long as `self`).
+    pub fn host(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for MappedMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_host`, freed once.
+        let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
+    }
+}
+
 /// A non-blocking stream.
 #[derive(Debug)]
 pub struct Stream(pub sys::CUstream);
@@ -171,6 +227,20 @@ impl Stream {
     pub fn synchronize(&self) -> Result<(), EngineError> {
         // SAFETY: the stream is alive.
         unsafe { result::stream::synchronize(self.0) }.map_err(driver("stream synchronize"))
+    }
+
+    /// Whether everything queued on the stream has finished, without
+    /// waiting.
+    pub fn finished(&self) -> Result<bool, EngineError> {
+        // SAFETY: the stream is alive.
+        match unsafe { sys::cuStreamQuery(self.0) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => other
+                .result()
+                .map(|()| true)
+                .map_err(driver("stream query")),
+        }
     }
 }
 

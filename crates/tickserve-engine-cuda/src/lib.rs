@@ -14,6 +14,7 @@ pub mod device;
 pub mod engine;
 pub mod kernels;
 pub mod probe;
+pub mod resident;
 
 pub use tickserve_plan::{import, plan, reference};
 

@@ -19,7 +19,9 @@
 //!
 //! The kernel takes one block of [`RESIDENT_BLOCK`] threads: every step
 //! loops its elements over them, with a block barrier between steps. The
-//! activations live in shared memory. The set it runs: products (one group)
+//! activations live in shared memory. The weight table is read afresh at
+//! every tick and the weights through L2, so a member swapped between two
+//! ticks (the table rewritten, the old weights freed) is read from the next. The set it runs: products (one group)
 //! with their elementwise chains, and LSTM layers over one step; anything
 //! else is refused, named.
 
@@ -78,8 +80,15 @@ __device__ __forceinline__ void store_release(int* p, int v) {
     asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 #endif
-// One member's weights: the table holds one pointer per slot.
-#define W(slot) ((const float*)table[(slot)])
+// A weight, read through L2 (`ld.global.cg`), which copies to the device
+// keep coherent, never from a stale L1 line of a member swapped out.
+struct Cg {
+    const float* p;
+    __device__ __forceinline__ float operator[](long long i) const { return __ldcg(p + i); }
+};
+// The member's weights: the table (one pointer per slot), read afresh at
+// every tick into `slots`.
+#define W(slot) (Cg{(const float*)slots[(slot)]})
 "#;
 
 /// `plan`'s resident kernel, its state the plan's inputs and outputs
@@ -149,7 +158,13 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         .collect();
 
     let mut body = String::new();
-    // The tick's inputs from the mailbox, the state from the device.
+    // The member's weights (the table may have changed between ticks), the
+    // tick's inputs from the mailbox, the state from the device.
+    let _ = writeln!(
+        body,
+        "        for (int s = r; s < {}; s += threads) slots[s] = ((volatile const u64*)table)[s];",
+        plan.weights.len()
+    );
     for (i, at) in inputs.iter().enumerate() {
         if let Some(at) = at {
             let v = plan.inputs[i].1;
@@ -300,6 +315,7 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     SHARED(float, val, {values});
     SHARED(float, gates, {gates});
     SHARED(int, asked, 1);
+    SHARED(u64, slots, {weights});
     const int r = threadIdx.x, threads = blockDim.x;
     volatile float* mail = (volatile float*)(box + {DATA_WORD});
     int last = 0;
@@ -321,6 +337,7 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
 }}
 ",
         values = total.max(1),
+        weights = plan.weights.len().max(1),
     );
     Ok(Resident {
         source,

@@ -8,7 +8,11 @@
 //! running; `seq_lstm_step` carries its state through 100 ticks, each side
 //! its own, and stays within 1e-5 of ONNX Runtime at every tick; rows of
 //! several members in one launch give each row what its member gives alone
-//! (`tick_*`, `seq_lstm_step` and the every-op fixtures, graphs and eagerly).
+//! (`tick_*`, `seq_lstm_step` and the every-op fixtures, graphs and eagerly);
+//! the resident kernel, ticked through mapped memory, gives what ONNX Runtime
+//! gives over 10,000 ticks of `seq_lstm_step` and `bench_lstm`, answers a
+//! swapped member with its weights, stops when told, and prints its round
+//! trip.
 
 use tickserve_core::config::ModelConfig;
 use tickserve_core::{Buckets, CompiledModel, MemberId, SOLE_MEMBER};
@@ -340,4 +344,92 @@ fn rows_of_several_members_in_one_launch_match_each_member_alone() {
             mixed_members_match_each_member_alone(&cuda, &path);
         }
     }
+}
+
+/// The resident kernel on gpu:0, as the tests tick it.
+struct OnDevice(tickserve_engine_cuda::resident::ResidentKernel);
+
+impl crate::resident::Ticker for OnDevice {
+    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
+        self.0.tick(inputs).unwrap()
+    }
+
+    fn state(&self) -> Vec<f32> {
+        self.0.state().unwrap()
+    }
+
+    fn swap(&mut self, weights: &[Vec<f32>]) {
+        self.0.swap(weights).unwrap();
+    }
+}
+
+/// `path`'s resident kernel started on gpu:0 with the file's weights.
+fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)]) -> OnDevice {
+    assert!(
+        !Gpus::probe().devices().is_empty(),
+        "no GPU: {}",
+        Gpus::probe().describe()
+    );
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let (_, plan, weights) = crate::resident::plan_of(path);
+    let layout = tickserve_engine_cuda::kernels::resident(&plan, state).unwrap();
+    OnDevice(
+        tickserve_engine_cuda::resident::ResidentKernel::start(
+            &ctx,
+            0,
+            layout,
+            &weights,
+            std::time::Duration::from_secs(1),
+        )
+        .unwrap(),
+    )
+}
+
+/// The resident kernel on the device: `seq_lstm_step` and `bench_lstm`, 10,000
+/// ticks each through the mapped mailbox, equal ONNX Runtime's with the
+/// state fed back (1e-5), the kept state read back equal; a member swapped
+/// between ticks answers with its weights from the next; the kernel stops
+/// when told. Prints each tick's round trip (the mailbox written to the
+/// answer seen): measured, never asserted.
+#[test]
+#[ignore = "needs a GPU"]
+#[allow(clippy::disallowed_methods)] // the round trip's time is the point
+fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
+    use crate::resident::{
+        BENCH_LSTM_STATE, STATE, scaled_member, swap_matches_reference, ticks_match,
+    };
+    let step = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let mut kernel = resident_on_device(&step, &STATE);
+    ticks_match(&mut kernel, &step, &STATE, 10_000, 1000);
+    kernel.0.stop().unwrap();
+    let other = scaled_member(&step);
+    let mut kernel = resident_on_device(&step, &STATE);
+    swap_matches_reference(&mut kernel, &other);
+    kernel.0.stop().unwrap();
+
+    let bench = support::bench_models();
+    let path = bench.path().join("bench_lstm/1/model.onnx");
+    let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE);
+    ticks_match(&mut kernel, &path, &BENCH_LSTM_STATE, 10_000, 5000);
+    // The round trip alone: 20,000 ticks after 1,000 of warm-up.
+    let x = vec![0.25f32; 32];
+    let mut micros = Vec::with_capacity(20_000);
+    for t in 0..21_000 {
+        let started = std::time::Instant::now();
+        kernel.0.tick(&[(0, &x)]).unwrap();
+        if t >= 1_000 {
+            micros.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    kernel.0.stop().unwrap();
+    micros.sort_by(f64::total_cmp);
+    let at = |q: f64| micros[((micros.len() - 1) as f64 * q) as usize];
+    println!(
+        "SUMMARY {{\"case\": \"resident bench_lstm tick\", \"ticks\": {}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"p999_us\": {:.2}, \"max_us\": {:.2}}}",
+        micros.len(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        micros[micros.len() - 1]
+    );
 }

@@ -40,6 +40,9 @@ const EMULATION: &str = r#"
 struct tickserve_dim { unsigned int x, y, z; };
 static thread_local tickserve_dim blockIdx, blockDim, threadIdx;
 #define __global__
+#define __device__
+#define __forceinline__ inline
+template <typename T> static inline T __ldcg(const T* p) { return *p; }
 static thread_local std::barrier<>* tickserve_block;
 // One block: a function's static is shared by all its threads, as
 // __shared__ is by a block's.
@@ -229,7 +232,33 @@ impl Drop for Running {
     }
 }
 
-fn plan_of(path: &Path) -> (tickserve_onnx::OnnxModel, Plan, Vec<Vec<f32>>) {
+/// A resident kernel the tests tick: emulated here, or on a GPU (`gpu`).
+pub trait Ticker {
+    /// One tick: the non-state inputs (offset, values) in, the mailbox's
+    /// floats after the answer.
+    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32>;
+    /// The state the kernel keeps, read back between ticks.
+    fn state(&self) -> Vec<f32>;
+    /// Another member's weights (one vector per slot, alive as long as the
+    /// kernel), between two ticks.
+    fn swap(&mut self, weights: &[Vec<f32>]);
+}
+
+impl Ticker for Running {
+    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
+        Running::tick(self, inputs)
+    }
+
+    fn state(&self) -> Vec<f32> {
+        self.state.clone()
+    }
+
+    fn swap(&mut self, weights: &[Vec<f32>]) {
+        Running::swap(self, weights);
+    }
+}
+
+pub fn plan_of(path: &Path) -> (tickserve_onnx::OnnxModel, Plan, Vec<Vec<f32>>) {
     let model = read(path);
     let signature = model.signature(&ModelConfig::default()).unwrap();
     let imported = import(&model, &signature.inputs, None).unwrap();
@@ -237,18 +266,35 @@ fn plan_of(path: &Path) -> (tickserve_onnx::OnnxModel, Plan, Vec<Vec<f32>>) {
     (model, imported.plan, weights)
 }
 
-const STATE: [(&str, &str); 2] = [("h_in", "h_out"), ("c_in", "c_out")];
+pub const STATE: [(&str, &str); 2] = [("h_in", "h_out"), ("c_in", "c_out")];
 
-fn close(got: f32, want: f32) -> bool {
+pub fn close(got: f32, want: f32) -> bool {
     (got - want).abs() <= 1e-5 * want.abs().max(1.0)
 }
 
-/// `path`'s plan ticked `ticks` times through the resident kernel (its
-/// state paired as `state` says) against ONNX Runtime fed its own state
-/// back: every tick's outputs within 1e-5, and the state read back from the
-/// kernel's buffer at the end.
+/// `path`'s plan ticked `ticks` times through the emulated resident kernel
+/// ([`ticks_match`]).
 fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, seed: u64) {
-    let (model, plan, weights) = plan_of(path);
+    let (_, plan, weights) = plan_of(path);
+    let layout = resident(&plan, state).unwrap();
+    // The block's loops stride over its threads: 8 here (256 OS threads at
+    // a barrier would make this test minutes long; the full block below).
+    let mut kernel = Running::start(&layout, &weights, 8);
+    ticks_match(&mut kernel, path, state, ticks, seed);
+    kernel.stop();
+}
+
+/// `path`'s plan ticked `ticks` times through `kernel` (its state paired as
+/// `state` says) against ONNX Runtime fed its own state back: every tick's
+/// outputs within 1e-5, and the state read back from the kernel at the end.
+pub fn ticks_match(
+    kernel: &mut dyn Ticker,
+    path: &Path,
+    state: &[(&str, &str)],
+    ticks: u64,
+    seed: u64,
+) {
+    let (model, plan, _) = plan_of(path);
     let layout = resident(&plan, state).unwrap();
     let engine = onnx_runtime();
     let signature = model.signature(&ModelConfig::default()).unwrap();
@@ -272,9 +318,6 @@ fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, see
         .iter()
         .map(|(_, v)| vec![0.0; width(*v)])
         .collect();
-    // The block's loops stride over its threads: 8 here (256 OS threads at
-    // a barrier would make this test minutes long; the full block below).
-    let mut kernel = Running::start(&layout, &weights, 8);
     for t in 0..ticks {
         for (i, at) in layout.inputs.iter().enumerate() {
             if at.is_some() {
@@ -313,9 +356,10 @@ fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, see
         }
     }
     // The state the kernel kept, read back: ONNX Runtime's after the last tick.
+    let kept = kernel.state();
     for ((input, _), &(at, w)) in state.iter().zip(&layout.state) {
         let i = plan.inputs.iter().position(|(n, _)| n == input).unwrap();
-        for (j, (g, want)) in kernel.state[at..at + w].iter().zip(&fed[i]).enumerate() {
+        for (j, (g, want)) in kept[at..at + w].iter().zip(&fed[i]).enumerate() {
             assert!(
                 close(*g, *want),
                 "{} {input}[{j}] kept: resident {g}, onnxruntime {want}",
@@ -323,8 +367,15 @@ fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, see
             );
         }
     }
-    kernel.stop();
 }
+
+/// `bench_lstm`'s state pairs (its model.toml's `[[sequence.state]]`).
+pub const BENCH_LSTM_STATE: [(&str, &str); 4] = [
+    ("h1_in", "h1_out"),
+    ("c1_in", "c1_out"),
+    ("h2_in", "h2_out"),
+    ("c2_in", "c2_out"),
+];
 
 #[test]
 fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
@@ -338,36 +389,26 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
     ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000);
     // bench_lstm: two layers of 128 on 32 features, each layer's h and c kept.
     let bench = bench_models();
-    let pairs = [
-        ("h1_in", "h1_out"),
-        ("c1_in", "c1_out"),
-        ("h2_in", "h2_out"),
-        ("c2_in", "c2_out"),
-    ];
     ticks_match_onnx_runtime(
         &bench.path().join("bench_lstm/1/model.onnx"),
-        &pairs,
+        &BENCH_LSTM_STATE,
         10_000,
         5000,
     );
 }
 
-#[test]
-fn a_member_swapped_between_ticks_answers_with_its_weights_from_the_next() {
+/// `seq_lstm_step` ticked through `kernel` (started with the file's
+/// weights) 20 times, then 20 more after its member is swapped for the
+/// file's weights scaled by 0.75: each tick as the plan's reference gives it
+/// with the member of that tick, the state carried across the swap.
+pub fn swap_matches_reference(kernel: &mut dyn Ticker, other: &[Vec<f32>]) {
     let path = root().join("config/models/seq_lstm_step/1/model.onnx");
     let (_, plan, weights) = plan_of(&path);
-    let other: Vec<Vec<f32>> = weights
-        .iter()
-        .map(|w| w.iter().map(|x| x * 0.75).collect())
-        .collect();
-    let layout = resident(&plan, &STATE).unwrap();
-    // The whole block, as the device launches it.
-    let mut kernel = Running::start(&layout, &weights, RESIDENT_BLOCK);
     let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
     for t in 0..40u64 {
-        let member = if t < 20 { &weights } else { &other };
+        let member = if t < 20 { &weights[..] } else { other };
         if t == 20 {
-            kernel.swap(&other);
+            kernel.swap(other);
         }
         let x = random_rows(2000 + t, 8);
         let got = kernel.tick(&[(0, &x)]);
@@ -381,6 +422,26 @@ fn a_member_swapped_between_ticks_answers_with_its_weights_from_the_next() {
             want[0][0]
         );
     }
+}
+
+/// The file's weights of `path`'s plan, scaled by 0.75: another member.
+pub fn scaled_member(path: &Path) -> Vec<Vec<f32>> {
+    let (_, _, weights) = plan_of(path);
+    weights
+        .iter()
+        .map(|w| w.iter().map(|x| x * 0.75).collect())
+        .collect()
+}
+
+#[test]
+fn a_member_swapped_between_ticks_answers_with_its_weights_from_the_next() {
+    let path = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let (_, plan, weights) = plan_of(&path);
+    let other = scaled_member(&path);
+    let layout = resident(&plan, &STATE).unwrap();
+    // The whole block, as the device launches it.
+    let mut kernel = Running::start(&layout, &weights, RESIDENT_BLOCK);
+    swap_matches_reference(&mut kernel, &other);
     kernel.stop();
 }
 
