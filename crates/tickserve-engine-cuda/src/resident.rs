@@ -6,7 +6,9 @@
 //! kernel does not answer within the bound is an error (the device lost to
 //! this family), never a hang.
 //!
-//! One kernel serves one sequence of one member here.
+//! One kernel serves one sequence of one member here. Device memory is not
+//! freed while it runs (a free waits for the device to be idle): a member
+//! swapped out keeps its weights on the device until the kernel stops.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -28,6 +30,10 @@ struct Held {
     table: DeviceMemory,
     /// The member's weights, one buffer per slot.
     weights: Vec<DeviceMemory>,
+    /// Weights swapped out, freed only once the kernel has returned:
+    /// freeing device memory waits for the device to be idle, which a
+    /// resident kernel never leaves it.
+    retired: Vec<Vec<DeviceMemory>>,
     state: DeviceMemory,
 }
 
@@ -97,6 +103,7 @@ impl ResidentKernel {
                 mailbox,
                 table,
                 weights,
+                retired: Vec::new(),
                 state,
             }),
             asked: 0,
@@ -190,9 +197,10 @@ impl ResidentKernel {
             )));
         }
         held.table.write(0, &pointers(&uploaded))?;
-        // The old weights go only now: the kernel reads the table afresh at
-        // every tick (and weights through L2), and no tick is running.
-        held.weights = uploaded;
+        // The kernel reads the table afresh at every tick (and weights
+        // through L2), and no tick is running: the next reads `uploaded`.
+        let old = std::mem::replace(&mut held.weights, uploaded);
+        held.retired.push(old);
         Ok(())
     }
 
