@@ -40,8 +40,9 @@ pub const ANSWERED_WORD: usize = 32;
 /// The mailbox's word where the tick's floats start.
 pub const DATA_WORD: usize = 64;
 
-/// The most floats of activations (and gate scratch) the block keeps in
-/// shared memory: 48 KiB, what a block may declare statically.
+/// The most 4-byte words the block keeps in shared memory (activations,
+/// gate scratch, the weight table): 48 KiB, what a block may declare
+/// statically.
 const MAX_SHARED_FLOATS: usize = 12 * 1024;
 
 /// A plan's resident kernel and where its tick's values go.
@@ -111,10 +112,13 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         })
         .max()
         .unwrap_or(1);
-    if total + gates > MAX_SHARED_FLOATS {
+    // The activations, the gates, the weight table (two words a slot) and
+    // the asked tick.
+    let shared = total + gates + 2 * plan.weights.len() + 1;
+    if shared > MAX_SHARED_FLOATS {
         return Err(format!(
-            "its activations take {} floats; a resident block holds at most {MAX_SHARED_FLOATS}",
-            total + gates
+            "its activations take {shared} words of shared memory; a resident block holds at \
+             most {MAX_SHARED_FLOATS}"
         ));
     }
     let mut pairs = Vec::with_capacity(state.len());
