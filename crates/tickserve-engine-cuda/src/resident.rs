@@ -1,13 +1,13 @@
 //! A family's resident kernel on its device ([`kernels::resident`]'s CUDA
-//! C): compiled, given its member's weights, launched once on a stream of
-//! its own, then ticked through its mailbox in mapped host memory, with no
-//! CUDA call on a tick's path; its sequence's state read back, its member
-//! swapped between ticks, and stopped. Every wait is bounded: a tick the
-//! kernel does not answer within the bound is an error (the device lost to
-//! this family), never a hang.
+//! C): compiled, given its members' weights, launched once (one block per
+//! slot) on a stream of its own, then ticked slot by slot through mailboxes
+//! in mapped host memory, with no CUDA call on a tick's path; a slot's
+//! state read back and its member swapped between its ticks; stopped. Every
+//! wait is bounded: a tick not answered within the bound is an error (the
+//! device lost to this family), never a hang.
 //!
-//! One kernel serves one sequence of one member here. Device memory is not
-//! freed while it runs (a free waits for the device to be idle): a member
+//! Device memory is not freed while the kernel runs (a free waits for the
+//! device to be idle, which a resident kernel never leaves it): a member
 //! swapped out keeps its weights on the device until the kernel stops.
 
 use std::ffi::c_void;
@@ -25,15 +25,14 @@ use crate::kernels::{self, ANSWERED_WORD, ASKED_WORD, DATA_WORD, RESIDENT_BLOCK,
 struct Held {
     _module: Module,
     stream: Stream,
+    /// Every slot's mailbox, `mailbox_words` apart.
     mailbox: MappedMemory,
-    /// One device pointer per weight slot.
+    /// One device pointer per slot and weight slot, slot-major.
     table: DeviceMemory,
-    /// The member's weights, one buffer per slot.
-    weights: Vec<DeviceMemory>,
-    /// Weights swapped out, freed only once the kernel has returned:
-    /// freeing device memory waits for the device to be idle, which a
-    /// resident kernel never leaves it.
-    retired: Vec<Vec<DeviceMemory>>,
+    /// Every member's weights uploaded, the first at start and then each
+    /// swapped in: freed only once the kernel has returned.
+    weights: Vec<Vec<DeviceMemory>>,
+    /// Every slot's state, `state_floats` apart.
     state: DeviceMemory,
 }
 
@@ -43,23 +42,29 @@ pub struct ResidentKernel {
     layout: Resident,
     /// `None` once stopped, or leaked because it did not stop.
     held: Option<Held>,
-    /// The last tick asked.
-    asked: i32,
+    /// Each slot's last tick asked.
+    asked: Vec<i32>,
     bound: Duration,
     ordinal: usize,
 }
 
 impl ResidentKernel {
     /// Compiles `layout`'s kernel for `ctx`'s device, copies `weights` (one
-    /// member's, one vector per slot) to it and launches the kernel; `bound`
-    /// is the longest a tick or the stop may take.
+    /// member's, one vector per weight slot) to it and launches the kernel
+    /// with `slots` slots, each on that member with a zero state; `bound` is
+    /// the longest a tick or the stop may take.
     pub fn start(
         ctx: &Arc<CudaContext>,
         ordinal: usize,
         layout: Resident,
         weights: &[Vec<f32>],
+        slots: usize,
         bound: Duration,
     ) -> Result<ResidentKernel, EngineError> {
+        let grid = u32::try_from(slots)
+            .ok()
+            .filter(|&s| s >= 1)
+            .ok_or_else(|| EngineError::Internal(format!("a resident kernel of {slots} slots")))?;
         ctx.bind_to_thread()
             .map_err(driver("binding the context"))?;
         let (major, minor) = ctx
@@ -68,11 +73,14 @@ impl ResidentKernel {
         let compiled = kernels::compile(&layout.source, &format!("sm_{major}{minor}"))?;
         let (module, _) = Module::load(&compiled)?;
         let function = module.function("resident")?;
-        let weights = upload(weights, ordinal)?;
-        let table = DeviceMemory::zeroed(weights.len() * 8, ordinal)?;
-        table.write(0, &pointers(&weights))?;
-        let state = DeviceMemory::zeroed(layout.state_floats * 4, ordinal)?;
-        let mailbox = MappedMemory::zeroed((DATA_WORD + layout.mailbox_floats) * 4)?;
+        let member = upload(weights, ordinal)?;
+        let row = pointers(&member);
+        let table = DeviceMemory::zeroed(slots * row.len() * 8, ordinal)?;
+        for slot in 0..slots {
+            table.write(slot * row.len() * 8, &row)?;
+        }
+        let state = DeviceMemory::zeroed(slots * layout.state_floats * 4, ordinal)?;
+        let mailbox = MappedMemory::zeroed(slots * layout.mailbox_words * 4)?;
         let stream = Stream::new()?;
         let (mut boxed, mut table_ptr, mut state_ptr) = (mailbox.device, table.ptr, state.ptr);
         let mut params: [*mut c_void; 3] = [
@@ -81,12 +89,12 @@ impl ResidentKernel {
             (&raw mut state_ptr).cast(),
         ];
         // SAFETY: the kernel's parameters are (int*, const u64*, float*):
-        // the mapped mailbox, the table and the state, all alive until the
-        // kernel has returned (`Held`).
+        // the mapped mailboxes, the table and the states, each sized for
+        // `slots` blocks, all alive until the kernel has returned (`Held`).
         unsafe {
             result::launch_kernel(
                 function,
-                (1, 1, 1),
+                (grid, 1, 1),
                 (RESIDENT_BLOCK, 1, 1),
                 0,
                 stream.0,
@@ -102,11 +110,10 @@ impl ResidentKernel {
                 stream,
                 mailbox,
                 table,
-                weights,
-                retired: Vec::new(),
+                weights: vec![member],
                 state,
             }),
-            asked: 0,
+            asked: vec![0; slots],
             bound,
             ordinal,
         })
@@ -117,27 +124,50 @@ impl ResidentKernel {
         &self.layout
     }
 
+    /// How many slots it runs.
+    pub fn slots(&self) -> usize {
+        self.asked.len()
+    }
+
     fn held(&self) -> Result<&Held, EngineError> {
         self.held.as_ref().ok_or_else(|| {
             EngineError::DeviceLost("the resident kernel is not running".to_string())
         })
     }
 
-    fn flag(held: &Held, word: usize) -> &AtomicI32 {
-        // SAFETY: an aligned word of the mapped mailbox, which lives as long
-        // as `held`; the kernel reads and writes it with acquire and release
-        // order at system scope.
-        unsafe { AtomicI32::from_ptr(held.mailbox.host().cast::<i32>().add(word)) }
+    fn slot_of(&self, slot: usize) -> Result<(), EngineError> {
+        if slot < self.asked.len() {
+            Ok(())
+        } else {
+            Err(EngineError::Internal(format!(
+                "slot {slot} of a resident kernel of {}",
+                self.asked.len()
+            )))
+        }
     }
 
-    /// One tick: `inputs` (offset after [`DATA_WORD`], values) written to
-    /// the mailbox, the tick asked, its answer awaited (spinning, within
-    /// the bound): the mailbox's floats after it.
-    #[allow(clippy::disallowed_methods)] // the watchdog's bound is the machine's time
-    pub fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Result<Vec<f32>, EngineError> {
+    fn flag(&self, held: &Held, slot: usize, word: usize) -> &AtomicI32 {
+        let at = slot * self.layout.mailbox_words + word;
+        // SAFETY: an aligned word of the mapped mailboxes (`slot` checked by
+        // the callers), which live as long as `held`; the kernel reads and
+        // writes it with acquire and release order at system scope.
+        unsafe { AtomicI32::from_ptr(held.mailbox.host().cast::<i32>().add(at)) }
+    }
+
+    fn data(&self, held: &Held, slot: usize) -> *mut f32 {
+        held.mailbox
+            .host()
+            .cast::<f32>()
+            .wrapping_add(slot * self.layout.mailbox_words + DATA_WORD)
+    }
+
+    /// Asks slot `slot` for a tick: `inputs` (offset after [`DATA_WORD`],
+    /// values) written to its mailbox, its asked tick raised. No CUDA call.
+    pub fn ask(&mut self, slot: usize, inputs: &[(usize, &[f32])]) -> Result<(), EngineError> {
+        self.slot_of(slot)?;
         let floats = self.layout.mailbox_floats;
         let held = self.held()?;
-        let data = held.mailbox.host().cast::<f32>().wrapping_add(DATA_WORD);
+        let data = self.data(held, slot);
         for &(at, values) in inputs {
             if at.saturating_add(values.len()) > floats {
                 return Err(EngineError::Internal(
@@ -145,90 +175,118 @@ impl ResidentKernel {
                 ));
             }
             for (j, &x) in values.iter().enumerate() {
-                // SAFETY: inside the mailbox (checked above); the kernel
-                // reads it only after the asked tick is raised below.
+                // SAFETY: inside the slot's floats (checked above); its block
+                // reads them only after the asked tick is raised below.
                 unsafe { data.add(at + j).write_volatile(x) };
             }
         }
-        let asked = if self.asked == i32::MAX {
-            1
-        } else {
-            self.asked + 1
-        };
-        Self::flag(held, ASKED_WORD).store(asked, Ordering::Release);
-        let answered = Self::flag(held, ANSWERED_WORD);
-        let bound = self.bound;
+        let last = self.asked[slot];
+        let asked = if last == i32::MAX { 1 } else { last + 1 };
+        self.flag(held, slot, ASKED_WORD)
+            .store(asked, Ordering::Release);
+        self.asked[slot] = asked;
+        Ok(())
+    }
+
+    /// Waits (spinning, within the bound) for slot `slot`'s answer to the
+    /// tick last asked: its mailbox's floats.
+    #[allow(clippy::disallowed_methods)] // the watchdog's bound is the machine's time
+    pub fn wait(&self, slot: usize) -> Result<Vec<f32>, EngineError> {
+        self.slot_of(slot)?;
+        let held = self.held()?;
+        let asked = self.asked[slot];
+        let answered = self.flag(held, slot, ANSWERED_WORD);
         let started = std::time::Instant::now();
         let mut spins = 0u32;
         while answered.load(Ordering::Acquire) != asked {
             spins = spins.wrapping_add(1);
             // Read the clock only now and then: the answer is microseconds.
-            if spins.is_multiple_of(1024) && started.elapsed() > bound {
+            if spins.is_multiple_of(1024) && started.elapsed() > self.bound {
                 return Err(EngineError::DeviceLost(format!(
-                    "gpu:{}: the resident kernel did not answer tick {asked} within {bound:?}",
-                    self.ordinal
+                    "gpu:{}: the resident kernel did not answer slot {slot}'s tick {asked} within {:?}",
+                    self.ordinal, self.bound
                 )));
             }
             std::hint::spin_loop();
         }
-        self.asked = asked;
-        // SAFETY: answered: the kernel writes nothing more until the next
-        // tick is asked.
-        Ok((0..floats)
+        let data = self.data(held, slot);
+        // SAFETY: answered: the slot's block writes nothing more until its
+        // next tick is asked.
+        Ok((0..self.layout.mailbox_floats)
             .map(|j| unsafe { data.add(j).read_volatile() })
             .collect())
     }
 
-    /// Points the kernel at `weights` (another member's, one vector per
-    /// slot), between two ticks.
-    pub fn swap(&mut self, weights: &[Vec<f32>]) -> Result<(), EngineError> {
+    /// One tick of slot `slot`: [`ResidentKernel::ask`], then
+    /// [`ResidentKernel::wait`].
+    pub fn tick(
+        &mut self,
+        slot: usize,
+        inputs: &[(usize, &[f32])],
+    ) -> Result<Vec<f32>, EngineError> {
+        self.ask(slot, inputs)?;
+        self.wait(slot)
+    }
+
+    /// Points slot `slot` at `weights` (another member's, one vector per
+    /// weight slot), between two of its ticks.
+    pub fn swap(&mut self, slot: usize, weights: &[Vec<f32>]) -> Result<(), EngineError> {
+        self.slot_of(slot)?;
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
-        let uploaded = upload(weights, self.ordinal)?;
+        let member = upload(weights, self.ordinal)?;
+        let row = pointers(&member);
         let held = self.held.as_mut().ok_or_else(|| {
             EngineError::DeviceLost("the resident kernel is not running".to_string())
         })?;
-        if uploaded.len() != held.weights.len() {
+        if held.weights.first().is_some_and(|w| w.len() != row.len()) {
             return Err(EngineError::Internal(format!(
                 "a member of {} weight slots for a kernel of {}",
-                uploaded.len(),
-                held.weights.len()
+                row.len(),
+                held.weights[0].len()
             )));
         }
-        held.table.write(0, &pointers(&uploaded))?;
-        // The kernel reads the table afresh at every tick (and weights
-        // through L2), and no tick is running: the next reads `uploaded`.
-        let old = std::mem::replace(&mut held.weights, uploaded);
-        held.retired.push(old);
+        // The block reads its table row afresh at every tick (and weights
+        // through L2), and its slot has no tick running: the next reads
+        // `member`.
+        held.table.write(slot * row.len() * 8, &row)?;
+        held.weights.push(member);
         Ok(())
     }
 
-    /// The sequence's state as the kernel keeps it, between two ticks.
-    pub fn state(&self) -> Result<Vec<f32>, EngineError> {
+    /// Slot `slot`'s state as the kernel keeps it, between two of its ticks.
+    pub fn state(&self, slot: usize) -> Result<Vec<f32>, EngineError> {
+        self.slot_of(slot)?;
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
         let held = self.held()?;
-        let mut out = vec![0.0f32; self.layout.state_floats];
+        let floats = self.layout.state_floats;
+        let mut out = vec![0.0f32; floats];
         if !out.is_empty() {
-            // SAFETY: `out` is as long as the state buffer.
-            unsafe { result::memcpy_dtoh_sync(&mut out, held.state.ptr) }
+            let at = held.state.ptr + (slot * floats * 4) as u64;
+            // SAFETY: `out` is as long as one slot's state, which lies
+            // inside the state buffer (`slot` checked above).
+            unsafe { result::memcpy_dtoh_sync(&mut out, at) }
                 .map_err(driver("reading the resident state"))?;
         }
         Ok(out)
     }
 
-    /// Tells the kernel to return and waits for it, within the bound. A
-    /// kernel that does not return keeps what it reads (leaked, never freed
-    /// under it), and the error says so.
+    /// Tells every block to return and waits for the kernel, within the
+    /// bound. A kernel that does not return keeps what it reads (leaked,
+    /// never freed under it), and the error says so.
     #[allow(clippy::disallowed_methods)] // the watchdog's bound is the machine's time
     pub fn stop(&mut self) -> Result<(), EngineError> {
         let Some(held) = self.held.take() else {
             return Ok(());
         };
         let _ = self.ctx.bind_to_thread();
-        Self::flag(&held, ASKED_WORD).store(-1, Ordering::Release);
+        for slot in 0..self.asked.len() {
+            self.flag(&held, slot, ASKED_WORD)
+                .store(-1, Ordering::Release);
+        }
         let started = std::time::Instant::now();
         loop {
             match held.stream.finished() {
@@ -257,7 +315,7 @@ impl Drop for ResidentKernel {
     }
 }
 
-/// `weights` on device `ordinal`, one buffer per slot.
+/// `weights` on device `ordinal`, one buffer per weight slot.
 fn upload(weights: &[Vec<f32>], ordinal: usize) -> Result<Vec<DeviceMemory>, EngineError> {
     weights
         .iter()
@@ -269,7 +327,7 @@ fn upload(weights: &[Vec<f32>], ordinal: usize) -> Result<Vec<DeviceMemory>, Eng
         .collect()
 }
 
-/// The device addresses of `buffers`: a weight table.
+/// The device addresses of `buffers`: a row of the weight table.
 fn pointers(buffers: &[DeviceMemory]) -> Vec<u64> {
     buffers.iter().map(|b| b.ptr).collect()
 }

@@ -1,29 +1,33 @@
-//! CUDA C for a family's resident kernel: one block, launched once, that
-//! waits on a mailbox in host memory mapped into the device, runs the whole
-//! plan for the tick it finds there, writes the answer back and says so.
-//! No launch, no copy call and no stream synchronisation per tick; the
-//! sequence's state (the plan's state inputs and outputs, paired by the
-//! model's `[[sequence.state]]`) stays in device memory between ticks.
+//! CUDA C for a family's resident kernel: launched once, one block per
+//! slot (a live sequence, with its member), each waiting on its slot's
+//! mailbox in host memory mapped into the device, running the whole plan for
+//! the tick it finds there, writing the answer back and saying so. No
+//! launch, no copy call and no stream synchronisation per tick; each slot's
+//! state (the plan's state inputs and outputs, paired by the model's
+//! `[[sequence.state]]`) stays in device memory between ticks.
 //!
-//! The mailbox is `int` words: word 0 the tick the host asks for (a
-//! counter it raises by one per tick, from 1, back to 1 after `i32::MAX`,
-//! so it alternates and never repeats the last; a negative value tells the
-//! kernel to return), word 32 the tick the kernel has
-//! answered (each flag on its own 128-byte line), then from word 64 the
-//! tick's floats: the non-state inputs in the plan's order, then the
-//! non-state outputs ([`Resident`] gives their offsets). The host writes
-//! the inputs, then the tick with release order; the kernel reads the tick
-//! with acquire order, runs, writes the outputs and the state, fences, and
-//! writes the answered tick with release order, which the host reads with
-//! acquire order before the outputs.
+//! A slot's mailbox is [`Resident::mailbox_words`] `int` words (whole
+//! 128-byte lines; slot `s`'s start `s` mailboxes in): word 0 the tick the
+//! host asks for (a counter it raises by one per tick, from 1, back to 1
+//! after `i32::MAX`, so it alternates and never repeats the last; a negative
+//! value tells the slot's block to return), word 32 the tick the block has
+//! answered (each flag on its own line), then from word 64 the tick's
+//! floats: the non-state inputs in the plan's order, then the non-state
+//! outputs ([`Resident`] gives their offsets). The host writes the inputs,
+//! then the tick with release order; the block reads the tick with acquire
+//! order, runs, writes the outputs and the state, fences, and writes the
+//! answered tick with release order, which the host reads with acquire
+//! order before the outputs. Slot `s` reads weight pointers
+//! `table[s · w ..]` (its member's, `w` the plan's weight slots) and keeps its state at `state[s ·
+//! state_floats ..]`.
 //!
-//! The kernel takes one block of [`RESIDENT_BLOCK`] threads: every step
-//! loops its elements over them, with a block barrier between steps. The
-//! activations live in shared memory. The weight table is read afresh at
-//! every tick and the weights through L2, so a member swapped between two
-//! ticks (the table rewritten, the old weights freed) is read from the next. The set it runs: products (one group)
-//! with their elementwise chains, and LSTM layers over one step; anything
-//! else is refused, named.
+//! Each block has [`RESIDENT_BLOCK`] threads: every step loops its elements
+//! over them, with a block barrier between steps. The activations live in
+//! shared memory. The weight table is read afresh at every tick and the
+//! weights through L2, so a member swapped between two ticks (its slot's
+//! table rewritten) is read from the next. The set it runs: products (one
+//! group) with their elementwise chains, and LSTM layers over one step;
+//! anything else is refused, named.
 
 use std::fmt::Write;
 
@@ -62,6 +66,9 @@ pub struct Resident {
     pub state: Vec<(usize, usize)>,
     /// Floats of the mailbox after [`DATA_WORD`].
     pub mailbox_floats: usize,
+    /// Words of one slot's mailbox: [`DATA_WORD`] and the floats, rounded
+    /// up to whole 128-byte lines.
+    pub mailbox_words: usize,
     /// Floats of the state buffer.
     pub state_floats: usize,
 }
@@ -161,6 +168,7 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         })
         .collect();
 
+    let mailbox_words = (DATA_WORD + mailbox).div_ceil(32) * 32;
     let mut body = String::new();
     // The member's weights (the table may have changed between ticks), the
     // tick's inputs from the mailbox, the state from the device.
@@ -321,6 +329,10 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     SHARED(int, asked, 1);
     SHARED(u64, slots, {weights});
     const int r = threadIdx.x, threads = blockDim.x;
+    // This block's slot: its mailbox, its member's weights, its state.
+    box += (long long)blockIdx.x * {mailbox_words};
+    table += (long long)blockIdx.x * {stride};
+    state += (long long)blockIdx.x * {state_words};
     volatile float* mail = (volatile float*)(box + {DATA_WORD});
     int last = 0;
     for (;;) {{
@@ -342,6 +354,8 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
 ",
         values = total.max(1),
         weights = plan.weights.len().max(1),
+        state_words = state_floats,
+        stride = plan.weights.len(),
     );
     Ok(Resident {
         source,
@@ -349,6 +363,7 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         outputs,
         state: pairs.iter().map(|&(_, _, at, w)| (at, w)).collect(),
         mailbox_floats: mailbox,
+        mailbox_words,
         state_floats,
     })
 }

@@ -349,22 +349,24 @@ fn rows_of_several_members_in_one_launch_match_each_member_alone() {
 /// The resident kernel on gpu:0, as the tests tick it.
 struct OnDevice(tickserve_engine_cuda::resident::ResidentKernel);
 
+/// Slot 0 of a resident kernel on the device.
 impl crate::resident::Ticker for OnDevice {
     fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
-        self.0.tick(inputs).unwrap()
+        self.0.tick(0, inputs).unwrap()
     }
 
     fn state(&self) -> Vec<f32> {
-        self.0.state().unwrap()
+        self.0.state(0).unwrap()
     }
 
     fn swap(&mut self, weights: &[Vec<f32>]) {
-        self.0.swap(weights).unwrap();
+        self.0.swap(0, weights).unwrap();
     }
 }
 
-/// `path`'s resident kernel started on gpu:0 with the file's weights.
-fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)]) -> OnDevice {
+/// `path`'s resident kernel started on gpu:0 with `slots` slots on the
+/// file's weights.
+fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)], slots: usize) -> OnDevice {
     assert!(
         !Gpus::probe().devices().is_empty(),
         "no GPU: {}",
@@ -379,6 +381,7 @@ fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)]) -> OnDevic
             0,
             layout,
             &weights,
+            slots,
             std::time::Duration::from_secs(1),
         )
         .unwrap(),
@@ -399,33 +402,103 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
         BENCH_LSTM_STATE, STATE, scaled_member, swap_matches_reference, ticks_match,
     };
     let step = root().join("config/models/seq_lstm_step/1/model.onnx");
-    let mut kernel = resident_on_device(&step, &STATE);
+    let mut kernel = resident_on_device(&step, &STATE, 1);
     ticks_match(&mut kernel, &step, &STATE, 10_000, 1000);
     kernel.0.stop().unwrap();
     let other = scaled_member(&step);
-    let mut kernel = resident_on_device(&step, &STATE);
+    let mut kernel = resident_on_device(&step, &STATE, 1);
     swap_matches_reference(&mut kernel, &other);
     kernel.0.stop().unwrap();
 
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
-    let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE);
+    let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE, 1);
     ticks_match(&mut kernel, &path, &BENCH_LSTM_STATE, 10_000, 5000);
     // The round trip alone: 20,000 ticks after 1,000 of warm-up.
     let x = vec![0.25f32; 32];
     let mut micros = Vec::with_capacity(20_000);
     for t in 0..21_000 {
         let started = std::time::Instant::now();
-        kernel.0.tick(&[(0, &x)]).unwrap();
+        kernel.0.tick(0, &[(0, &x)]).unwrap();
         if t >= 1_000 {
             micros.push(started.elapsed().as_secs_f64() * 1e6);
         }
     }
     kernel.0.stop().unwrap();
+    summary("resident bench_lstm tick", &mut micros);
+
+    // 64 slots, each its own member (the file's weights scaled) and its own
+    // sequence, all asked before any answer is awaited: each checked against
+    // the plan's reference for 50 rounds, then 2,000 rounds timed (a round:
+    // the first ask to the last answer).
+    let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE, 64);
+    let (_, plan, weights) = crate::resident::plan_of(&path);
+    let members: Vec<Vec<Vec<f32>>> = (0..64)
+        .map(|m| {
+            let f = 1.0 - m as f32 / 256.0;
+            weights
+                .iter()
+                .map(|w| w.iter().map(|x| x * f).collect())
+                .collect()
+        })
+        .collect();
+    for (slot, member) in members.iter().enumerate() {
+        kernel.0.swap(slot, member).unwrap();
+    }
+    let widths: Vec<usize> = plan
+        .inputs
+        .iter()
+        .map(|(_, v)| plan.values[*v].width)
+        .collect();
+    let mut states: Vec<Vec<Vec<f32>>> = (0..64)
+        .map(|_| widths[1..].iter().map(|w| vec![0.0f32; *w]).collect())
+        .collect();
+    let mut rounds = Vec::with_capacity(2_000);
+    for round in 0..2_050u64 {
+        let ticks: Vec<Vec<f32>> = (0..64u64)
+            .map(|slot| {
+                tickserve_engine_cuda::reference::random_rows(90_000 + round * 64 + slot, widths[0])
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        for (slot, x) in ticks.iter().enumerate() {
+            kernel.0.ask(slot, &[(0, x)]).unwrap();
+        }
+        let answers: Vec<Vec<f32>> = (0..64).map(|slot| kernel.0.wait(slot).unwrap()).collect();
+        let took = started.elapsed().as_secs_f64() * 1e6;
+        if round < 50 {
+            for (slot, got) in answers.iter().enumerate() {
+                let mut inputs: Vec<&[f32]> = vec![&ticks[slot]];
+                inputs.extend(states[slot].iter().map(Vec::as_slice));
+                let want = tickserve_engine_cuda::reference::run(&plan, &members[slot], &inputs, 1);
+                let at = kernel.0.layout().outputs[0].unwrap();
+                assert!(
+                    crate::resident::close(got[at], want[0][0]),
+                    "round {round} slot {slot}: resident {}, the reference {}",
+                    got[at],
+                    want[0][0]
+                );
+                // bench_lstm's outputs: the prediction, then each state in
+                // the inputs' order.
+                states[slot] = want[1..].to_vec();
+            }
+        } else {
+            rounds.push(took);
+        }
+    }
+    kernel.0.stop().unwrap();
+    summary(
+        "resident bench_lstm, 64 slots ticking at once: a round",
+        &mut rounds,
+    );
+}
+
+/// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).
+fn summary(case: &str, micros: &mut [f64]) {
     micros.sort_by(f64::total_cmp);
     let at = |q: f64| micros[((micros.len() - 1) as f64 * q) as usize];
     println!(
-        "SUMMARY {{\"case\": \"resident bench_lstm tick\", \"ticks\": {}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"p999_us\": {:.2}, \"max_us\": {:.2}}}",
+        "SUMMARY {{\"case\": \"{case}\", \"ticks\": {}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"p999_us\": {:.2}, \"max_us\": {:.2}}}",
         micros.len(),
         at(0.5),
         at(0.99),

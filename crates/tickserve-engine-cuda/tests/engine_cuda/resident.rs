@@ -35,6 +35,8 @@ const EMULATION: &str = r#"
 #include <string.h>
 #include <atomic>
 #include <barrier>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 struct tickserve_dim { unsigned int x, y, z; };
@@ -43,10 +45,21 @@ static thread_local tickserve_dim blockIdx, blockDim, threadIdx;
 #define __device__
 #define __forceinline__ inline
 template <typename T> static inline T __ldcg(const T* p) { return *p; }
+// A block's shared memory: one buffer per SHARED declaration, made by the
+// first of its threads to reach it.
+struct tickserve_arena {
+    std::mutex lock;
+    std::map<int, std::vector<char>> parts;
+    void* get(int id, size_t bytes) {
+        std::lock_guard<std::mutex> held(lock);
+        auto& part = parts[id];
+        if (part.empty()) part.resize(bytes);
+        return part.data();
+    }
+};
+static thread_local tickserve_arena* tickserve_shared;
 static thread_local std::barrier<>* tickserve_block;
-// One block: a function's static is shared by all its threads, as
-// __shared__ is by a block's.
-#define SHARED(type, name, n) static type name[n]
+#define SHARED(type, name, n) type* name = (type*)tickserve_shared->get(__COUNTER__, sizeof(type) * (n))
 #define SYNC() tickserve_block->arrive_and_wait()
 #define FENCE() std::atomic_thread_fence(std::memory_order_seq_cst)
 static inline int load_acquire(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -54,44 +67,59 @@ static inline void store_release(int* p, int v) { __atomic_store_n(p, v, __ATOMI
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 "#;
 
-/// Starts the kernel as one block of `threads` threads; returns once it does.
+/// Starts the kernel as `blocks` blocks of `threads` threads, all at once;
+/// returns once every block has.
 const LAUNCH: &str = r#"
 extern "C" void tickserve_run_resident(int* box, const u64* table, float* state,
-        unsigned int threads) {
-    std::barrier<> block(threads);
+        unsigned int blocks, unsigned int threads) {
+    std::vector<std::barrier<>*> barriers;
+    std::vector<tickserve_arena*> arenas;
     std::vector<std::thread> all;
-    for (unsigned int i = 0; i < threads; ++i)
-        all.emplace_back([&, i] {
-            blockIdx.x = 0; blockDim.x = threads; threadIdx.x = i;
-            tickserve_block = &block;
-            resident(box, table, state);
-        });
+    for (unsigned int b = 0; b < blocks; ++b) {
+        barriers.push_back(new std::barrier<>(threads));
+        arenas.push_back(new tickserve_arena());
+    }
+    for (unsigned int b = 0; b < blocks; ++b)
+        for (unsigned int i = 0; i < threads; ++i)
+            all.emplace_back([&, b, i] {
+                blockIdx.x = b; blockDim.x = threads; threadIdx.x = i;
+                tickserve_block = barriers[b];
+                tickserve_shared = arenas[b];
+                resident(box, table, state);
+            });
     for (auto& t : all) t.join();
+    for (unsigned int b = 0; b < blocks; ++b) { delete barriers[b]; delete arenas[b]; }
 }
 "#;
 
-type Run = unsafe extern "C" fn(*mut i32, *const u64, *mut f32, u32);
+type Run = unsafe extern "C" fn(*mut i32, *const u64, *mut f32, u32, u32);
 
 /// The longest a tick may take here before the test fails (no hang).
 const TICK_BOUND: Duration = Duration::from_secs(10);
 
-/// A resident kernel running on its own thread, and its mailbox.
+/// A resident kernel running on its own thread, and its slots' mailboxes.
 struct Running {
-    /// The mailbox: the two flag words, then the floats.
+    /// Each slot's mailbox, `words` apart: the two flag words, then the
+    /// floats.
     mailbox: Vec<i32>,
-    /// One pointer per weight slot.
+    words: usize,
+    /// One pointer per slot and weight slot, slot-major.
     table: Vec<u64>,
+    weight_slots: usize,
     state: Vec<f32>,
+    state_floats: usize,
     kernel: Option<std::thread::JoinHandle<()>>,
-    tick: i32,
+    /// Each slot's last tick asked.
+    ticks: Vec<i32>,
     _library: libloading::Library,
     _dir: tempfile::TempDir,
 }
 
 impl Running {
-    /// Builds `resident`'s kernel and starts it with `threads` threads over
-    /// `weights` (one member's, one vector per slot).
-    fn start(resident: &Resident, weights: &[Vec<f32>], threads: u32) -> Running {
+    /// Builds `resident`'s kernel and starts it with one block of `threads`
+    /// threads per entry of `members` (that slot's member's weights, one
+    /// vector per weight slot).
+    fn start(resident: &Resident, members: &[&[Vec<f32>]], threads: u32) -> Running {
         let dir = tempfile::tempdir().unwrap();
         let (cpp, so) = (
             dir.path().join("resident.cpp"),
@@ -120,12 +148,19 @@ impl Running {
         );
         // SAFETY: a library this test just built; its initialisers do nothing.
         let library = unsafe { libloading::Library::new(&so) }.unwrap();
+        let slots = members.len();
         let mut running = Running {
-            mailbox: vec![0; DATA_WORD + resident.mailbox_floats],
-            table: weights.iter().map(|w| w.as_ptr() as u64).collect(),
-            state: vec![0.0; resident.state_floats],
+            mailbox: vec![0; slots * resident.mailbox_words],
+            words: resident.mailbox_words,
+            table: members
+                .iter()
+                .flat_map(|m| m.iter().map(|w| w.as_ptr() as u64))
+                .collect(),
+            weight_slots: members[0].len(),
+            state: vec![0.0; slots * resident.state_floats],
+            state_floats: resident.state_floats,
             kernel: None,
-            tick: 0,
+            ticks: vec![0; slots],
             _library: library,
             _dir: dir,
         };
@@ -137,14 +172,15 @@ impl Running {
                 .get::<Run>(b"tickserve_run_resident")
                 .unwrap()
         };
-        // The kernel's thread reads the mailbox, table and state through
-        // these until it is told to stop and joined ([`Running::stop`]);
+        // The kernel's threads read the mailbox, table and state through
+        // these until they are told to stop and joined ([`Running::stop`]);
         // none of the three is moved or freed before.
         let pointers = (
             running.mailbox.as_mut_ptr() as usize,
             running.table.as_ptr() as usize,
             running.state.as_mut_ptr() as usize,
         );
+        let blocks = slots as u32;
         running.kernel = Some(std::thread::spawn(move || {
             let (mailbox, table, state) = pointers;
             // SAFETY: see above.
@@ -153,6 +189,7 @@ impl Running {
                     mailbox as *mut i32,
                     table as *const u64,
                     state as *mut f32,
+                    blocks,
                     threads,
                 )
             }
@@ -160,58 +197,88 @@ impl Running {
         running
     }
 
-    fn flag(&self, word: usize) -> &AtomicI32 {
+    fn flag(&self, slot: usize, word: usize) -> &AtomicI32 {
         // SAFETY: an aligned i32 of the mailbox, which outlives the borrow;
-        // the kernel's thread reads and writes it atomically too.
-        unsafe { AtomicI32::from_ptr(self.mailbox.as_ptr().add(word).cast_mut()) }
+        // the kernel's threads read and write it atomically too.
+        unsafe {
+            AtomicI32::from_ptr(
+                self.mailbox
+                    .as_ptr()
+                    .add(slot * self.words + word)
+                    .cast_mut(),
+            )
+        }
     }
 
-    /// One tick: `inputs` (the non-state inputs, in the plan's order, as
-    /// the mailbox lays them out) in, the mailbox's floats after the answer.
-    #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
-    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
-        let data = self
-            .mailbox
+    fn data(&mut self, slot: usize) -> *mut f32 {
+        self.mailbox
             .as_mut_ptr()
-            .wrapping_add(DATA_WORD)
-            .cast::<f32>();
+            .wrapping_add(slot * self.words + DATA_WORD)
+            .cast::<f32>()
+    }
+
+    /// Asks slot `slot` for a tick: `inputs` (the non-state inputs, in the
+    /// plan's order, as the mailbox lays them out) written, the tick raised.
+    fn ask(&mut self, slot: usize, inputs: &[(usize, &[f32])]) {
+        let data = self.data(slot);
         for &(at, values) in inputs {
             for (j, &x) in values.iter().enumerate() {
-                // SAFETY: inside the mailbox's floats; the kernel does not
-                // read them until the asked tick is raised below.
+                // SAFETY: inside the slot's floats; its block does not read
+                // them until the asked tick is raised below.
                 unsafe { data.add(at + j).write_volatile(x) };
             }
         }
-        self.tick += 1;
-        self.flag(ASKED_WORD).store(self.tick, Ordering::Release);
+        self.ticks[slot] += 1;
+        self.flag(slot, ASKED_WORD)
+            .store(self.ticks[slot], Ordering::Release);
+    }
+
+    /// Waits for slot `slot`'s answer to its last tick: its floats.
+    #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
+    fn wait(&mut self, slot: usize) -> Vec<f32> {
+        let tick = self.ticks[slot];
         let started = Instant::now();
-        while self.flag(ANSWERED_WORD).load(Ordering::Acquire) != self.tick {
+        while self.flag(slot, ANSWERED_WORD).load(Ordering::Acquire) != tick {
             assert!(
                 started.elapsed() < TICK_BOUND,
-                "tick {} not answered within {TICK_BOUND:?}",
-                self.tick
+                "slot {slot} tick {tick} not answered within {TICK_BOUND:?}"
             );
             std::hint::spin_loop();
         }
-        let floats = self.mailbox.len() - DATA_WORD;
-        // SAFETY: the kernel answered: it writes nothing until the next
-        // tick is asked.
+        let floats = self.words - DATA_WORD;
+        let data = self.data(slot);
+        // SAFETY: answered: the block writes nothing until the next tick is
+        // asked.
         (0..floats)
             .map(|j| unsafe { data.add(j).read_volatile() })
             .collect()
     }
 
-    /// Points the kernel at other weights, between two ticks.
-    fn swap(&mut self, weights: &[Vec<f32>]) {
-        for (slot, w) in self.table.iter_mut().zip(weights) {
-            *slot = w.as_ptr() as u64;
+    /// One tick of slot `slot`.
+    fn tick(&mut self, slot: usize, inputs: &[(usize, &[f32])]) -> Vec<f32> {
+        self.ask(slot, inputs);
+        self.wait(slot)
+    }
+
+    /// Points slot `slot` at other weights, between two of its ticks.
+    fn swap(&mut self, slot: usize, weights: &[Vec<f32>]) {
+        let row = &mut self.table[slot * self.weight_slots..(slot + 1) * self.weight_slots];
+        for (pointer, w) in row.iter_mut().zip(weights) {
+            *pointer = w.as_ptr() as u64;
         }
     }
 
-    /// Tells the kernel to return and waits for it, within the bound.
+    /// Slot `slot`'s state, between two of its ticks.
+    fn state_of(&self, slot: usize) -> Vec<f32> {
+        self.state[slot * self.state_floats..(slot + 1) * self.state_floats].to_vec()
+    }
+
+    /// Tells every block to return and waits for them, within the bound.
     #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
     fn stop(mut self) {
-        self.flag(ASKED_WORD).store(-1, Ordering::Release);
+        for slot in 0..self.ticks.len() {
+            self.flag(slot, ASKED_WORD).store(-1, Ordering::Release);
+        }
         let kernel = self.kernel.take().unwrap();
         let started = Instant::now();
         while !kernel.is_finished() {
@@ -226,7 +293,9 @@ impl Drop for Running {
     fn drop(&mut self) {
         // A failed assertion: stop the kernel before its buffers go.
         if let Some(kernel) = self.kernel.take() {
-            self.flag(ASKED_WORD).store(-1, Ordering::Release);
+            for slot in 0..self.ticks.len() {
+                self.flag(slot, ASKED_WORD).store(-1, Ordering::Release);
+            }
             let _ = kernel.join();
         }
     }
@@ -244,17 +313,18 @@ pub trait Ticker {
     fn swap(&mut self, weights: &[Vec<f32>]);
 }
 
+/// Slot 0 of an emulated kernel.
 impl Ticker for Running {
     fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
-        Running::tick(self, inputs)
+        Running::tick(self, 0, inputs)
     }
 
     fn state(&self) -> Vec<f32> {
-        self.state.clone()
+        self.state_of(0)
     }
 
     fn swap(&mut self, weights: &[Vec<f32>]) {
-        Running::swap(self, weights);
+        Running::swap(self, 0, weights);
     }
 }
 
@@ -279,7 +349,7 @@ fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, see
     let layout = resident(&plan, state).unwrap();
     // The block's loops stride over its threads: 8 here (256 OS threads at
     // a barrier would make this test minutes long; the full block below).
-    let mut kernel = Running::start(&layout, &weights, 8);
+    let mut kernel = Running::start(&layout, &[&weights], 8);
     ticks_match(&mut kernel, path, state, ticks, seed);
     kernel.stop();
 }
@@ -440,8 +510,58 @@ fn a_member_swapped_between_ticks_answers_with_its_weights_from_the_next() {
     let other = scaled_member(&path);
     let layout = resident(&plan, &STATE).unwrap();
     // The whole block, as the device launches it.
-    let mut kernel = Running::start(&layout, &weights, RESIDENT_BLOCK);
+    let mut kernel = Running::start(&layout, &[&weights], RESIDENT_BLOCK);
     swap_matches_reference(&mut kernel, &other);
+    kernel.stop();
+}
+
+#[test]
+fn slots_tick_at_once_each_its_own_sequence_with_its_own_member() {
+    let path = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let (_, plan, weights) = plan_of(&path);
+    let other = scaled_member(&path);
+    let layout = resident(&plan, &STATE).unwrap();
+    // Four slots (one block each), members alternating; slot 3 changes
+    // member halfway.
+    let mut members: Vec<&[Vec<f32>]> = vec![&weights, &other, &weights, &other];
+    let mut kernel = Running::start(&layout, &members, 8);
+    let mut states = vec![(vec![0.0f32; 16], vec![0.0f32; 16]); members.len()];
+    for round in 0..200u64 {
+        if round == 100 {
+            kernel.swap(3, &weights);
+            members[3] = &weights;
+        }
+        let ticks: Vec<Vec<f32>> = (0..members.len() as u64)
+            .map(|slot| random_rows(7000 + round * 8 + slot, 8))
+            .collect();
+        // Every slot asked before any answer is awaited: the blocks run at
+        // once.
+        for (slot, x) in ticks.iter().enumerate() {
+            kernel.ask(slot, &[(0, x)]);
+        }
+        for (slot, x) in ticks.iter().enumerate() {
+            let got = kernel.wait(slot);
+            let (h, c) = &mut states[slot];
+            let want = reference::run(&plan, members[slot], &[x, h, c], 1);
+            h.clone_from(&want[1]);
+            c.clone_from(&want[2]);
+            assert!(
+                close(got[8], want[0][0]),
+                "round {round} slot {slot}: resident {}, the reference {}",
+                got[8],
+                want[0][0]
+            );
+        }
+    }
+    for (slot, (h, c)) in states.iter().enumerate() {
+        let kept = kernel.state_of(slot);
+        for (j, (g, w)) in kept.iter().zip(h.iter().chain(c)).enumerate() {
+            assert!(
+                close(*g, *w),
+                "slot {slot} state[{j}]: resident {g}, the reference {w}"
+            );
+        }
+    }
     kernel.stop();
 }
 
