@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, result};
+use cudarc::driver::{CudaContext, result, sys};
 use tickserve_core::EngineError;
 
 use crate::device::{DeviceMemory, MappedMemory, Module, Stream, driver};
@@ -67,6 +67,18 @@ impl ResidentKernel {
             .ok_or_else(|| EngineError::Internal(format!("a resident kernel of {slots} slots")))?;
         ctx.bind_to_thread()
             .map_err(driver("binding the context"))?;
+        // Every block polls for ever: one that is never scheduled would
+        // leave its slot unanswered. One block a multiprocessor is sure to
+        // be resident.
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("multiprocessor count"))?;
+        if slots > usize::try_from(sms).unwrap_or(0) {
+            return Err(EngineError::Unsupported(format!(
+                "gpu:{ordinal}: {slots} resident slots, and the device has {sms} \
+                 multiprocessors (a resident block holds one for as long as it runs)"
+            )));
+        }
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("compute capability"))?;
