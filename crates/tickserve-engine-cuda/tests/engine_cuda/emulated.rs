@@ -152,30 +152,7 @@ impl Module {
     }
 
     fn compile(source: &str, kernels: Vec<Kernel>) -> Module {
-        let dir = tempfile::tempdir().unwrap();
-        let (cpp, so) = (dir.path().join("module.cpp"), dir.path().join("module.so"));
-        std::fs::write(&cpp, format!("{EMULATION}\n{source}")).unwrap();
-        let built = std::process::Command::new("c++")
-            .args([
-                "-std=c++20",
-                "-O1",
-                "-shared",
-                "-fPIC",
-                "-pthread",
-                "-w",
-                "-o",
-            ])
-            .arg(&so)
-            .arg(&cpp)
-            .output()
-            .expect("a C++ compiler (c++) runs");
-        assert!(
-            built.status.success(),
-            "{}\n{source}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-        // SAFETY: a library this test just built; its initialisers do nothing.
-        let library = unsafe { libloading::Library::new(&so) }.unwrap();
+        let (library, dir) = support::host_library(&format!("{EMULATION}\n{source}"));
         Module {
             library,
             kernels,

@@ -120,34 +120,8 @@ impl Running {
     /// threads per entry of `members` (that slot's member's weights, one
     /// vector per weight slot).
     fn start(resident: &Resident, members: &[&[Vec<f32>]], threads: u32) -> Running {
-        let dir = tempfile::tempdir().unwrap();
-        let (cpp, so) = (
-            dir.path().join("resident.cpp"),
-            dir.path().join("resident.so"),
-        );
-        let text = format!("{EMULATION}\n{}\n{LAUNCH}", resident.source);
-        std::fs::write(&cpp, &text).unwrap();
-        let built = std::process::Command::new("c++")
-            .args([
-                "-std=c++20",
-                "-O1",
-                "-shared",
-                "-fPIC",
-                "-pthread",
-                "-w",
-                "-o",
-            ])
-            .arg(&so)
-            .arg(&cpp)
-            .output()
-            .expect("a C++ compiler (c++) runs");
-        assert!(
-            built.status.success(),
-            "{}\n{text}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-        // SAFETY: a library this test just built; its initialisers do nothing.
-        let library = unsafe { libloading::Library::new(&so) }.unwrap();
+        let (library, dir) =
+            support::host_library(&format!("{EMULATION}\n{}\n{LAUNCH}", resident.source));
         let slots = members.len();
         let mut running = Running {
             mailbox: vec![0; slots * resident.mailbox_words],

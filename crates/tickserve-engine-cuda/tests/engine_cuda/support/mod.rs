@@ -115,3 +115,35 @@ pub fn onnx_runtime_outputs(
         .map(|o| floats(ort.output(0, o)))
         .collect()
 }
+
+/// `source` built by the host's C++ compiler (C++20, -O1) into a shared
+/// library and loaded, with the directory that holds it: the emulated
+/// kernels' host build. Fails the test with the compiler's message and the
+/// source.
+pub fn host_library(source: &str) -> (libloading::Library, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (cpp, so) = (dir.path().join("module.cpp"), dir.path().join("module.so"));
+    std::fs::write(&cpp, source).unwrap();
+    let built = std::process::Command::new("c++")
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-w",
+            "-o",
+        ])
+        .arg(&so)
+        .arg(&cpp)
+        .output()
+        .expect("a C++ compiler (c++) runs");
+    assert!(
+        built.status.success(),
+        "{}\n{source}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // SAFETY: a library this test just built; its initialisers do nothing.
+    let library = unsafe { libloading::Library::new(&so) }.unwrap();
+    (library, dir)
+}
