@@ -108,20 +108,25 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     let mut total = 0usize;
     for value in &plan.values {
         offsets.push(total);
-        total += value.width;
+        // Widths come from the model file: added without overflow, then
+        // held to the shared-memory limit below.
+        total = total.saturating_add(value.width);
     }
     let gates = plan
         .steps
         .iter()
         .filter_map(|s| match &s.op {
-            Op::Recurrent(layer) => Some(layer.cell.gates() * layer.hidden),
+            Op::Recurrent(layer) => Some(layer.cell.gates().saturating_mul(layer.hidden)),
             _ => None,
         })
         .max()
         .unwrap_or(1);
     // The activations, the gates, the weight table (two words a slot) and
     // the asked tick.
-    let shared = total + gates + 2 * plan.weights.len() + 1;
+    let shared = total
+        .saturating_add(gates)
+        .saturating_add(plan.weights.len().saturating_mul(2))
+        .saturating_add(1);
     if shared > MAX_SHARED_FLOATS {
         return Err(format!(
             "its activations take {shared} words of shared memory; a resident block holds at \
