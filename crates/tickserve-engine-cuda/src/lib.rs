@@ -13,6 +13,7 @@
 pub mod device;
 pub mod engine;
 pub mod kernels;
+pub mod mailbox;
 pub mod probe;
 pub mod resident;
 

@@ -12,21 +12,22 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, result, sys};
 use tickserve_core::EngineError;
 
 use crate::device::{DeviceMemory, MappedMemory, Module, Stream, driver};
-use crate::kernels::{self, ANSWERED_WORD, ASKED_WORD, DATA_WORD, RESIDENT_BLOCK, Resident};
+use crate::kernels::{self, RESIDENT_BLOCK, Resident};
+use crate::mailbox::Mailboxes;
 
 /// What a running kernel reads: freed only once it has returned.
 struct Held {
     _module: Module,
     stream: Stream,
-    /// Every slot's mailbox, `mailbox_words` apart.
-    mailbox: MappedMemory,
+    /// Every slot's mailbox, `mailbox_words` apart (read and written
+    /// through `ResidentKernel::mailboxes`).
+    _mailbox: MappedMemory,
     /// One device pointer per slot and weight slot, slot-major.
     table: DeviceMemory,
     /// Every member's weights uploaded, the first at start and then each
@@ -42,8 +43,8 @@ pub struct ResidentKernel {
     layout: Resident,
     /// `None` once stopped, or leaked because it did not stop.
     held: Option<Held>,
-    /// Each slot's last tick asked.
-    asked: Vec<i32>,
+    /// The slots' mailboxes, over `held`'s mapped memory.
+    mailboxes: Mailboxes,
     bound: Duration,
     ordinal: usize,
 }
@@ -114,18 +115,23 @@ impl ResidentKernel {
             )
         }
         .map_err(driver("resident kernel launch"))?;
+        // SAFETY: the mapped memory holds `slots` mailboxes of the layout's
+        // words, lives in `held` as long as the kernel (and so `mailboxes`)
+        // does, and only the kernel's blocks touch it besides.
+        let mailboxes =
+            unsafe { Mailboxes::new(mailbox.host().cast::<i32>(), &layout, slots, bound) };
         Ok(ResidentKernel {
             ctx: Arc::clone(ctx),
             layout,
+            mailboxes,
             held: Some(Held {
                 _module: module,
                 stream,
-                mailbox,
+                _mailbox: mailbox,
                 table,
                 weights: vec![member],
                 state,
             }),
-            asked: vec![0; slots],
             bound,
             ordinal,
         })
@@ -138,7 +144,7 @@ impl ResidentKernel {
 
     /// How many slots it runs.
     pub fn slots(&self) -> usize {
-        self.asked.len()
+        self.mailboxes.slots()
     }
 
     fn held(&self) -> Result<&Held, EngineError> {
@@ -148,85 +154,32 @@ impl ResidentKernel {
     }
 
     fn slot_of(&self, slot: usize) -> Result<(), EngineError> {
-        if slot < self.asked.len() {
+        if slot < self.slots() {
             Ok(())
         } else {
             Err(EngineError::Internal(format!(
                 "slot {slot} of a resident kernel of {}",
-                self.asked.len()
+                self.slots()
             )))
         }
     }
 
-    fn flag(&self, held: &Held, slot: usize, word: usize) -> &AtomicI32 {
-        let at = slot * self.layout.mailbox_words + word;
-        // SAFETY: an aligned word of the mapped mailboxes (`slot` checked by
-        // the callers), which live as long as `held`; the kernel reads and
-        // writes it with acquire and release order at system scope.
-        unsafe { AtomicI32::from_ptr(held.mailbox.host().cast::<i32>().add(at)) }
-    }
-
-    fn data(&self, held: &Held, slot: usize) -> *mut f32 {
-        held.mailbox
-            .host()
-            .cast::<f32>()
-            .wrapping_add(slot * self.layout.mailbox_words + DATA_WORD)
-    }
-
-    /// Asks slot `slot` for a tick: `inputs` (offset after [`DATA_WORD`],
-    /// values) written to its mailbox, its asked tick raised. No CUDA call.
+    /// Asks slot `slot` for a tick ([`Mailboxes::ask`]). No CUDA call.
     pub fn ask(&mut self, slot: usize, inputs: &[(usize, &[f32])]) -> Result<(), EngineError> {
-        self.slot_of(slot)?;
-        let floats = self.layout.mailbox_floats;
-        let held = self.held()?;
-        let data = self.data(held, slot);
-        for &(at, values) in inputs {
-            if at.saturating_add(values.len()) > floats {
-                return Err(EngineError::Internal(
-                    "a resident tick's input past the mailbox".to_string(),
-                ));
-            }
-            for (j, &x) in values.iter().enumerate() {
-                // SAFETY: inside the slot's floats (checked above); its block
-                // reads them only after the asked tick is raised below.
-                unsafe { data.add(at + j).write_volatile(x) };
-            }
-        }
-        let last = self.asked[slot];
-        let asked = if last == i32::MAX { 1 } else { last + 1 };
-        self.flag(held, slot, ASKED_WORD)
-            .store(asked, Ordering::Release);
-        self.asked[slot] = asked;
-        Ok(())
+        self.held()?;
+        self.mailboxes.ask(slot, inputs)
     }
 
-    /// Waits (spinning, within the bound) for slot `slot`'s answer to the
-    /// tick last asked: its mailbox's floats.
-    #[allow(clippy::disallowed_methods)] // the watchdog's bound is the machine's time
+    /// Waits for slot `slot`'s answer ([`Mailboxes::wait`]), within the
+    /// bound: its mailbox's floats.
     pub fn wait(&self, slot: usize) -> Result<Vec<f32>, EngineError> {
-        self.slot_of(slot)?;
-        let held = self.held()?;
-        let asked = self.asked[slot];
-        let answered = self.flag(held, slot, ANSWERED_WORD);
-        let started = std::time::Instant::now();
-        let mut spins = 0u32;
-        while answered.load(Ordering::Acquire) != asked {
-            spins = spins.wrapping_add(1);
-            // Read the clock only now and then: the answer is microseconds.
-            if spins.is_multiple_of(1024) && started.elapsed() > self.bound {
-                return Err(EngineError::DeviceLost(format!(
-                    "gpu:{}: the resident kernel did not answer slot {slot}'s tick {asked} within {:?}",
-                    self.ordinal, self.bound
-                )));
+        self.held()?;
+        self.mailboxes.wait(slot).map_err(|e| match e {
+            EngineError::DeviceLost(m) => {
+                EngineError::DeviceLost(format!("gpu:{}: {m}", self.ordinal))
             }
-            std::hint::spin_loop();
-        }
-        let data = self.data(held, slot);
-        // SAFETY: answered: the slot's block writes nothing more until its
-        // next tick is asked.
-        Ok((0..self.layout.mailbox_floats)
-            .map(|j| unsafe { data.add(j).read_volatile() })
-            .collect())
+            other => other,
+        })
     }
 
     /// One tick of slot `slot`: [`ResidentKernel::ask`], then
@@ -295,10 +248,7 @@ impl ResidentKernel {
             return Ok(());
         };
         let _ = self.ctx.bind_to_thread();
-        for slot in 0..self.asked.len() {
-            self.flag(&held, slot, ASKED_WORD)
-                .store(-1, Ordering::Release);
-        }
+        self.mailboxes.stop_all();
         let started = std::time::Instant::now();
         loop {
             match held.stream.finished() {

@@ -12,14 +12,12 @@
 //! model over PCIe, its scheduling, the round trip's time.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use tickserve_core::CompiledModel;
 use tickserve_core::config::ModelConfig;
-use tickserve_engine_cuda::kernels::{
-    ANSWERED_WORD, ASKED_WORD, DATA_WORD, RESIDENT_BLOCK, Resident, resident,
-};
+use tickserve_engine_cuda::kernels::{RESIDENT_BLOCK, Resident, resident};
+use tickserve_engine_cuda::mailbox::Mailboxes;
 use tickserve_engine_cuda::plan::{Cell, Op, Plan};
 use tickserve_engine_cuda::reference::{self, random_rows};
 use tickserve_engine_cuda::{arrange, import};
@@ -99,18 +97,18 @@ const TICK_BOUND: Duration = Duration::from_secs(10);
 
 /// A resident kernel running on its own thread, and its slots' mailboxes.
 struct Running {
-    /// Each slot's mailbox, `words` apart: the two flag words, then the
-    /// floats.
+    /// The slots' mailboxes, over `mailbox`: the host's half as the device
+    /// runs it.
+    mailboxes: Mailboxes,
+    /// Each slot's mailbox, `mailbox_words` apart: the two flag words, then
+    /// the floats.
     mailbox: Vec<i32>,
-    words: usize,
     /// One pointer per slot and weight slot, slot-major.
     table: Vec<u64>,
     weight_slots: usize,
     state: Vec<f32>,
     state_floats: usize,
     kernel: Option<std::thread::JoinHandle<()>>,
-    /// Each slot's last tick asked.
-    ticks: Vec<i32>,
     _library: libloading::Library,
     _dir: tempfile::TempDir,
 }
@@ -123,9 +121,15 @@ impl Running {
         let (library, dir) =
             support::host_library(&format!("{EMULATION}\n{}\n{LAUNCH}", resident.source));
         let slots = members.len();
+        let mut mailbox = vec![0; slots * resident.mailbox_words];
+        // SAFETY: `mailbox` holds `slots` mailboxes; its heap buffer is
+        // neither moved nor freed while `Running` (and so `mailboxes`)
+        // lives; only the kernel's threads touch it besides.
+        let mailboxes =
+            unsafe { Mailboxes::new(mailbox.as_mut_ptr(), resident, slots, TICK_BOUND) };
         let mut running = Running {
-            mailbox: vec![0; slots * resident.mailbox_words],
-            words: resident.mailbox_words,
+            mailboxes,
+            mailbox,
             table: members
                 .iter()
                 .flat_map(|m| m.iter().map(|w| w.as_ptr() as u64))
@@ -134,7 +138,6 @@ impl Running {
             state: vec![0.0; slots * resident.state_floats],
             state_floats: resident.state_floats,
             kernel: None,
-            ticks: vec![0; slots],
             _library: library,
             _dir: dir,
         };
@@ -171,61 +174,14 @@ impl Running {
         running
     }
 
-    fn flag(&self, slot: usize, word: usize) -> &AtomicI32 {
-        // SAFETY: an aligned i32 of the mailbox, which outlives the borrow;
-        // the kernel's threads read and write it atomically too.
-        unsafe {
-            AtomicI32::from_ptr(
-                self.mailbox
-                    .as_ptr()
-                    .add(slot * self.words + word)
-                    .cast_mut(),
-            )
-        }
-    }
-
-    fn data(&mut self, slot: usize) -> *mut f32 {
-        self.mailbox
-            .as_mut_ptr()
-            .wrapping_add(slot * self.words + DATA_WORD)
-            .cast::<f32>()
-    }
-
-    /// Asks slot `slot` for a tick: `inputs` (the non-state inputs, in the
-    /// plan's order, as the mailbox lays them out) written, the tick raised.
+    /// Asks slot `slot` for a tick ([`Mailboxes::ask`]).
     fn ask(&mut self, slot: usize, inputs: &[(usize, &[f32])]) {
-        let data = self.data(slot);
-        for &(at, values) in inputs {
-            for (j, &x) in values.iter().enumerate() {
-                // SAFETY: inside the slot's floats; its block does not read
-                // them until the asked tick is raised below.
-                unsafe { data.add(at + j).write_volatile(x) };
-            }
-        }
-        self.ticks[slot] += 1;
-        self.flag(slot, ASKED_WORD)
-            .store(self.ticks[slot], Ordering::Release);
+        self.mailboxes.ask(slot, inputs).unwrap();
     }
 
-    /// Waits for slot `slot`'s answer to its last tick: its floats.
-    #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
+    /// Waits for slot `slot`'s answer ([`Mailboxes::wait`]): its floats.
     fn wait(&mut self, slot: usize) -> Vec<f32> {
-        let tick = self.ticks[slot];
-        let started = Instant::now();
-        while self.flag(slot, ANSWERED_WORD).load(Ordering::Acquire) != tick {
-            assert!(
-                started.elapsed() < TICK_BOUND,
-                "slot {slot} tick {tick} not answered within {TICK_BOUND:?}"
-            );
-            std::hint::spin_loop();
-        }
-        let floats = self.words - DATA_WORD;
-        let data = self.data(slot);
-        // SAFETY: answered: the block writes nothing until the next tick is
-        // asked.
-        (0..floats)
-            .map(|j| unsafe { data.add(j).read_volatile() })
-            .collect()
+        self.mailboxes.wait(slot).unwrap()
     }
 
     /// One tick of slot `slot`.
@@ -250,9 +206,7 @@ impl Running {
     /// Tells every block to return and waits for them, within the bound.
     #[allow(clippy::disallowed_methods)] // a hang's bound: real time is the point
     fn stop(mut self) {
-        for slot in 0..self.ticks.len() {
-            self.flag(slot, ASKED_WORD).store(-1, Ordering::Release);
-        }
+        self.mailboxes.stop_all();
         let kernel = self.kernel.take().unwrap();
         let started = Instant::now();
         while !kernel.is_finished() {
@@ -267,9 +221,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         // A failed assertion: stop the kernel before its buffers go.
         if let Some(kernel) = self.kernel.take() {
-            for slot in 0..self.ticks.len() {
-                self.flag(slot, ASKED_WORD).store(-1, Ordering::Release);
-            }
+            self.mailboxes.stop_all();
             let _ = kernel.join();
         }
     }
