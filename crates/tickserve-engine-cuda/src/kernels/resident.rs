@@ -185,20 +185,17 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     for (i, at) in inputs.iter().enumerate() {
         if let Some(at) = at {
             let v = plan.inputs[i].1;
-            let _ = writeln!(
-                body,
-                "        for (int j = r; j < {w}; j += threads) val[{o} + j] = mail[{at} + j];",
-                w = width(v),
-                o = offsets[v]
+            copy(
+                &mut body,
+                width(v),
+                &format!("val[{}", offsets[v]),
+                &format!("mail[{at}"),
             );
         }
     }
     for &(i, _, at, w) in &pairs {
         let o = offsets[plan.inputs[i].1];
-        let _ = writeln!(
-            body,
-            "        for (int j = r; j < {w}; j += threads) val[{o} + j] = state[{at} + j];"
-        );
+        copy(&mut body, w, &format!("val[{o}"), &format!("state[{at}"));
     }
     body.push_str("        SYNC();\n");
     for (index, step) in plan.steps.iter().enumerate() {
@@ -312,20 +309,17 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     for (o, at) in outputs.iter().enumerate() {
         if let Some(at) = at {
             let v = plan.outputs[o].1;
-            let _ = writeln!(
-                body,
-                "        for (int j = r; j < {w}; j += threads) mail[{at} + j] = val[{o} + j];",
-                w = width(v),
-                o = offsets[v]
+            copy(
+                &mut body,
+                width(v),
+                &format!("mail[{at}"),
+                &format!("val[{}", offsets[v]),
             );
         }
     }
     for &(_, o, at, w) in &pairs {
         let from = offsets[plan.outputs[o].1];
-        let _ = writeln!(
-            body,
-            "        for (int j = r; j < {w}; j += threads) state[{at} + j] = val[{from} + j];"
-        );
+        copy(&mut body, w, &format!("state[{at}"), &format!("val[{from}"));
     }
     let source = format!(
         "{PRELUDE}extern \"C\" __global__ void resident(int* box, const u64* table, float* state) {{
@@ -371,6 +365,15 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         mailbox_words,
         state_floats,
     })
+}
+
+/// A block-strided copy of `width` floats: `to + j` from `from + j`, each
+/// an array and its first index (`"val[8"`).
+fn copy(body: &mut String, width: usize, to: &str, from: &str) {
+    let _ = writeln!(
+        body,
+        "        for (int j = r; j < {width}; j += threads) {to} + j] = {from} + j];"
+    );
 }
 
 fn sigmoid(v: &str) -> String {

@@ -408,16 +408,28 @@ pub fn swap_matches_reference(kernel: &mut dyn Ticker, other: &[Vec<f32>]) {
         }
         let x = random_rows(2000 + t, 8);
         let got = kernel.tick(&[(0, &x)]);
-        let want = reference::run(&plan, member, &[&x, &h, &c], 1);
-        h.clone_from(&want[1]);
-        c.clone_from(&want[2]);
+        let want = reference_tick(&plan, member, &x, &mut h, &mut c);
         assert!(
-            close(got[8], want[0][0]),
-            "tick {t}: resident {}, the reference {}",
-            got[8],
-            want[0][0]
+            close(got[8], want),
+            "tick {t}: resident {}, the reference {want}",
+            got[8]
         );
     }
+}
+
+/// One tick of `seq_lstm_step`'s `plan` by the plan's reference with
+/// `member`'s weights: its prediction, `h` and `c` moved on.
+fn reference_tick(
+    plan: &Plan,
+    member: &[Vec<f32>],
+    x: &[f32],
+    h: &mut Vec<f32>,
+    c: &mut Vec<f32>,
+) -> f32 {
+    let want = reference::run(plan, member, &[x, h, c], 1);
+    h.clone_from(&want[1]);
+    c.clone_from(&want[2]);
+    want[0][0]
 }
 
 /// The file's weights of `path`'s plan, scaled by 0.75: another member.
@@ -468,14 +480,11 @@ fn slots_tick_at_once_each_its_own_sequence_with_its_own_member() {
         for (slot, x) in ticks.iter().enumerate() {
             let got = kernel.wait(slot);
             let (h, c) = &mut states[slot];
-            let want = reference::run(&plan, members[slot], &[x, h, c], 1);
-            h.clone_from(&want[1]);
-            c.clone_from(&want[2]);
+            let want = reference_tick(&plan, members[slot], x, h, c);
             assert!(
-                close(got[8], want[0][0]),
-                "round {round} slot {slot}: resident {}, the reference {}",
-                got[8],
-                want[0][0]
+                close(got[8], want),
+                "round {round} slot {slot}: resident {}, the reference {want}",
+                got[8]
             );
         }
     }
