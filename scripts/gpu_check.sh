@@ -157,12 +157,16 @@ fi
 wanted() { [[ " ${GPU_STEPS:-2 3 4 5 6 7 8 9 10} " == *" $1 "* ]]; }
 wanted 2 && step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check --config config/tickserve.toml
 wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
-  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu:: --skip the_resident_kernel
+  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu:: --skip the_resident_kernel \
+  --skip a_family_compiled_resident
 # 3b. The resident kernel (kernels::resident, started once, ticked through mapped memory):
-# 10,000 ticks of seq_lstm_step and of bench_lstm against ONNX Runtime, a member swapped,
-# then bench_lstm's round trip over 20,000 ticks, printed as one JSON line.
-wanted 3 && step "3b. resident kernel vs ONNX Runtime, and its tick's round trip (bench_lstm)" 60 resident.log \
-  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --nocapture --test-threads 1 gpu::the_resident_kernel
+# 10,000 ticks of seq_lstm_step and of bench_lstm against ONNX Runtime, a member added,
+# bench_lstm's round trip over 20,000 ticks and 64 slots at once; then bench_lstm compiled
+# resident through the engine's trait against its graphs (bucket 1 and 64 members in
+# bucket 64), its bucket-1 run timed on the kernel and on the graphs: SUMMARY lines.
+wanted 3 && step "3b. resident kernel vs ONNX Runtime, its tick's round trip, a family run resident (bench_lstm)" 90 resident.log \
+  env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --nocapture --test-threads 1 gpu::the_resident_kernel \
+  gpu::a_family_compiled_resident
 wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 wanted 5 && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/device/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
@@ -188,17 +192,17 @@ wanted 9 && step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 seque
 if [ "$(nproc)" -ge 16 ]; then server_cpus=0-7 client_cpus=8-15; else server_cpus=0 client_cpus=1; fi
 export BIN=$root/$bin MODELS=$work/bench-models CLIENT_CPUS=$client_cpus
 "${py:-python3}" scripts/dev/make_models.py --bench "$MODELS" >"$work/bench-models.log" 2>&1
-harness() { # DEVICE
-  local service=tickserve-gpu-check-${1/:/}
-  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\n[shm]\nenabled = true\nservice = "%s"\n[model_defaults]\ndevices = ["%s"]\n' \
-    "$MODELS" "$TICKSERVE_ONNXRUNTIME_LIBRARY" "$service" "$1" >"$work/harness-$service.toml"
+harness() { # DEVICE [GPU_MODE]
+  local service=tickserve-gpu-check-${1/:/}${2:+-$2}
+  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\ngpu_mode = "%s"\n[shm]\nenabled = true\nservice = "%s"\n[model_defaults]\ndevices = ["%s"]\n' \
+    "$MODELS" "$TICKSERVE_ONNXRUNTIME_LIBRARY" "${2:-graphs}" "$service" "$1" >"$work/harness-$service.toml"
   python3 scripts/bench/server.py --config "$work/harness-$service.toml" --binary "$bin/tickserve" \
     --taskset "$server_cpus" --log "$work/harness-$service.log" -- bash -c '
       h=scripts/device/harness_case.sh
       "$h" "$0" "bench_lstm, shm, 1 instance, $1" --model bench_lstm --ticks 3000 --warmup 200
       "$h" "$0" "bench_lstm, shm, 64 instances, $1" --model bench_lstm --instances 64 --ticks 200 --warmup 20
       "$h" "$0" "bench_lstm_window, shm, 1 instance, $1" --model bench_lstm_window --ticks 500 --warmup 50' \
-    "$service" "$1"
+    "$service" "$1${2:+ $2}"
   local rc=$?
   tail -n 20 "$work/harness-$service.log"
   return $rc
@@ -207,5 +211,9 @@ export -f harness
 export bin server_cpus work HARNESS_COLUMNS=4
 wanted 10 && step "10a. per-tick harness, models on $gpu_devices" 75 sequences.log bash -c 'harness "$1"' _ "$gpu_devices"
 wanted 10 && step "10b. per-tick harness, models on the CPU" 75 sequences.log bash -c 'harness cpu'
+# 10c. The same on the GPU with gpu_mode = "auto": bench_lstm runs resident (its ticks
+# through the kernel's mailboxes), bench_lstm_window on its graphs.
+wanted 10 && [ "$mode" = GPU ] && step "10c. per-tick harness, models on $gpu_devices, gpu_mode auto" 75 \
+  sequences.log bash -c 'harness "$1" auto' _ "$gpu_devices"
 write_summary
 cat "$OUT/summary.md"

@@ -290,6 +290,10 @@ pub struct RuntimeConfig {
     /// products, kernels and copies issued on the stream run by run (more
     /// launch overhead; for a driver where graph capture fails).
     pub cuda_eager: bool,
+    /// How a GPU runs the ticks of a sequence model (one whose state is
+    /// `[[sequence.state]]` pairs), where its `gpu_mode` does not say:
+    /// `"graphs"` (the default), `"resident"` or `"auto"`.
+    pub gpu_mode: GpuMode,
     /// The longest bucket run that a request may make on its caller's thread
     /// (an async worker, serving other connections meanwhile) when it finds
     /// an executor idle; requests whose bucket ran longer at load go to the
@@ -337,6 +341,23 @@ pub struct RuntimeConfig {
     pub cpu_engine: CpuEngineChoice,
 }
 
+/// How a GPU runs a sequence model's ticks (`runtime.gpu_mode`, a model's
+/// `gpu_mode`; docs/cuda.md, "Resident mode").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuMode {
+    /// One CUDA graph launch per bucket run.
+    #[default]
+    Graphs,
+    /// The family's resident kernel: launched once at load, each tick
+    /// written to its mailbox. A family it cannot run fails to load, saying
+    /// why.
+    Resident,
+    /// The resident kernel where it runs the family; the graphs otherwise
+    /// (logged, with the reason, and shown by `tickserve check`).
+    Auto,
+}
+
 /// Which engine runs a model on the CPU (`runtime.cpu_engine`, a model's
 /// `engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -372,6 +393,7 @@ impl Default for RuntimeConfig {
             intra_op_threads: 1,
             cuda_tf32: false,
             cuda_eager: false,
+            gpu_mode: GpuMode::Graphs,
             inline_budget: Duration::from_micros(100),
             sequence_snapshot: None,
             handoff_directory: None,
@@ -579,6 +601,9 @@ pub struct ModelConfig {
     /// Which engine runs the model on the CPU (default: the server's
     /// `runtime.cpu_engine`): `"auto"`, `"onnxruntime"` or `"compiled"`.
     pub engine: Option<CpuEngineChoice>,
+    /// How a GPU runs its ticks, for a sequence model (default: the
+    /// server's `runtime.gpu_mode`): `"graphs"`, `"resident"` or `"auto"`.
+    pub gpu_mode: Option<GpuMode>,
     /// What to do when the model's rows depend on each other (checked at
     /// load: a few random rows run alone and inside a full bucket of others
     /// must agree): `"unbatched"` (the default) serves it without ever

@@ -79,6 +79,21 @@ pub struct CompileRequest<'a, G: ?Sized> {
     /// engines), not for serving: not counted in
     /// `tickserve_graph_compilations_total`.
     pub check: bool,
+    /// For a sequence model on a GPU whose `gpu_mode` is `resident` or
+    /// `auto`: run its ticks on a resident kernel (engines without one
+    /// ignore it).
+    pub resident: Option<ResidentRequest<'a>>,
+}
+
+/// A sequence model asked to run resident on its GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct ResidentRequest<'a> {
+    /// `gpu_mode = "resident"`: a family the resident kernel cannot run
+    /// fails to compile, saying why; otherwise (`auto`) it runs on the
+    /// engine's usual path, logged with the reason.
+    pub required: bool,
+    /// Its state pairs (`[[sequence.state]]`).
+    pub state: &'a [crate::sequence::StateConfig],
 }
 
 /// The compile side of an engine: one per engine library, shared by every

@@ -32,7 +32,8 @@ pub use buckets::Buckets;
 pub use clock::Clock;
 pub use datatype::DataType;
 pub use engine::{
-    CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, SOLE_MEMBER, Weight,
+    CompileRequest, CompiledModel, Device, Engine, EngineError, MemberId, ResidentRequest,
+    SOLE_MEMBER, Weight,
 };
 pub use error::{Error, ErrorKind};
 pub use name::Name;

@@ -29,6 +29,7 @@ fn compiled(engine: &dyn Engine<ModelGraph>, path: &Path) -> Box<dyn CompiledMod
             weights: None,
             device: Device::Cpu,
             check: true,
+            resident: None,
         })
         .unwrap();
     for input in 0..model.signature().inputs.len() {

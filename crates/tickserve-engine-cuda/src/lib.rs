@@ -7,6 +7,10 @@
 //! them through a device-side pointer table written with the batch, so a
 //! weight swap is a pointer write, never a copy of weights.
 //!
+//! A family may instead run resident ([`ResidentModel`]): one kernel launched
+//! at load, each run handed to it through mailboxes in mapped host memory
+//! ([`resident`], [`mailbox`]), its graphs kept to fail over to.
+//!
 //! Builds on every machine (cudarc loads CUDA at run time); [`Gpus::probe`]
 //! finds out, without panicking, whether there is anything to run on.
 
@@ -19,6 +23,8 @@ pub mod resident;
 
 pub use tickserve_plan::{import, plan, reference};
 
-pub use engine::{CudaCompileRequest, CudaEngine, CudaModel, CudaOptions};
+pub use engine::{
+    CudaCompileRequest, CudaEngine, CudaModel, CudaOptions, RESIDENT_TICK_BOUND, ResidentModel,
+};
 pub use probe::{GpuInfo, Gpus};
 pub use tickserve_plan::{Imported, Unsupported, arrange};

@@ -1,17 +1,18 @@
 //! A family's resident kernel on its device ([`kernels::resident`]'s CUDA
-//! C): compiled, given its members' weights, launched once (one block per
-//! slot) on a stream of its own, then ticked slot by slot through mailboxes
-//! in mapped host memory, with no CUDA call on a tick's path; a slot's
-//! state read back and its member swapped between its ticks; stopped. Every
-//! wait is bounded: a tick not answered within the bound is an error (the
-//! device lost to this family), never a hang.
+//! C): compiled, given its first member's weights, launched once (one
+//! block per slot) on a stream of its own, then ticked slot by slot through
+//! mailboxes in mapped host memory, each tick naming its member, with no
+//! CUDA call on a tick's path; members added or replaced while it runs (a
+//! row of the weight table written); a slot's state read back between its
+//! ticks; stopped. Every wait is bounded: a tick not answered within the
+//! bound is an error (the device lost to this family), never a hang.
 //!
 //! Device memory is not freed while the kernel runs (a free waits for the
 //! device to be idle, which a resident kernel never leaves it): a member
-//! swapped out keeps its weights on the device until the kernel stops.
+//! replaced keeps its old weights on the device until the kernel stops.
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, result, sys};
@@ -21,6 +22,50 @@ use crate::device::{DeviceMemory, MappedMemory, Module, Stream, driver};
 use crate::kernels::{self, RESIDENT_BLOCK, Resident};
 use crate::mailbox::Mailboxes;
 
+/// Resident blocks launched per device (by ordinal), across every resident
+/// kernel of the process: each may hold a multiprocessor for as long as its
+/// kernel runs.
+static BLOCKS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// `slots` of device `ordinal`'s multiprocessors, taken for a resident
+/// kernel until dropped.
+struct Reservation {
+    ordinal: usize,
+    slots: usize,
+}
+
+impl Reservation {
+    /// Takes `slots` blocks on device `ordinal` of `sms` multiprocessors,
+    /// where every resident block of the process, these too, still has one
+    /// of its own (a block that is never scheduled would leave its slot
+    /// unanswered).
+    fn take(ordinal: usize, slots: usize, sms: usize) -> Result<Reservation, EngineError> {
+        let mut blocks = BLOCKS.lock().unwrap_or_else(|p| p.into_inner());
+        if blocks.len() <= ordinal {
+            blocks.resize(ordinal + 1, 0);
+        }
+        let running = blocks[ordinal];
+        if running.saturating_add(slots) > sms {
+            return Err(EngineError::Unsupported(format!(
+                "gpu:{ordinal}: {slots} resident slots, and {running} of the device's {sms} \
+                 multiprocessors already hold resident blocks (a resident block holds one for \
+                 as long as it runs)"
+            )));
+        }
+        blocks[ordinal] = running + slots;
+        Ok(Reservation { ordinal, slots })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut blocks = BLOCKS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(running) = blocks.get_mut(self.ordinal) {
+            *running = running.saturating_sub(self.slots);
+        }
+    }
+}
+
 /// What a running kernel reads: freed only once it has returned.
 struct Held {
     _module: Module,
@@ -28,13 +73,15 @@ struct Held {
     /// Every slot's mailbox, `mailbox_words` apart (read and written
     /// through `ResidentKernel::mailboxes`).
     _mailbox: MappedMemory,
-    /// One device pointer per slot and weight slot, slot-major.
+    /// One device pointer per member and weight slot, member-major.
     table: DeviceMemory,
     /// Every member's weights uploaded, the first at start and then each
     /// swapped in: freed only once the kernel has returned.
     weights: Vec<Vec<DeviceMemory>>,
     /// Every slot's state, `state_floats` apart.
     state: DeviceMemory,
+    /// Its blocks' multiprocessors.
+    _blocks: Reservation,
 }
 
 /// A resident kernel running on its device.
@@ -47,18 +94,24 @@ pub struct ResidentKernel {
     mailboxes: Mailboxes,
     bound: Duration,
     ordinal: usize,
+    /// Rows of the table: the most members.
+    capacity: usize,
+    /// Rows written.
+    members: usize,
 }
 
 impl ResidentKernel {
-    /// Compiles `layout`'s kernel for `ctx`'s device, copies `weights` (one
-    /// member's, one vector per weight slot) to it and launches the kernel
-    /// with `slots` slots, each on that member with a zero state; `bound` is
-    /// the longest a tick or the stop may take.
+    /// Compiles `layout`'s kernel for `ctx`'s device, makes room for
+    /// `capacity` members, copies `weights` (the first member's, one vector
+    /// per weight slot) to it as member 0 and launches the kernel with
+    /// `slots` slots, each with a zero state; `bound` is the longest a tick
+    /// or the stop may take.
     pub fn start(
         ctx: &Arc<CudaContext>,
         ordinal: usize,
         layout: Resident,
         weights: &[Vec<f32>],
+        capacity: usize,
         slots: usize,
         bound: Duration,
     ) -> Result<ResidentKernel, EngineError> {
@@ -69,29 +122,29 @@ impl ResidentKernel {
         ctx.bind_to_thread()
             .map_err(driver("binding the context"))?;
         // Every block polls for ever: one that is never scheduled would
-        // leave its slot unanswered. One block a multiprocessor is sure to
-        // be resident.
+        // leave its slot unanswered. One block a multiprocessor, across
+        // every resident kernel on the device, is sure to be resident.
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("multiprocessor count"))?;
-        if slots > usize::try_from(sms).unwrap_or(0) {
-            return Err(EngineError::Unsupported(format!(
-                "gpu:{ordinal}: {slots} resident slots, and the device has {sms} \
-                 multiprocessors (a resident block holds one for as long as it runs)"
-            )));
-        }
+        let blocks = Reservation::take(ordinal, slots, usize::try_from(sms).unwrap_or(0))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("compute capability"))?;
         let compiled = kernels::compile(&layout.source, &format!("sm_{major}{minor}"))?;
         let (module, _) = Module::load(&compiled)?;
         let function = module.function("resident")?;
-        let member = upload(weights, ordinal)?;
-        let row = pointers(&member);
-        let table = DeviceMemory::zeroed(slots * row.len() * 8, ordinal)?;
-        for slot in 0..slots {
-            table.write(slot * row.len() * 8, &row)?;
+        if weights.len() != layout.weight_slots {
+            return Err(EngineError::Internal(format!(
+                "a member of {} weight slots for a kernel of {}",
+                weights.len(),
+                layout.weight_slots
+            )));
         }
+        let member = upload(weights, ordinal)?;
+        let capacity = capacity.max(1);
+        let table = DeviceMemory::zeroed(capacity * layout.weight_slots * 8, ordinal)?;
+        table.write(0, &pointers(&member))?;
         let state = DeviceMemory::zeroed(slots * layout.state_floats * 4, ordinal)?;
         let mailbox = MappedMemory::zeroed(slots * layout.mailbox_words * 4)?;
         let stream = Stream::new()?;
@@ -102,8 +155,9 @@ impl ResidentKernel {
             (&raw mut state_ptr).cast(),
         ];
         // SAFETY: the kernel's parameters are (int*, const u64*, float*):
-        // the mapped mailboxes, the table and the states, each sized for
-        // `slots` blocks, all alive until the kernel has returned (`Held`).
+        // the mapped mailboxes and the states, each sized for `slots`
+        // blocks, and the table of `capacity` members, all alive until the
+        // kernel has returned (`Held`); a tick names only a member written.
         unsafe {
             result::launch_kernel(
                 function,
@@ -131,9 +185,12 @@ impl ResidentKernel {
                 table,
                 weights: vec![member],
                 state,
+                _blocks: blocks,
             }),
             bound,
             ordinal,
+            capacity,
+            members: 1,
         })
     }
 
@@ -164,59 +221,71 @@ impl ResidentKernel {
         }
     }
 
-    /// Asks slot `slot` for a tick ([`Mailboxes::ask`]). No CUDA call.
-    pub fn ask(&mut self, slot: usize, inputs: &[(usize, &[f32])]) -> Result<(), EngineError> {
+    /// Asks slot `slot` for a tick of member `member` ([`Mailboxes::ask`]).
+    /// No CUDA call.
+    pub fn ask<'a>(
+        &mut self,
+        slot: usize,
+        member: usize,
+        inputs: impl Fn(usize) -> &'a [u8],
+    ) -> Result<(), EngineError> {
         self.held()?;
-        self.mailboxes.ask(slot, inputs)
+        if member >= self.members {
+            return Err(EngineError::Internal(format!(
+                "resident member {member} of {}",
+                self.members
+            )));
+        }
+        self.mailboxes.ask(slot, member, inputs)
     }
 
     /// Waits for slot `slot`'s answer ([`Mailboxes::wait`]), within the
-    /// bound: its mailbox's floats.
-    pub fn wait(&self, slot: usize) -> Result<Vec<f32>, EngineError> {
+    /// bound, handing `read` each output's bytes.
+    pub fn wait(&mut self, slot: usize, read: impl FnMut(usize, &[u8])) -> Result<(), EngineError> {
         self.held()?;
-        self.mailboxes.wait(slot).map_err(|e| match e {
-            EngineError::DeviceLost(m) => {
-                EngineError::DeviceLost(format!("gpu:{}: {m}", self.ordinal))
-            }
+        let ordinal = self.ordinal;
+        self.mailboxes.wait(slot, read).map_err(|e| match e {
+            EngineError::DeviceLost(m) => EngineError::DeviceLost(format!("gpu:{ordinal}: {m}")),
             other => other,
         })
     }
 
-    /// One tick of slot `slot`: [`ResidentKernel::ask`], then
-    /// [`ResidentKernel::wait`].
-    pub fn tick(
-        &mut self,
-        slot: usize,
-        inputs: &[(usize, &[f32])],
-    ) -> Result<Vec<f32>, EngineError> {
-        self.ask(slot, inputs)?;
-        self.wait(slot)
+    /// The slots' mailboxes (how many ticks brought their state).
+    pub fn mailboxes(&self) -> &Mailboxes {
+        &self.mailboxes
     }
 
-    /// Points slot `slot` at `weights` (another member's, one vector per
-    /// weight slot), between two of its ticks.
-    pub fn swap(&mut self, slot: usize, weights: &[Vec<f32>]) -> Result<(), EngineError> {
-        self.slot_of(slot)?;
+    /// Writes `weights` (a member's, one vector per weight slot) as member
+    /// `member` (a row of the table: the next one to add a member, an
+    /// earlier one to replace it), while the kernel runs: ticks asked from
+    /// then on read it. The caller asks no tick of `member` meanwhile.
+    pub fn put(&mut self, member: usize, weights: &[Vec<f32>]) -> Result<(), EngineError> {
+        if member > self.members || member >= self.capacity {
+            return Err(EngineError::Unsupported(format!(
+                "gpu:{}: the resident kernel holds {} members",
+                self.ordinal, self.capacity
+            )));
+        }
+        if weights.len() != self.layout.weight_slots {
+            return Err(EngineError::Internal(format!(
+                "a member of {} weight slots for a kernel of {}",
+                weights.len(),
+                self.layout.weight_slots
+            )));
+        }
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
-        let member = upload(weights, self.ordinal)?;
-        let row = pointers(&member);
+        let uploaded = upload(weights, self.ordinal)?;
+        let row = pointers(&uploaded);
         let held = self.held.as_mut().ok_or_else(|| {
             EngineError::DeviceLost("the resident kernel is not running".to_string())
         })?;
-        if held.weights.first().is_some_and(|w| w.len() != row.len()) {
-            return Err(EngineError::Internal(format!(
-                "a member of {} weight slots for a kernel of {}",
-                row.len(),
-                held.weights[0].len()
-            )));
-        }
-        // The block reads its table row afresh at every tick (and weights
-        // through L2), and its slot has no tick running: the next reads
-        // `member`.
-        held.table.write(slot * row.len() * 8, &row)?;
-        held.weights.push(member);
+        // A synchronous copy on the legacy stream, which the kernel's
+        // non-blocking stream does not wait for, nor it for the kernel.
+        held.table.write(member * row.len() * 8, &row)?;
+        held.weights.push(uploaded);
+        self.members = self.members.max(member + 1);
         Ok(())
     }
 
@@ -269,6 +338,12 @@ impl ResidentKernel {
     }
 }
 
+// SAFETY: the raw CUDA handles and the mapped mailboxes inside are used by
+// one thread at a time (its owner's `&mut`, the executor's mutex), every
+// entry point that calls CUDA makes the context current on the calling
+// thread first, and the mailboxes are host memory, valid on any thread.
+unsafe impl Send for ResidentKernel {}
+
 impl Drop for ResidentKernel {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
@@ -292,4 +367,30 @@ fn upload(weights: &[Vec<f32>], ordinal: usize) -> Result<Vec<DeviceMemory>, Eng
 /// The device addresses of `buffers`: a row of the weight table.
 fn pointers(buffers: &[DeviceMemory]) -> Vec<u64> {
     buffers.iter().map(|b| b.ptr).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn resident_blocks_of_every_kernel_on_a_device_fit_its_multiprocessors() {
+        // Device 7 of 132 multiprocessors (no other test reserves on it).
+        let first = Reservation::take(7, 64, 132).unwrap();
+        let second = Reservation::take(7, 64, 132).unwrap();
+        let refused = Reservation::take(7, 8, 132).err().unwrap().to_string();
+        assert!(
+            refused.contains("128 of the device's 132 multiprocessors"),
+            "{refused}"
+        );
+        // Another device is its own.
+        drop(Reservation::take(8, 132, 132).unwrap());
+        // A kernel that returned gives its blocks back.
+        drop(first);
+        let third = Reservation::take(7, 68, 132).unwrap();
+        drop((second, third));
+        drop(Reservation::take(7, 132, 132).unwrap());
+    }
 }

@@ -36,6 +36,7 @@ pub fn same_answers(
         weights,
         device: Device::Cpu,
         check: true,
+        resident: None,
     };
     let mut ours = compiled
         .compile(&request)

@@ -17,7 +17,8 @@
 
 use std::sync::Arc;
 
-use tickserve_core::config::{CpuEngineChoice, Placement, ServerConfig};
+use tickserve_core::config::{CpuEngineChoice, GpuMode, Placement, ServerConfig};
+use tickserve_core::sequence::StateConfig;
 use tickserve_core::{Device, Engine, Weight};
 use tickserve_engine_cpu::CpuEngine;
 use tickserve_engine_cuda::{CudaEngine, CudaOptions, Gpus};
@@ -225,6 +226,44 @@ impl Engines {
                 self.cpu_choice(model, graph, weights, preference)
             }
         }
+    }
+
+    /// What `tickserve check` says of a family whose `gpu_mode` is `mode`
+    /// and whose replica runs on `device`: whether its ticks run (or, off
+    /// a GPU, would run) on the CUDA engine's resident kernel, and if not
+    /// why. `None` for `graphs`. Needs no GPU.
+    pub fn resident_note(
+        &self,
+        mode: GpuMode,
+        device: Device,
+        graph: &ModelGraph,
+        weights: Option<&[Weight]>,
+        state: &[StateConfig],
+    ) -> Option<String> {
+        if mode == GpuMode::Graphs {
+            return None;
+        }
+        let verdict = tickserve_engine_cuda::import(&graph.onnx, &graph.signature.inputs, weights)
+            .map_err(|unsupported| format!("the CUDA engine lacks {unsupported}"))
+            .and_then(|imported| CudaEngine::resident_layout(&imported, state));
+        let required = mode == GpuMode::Resident;
+        Some(match (device, verdict) {
+            (Device::Gpu(n), Ok(layout)) => format!(
+                "runs resident on gpu:{n} (a tick: {} floats through its mailbox, {} of state                  kept on the device)",
+                layout.mailbox_floats, layout.state_floats
+            ),
+            (Device::Gpu(n), Err(reason)) => {
+                format!("runs on CUDA graphs on gpu:{n}, not resident: {reason}")
+            }
+            (Device::Cpu, Ok(_)) => "on a GPU its ticks would run resident".to_string(),
+            (Device::Cpu, Err(reason)) if required => format!(
+                "on a GPU it would fail to load (gpu_mode = \"resident\"): the resident kernel \
+                 cannot run it: {reason}"
+            ),
+            (Device::Cpu, Err(reason)) => {
+                format!("on a GPU its ticks would run on CUDA graphs, not resident: {reason}")
+            }
+        })
     }
 
     /// ONNX Runtime on the CPU.

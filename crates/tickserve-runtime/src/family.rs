@@ -43,6 +43,9 @@ pub struct Family {
     pub engine: (&'static str, &'static str),
     /// Why the compiled CPU engine was not chosen, where it was allowed.
     pub engine_note: Option<String>,
+    /// Whether its ticks run resident on a GPU (`gpu_mode`), and if not
+    /// why.
+    pub gpu_note: Option<String>,
     /// The queue's sending half; the executor threads hold the receiving
     /// half (the intake). Dropping the family (or [`Family::close`]) closes
     /// it, and the executors stop once they have answered what it held.
@@ -88,6 +91,9 @@ pub struct FamilyParts {
     pub engine: (&'static str, &'static str),
     /// Why the compiled CPU engine was not chosen, where it was allowed.
     pub engine_note: Option<String>,
+    /// Whether its ticks run resident on a GPU (`gpu_mode`), and if not
+    /// why.
+    pub gpu_note: Option<String>,
     /// The queue's sending half.
     pub queue: Sender<Job>,
     /// The reserved executors' lane, when there are any: they are the last
@@ -122,6 +128,7 @@ impl Family {
             device: parts.device,
             engine: parts.engine,
             engine_note: parts.engine_note,
+            gpu_note: parts.gpu_note,
             queue: Mutex::new(Some(parts.queue)),
             shared,
             lane: Mutex::new(parts.lane),

@@ -65,6 +65,9 @@ pub struct Loaded {
     /// Why a replica whose preference allowed the compiled CPU engine runs
     /// on ONNX Runtime (the first such replica's reason).
     pub engine_note: Option<String>,
+    /// For a model whose `gpu_mode` is `resident` or `auto`: whether its
+    /// ticks run resident on a GPU, and if not why (the first replica's).
+    pub gpu_note: Option<String>,
     /// Time from reading its file to ready (a family's first member includes
     /// the compilation; a later member only its weights).
     pub load_time: Duration,

@@ -348,6 +348,7 @@ impl Runtime {
             inline_budget: self.config.runtime.inline_budget,
             spin: self.config.runtime.spin,
             cpu_engine: self.config.runtime.cpu_engine,
+            gpu_mode: self.config.runtime.gpu_mode,
             executor_cpus: &self.config.runtime.executor_cpus,
             compile_idle: self.config.runtime.compile_priority
                 == tickserve_core::config::CompilePriority::Idle,

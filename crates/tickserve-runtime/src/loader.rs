@@ -130,6 +130,8 @@ struct Founding {
     engine: (&'static str, &'static str),
     /// Why the compiled CPU engine was not chosen, where it was allowed.
     engine_note: Option<String>,
+    /// Whether its ticks run resident on a GPU, and if not why.
+    gpu_note: Option<String>,
     queue: Sender<Job>,
     lane: Option<Sender<Job>>,
     links: FamilyLinks,
@@ -157,6 +159,9 @@ pub struct Loader<'a> {
     /// `runtime.cpu_engine`: which engine runs a model on the CPU, unless
     /// its `engine` says.
     pub cpu_engine: tickserve_core::config::CpuEngineChoice,
+    /// `runtime.gpu_mode`: how a GPU runs a sequence model's ticks, unless
+    /// its `model.toml` says.
+    pub gpu_mode: tickserve_core::config::GpuMode,
     /// `runtime.executor_cpus`.
     pub executor_cpus: &'a [usize],
     /// `runtime.compile_priority = "idle"`: compile on `SCHED_IDLE` threads.
@@ -318,6 +323,14 @@ impl Loader<'_> {
         };
         let engine = (choice.engine.platform(), choice.engine.backend());
         let engine_note = choice.note.clone();
+        let gpu_mode = settings.gpu_mode.unwrap_or(self.gpu_mode);
+        let gpu_note = self.engines.resident_note(
+            gpu_mode,
+            choice.device,
+            &first.graph,
+            first.weights.as_deref(),
+            &settings.state_pairs,
+        );
         let input = Arc::new(CompileInput {
             family_key: first.family.clone(),
             graph: first.graph,
@@ -325,6 +338,7 @@ impl Loader<'_> {
             weights: first.weights,
             device: choice.device,
             engine: choice.engine,
+            resident: resident_request(gpu_mode, &settings.state_pairs),
         });
         let shares_graph = input.weights.is_some();
         let start = WorkerStart {
@@ -373,6 +387,7 @@ impl Loader<'_> {
             device: choice.device,
             engine,
             engine_note,
+            gpu_note,
             queue,
             lane,
             links,
@@ -417,6 +432,7 @@ impl Loader<'_> {
                     device: f.device,
                     engine: f.engine,
                     engine_note: f.engine_note,
+                    gpu_note: f.gpu_note,
                     queue: f.queue,
                     lane: f.lane,
                     executors,
@@ -471,6 +487,7 @@ impl Loader<'_> {
             weights: shared.weights.clone(),
             device: shared.device,
             engine: Arc::clone(&shared.engine),
+            resident: shared.resident.clone(),
         });
         let parsed = Parsed {
             candidate: first.candidate,
@@ -790,6 +807,7 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>, clock: &Clock
                     })
                     .collect(),
                 engine_note: joined.iter().find_map(|j| j.family.engine_note.clone()),
+                gpu_note: joined.iter().find_map(|j| j.family.gpu_note.clone()),
                 load_time: joined.iter().map(|j| j.load_time).max().unwrap_or_default(),
                 stats: Arc::clone(&first.member.stats),
                 queue: Arc::clone(&first.member.queue),
@@ -819,4 +837,18 @@ fn version_state(name: &str, version: u64, replicas: Vec<Outcome>, clock: &Clock
         "outcome" => if ready { "loaded" } else { "failed" })
     .increment(1);
     state
+}
+
+/// What a family asks of a GPU engine's resident mode: nothing for
+/// `graphs`; for `resident` (required) and `auto`, its state pairs.
+fn resident_request(
+    mode: tickserve_core::config::GpuMode,
+    state: &[tickserve_core::sequence::StateConfig],
+) -> Option<(bool, Vec<tickserve_core::sequence::StateConfig>)> {
+    use tickserve_core::config::GpuMode;
+    match mode {
+        GpuMode::Graphs => None,
+        GpuMode::Resident => Some((true, state.to_vec())),
+        GpuMode::Auto => Some((false, state.to_vec())),
+    }
 }

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tickserve_core::breaker::BreakerConfig;
-use tickserve_core::config::{CpuEngineChoice, MixedRows, ModelConfig, ModelDefaults, NanPolicy};
+use tickserve_core::config::{
+    CpuEngineChoice, GpuMode, MixedRows, ModelConfig, ModelDefaults, NanPolicy,
+};
 use tickserve_core::durations::{self, MAX_QUEUE_DELAY, MAX_TIMEOUT};
 use tickserve_core::guard::Guards;
 use tickserve_core::monte_carlo::MonteCarloSettings;
 use tickserve_core::priority::Priorities;
-use tickserve_core::sequence::SequenceSpec;
+use tickserve_core::sequence::{SequenceSpec, StateConfig};
 use tickserve_core::validate::Limits;
 use tickserve_core::{Buckets, DataType, TensorSpec};
 
@@ -56,6 +58,13 @@ pub struct ModelSettings {
     /// (`engine`); `None`: the server's `runtime.cpu_engine`. A family's
     /// engine is its first member's.
     pub engine: Option<CpuEngineChoice>,
+    /// How a GPU runs its ticks, where `model.toml` says (`gpu_mode`);
+    /// `None`: the server's `runtime.gpu_mode`. A family's is its first
+    /// member's.
+    pub gpu_mode: Option<GpuMode>,
+    /// Its `[[sequence.state]]` pairs as written (a resident kernel keeps
+    /// them on its device).
+    pub state_pairs: Vec<StateConfig>,
 }
 
 impl ModelSettings {
@@ -143,6 +152,8 @@ impl ModelSettings {
             guards: Guards::default(),
             breaker: config.breaker.clone(),
             engine: config.engine,
+            gpu_mode: config.gpu_mode,
+            state_pairs: config.sequence.state.clone(),
         })
     }
 

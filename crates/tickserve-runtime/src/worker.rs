@@ -16,9 +16,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tickserve_core::config::MixedRows;
+use tickserve_core::sequence::StateConfig;
 use tickserve_core::{
-    Buckets, CompileRequest, CompiledModel, DataType, Device, EngineError, SOLE_MEMBER, Signature,
-    Weight,
+    Buckets, CompileRequest, CompiledModel, DataType, Device, EngineError, ResidentRequest,
+    SOLE_MEMBER, Signature, Weight,
 };
 use tickserve_onnx::ModelGraph;
 
@@ -43,6 +44,9 @@ pub struct CompileInput {
     pub device: Device,
     /// The engine that compiles it.
     pub engine: SharedEngine,
+    /// For a sequence model whose `gpu_mode` is `resident` or `auto`: it
+    /// asks to run resident (`true`: required), its state pairs.
+    pub resident: Option<(bool, Vec<StateConfig>)>,
 }
 
 impl CompileInput {
@@ -54,6 +58,13 @@ impl CompileInput {
             weights: self.weights.as_deref(),
             device: self.device,
             check: false,
+            resident: self
+                .resident
+                .as_ref()
+                .map(|(required, state)| ResidentRequest {
+                    required: *required,
+                    state,
+                }),
         })
     }
 }

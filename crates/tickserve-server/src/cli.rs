@@ -344,6 +344,9 @@ fn check(args: CommonArgs) -> anyhow::Result<ExitCode> {
                     if let Some(note) = &h.engine_note {
                         println!("{:<29}not on the compiled CPU engine: it {note}", "");
                     }
+                    if let Some(note) = &h.gpu_note {
+                        println!("{:<29}gpu_mode: {note}", "");
+                    }
                 }
                 VersionState::Failed(reason) => {
                     let first_line = reason.lines().next().unwrap_or_default();

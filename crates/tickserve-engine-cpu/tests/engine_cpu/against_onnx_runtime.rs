@@ -152,6 +152,7 @@ pub fn model_matches_onnx_runtime(
                 weights: None,
                 device: Device::Cpu,
                 check: false,
+                resident: None,
             })
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         for (bucket, &rows) in SIZES.iter().enumerate() {
@@ -285,6 +286,7 @@ fn a_forest_family_reads_its_constants_from_its_weights() {
             weights: Some(&weights),
             device: Device::Cpu,
             check: false,
+            resident: None,
         })
         .unwrap();
     ours.add_member(1, &weights).unwrap();
@@ -367,6 +369,7 @@ fn a_second_model_of_the_same_trees_joins_its_forest() {
             weights: Some(&[]),
             device: Device::Cpu,
             check: true,
+            resident: None,
         })
         .unwrap();
     ours.add_member(4, &[]).unwrap();

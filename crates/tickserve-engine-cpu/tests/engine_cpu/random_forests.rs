@@ -75,6 +75,7 @@ fn random_forests_answer_as_onnx_runtime_does() {
                 weights: None,
                 device: Device::Cpu,
                 check: true,
+                resident: None,
             });
             let mut ours = match compiled {
                 Ok(ours) => ours,

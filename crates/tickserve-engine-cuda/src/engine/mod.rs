@@ -19,6 +19,7 @@
 
 mod product;
 mod recurrent;
+mod resident;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -37,6 +38,11 @@ use crate::import::{Imported, arrange};
 use crate::kernels::{self, Kernel};
 use crate::plan::{Op, Plan, ValueId};
 use product::{Operands, Product};
+pub use resident::{RESIDENT_MEMBERS, ResidentModel};
+
+/// The longest a resident tick may take before its family fails over to
+/// its graphs (docs/cuda.md, "Resident mode").
+pub const RESIDENT_TICK_BOUND: Duration = Duration::from_millis(100);
 
 /// Device buffers are laid out on this boundary.
 const ALIGN: usize = 256;
@@ -232,7 +238,56 @@ impl Engine<ModelGraph> for CudaEngine {
                 first_member: SOLE_MEMBER,
             },
         )?;
-        Ok(Box::new(model))
+        let Some(asked) = request.resident.filter(|_| !request.check) else {
+            return Ok(Box::new(model));
+        };
+        let started = match CudaEngine::resident_layout(&imported, asked.state) {
+            Ok(layout) => ResidentModel::start(
+                request.family,
+                model,
+                layout,
+                (SOLE_MEMBER, &imported.weights),
+                RESIDENT_TICK_BOUND,
+            ),
+            Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
+        };
+        match started {
+            Ok(resident) => {
+                tracing::info!(
+                    family = request.family,
+                    device = resident.device(),
+                    "runs resident"
+                );
+                Ok(Box::new(resident))
+            }
+            Err((why, _)) if asked.required => Err(EngineError::Unsupported(format!(
+                "gpu_mode = \"resident\", but the resident kernel cannot run it: {why}"
+            ))),
+            Err((why, model)) => {
+                tracing::warn!(
+                    family = request.family,
+                    device = model.device(),
+                    "runs on its CUDA graphs, not resident: {why}"
+                );
+                Ok(model)
+            }
+        }
+    }
+}
+
+impl CudaEngine {
+    /// The resident kernel for `imported`'s plan with `state`'s pairs, or
+    /// why the kernel cannot run it. Needs no GPU: `tickserve check` says
+    /// it on any machine.
+    pub fn resident_layout(
+        imported: &Imported,
+        state: &[tickserve_core::sequence::StateConfig],
+    ) -> Result<kernels::Resident, String> {
+        let pairs: Vec<(&str, &str)> = state
+            .iter()
+            .map(|s| (s.input.as_str(), s.output.as_str()))
+            .collect();
+        kernels::resident(&imported.plan, &pairs)
     }
 }
 
@@ -687,6 +742,19 @@ impl CudaModel {
 
     fn ordinal(&self) -> usize {
         self.ctx.ordinal()
+    }
+
+    /// Takes `member`'s weights out of the model without freeing them (a
+    /// free would wait for the device to go idle).
+    fn take_member(&mut self, member: MemberId) -> Option<MemberWeights> {
+        self.members.remove(&member)
+    }
+
+    /// Input `input` of bucket `bucket` as the executor wrote it.
+    fn input(&self, bucket: usize, input: usize) -> &[u8] {
+        let b = &self.buckets_graphs[bucket];
+        let (offset, bytes) = b.inputs_at[input];
+        &b.staging.as_slice()[offset..offset + bytes]
     }
 
     /// Launches bucket `bucket`'s graph (for mixed members or not; its

@@ -24,7 +24,10 @@ use tickserve_core::EngineError;
 use crate::plan::{Elementwise, Op, Plan, Step};
 
 pub use recurrent::{gate_name, reset_name};
-pub use resident::{ANSWERED_WORD, ASKED_WORD, DATA_WORD, RESIDENT_BLOCK, Resident, resident};
+pub use resident::{
+    ANSWERED_WORD, ASKED_WORD, DATA_WORD, GIVEN_WORD, Kept, MEMBER_WORD, RESIDENT_BLOCK, Resident,
+    resident,
+};
 
 /// Threads per block for elementwise kernels (row kernels use one warp per segment).
 pub const BLOCK: u32 = 128;

@@ -1,31 +1,39 @@
 //! CUDA C for a family's resident kernel: launched once, one block per
-//! slot (a live sequence, with its member), each waiting on its slot's
-//! mailbox in host memory mapped into the device, running the whole plan for
-//! the tick it finds there, writing the answer back and saying so. No
-//! launch, no copy call and no stream synchronisation per tick; each slot's
-//! state (the plan's state inputs and outputs, paired by the model's
-//! `[[sequence.state]]`) stays in device memory between ticks.
+//! slot, each waiting on its slot's mailbox in host memory mapped into the
+//! device, running the whole plan for the tick it finds there, with the
+//! member the tick names, writing the answer back and saying so. No launch,
+//! no copy call and no stream synchronisation per tick; each slot keeps the
+//! state its last tick left (the plan's state inputs and outputs, paired by
+//! the model's `[[sequence.state]]`) in device memory, and a tick may bring
+//! another.
 //!
 //! A slot's mailbox is [`Resident::mailbox_words`] `int` words (whole
-//! 128-byte lines; slot `s`'s start `s` mailboxes in): word 0 the tick the
-//! host asks for (a counter it raises by one per tick, from 1, back to 1
-//! after `i32::MAX`, so it alternates and never repeats the last; a negative
-//! value tells the slot's block to return), word 32 the tick the block has
-//! answered (each flag on its own line), then from word 64 the tick's
-//! floats: the non-state inputs in the plan's order, then the non-state
-//! outputs ([`Resident`] gives their offsets). The host writes the inputs,
-//! then the tick with release order; the block reads the tick with acquire
-//! order, runs, writes the outputs and the state, fences, and writes the
-//! answered tick with release order, which the host reads with acquire
-//! order before the outputs. Slot `s` reads weight pointers
-//! `table[s · w ..]` (its member's, `w` the plan's weight slots) and keeps its state at `state[s ·
-//! state_floats ..]`.
+//! 128-byte lines; slot `s`'s start `s` mailboxes in): word
+//! [`ASKED_WORD`] the tick the host asks for (a counter it raises by one
+//! per tick, from 1, back to 1 after `i32::MAX`, so it alternates and never
+//! repeats the last; a negative value tells the slot's block to return),
+//! [`MEMBER_WORD`] the tick's member (its row of the weight table),
+//! [`GIVEN_WORD`] whether the tick brings its state (1) or runs on the kept
+//! one (0); word [`ANSWERED_WORD`] the tick the block has answered (each
+//! flag line on its own line); from [`DATA_WORD`] the tick's floats: the
+//! non-state inputs, each state pair's region (the state given, then the
+//! state after the tick), the non-state outputs ([`Resident`] gives the
+//! offsets). The host writes the inputs, the member and the flag, then the
+//! tick with release order; the block reads the tick with acquire order,
+//! runs, writes the outputs and the state (to the mailbox and to its state
+//! buffer), fences, and writes the answered tick with release order, which
+//! the host reads with acquire order before the outputs. So between ticks a
+//! slot's state buffer and its mailbox's state regions hold the same
+//! floats: the host gives the state only when the one it holds differs.
+//! The table is member-major: member `m`'s weight pointers at `table[m ·
+//! w ..]` (`w` the plan's weight slots); slot `s` keeps its state at
+//! `state[s · state_floats ..]`.
 //!
 //! Each block has [`RESIDENT_BLOCK`] threads: every step loops its elements
 //! over them, with a block barrier between steps. The activations live in
-//! shared memory. The weight table is read afresh at every tick and the
-//! weights through L2, so a member swapped between two ticks (its slot's
-//! table rewritten) is read from the next. The set it runs: products (one
+//! shared memory. The tick's table row is read afresh and the weights
+//! through L2, so a member written to the table while the kernel runs is
+//! read from the first tick naming it. The set it runs: products (one
 //! group) with their elementwise chains, and LSTM layers over one step;
 //! anything else is refused, named.
 
@@ -39,6 +47,13 @@ pub const RESIDENT_BLOCK: u32 = 256;
 
 /// The mailbox's word of the tick the host asks for.
 pub const ASKED_WORD: usize = 0;
+/// The mailbox's word of the asked tick's member: its row of the weight
+/// table.
+pub const MEMBER_WORD: usize = 1;
+/// The mailbox's word saying whether the asked tick brings its state (1:
+/// in the state's region of the mailbox) or runs on the state the slot
+/// kept (0).
+pub const GIVEN_WORD: usize = 2;
 /// The mailbox's word of the tick the kernel answered.
 pub const ANSWERED_WORD: usize = 32;
 /// The mailbox's word where the tick's floats start.
@@ -56,21 +71,40 @@ pub struct Resident {
     /// table, float* state)`.
     pub source: String,
     /// Per plan input (in the plan's order): its float offset after
-    /// [`DATA_WORD`] in the mailbox, or `None` for a state input.
-    pub inputs: Vec<Option<usize>>,
-    /// Per plan output: its float offset after [`DATA_WORD`], or `None`
-    /// for a state output.
-    pub outputs: Vec<Option<usize>>,
-    /// The state: per pair (in the order given), its float offset in the
-    /// state buffer and its width.
-    pub state: Vec<(usize, usize)>,
+    /// [`DATA_WORD`] in the mailbox (a state input's: its pair's region)
+    /// and its floats.
+    pub inputs: Vec<(usize, usize)>,
+    /// Per plan output: its float offset after [`DATA_WORD`] (a state
+    /// output's: its pair's region) and its floats.
+    pub outputs: Vec<(usize, usize)>,
+    /// The state pairs, in the order given.
+    pub state: Vec<Kept>,
     /// Floats of the mailbox after [`DATA_WORD`].
     pub mailbox_floats: usize,
     /// Words of one slot's mailbox: [`DATA_WORD`] and the floats, rounded
     /// up to whole 128-byte lines.
     pub mailbox_words: usize,
-    /// Floats of the state buffer.
+    /// Floats of one slot's state buffer.
     pub state_floats: usize,
+    /// Pointers in one row of the weight table (the plan's weight slots).
+    pub weight_slots: usize,
+}
+
+/// One state pair of a resident kernel: a plan input and output the block
+/// keeps in its slot's state buffer, and their region of the mailbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    /// The plan input it is read from.
+    pub input: usize,
+    /// The plan output it is written to.
+    pub output: usize,
+    /// Its float offset after [`DATA_WORD`] in the mailbox: the state given
+    /// with a tick, and the state after it.
+    pub mailbox: usize,
+    /// Its float offset in the slot's state buffer.
+    pub offset: usize,
+    /// Its floats.
+    pub width: usize,
 }
 
 const PRELUDE: &str = r#"// Generated by tickserve's CUDA engine: one family's resident kernel.
@@ -122,18 +156,19 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         .max()
         .unwrap_or(1);
     // The activations, the gates, the weight table (two words a slot) and
-    // the asked tick.
+    // the asked tick, member and state flag. The mailbox holds activations
+    // only, so this bounds it too.
     let shared = total
         .saturating_add(gates)
         .saturating_add(plan.weights.len().saturating_mul(2))
-        .saturating_add(1);
+        .saturating_add(3);
     if shared > MAX_SHARED_FLOATS {
         return Err(format!(
             "its activations take {shared} words of shared memory; a resident block holds at \
              most {MAX_SHARED_FLOATS}"
         ));
     }
-    let mut pairs = Vec::with_capacity(state.len());
+    let mut kept: Vec<Kept> = Vec::with_capacity(state.len());
     let mut state_floats = 0usize;
     for (input, output) in state {
         let i = plan.inputs.iter().position(|(n, _)| n == input);
@@ -150,53 +185,81 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                 width(plan.outputs[o].1)
             ));
         }
-        pairs.push((i, o, state_floats, w));
-        state_floats += w;
+        if kept.iter().any(|k| k.input == i || k.output == o) {
+            return Err(format!(
+                "the state pair {input} -> {output} shares its input or output with another pair"
+            ));
+        }
+        kept.push(Kept {
+            input: i,
+            output: o,
+            mailbox: 0,
+            offset: state_floats,
+            width: w,
+        });
+        state_floats = state_floats.saturating_add(w);
     }
+    // The mailbox: the non-state inputs, the state (given, then kept), the
+    // non-state outputs.
     let mut mailbox = 0usize;
-    let inputs: Vec<Option<usize>> = (0..plan.inputs.len())
-        .map(|i| {
-            (!pairs.iter().any(|p| p.0 == i)).then(|| {
-                let at = mailbox;
-                mailbox += width(plan.inputs[i].1);
-                at
-            })
-        })
-        .collect();
-    let outputs: Vec<Option<usize>> = (0..plan.outputs.len())
-        .map(|o| {
-            (!pairs.iter().any(|p| p.1 == o)).then(|| {
-                let at = mailbox;
-                mailbox += width(plan.outputs[o].1);
-                at
-            })
-        })
-        .collect();
-
-    let mailbox_words = (DATA_WORD + mailbox).div_ceil(32) * 32;
-    let mut body = String::new();
-    // The member's weights (the table may have changed between ticks), the
-    // tick's inputs from the mailbox, the state from the device.
-    let _ = writeln!(
-        body,
-        "        for (int s = r; s < {}; s += threads) slots[s] = ((volatile const u64*)table)[s];",
-        plan.weights.len()
-    );
-    for (i, at) in inputs.iter().enumerate() {
-        if let Some(at) = at {
-            let v = plan.inputs[i].1;
-            copy(
-                &mut body,
-                width(v),
-                &format!("val[{}", offsets[v]),
-                &format!("mail[{at}"),
-            );
+    let mut place = |w: usize| {
+        let at = mailbox;
+        mailbox = mailbox.saturating_add(w);
+        at
+    };
+    let mut inputs: Vec<(usize, usize)> = plan.inputs.iter().map(|(_, v)| (0, width(*v))).collect();
+    for (i, input) in inputs.iter_mut().enumerate() {
+        if !kept.iter().any(|k| k.input == i) {
+            input.0 = place(input.1);
         }
     }
-    for &(i, _, at, w) in &pairs {
-        let o = offsets[plan.inputs[i].1];
-        copy(&mut body, w, &format!("val[{o}"), &format!("state[{at}"));
+    for k in &mut kept {
+        k.mailbox = place(k.width);
+        inputs[k.input].0 = k.mailbox;
     }
+    let mut outputs: Vec<(usize, usize)> =
+        plan.outputs.iter().map(|(_, v)| (0, width(*v))).collect();
+    for (o, output) in outputs.iter_mut().enumerate() {
+        output.0 = match kept.iter().find(|k| k.output == o) {
+            Some(k) => k.mailbox,
+            None => place(output.1),
+        };
+    }
+    let mailbox_words = (DATA_WORD + mailbox).div_ceil(32) * 32;
+    let mut body = String::new();
+    // The tick's member's weights (its row of the table), the inputs from
+    // the mailbox, the state from the mailbox where the host gave it, else
+    // from the slot's state buffer.
+    let _ = writeln!(
+        body,
+        "        const u64* row = table + (long long)asked[1] * {};",
+        plan.weights.len()
+    );
+    let _ = writeln!(
+        body,
+        "        for (int s = r; s < {}; s += threads) slots[s] = ((volatile const u64*)row)[s];",
+        plan.weights.len()
+    );
+    for (i, (_, v)) in plan.inputs.iter().enumerate() {
+        if !kept.iter().any(|k| k.input == i) {
+            let (to, from) = (
+                format!("val[{}", offsets[*v]),
+                format!("mail[{}", inputs[i].0),
+            );
+            copy(&mut body, width(*v), &to, &from);
+        }
+    }
+    body.push_str("        if (asked[2]) {\n");
+    for k in &kept {
+        let to = format!("val[{}", offsets[plan.inputs[k.input].1]);
+        copy(&mut body, k.width, &to, &format!("mail[{}", k.mailbox));
+    }
+    body.push_str("        } else {\n");
+    for k in &kept {
+        let to = format!("val[{}", offsets[plan.inputs[k.input].1]);
+        copy(&mut body, k.width, &to, &format!("state[{}", k.offset));
+    }
+    body.push_str("        }\n");
     body.push_str("        SYNC();\n");
     for (index, step) in plan.steps.iter().enumerate() {
         let out = offsets[step.output];
@@ -305,32 +368,29 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
             }
         }
     }
-    // The answer to the mailbox, the state kept.
-    for (o, at) in outputs.iter().enumerate() {
-        if let Some(at) = at {
-            let v = plan.outputs[o].1;
-            copy(
-                &mut body,
-                width(v),
-                &format!("mail[{at}"),
-                &format!("val[{}", offsets[v]),
-            );
-        }
+    // The answer to the mailbox, the state kept and written beside it.
+    for (o, (_, v)) in plan.outputs.iter().enumerate() {
+        let from = format!("val[{}", offsets[*v]);
+        copy(
+            &mut body,
+            width(*v),
+            &format!("mail[{}", outputs[o].0),
+            &from,
+        );
     }
-    for &(_, o, at, w) in &pairs {
-        let from = offsets[plan.outputs[o].1];
-        copy(&mut body, w, &format!("state[{at}"), &format!("val[{from}"));
+    for k in &kept {
+        let from = format!("val[{}", offsets[plan.outputs[k.output].1]);
+        copy(&mut body, k.width, &format!("state[{}", k.offset), &from);
     }
     let source = format!(
         "{PRELUDE}extern \"C\" __global__ void resident(int* box, const u64* table, float* state) {{
     SHARED(float, val, {values});
     SHARED(float, gates, {gates});
-    SHARED(int, asked, 1);
+    SHARED(int, asked, 3);
     SHARED(u64, slots, {weights});
     const int r = threadIdx.x, threads = blockDim.x;
-    // This block's slot: its mailbox, its member's weights, its state.
+    // This block's slot: its mailbox, its state.
     box += (long long)blockIdx.x * {mailbox_words};
-    table += (long long)blockIdx.x * {stride};
     state += (long long)blockIdx.x * {state_words};
     volatile float* mail = (volatile float*)(box + {DATA_WORD});
     int last = 0;
@@ -340,6 +400,8 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
             while ((t = load_acquire(box + {ASKED_WORD})) == last) {{
             }}
             asked[0] = t;
+            asked[1] = ((volatile int*)box)[{MEMBER_WORD}];
+            asked[2] = ((volatile int*)box)[{GIVEN_WORD}];
         }}
         SYNC();
         const int t = asked[0];
@@ -354,16 +416,16 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         values = total.max(1),
         weights = plan.weights.len().max(1),
         state_words = state_floats,
-        stride = plan.weights.len(),
     );
     Ok(Resident {
         source,
         inputs,
         outputs,
-        state: pairs.iter().map(|&(_, _, at, w)| (at, w)).collect(),
+        state: kept,
         mailbox_floats: mailbox,
         mailbox_words,
         state_floats,
+        weight_slots: plan.weights.len(),
     })
 }
 

@@ -20,6 +20,7 @@ use tickserve_engine_cuda::{CudaCompileRequest, CudaEngine, CudaOptions, Gpus, i
 use tickserve_engine_ort::{OrtCompileRequest, OrtEngine, OrtModel, OrtOptions};
 use tickserve_onnx::OnnxModel;
 
+use crate::resident::{Ticker, le_bytes};
 use crate::support;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -349,18 +350,40 @@ fn rows_of_several_members_in_one_launch_match_each_member_alone() {
 /// The resident kernel on gpu:0, as the tests tick it.
 struct OnDevice(tickserve_engine_cuda::resident::ResidentKernel);
 
+impl OnDevice {
+    /// Asks slot `slot` for a tick of `member`: every plan input's floats.
+    fn ask(&mut self, slot: usize, member: usize, inputs: &[Vec<f32>]) {
+        let bytes: Vec<Vec<u8>> = inputs.iter().map(|x| le_bytes(x)).collect();
+        self.0.ask(slot, member, |i| &bytes[i]).unwrap();
+    }
+
+    /// Waits for slot `slot`'s answer: every plan output's floats.
+    fn wait(&mut self, slot: usize) -> Vec<Vec<f32>> {
+        let mut outputs = vec![Vec::new(); self.0.layout().outputs.len()];
+        self.0
+            .wait(slot, |o, bytes| outputs[o] = support::floats(bytes))
+            .unwrap();
+        outputs
+    }
+}
+
 /// Slot 0 of a resident kernel on the device.
 impl crate::resident::Ticker for OnDevice {
-    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
-        self.0.tick(0, inputs).unwrap()
+    fn tick(&mut self, member: usize, inputs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        self.ask(0, member, inputs);
+        self.wait(0)
     }
 
     fn state(&self) -> Vec<f32> {
         self.0.state(0).unwrap()
     }
 
-    fn swap(&mut self, weights: &[Vec<f32>]) {
-        self.0.swap(0, weights).unwrap();
+    fn put(&mut self, member: usize, weights: &[Vec<f32>]) {
+        self.0.put(member, weights).unwrap();
+    }
+
+    fn states_given(&self) -> u64 {
+        self.0.mailboxes().states_given()
     }
 }
 
@@ -381,6 +404,7 @@ fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)], slots: usi
             0,
             layout,
             &weights,
+            128,
             slots,
             std::time::Duration::from_secs(1),
         )
@@ -389,17 +413,18 @@ fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)], slots: usi
 }
 
 /// The resident kernel on the device: `seq_lstm_step` and `bench_lstm`, 10,000
-/// ticks each through the mapped mailbox, equal ONNX Runtime's with the
-/// state fed back (1e-5), the kept state read back equal; a member swapped
-/// between ticks answers with its weights from the next; the kernel stops
-/// when told. Prints each tick's round trip (the mailbox written to the
-/// answer seen): measured, never asserted.
+/// ticks each through the mapped mailbox, the state handed back as the
+/// server does, equal ONNX Runtime's with its own state fed back (1e-5),
+/// the kept state read back equal; a member added while it runs answers
+/// with its weights from its first tick; the kernel stops when told.
+/// Prints each tick's round trip (the mailbox written to the answer seen)
+/// and a round of 64 slots: measured, never asserted.
 #[test]
 #[ignore = "needs a GPU"]
 #[allow(clippy::disallowed_methods)] // the round trip's time is the point
 fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
     use crate::resident::{
-        BENCH_LSTM_STATE, STATE, scaled_member, swap_matches_reference, ticks_match,
+        BENCH_LSTM_STATE, STATE, members_match_reference, scaled_member, ticks_match,
     };
     let step = root().join("config/models/seq_lstm_step/1/model.onnx");
     let mut kernel = resident_on_device(&step, &STATE, 1);
@@ -407,21 +432,32 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
     kernel.0.stop().unwrap();
     let other = scaled_member(&step);
     let mut kernel = resident_on_device(&step, &STATE, 1);
-    swap_matches_reference(&mut kernel, &other);
+    members_match_reference(&mut kernel, &other);
     kernel.0.stop().unwrap();
 
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
     let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE, 1);
     ticks_match(&mut kernel, &path, &BENCH_LSTM_STATE, 10_000, 5000);
-    // The round trip alone: 20,000 ticks after 1,000 of warm-up.
-    let x = vec![0.25f32; 32];
+    // The round trip alone, the state handed back each tick as the server
+    // does: 20,000 ticks after 1,000 of warm-up.
+    let (_, plan, weights) = crate::resident::plan_of(&path);
+    let widths: Vec<usize> = plan
+        .inputs
+        .iter()
+        .map(|(_, v)| plan.values[*v].width)
+        .collect();
+    let mut held: Vec<Vec<f32>> = widths.iter().map(|w| vec![0.0f32; *w]).collect();
+    held[0] = vec![0.25f32; widths[0]];
     let mut micros = Vec::with_capacity(20_000);
     for t in 0..21_000 {
         let started = std::time::Instant::now();
-        kernel.0.tick(0, &[(0, &x)]).unwrap();
+        let got = Ticker::tick(&mut kernel, 0, &held);
         if t >= 1_000 {
             micros.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        for k in &kernel.0.layout().state.clone() {
+            held[k.input].clone_from(&got[k.output]);
         }
     }
     kernel.0.stop().unwrap();
@@ -432,7 +468,6 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
     // the plan's reference for 50 rounds, then 2,000 rounds timed (a round:
     // the first ask to the last answer).
     let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE, 64);
-    let (_, plan, weights) = crate::resident::plan_of(&path);
     let members: Vec<Vec<Vec<f32>>> = (0..64)
         .map(|m| {
             let f = 1.0 - m as f32 / 256.0;
@@ -442,55 +477,184 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
                 .collect()
         })
         .collect();
-    for (slot, member) in members.iter().enumerate() {
-        kernel.0.swap(slot, member).unwrap();
+    for (m, member) in members.iter().enumerate().skip(1) {
+        kernel.0.put(m, member).unwrap();
     }
-    let widths: Vec<usize> = plan
-        .inputs
-        .iter()
-        .map(|(_, v)| plan.values[*v].width)
-        .collect();
     let mut states: Vec<Vec<Vec<f32>>> = (0..64)
-        .map(|_| widths[1..].iter().map(|w| vec![0.0f32; *w]).collect())
+        .map(|_| widths.iter().map(|w| vec![0.0f32; *w]).collect())
         .collect();
     let mut rounds = Vec::with_capacity(2_000);
     for round in 0..2_050u64 {
-        let ticks: Vec<Vec<f32>> = (0..64u64)
-            .map(|slot| {
-                tickserve_engine_cuda::reference::random_rows(90_000 + round * 64 + slot, widths[0])
-            })
-            .collect();
-        let started = std::time::Instant::now();
-        for (slot, x) in ticks.iter().enumerate() {
-            kernel.0.ask(slot, &[(0, x)]).unwrap();
+        for (slot, inputs) in states.iter_mut().enumerate() {
+            inputs[0] = tickserve_engine_cuda::reference::random_rows(
+                90_000 + round * 64 + slot as u64,
+                widths[0],
+            );
         }
-        let answers: Vec<Vec<f32>> = (0..64).map(|slot| kernel.0.wait(slot).unwrap()).collect();
+        let started = std::time::Instant::now();
+        for (slot, inputs) in states.iter().enumerate() {
+            kernel.ask(slot, slot, inputs);
+        }
+        let answers: Vec<Vec<Vec<f32>>> = (0..64).map(|slot| kernel.wait(slot)).collect();
         let took = started.elapsed().as_secs_f64() * 1e6;
-        if round < 50 {
-            for (slot, got) in answers.iter().enumerate() {
-                let mut inputs: Vec<&[f32]> = vec![&ticks[slot]];
-                inputs.extend(states[slot].iter().map(Vec::as_slice));
+        for (slot, got) in answers.iter().enumerate() {
+            if round < 50 {
+                let inputs: Vec<&[f32]> = states[slot].iter().map(Vec::as_slice).collect();
                 let want = tickserve_engine_cuda::reference::run(&plan, &members[slot], &inputs, 1);
-                let at = kernel.0.layout().outputs[0].unwrap();
                 assert!(
-                    crate::resident::close(got[at], want[0][0]),
+                    crate::resident::close(got[0][0], want[0][0]),
                     "round {round} slot {slot}: resident {}, the reference {}",
-                    got[at],
+                    got[0][0],
                     want[0][0]
                 );
-                // bench_lstm's outputs: the prediction, then each state in
-                // the inputs' order.
-                states[slot] = want[1..].to_vec();
             }
-        } else {
+            for k in &kernel.0.layout().state {
+                states[slot][k.input].clone_from(&got[k.output]);
+            }
+        }
+        if round >= 50 {
             rounds.push(took);
         }
     }
+    assert_eq!(kernel.0.mailboxes().states_given(), 0);
     kernel.0.stop().unwrap();
     summary(
         "resident bench_lstm, 64 slots ticking at once: a round",
         &mut rounds,
     );
+}
+
+/// `bench_lstm` compiled through the engine's trait with `resident` (or
+/// not) on gpu:0, buckets 1 and 64.
+fn bench_lstm_compiled(
+    path: &std::path::Path,
+    resident: Option<tickserve_core::ResidentRequest<'_>>,
+) -> Box<dyn CompiledModel> {
+    let onnx = read(path);
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let graph = tickserve_onnx::ModelGraph { onnx, signature };
+    let engine = CudaEngine::new(CudaOptions::default());
+    tickserve_core::Engine::compile(
+        &engine,
+        &tickserve_core::CompileRequest {
+            family: "bench_lstm",
+            graph: &graph,
+            buckets: &Buckets::new(&[1, 64], None).unwrap(),
+            weights: None,
+            device: tickserve_core::Device::Gpu(0),
+            check: false,
+            resident,
+        },
+    )
+    .unwrap()
+}
+
+/// A family compiled with `gpu_mode = "resident"` runs its buckets on the
+/// resident kernel and answers as its graphs do (1e-5): bucket 1 ticking
+/// one sequence, its state handed back as the server does, and bucket 64
+/// holding rows of 64 members added after load. Prints the bucket-1 run's
+/// time through the engine's trait (inputs written, run, outputs read), on
+/// the kernel and on the graphs: measured, never asserted.
+#[test]
+#[ignore = "needs a GPU"]
+#[allow(clippy::disallowed_methods)] // the run's time is the point
+fn a_family_compiled_resident_answers_as_its_graphs_do() {
+    use crate::resident::BENCH_LSTM_STATE;
+    let bench = support::bench_models();
+    let path = bench.path().join("bench_lstm/1/model.onnx");
+    let state: Vec<tickserve_core::sequence::StateConfig> = BENCH_LSTM_STATE
+        .iter()
+        .map(|(i, o)| tickserve_core::sequence::StateConfig {
+            input: (*i).to_string(),
+            output: (*o).to_string(),
+            initial_file: None,
+        })
+        .collect();
+    let asked = tickserve_core::ResidentRequest {
+        required: true,
+        state: &state,
+    };
+    let mut resident = bench_lstm_compiled(&path, Some(asked));
+    let mut graphs = bench_lstm_compiled(&path, None);
+    assert!(resident.device_time().is_none(), "runs on the graphs");
+    let onnx = read(&path);
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let imported = import(&onnx, &signature.inputs, None).unwrap();
+    for m in 1..64u32 {
+        let weights = scaled(&imported.weights, 1.0 - m as f32 / 256.0);
+        resident.add_member(m, &weights).unwrap();
+        graphs.add_member(m, &weights).unwrap();
+    }
+    let inputs = signature.inputs.len();
+    // Output o's index among the inputs, for a state output.
+    let fed_back: Vec<(usize, usize)> = BENCH_LSTM_STATE
+        .iter()
+        .map(|(i, o)| {
+            let input = signature.inputs.iter().position(|t| t.name == *i).unwrap();
+            let output = signature.outputs.iter().position(|t| t.0 == *o).unwrap();
+            (input, output)
+        })
+        .collect();
+    let mut seed = 11u64;
+    let mut timed = |model: &mut dyn CompiledModel, other: &mut dyn CompiledModel| {
+        let mut micros = Vec::with_capacity(20_000);
+        for t in 0..21_000 {
+            let started = std::time::Instant::now();
+            let x = tickserve_engine_cuda::reference::random_rows(seed + t, 32);
+            model.input_mut(0, 0).copy_from_slice(&le_bytes(&x));
+            model.run(0, SOLE_MEMBER).unwrap();
+            for &(i, o) in &fed_back {
+                let next = model.output(0, o).to_vec();
+                model.input_mut(0, i).copy_from_slice(&next);
+            }
+            if t >= 1_000 {
+                micros.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+            if t < 200 {
+                // The same tick on the other mode: the same answer.
+                for i in 0..inputs {
+                    let fed = model.input_mut(0, i).to_vec();
+                    if fed_back.iter().all(|&(si, _)| si != i) {
+                        other.input_mut(0, i).copy_from_slice(&fed);
+                    }
+                }
+                other.run(0, SOLE_MEMBER).unwrap();
+                assert_close(model.output(0, 0), other.output(0, 0), &format!("tick {t}"));
+                for &(i, o) in &fed_back {
+                    let next = model.output(0, o).to_vec();
+                    other.input_mut(0, i).copy_from_slice(&next);
+                }
+            }
+        }
+        seed += 100_000;
+        micros
+    };
+    let mut on_kernel = timed(resident.as_mut(), graphs.as_mut());
+    summary("resident bench_lstm bucket-1 run (engine)", &mut on_kernel);
+    let mut on_graphs = timed(graphs.as_mut(), resident.as_mut());
+    summary("graphs bench_lstm bucket-1 run (engine)", &mut on_graphs);
+    // Bucket 64: a row of each member, the same inputs on both.
+    let members: Vec<MemberId> = (0..64).collect();
+    for round in 0..20u64 {
+        for i in 0..inputs {
+            let len = resident.input_mut(1, i).len() / 4;
+            let x = le_bytes(&tickserve_engine_cuda::reference::random_rows(
+                round * 8 + i as u64,
+                len,
+            ));
+            resident.input_mut(1, i).copy_from_slice(&x);
+            graphs.input_mut(1, i).copy_from_slice(&x);
+        }
+        resident.run_members(1, &members).unwrap();
+        graphs.run_members(1, &members).unwrap();
+        for o in 0..signature.outputs.len() {
+            assert_close(
+                resident.output(1, o),
+                graphs.output(1, o),
+                &format!("round {round} bucket 64 output {o}"),
+            );
+        }
+    }
 }
 
 /// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).

@@ -1,15 +1,18 @@
 //! The resident kernel, run on the CPU: its CUDA C compiled by the host's
-//! C++ compiler behind an emulation of one block (its threads are OS
-//! threads, a block barrier a `std::barrier`, shared arrays statics, the
-//! mailbox's acquire and release the same orders on host atomics), started
-//! once on its own thread, and ticked through its mailbox as the host will
-//! tick it: the inputs written, the asked tick raised with release order,
-//! the answered tick awaited with acquire order. A sequence's 10,000 ticks,
-//! its state kept only in the kernel's state buffer, give what ONNX Runtime
-//! gives with the state fed back, within 1e-5; a member's weights swapped
-//! between two ticks give what the plan's reference gives with them; a
-//! negative tick ends the kernel. What it cannot show: the device's memory
-//! model over PCIe, its scheduling, the round trip's time.
+//! C++ compiler behind an emulation of its blocks (a block's threads are OS
+//! threads, its barrier a `std::barrier`, its shared arrays an arena of its
+//! own, the mailbox's acquire and release the same orders on host
+//! atomics), started once, and ticked through the host's own mailbox code
+//! ([`Mailboxes`]) as the device is: the inputs, member and state flag
+//! written, the asked tick raised with release order, the answered tick
+//! awaited with acquire order. A sequence's 10,000 ticks, the host handing
+//! back the state each answer gave (so the slot runs on the state it kept)
+//! and restarting it once (so that tick brings its state), give what ONNX
+//! Runtime gives with its own state fed back, within 1e-5; a member added
+//! while the kernel runs answers with its weights from the first tick that
+//! names it; slots tick at once and sequences move between them; a negative
+//! tick ends the kernel. What it cannot show: the device's memory model
+//! over PCIe, its scheduling, the round trip's time.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -95,52 +98,58 @@ type Run = unsafe extern "C" fn(*mut i32, *const u64, *mut f32, u32, u32);
 /// The longest a tick may take here before the test fails (no hang).
 const TICK_BOUND: Duration = Duration::from_secs(10);
 
+/// Rows of the emulated kernel's weight table.
+const MEMBERS: usize = 8;
+
 /// A resident kernel running on its own thread, and its slots' mailboxes.
 struct Running {
     /// The slots' mailboxes, over `mailbox`: the host's half as the device
     /// runs it.
     mailboxes: Mailboxes,
-    /// Each slot's mailbox, `mailbox_words` apart: the two flag words, then
+    /// Each slot's mailbox, `mailbox_words` apart: the flag words, then
     /// the floats.
     mailbox: Vec<i32>,
-    /// One pointer per slot and weight slot, slot-major.
+    /// One pointer per member and weight slot, member-major, [`MEMBERS`]
+    /// rows.
     table: Vec<u64>,
+    /// Every member's weights written to the table: alive until the kernel
+    /// is joined.
+    weights: Vec<Vec<Vec<f32>>>,
     weight_slots: usize,
     state: Vec<f32>,
     state_floats: usize,
+    layout: Resident,
     kernel: Option<std::thread::JoinHandle<()>>,
     _library: libloading::Library,
     _dir: tempfile::TempDir,
 }
 
 impl Running {
-    /// Builds `resident`'s kernel and starts it with one block of `threads`
-    /// threads per entry of `members` (that slot's member's weights, one
-    /// vector per weight slot).
-    fn start(resident: &Resident, members: &[&[Vec<f32>]], threads: u32) -> Running {
+    /// Builds `resident`'s kernel and starts it with `slots` blocks of
+    /// `threads` threads, `first` (one vector per weight slot) as member 0.
+    fn start(resident: &Resident, first: &[Vec<f32>], slots: usize, threads: u32) -> Running {
         let (library, dir) =
             support::host_library(&format!("{EMULATION}\n{}\n{LAUNCH}", resident.source));
-        let slots = members.len();
         let mut mailbox = vec![0; slots * resident.mailbox_words];
-        // SAFETY: `mailbox` holds `slots` mailboxes; its heap buffer is
-        // neither moved nor freed while `Running` (and so `mailboxes`)
+        // SAFETY: `mailbox` holds `slots` zeroed mailboxes; its heap buffer
+        // is neither moved nor freed while `Running` (and so `mailboxes`)
         // lives; only the kernel's threads touch it besides.
         let mailboxes =
             unsafe { Mailboxes::new(mailbox.as_mut_ptr(), resident, slots, TICK_BOUND) };
         let mut running = Running {
             mailboxes,
             mailbox,
-            table: members
-                .iter()
-                .flat_map(|m| m.iter().map(|w| w.as_ptr() as u64))
-                .collect(),
-            weight_slots: members[0].len(),
+            table: vec![0; MEMBERS * first.len()],
+            weights: Vec::new(),
+            weight_slots: first.len(),
             state: vec![0.0; slots * resident.state_floats],
             state_floats: resident.state_floats,
+            layout: resident.clone(),
             kernel: None,
             _library: library,
             _dir: dir,
         };
+        running.put(0, first);
         // SAFETY: the symbol this test's source defines, with that
         // signature.
         let run: Run = unsafe {
@@ -174,28 +183,30 @@ impl Running {
         running
     }
 
-    /// Asks slot `slot` for a tick ([`Mailboxes::ask`]).
-    fn ask(&mut self, slot: usize, inputs: &[(usize, &[f32])]) {
-        self.mailboxes.ask(slot, inputs).unwrap();
-    }
-
-    /// Waits for slot `slot`'s answer ([`Mailboxes::wait`]): its floats.
-    fn wait(&mut self, slot: usize) -> Vec<f32> {
-        self.mailboxes.wait(slot).unwrap()
-    }
-
-    /// One tick of slot `slot`.
-    fn tick(&mut self, slot: usize, inputs: &[(usize, &[f32])]) -> Vec<f32> {
-        self.ask(slot, inputs);
-        self.wait(slot)
-    }
-
-    /// Points slot `slot` at other weights, between two of its ticks.
-    fn swap(&mut self, slot: usize, weights: &[Vec<f32>]) {
-        let row = &mut self.table[slot * self.weight_slots..(slot + 1) * self.weight_slots];
-        for (pointer, w) in row.iter_mut().zip(weights) {
+    /// Writes `weights` as member `member` (a row of the table), while the
+    /// kernel runs; no tick of that member is running.
+    fn put(&mut self, member: usize, weights: &[Vec<f32>]) {
+        let kept = weights.to_vec();
+        let row = &mut self.table[member * self.weight_slots..(member + 1) * self.weight_slots];
+        for (pointer, w) in row.iter_mut().zip(&kept) {
             *pointer = w.as_ptr() as u64;
         }
+        self.weights.push(kept);
+    }
+
+    /// Asks slot `slot` for a tick of `member`: every plan input's floats.
+    fn ask(&mut self, slot: usize, member: usize, inputs: &[Vec<f32>]) {
+        let bytes: Vec<Vec<u8>> = inputs.iter().map(|x| le_bytes(x)).collect();
+        self.mailboxes.ask(slot, member, |i| &bytes[i]).unwrap();
+    }
+
+    /// Waits for slot `slot`'s answer: every plan output's floats.
+    fn wait(&mut self, slot: usize) -> Vec<Vec<f32>> {
+        let mut outputs = vec![Vec::new(); self.layout.outputs.len()];
+        self.mailboxes
+            .wait(slot, |o, bytes| outputs[o] = floats(bytes))
+            .unwrap();
+        outputs
     }
 
     /// Slot `slot`'s state, between two of its ticks.
@@ -227,30 +238,43 @@ impl Drop for Running {
     }
 }
 
-/// A resident kernel the tests tick: emulated here, or on a GPU (`gpu`).
+/// `floats` as little-endian bytes.
+pub fn le_bytes(floats: &[f32]) -> Vec<u8> {
+    floats.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+/// A resident kernel's slot 0 as the tests tick it: emulated here, or on a
+/// GPU (`gpu`).
 pub trait Ticker {
-    /// One tick: the non-state inputs (offset, values) in, the mailbox's
-    /// floats after the answer.
-    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32>;
-    /// The state the kernel keeps, read back between ticks.
+    /// One tick of member `member`: every plan input's floats in (the
+    /// state's too, as the server holds it), every plan output's out.
+    fn tick(&mut self, member: usize, inputs: &[Vec<f32>]) -> Vec<Vec<f32>>;
+    /// The state the slot keeps on the device, read back between ticks.
     fn state(&self) -> Vec<f32>;
-    /// Another member's weights (one vector per slot, alive as long as the
-    /// kernel), between two ticks.
-    fn swap(&mut self, weights: &[Vec<f32>]);
+    /// Writes `weights` (one vector per weight slot) as member `member`,
+    /// while the kernel runs.
+    fn put(&mut self, member: usize, weights: &[Vec<f32>]);
+    /// How many ticks brought their state.
+    fn states_given(&self) -> u64;
 }
 
 /// Slot 0 of an emulated kernel.
 impl Ticker for Running {
-    fn tick(&mut self, inputs: &[(usize, &[f32])]) -> Vec<f32> {
-        Running::tick(self, 0, inputs)
+    fn tick(&mut self, member: usize, inputs: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        self.ask(0, member, inputs);
+        self.wait(0)
     }
 
     fn state(&self) -> Vec<f32> {
         self.state_of(0)
     }
 
-    fn swap(&mut self, weights: &[Vec<f32>]) {
-        Running::swap(self, 0, weights);
+    fn put(&mut self, member: usize, weights: &[Vec<f32>]) {
+        Running::put(self, member, weights);
+    }
+
+    fn states_given(&self) -> u64 {
+        self.mailboxes.states_given()
     }
 }
 
@@ -275,14 +299,17 @@ fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, see
     let layout = resident(&plan, state).unwrap();
     // The block's loops stride over its threads: 8 here (256 OS threads at
     // a barrier would make this test minutes long; the full block below).
-    let mut kernel = Running::start(&layout, &[&weights], 8);
+    let mut kernel = Running::start(&layout, &weights, 1, 8);
     ticks_match(&mut kernel, path, state, ticks, seed);
     kernel.stop();
 }
 
 /// `path`'s plan ticked `ticks` times through `kernel` (its state paired as
-/// `state` says) against ONNX Runtime fed its own state back: every tick's
-/// outputs within 1e-5, and the state read back from the kernel at the end.
+/// `state` says) as the server ticks a sequence, the state each answer gave
+/// handed back with the next tick, and restarted (zero state) halfway,
+/// against ONNX Runtime fed its own state: every tick's outputs within
+/// 1e-5; only the restart's tick brought its state; the state the slot
+/// kept, read back at the end, is the last answer's.
 pub fn ticks_match(
     kernel: &mut dyn Ticker,
     path: &Path,
@@ -306,62 +333,64 @@ pub fn ticks_match(
     let names: Vec<&str> = signature.outputs.iter().map(|o| o.0.as_str()).collect();
     let planned: Vec<&str> = plan.outputs.iter().map(|o| o.0.as_str()).collect();
     assert_eq!(names, planned, "{}", path.display());
-    let width = |v: usize| plan.values[v].width;
-    // Each input's values: fed from the kernel's mailbox or, for a state
-    // input, ONNX Runtime's own last output (zeros at first).
-    let mut fed: Vec<Vec<f32>> = plan
-        .inputs
-        .iter()
-        .map(|(_, v)| vec![0.0; width(*v)])
-        .collect();
+    let zeros = |i: usize| vec![0.0f32; layout.inputs[i].1];
+    // What the server would hand the kernel, and what ONNX Runtime is fed
+    // (its own state back): zeros at first.
+    let mut held: Vec<Vec<f32>> = (0..plan.inputs.len()).map(zeros).collect();
+    let mut fed = held.clone();
+    let given_before = kernel.states_given();
     for t in 0..ticks {
-        for (i, at) in layout.inputs.iter().enumerate() {
-            if at.is_some() {
-                fed[i] = random_rows(seed + t * 16 + i as u64, fed[i].len());
+        if t == ticks / 2 {
+            for k in &layout.state {
+                held[k.input] = zeros(k.input);
+                fed[k.input] = zeros(k.input);
             }
         }
-        let mailbox: Vec<(usize, &[f32])> = layout
-            .inputs
-            .iter()
-            .zip(&fed)
-            .filter_map(|(at, x)| at.map(|at| (at, x.as_slice())))
-            .collect();
-        let got = kernel.tick(&mailbox);
+        for i in 0..plan.inputs.len() {
+            if !layout.state.iter().any(|k| k.input == i) {
+                held[i] = random_rows(seed + t * 16 + i as u64, held[i].len());
+                fed[i].clone_from(&held[i]);
+            }
+        }
+        let got = kernel.tick(0, &held);
         for (i, data) in fed.iter().enumerate() {
-            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            ort.input_mut(0, i).copy_from_slice(&bytes);
+            ort.input_mut(0, i).copy_from_slice(&le_bytes(data));
         }
         ort.run(0, tickserve_core::SOLE_MEMBER).unwrap();
         let want: Vec<Vec<f32>> = (0..names.len()).map(|o| floats(ort.output(0, o))).collect();
-        for (o, at) in layout.outputs.iter().enumerate() {
-            let Some(at) = at else { continue };
-            for (j, w) in want[o].iter().enumerate() {
-                let g = got[at + j];
+        for (o, w) in want.iter().enumerate() {
+            for (j, (g, w)) in got[o].iter().zip(w).enumerate() {
                 assert!(
-                    close(g, *w),
+                    close(*g, *w),
                     "{} tick {t} {}[{j}]: resident {g}, onnxruntime {w}",
                     path.display(),
                     names[o]
                 );
             }
         }
-        for (input, output) in state {
-            let i = plan.inputs.iter().position(|(n, _)| n == input).unwrap();
-            let o = names.iter().position(|n| n == output).unwrap();
-            fed[i].clone_from(&want[o]);
+        for k in &layout.state {
+            held[k.input].clone_from(&got[k.output]);
+            fed[k.input].clone_from(&want[k.output]);
         }
     }
-    // The state the kernel kept, read back: ONNX Runtime's after the last tick.
+    let given = kernel.states_given() - given_before;
+    let restarted = u64::from(!layout.state.is_empty() && ticks / 2 > 0);
+    assert_eq!(
+        given,
+        restarted,
+        "{}: ticks that brought their state",
+        path.display()
+    );
+    // The state the slot kept: the last answer's, exactly.
     let kept = kernel.state();
-    for ((input, _), &(at, w)) in state.iter().zip(&layout.state) {
-        let i = plan.inputs.iter().position(|(n, _)| n == input).unwrap();
-        for (j, (g, want)) in kept[at..at + w].iter().zip(&fed[i]).enumerate() {
-            assert!(
-                close(*g, *want),
-                "{} {input}[{j}] kept: resident {g}, onnxruntime {want}",
-                path.display()
-            );
-        }
+    for k in &layout.state {
+        assert_eq!(
+            &kept[k.offset..k.offset + k.width],
+            held[k.input].as_slice(),
+            "{} {} kept",
+            path.display(),
+            plan.inputs[k.input].0
+        );
     }
 }
 
@@ -378,10 +407,12 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
     let step = root().join("config/models/seq_lstm_step/1/model.onnx");
     let (_, plan, _) = plan_of(&step);
     let layout = resident(&plan, &STATE).unwrap();
-    // tick in; prediction out; h and c kept in the state buffer alone.
-    assert_eq!(layout.inputs, vec![Some(0), None, None]);
-    assert_eq!(layout.outputs, vec![Some(8), None, None]);
-    assert_eq!(layout.state, vec![(0, 16), (16, 16)]);
+    // tick in; h and c given (or kept) and answered in one region each;
+    // the prediction out.
+    assert_eq!(layout.inputs, vec![(0, 8), (8, 16), (24, 16)]);
+    assert_eq!(layout.outputs, vec![(40, 1), (8, 16), (24, 16)]);
+    let kept: Vec<(usize, usize)> = layout.state.iter().map(|k| (k.offset, k.width)).collect();
+    assert_eq!(kept, vec![(0, 16), (16, 16)]);
     ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000);
     // bench_lstm: two layers of 128 on 32 features, each layer's h and c kept.
     let bench = bench_models();
@@ -394,42 +425,32 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
 }
 
 /// `seq_lstm_step` ticked through `kernel` (started with the file's
-/// weights) 20 times, then 20 more after its member is swapped for the
-/// file's weights scaled by 0.75: each tick as the plan's reference gives it
-/// with the member of that tick, the state carried across the swap.
-pub fn swap_matches_reference(kernel: &mut dyn Ticker, other: &[Vec<f32>]) {
+/// weights as member 0) 20 times, then `other` written as member 1 while
+/// the kernel runs, then 20 ticks of member 1 and 5 of member 0 again: each
+/// tick as the plan's reference gives it with its member, the sequence's
+/// state carried across.
+pub fn members_match_reference(kernel: &mut dyn Ticker, other: &[Vec<f32>]) {
     let path = root().join("config/models/seq_lstm_step/1/model.onnx");
     let (_, plan, weights) = plan_of(&path);
     let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
-    for t in 0..40u64 {
-        let member = if t < 20 { &weights[..] } else { other };
+    for t in 0..45u64 {
         if t == 20 {
-            kernel.swap(other);
+            kernel.put(1, other);
         }
+        let member = usize::from((20..40).contains(&t));
         let x = random_rows(2000 + t, 8);
-        let got = kernel.tick(&[(0, &x)]);
-        let want = reference_tick(&plan, member, &x, &mut h, &mut c);
+        let got = kernel.tick(member, &[x.clone(), h.clone(), c.clone()]);
+        let weights_of = if member == 1 { other } else { &weights[..] };
+        let want = reference::run(&plan, weights_of, &[&x, &h, &c], 1);
         assert!(
-            close(got[8], want),
-            "tick {t}: resident {}, the reference {want}",
-            got[8]
+            close(got[0][0], want[0][0]),
+            "tick {t}: resident {}, the reference {}",
+            got[0][0],
+            want[0][0]
         );
+        h.clone_from(&got[1]);
+        c.clone_from(&got[2]);
     }
-}
-
-/// One tick of `seq_lstm_step`'s `plan` by the plan's reference with
-/// `member`'s weights: its prediction, `h` and `c` moved on.
-fn reference_tick(
-    plan: &Plan,
-    member: &[Vec<f32>],
-    x: &[f32],
-    h: &mut Vec<f32>,
-    c: &mut Vec<f32>,
-) -> f32 {
-    let want = reference::run(plan, member, &[x, h, c], 1);
-    h.clone_from(&want[1]);
-    c.clone_from(&want[2]);
-    want[0][0]
 }
 
 /// The file's weights of `path`'s plan, scaled by 0.75: another member.
@@ -442,60 +463,66 @@ pub fn scaled_member(path: &Path) -> Vec<Vec<f32>> {
 }
 
 #[test]
-fn a_member_swapped_between_ticks_answers_with_its_weights_from_the_next() {
+fn a_member_added_while_the_kernel_runs_answers_with_its_weights_from_its_first_tick() {
     let path = root().join("config/models/seq_lstm_step/1/model.onnx");
     let (_, plan, weights) = plan_of(&path);
     let other = scaled_member(&path);
     let layout = resident(&plan, &STATE).unwrap();
     // The whole block, as the device launches it.
-    let mut kernel = Running::start(&layout, &[&weights], RESIDENT_BLOCK);
-    swap_matches_reference(&mut kernel, &other);
+    let mut kernel = Running::start(&layout, &weights, 1, RESIDENT_BLOCK);
+    members_match_reference(&mut kernel, &other);
+    // The sequence's state was handed back every tick: none brought.
+    assert_eq!(kernel.states_given(), 0);
     kernel.stop();
 }
 
 #[test]
-fn slots_tick_at_once_each_its_own_sequence_with_its_own_member() {
+fn slots_tick_at_once_and_a_sequence_moved_to_another_slot_brings_its_state() {
     let path = root().join("config/models/seq_lstm_step/1/model.onnx");
     let (_, plan, weights) = plan_of(&path);
     let other = scaled_member(&path);
     let layout = resident(&plan, &STATE).unwrap();
-    // Four slots (one block each), members alternating; slot 3 changes
-    // member halfway.
-    let mut members: Vec<&[Vec<f32>]> = vec![&weights, &other, &weights, &other];
-    let mut kernel = Running::start(&layout, &members, 8);
-    let mut states = vec![(vec![0.0f32; 16], vec![0.0f32; 16]); members.len()];
+    let mut kernel = Running::start(&layout, &weights, 4, 8);
+    kernel.put(1, &other);
+    let members: [&[Vec<f32>]; 2] = [&weights, &other];
+    // Four sequences, members alternating; each sequence's h and c as the
+    // server holds them; `at[s]` the slot sequence `s` ticks in (sequences
+    // 0 and 1 trade slots at round 100, as rows of a batch may).
+    let mut states = vec![(vec![0.0f32; 16], vec![0.0f32; 16]); 4];
+    let mut at = [0usize, 1, 2, 3];
     for round in 0..200u64 {
         if round == 100 {
-            kernel.swap(3, &weights);
-            members[3] = &weights;
+            at.swap(0, 1);
         }
-        let ticks: Vec<Vec<f32>> = (0..members.len() as u64)
-            .map(|slot| random_rows(7000 + round * 8 + slot, 8))
+        let ticks: Vec<Vec<f32>> = (0..4u64)
+            .map(|s| random_rows(7000 + round * 8 + s, 8))
             .collect();
         // Every slot asked before any answer is awaited: the blocks run at
         // once.
-        for (slot, x) in ticks.iter().enumerate() {
-            kernel.ask(slot, &[(0, x)]);
+        for (s, x) in ticks.iter().enumerate() {
+            let (h, c) = &states[s];
+            kernel.ask(at[s], s % 2, &[x.clone(), h.clone(), c.clone()]);
         }
-        for (slot, x) in ticks.iter().enumerate() {
-            let got = kernel.wait(slot);
-            let (h, c) = &mut states[slot];
-            let want = reference_tick(&plan, members[slot], x, h, c);
+        for (s, x) in ticks.iter().enumerate() {
+            let got = kernel.wait(at[s]);
+            let (h, c) = &mut states[s];
+            let want = reference::run(&plan, members[s % 2], &[x, h, c], 1);
             assert!(
-                close(got[8], want),
-                "round {round} slot {slot}: resident {}, the reference {want}",
-                got[8]
+                close(got[0][0], want[0][0]),
+                "round {round} sequence {s}: resident {}, the reference {}",
+                got[0][0],
+                want[0][0]
             );
+            h.clone_from(&got[1]);
+            c.clone_from(&got[2]);
         }
     }
-    for (slot, (h, c)) in states.iter().enumerate() {
-        let kept = kernel.state_of(slot);
-        for (j, (g, w)) in kept.iter().zip(h.iter().chain(c)).enumerate() {
-            assert!(
-                close(*g, *w),
-                "slot {slot} state[{j}]: resident {g}, the reference {w}"
-            );
-        }
+    // Only the two ticks after the trade brought their state.
+    assert_eq!(kernel.mailboxes.states_given(), 2);
+    for (s, (h, c)) in states.iter().enumerate() {
+        let kept = kernel.state_of(at[s]);
+        let held: Vec<f32> = h.iter().chain(c).copied().collect();
+        assert_eq!(kept, held, "sequence {s}'s kept state");
     }
     kernel.stop();
 }
@@ -514,6 +541,8 @@ fn a_plan_outside_the_resident_set_is_refused_naming_what_is_not_in_it() {
     let step = models.join("seq_lstm_step/1/model.onnx");
     let unknown = refused(&step, &[("h_in", "h_next")]);
     assert!(unknown.contains("h_in -> h_next"), "{unknown}");
+    let twice = refused(&step, &[("h_in", "h_out"), ("h_in", "c_out")]);
+    assert!(twice.contains("shares its input or output"), "{twice}");
     let (_, plan, _) = plan_of(&step);
     let mut gru = plan.clone();
     if let Op::Recurrent(layer) = &mut gru.steps[0].op {

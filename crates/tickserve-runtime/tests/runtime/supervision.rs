@@ -127,6 +127,7 @@ fn the_other_requests_of_a_batch_with_a_panicking_row_get_their_predictions() {
             weights: None,
             device: tickserve_core::Device::Cpu,
             check: false,
+            resident: None,
         },
     )
     .unwrap();

@@ -197,3 +197,74 @@ fn check_names_each_models_engine_and_why_one_is_not_compiled() {
         "{stdout}"
     );
 }
+
+/// `tickserve check` says, under each model whose `gpu_mode` asks for the
+/// resident kernel, whether its ticks run resident on a GPU (here, with no
+/// GPU: would run) and, where they would not, why; a model left on
+/// `graphs` gets no such line.
+#[test]
+fn check_says_which_models_run_resident_and_why_the_others_do_not() {
+    let samples = support::root().join("config/models");
+    let repository = tempfile::tempdir().unwrap();
+    for (model, mode) in [
+        ("seq_lstm_step", Some("auto")),
+        ("seq_lstm", Some("auto")),
+        ("alpha_mlp", Some("resident")),
+        ("tick_000", None),
+    ] {
+        let dir = repository.path().join(model);
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::copy(
+            samples.join(model).join("1/model.onnx"),
+            dir.join("1/model.onnx"),
+        )
+        .unwrap();
+        let mut toml =
+            std::fs::read_to_string(samples.join(model).join("model.toml")).unwrap_or_default();
+        if let Some(mode) = mode {
+            toml = format!("gpu_mode = \"{mode}\"\n{toml}");
+        }
+        std::fs::write(dir.join("model.toml"), toml).unwrap();
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args(["check", "--config", "config/tickserve.toml"])
+        .arg("--model-repository")
+        .arg(repository.path())
+        .current_dir(support::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The line under a model's, if it is a gpu_mode line.
+    let note = |model: &str| {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{model} ")))
+            .unwrap_or_else(|| panic!("no line for {model}: {stdout}"));
+        lines
+            .get(at + 1)
+            .filter(|l| l.trim_start().starts_with("gpu_mode: "))
+            .map(|l| l.trim().to_string())
+    };
+    assert_eq!(
+        note("seq_lstm_step").as_deref(),
+        Some("gpu_mode: on a GPU its ticks would run resident"),
+        "{stdout}"
+    );
+    let window = note("seq_lstm").unwrap_or_default();
+    assert!(
+        window.contains("not resident") && window.contains("a window of 30 steps"),
+        "{stdout}"
+    );
+    let softmax = note("alpha_mlp").unwrap_or_default();
+    assert!(
+        softmax.contains("would fail to load") && softmax.contains("is a softmax"),
+        "{stdout}"
+    );
+    assert_eq!(note("tick_000"), None, "{stdout}");
+}

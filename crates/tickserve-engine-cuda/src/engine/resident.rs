@@ -1,0 +1,314 @@
+//! A family run resident ([`ResidentModel`]): its graphs compiled as for
+//! any family, and beside them its resident kernel ([`ResidentKernel`]),
+//! one slot per row of its largest bucket. A run writes each row's inputs,
+//! member and state into its slot's mailbox and waits for the answers: no
+//! launch, no copy call, no stream synchronisation.
+//!
+//! The server keeps each sequence's state, as on the CPU, and hands it in
+//! with every tick; the slot keeps the state its last tick left, so a tick
+//! whose state is that one (the next tick of the sequence the slot last
+//! ran) brings none over the bus, and any other (another sequence, a
+//! restart, a state put through the API) is written with the tick. So
+//! snapshots, the journal, windows, guards and hand-over read the state
+//! where they always do, and nothing is read back from the device for them.
+//!
+//! A tick unanswered within the bound fails the family over to its graphs
+//! for good, with one error logged: the same run goes on there, on the
+//! same inputs and the state the server holds.
+
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::CudaContext;
+use tickserve_core::{Buckets, CompiledModel, EngineError, MemberId, Signature, Weight};
+
+use super::CudaModel;
+use crate::import::arrange;
+use crate::kernels::Resident;
+use crate::resident::ResidentKernel;
+
+/// Rows of a resident kernel's weight table: the most members a family
+/// running resident holds at once.
+pub const RESIDENT_MEMBERS: usize = 4096;
+
+/// A family on one GPU run by its resident kernel, its graphs kept to fail
+/// over to.
+pub struct ResidentModel {
+    /// `None` once failed over. Stopped before anything of the graphs is
+    /// freed ([`Drop`]).
+    kernel: Option<ResidentKernel>,
+    /// The graphs' weights of members replaced or removed while the kernel
+    /// runs: freed once it has returned.
+    retired: Vec<super::MemberWeights>,
+    /// The kernel did not return when told: nothing on its device may be
+    /// freed (a free would wait for it for ever), so everything is leaked.
+    wedged: bool,
+    /// The graphs: their pinned input buffers are where the executor writes
+    /// a run's inputs, and they run the family once the kernel is lost.
+    /// Dropped by [`Drop`], after the kernel has returned, or never.
+    graphs: ManuallyDrop<CudaModel>,
+    /// Each member's row of the kernel's weight table.
+    rows: HashMap<MemberId, usize>,
+    /// Rows of members removed, to reuse.
+    free: Vec<usize>,
+    /// Rows written so far.
+    written: usize,
+    /// Per bucket, per output: the last resident run's rows.
+    outputs: Vec<Vec<Vec<u8>>>,
+    /// Whether the last run was the graphs'.
+    on_graphs: bool,
+    family: String,
+}
+
+impl std::fmt::Debug for ResidentModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResidentModel")
+            .field("graphs", &self.graphs)
+            .field("resident", &self.kernel.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResidentModel {
+    /// Starts `layout`'s kernel beside `graphs` (compiled, `first`'s weights
+    /// added), one slot per row of the largest bucket, `first` in row 0 of
+    /// the table; `bound` is the longest a tick may take before the family
+    /// fails over. Where it cannot start: why, and the graphs back.
+    pub(super) fn start(
+        family: &str,
+        graphs: CudaModel,
+        layout: Resident,
+        first: (MemberId, &[Weight]),
+        bound: Duration,
+    ) -> Result<ResidentModel, (EngineError, Box<CudaModel>)> {
+        let slots = graphs.buckets.sizes().last().copied().unwrap_or(1);
+        let started = arrange(&graphs.plan, first.1)
+            .map_err(EngineError::InvalidModel)
+            .and_then(|weights| {
+                let ctx: Arc<CudaContext> = Arc::clone(&graphs.ctx);
+                ResidentKernel::start(
+                    &ctx,
+                    graphs.ordinal(),
+                    layout,
+                    &weights,
+                    RESIDENT_MEMBERS,
+                    slots,
+                    bound,
+                )
+            });
+        let kernel = match started {
+            Ok(kernel) => kernel,
+            Err(e) => return Err((e, Box::new(graphs))),
+        };
+        let outputs = graphs
+            .buckets
+            .sizes()
+            .iter()
+            .map(|&rows| {
+                (kernel.layout().outputs.iter())
+                    .map(|&(_, floats)| vec![0u8; rows * floats * 4])
+                    .collect()
+            })
+            .collect();
+        Ok(ResidentModel {
+            kernel: Some(kernel),
+            retired: Vec::new(),
+            wedged: false,
+            graphs: ManuallyDrop::new(graphs),
+            rows: HashMap::from([(first.0, 0)]),
+            free: Vec::new(),
+            written: 1,
+            outputs,
+            on_graphs: false,
+            family: family.to_string(),
+        })
+    }
+
+    /// Whether its ticks still run on the resident kernel.
+    pub fn is_resident(&self) -> bool {
+        self.kernel.is_some()
+    }
+
+    /// How many ticks brought their state to a slot that held another.
+    pub fn states_given(&self) -> u64 {
+        self.kernel
+            .as_ref()
+            .map_or(0, |k| k.mailboxes().states_given())
+    }
+
+    /// Bucket `bucket`'s rows on the kernel: row `r` in slot `r` with
+    /// `members[r]` (rows past `members`: `members[0]`), every slot asked
+    /// before any answer is awaited.
+    fn tick(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
+        let kernel = self
+            .kernel
+            .as_mut()
+            .ok_or_else(|| EngineError::DeviceLost("no resident kernel".to_string()))?;
+        let rows = self.graphs.buckets_graphs[bucket].rows;
+        let inputs = &kernel.layout().inputs;
+        let widths: Vec<usize> = inputs.iter().map(|&(_, floats)| floats * 4).collect();
+        for row in 0..rows {
+            let member = members
+                .get(row)
+                .or(members.first())
+                .ok_or_else(|| EngineError::Internal("a resident run of no rows".to_string()))?;
+            let &table_row = self.rows.get(member).ok_or_else(|| {
+                EngineError::Internal(format!("member {member} has no resident weights"))
+            })?;
+            let graphs = &self.graphs;
+            kernel.ask(row, table_row, |i| {
+                let bytes = widths[i];
+                &graphs.input(bucket, i)[row * bytes..(row + 1) * bytes]
+            })?;
+        }
+        let outputs = &mut self.outputs[bucket];
+        for row in 0..rows {
+            kernel.wait(row, |o, bytes| {
+                let n = bytes.len();
+                outputs[o][row * n..(row + 1) * n].copy_from_slice(bytes);
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Ends the kernel and runs the family on its graphs from now on.
+    fn fail_over(&mut self, why: &EngineError) {
+        tracing::error!(
+            family = %self.family,
+            device = %self.graphs.device,
+            "the resident kernel failed ({why}); the family runs on its CUDA graphs from now on"
+        );
+        self.stop();
+    }
+
+    /// Tells the kernel to return and waits for it (within its bound);
+    /// then what was retired meanwhile is freed, or, where it did not
+    /// return, kept for good.
+    fn stop(&mut self) {
+        if let Some(mut kernel) = self.kernel.take()
+            && let Err(e) = kernel.stop()
+        {
+            tracing::error!(family = %self.family, "{e}");
+            self.wedged = true;
+        }
+        if !self.wedged {
+            self.retired.clear();
+        }
+    }
+
+    /// Takes `member`'s graph weights out of the graphs: kept while the
+    /// kernel runs, freed otherwise.
+    fn retire(&mut self, member: MemberId) {
+        if let Some(weights) = self.graphs.take_member(member)
+            && (self.kernel.is_some() || self.wedged)
+        {
+            self.retired.push(weights);
+        }
+    }
+}
+
+impl Drop for ResidentModel {
+    fn drop(&mut self) {
+        self.stop();
+        if self.wedged {
+            tracing::error!(
+                family = %self.family,
+                "the resident kernel did not return: the family's device memory is kept"
+            );
+            // The graphs' buffers too: their frees would wait for the kernel.
+            std::mem::forget(std::mem::take(&mut self.retired));
+            return;
+        }
+        // SAFETY: dropped once, here, and `self.graphs` is not used after.
+        unsafe { ManuallyDrop::drop(&mut self.graphs) };
+    }
+}
+
+impl CompiledModel for ResidentModel {
+    fn signature(&self) -> &Signature {
+        self.graphs.signature()
+    }
+
+    fn buckets(&self) -> &Buckets {
+        self.graphs.buckets()
+    }
+
+    fn device(&self) -> &str {
+        self.graphs.device()
+    }
+
+    fn input_mut(&mut self, bucket: usize, input: usize) -> &mut [u8] {
+        self.graphs.input_mut(bucket, input)
+    }
+
+    fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
+        self.run_members(bucket, &[member])
+    }
+
+    fn run_members(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
+        if self.kernel.is_some() {
+            match self.tick(bucket, members) {
+                Ok(()) => {
+                    self.on_graphs = false;
+                    return Ok(());
+                }
+                Err(lost @ EngineError::DeviceLost(_)) => self.fail_over(&lost),
+                Err(other) => return Err(other),
+            }
+        }
+        self.on_graphs = true;
+        self.graphs.run_members(bucket, members)
+    }
+
+    fn mixes_members(&self) -> bool {
+        true
+    }
+
+    fn output(&self, bucket: usize, output: usize) -> &[u8] {
+        if self.on_graphs {
+            self.graphs.output(bucket, output)
+        } else {
+            &self.outputs[bucket][output]
+        }
+    }
+
+    fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
+        // A member replaced: its old graph weights are retired, not freed.
+        self.retire(member);
+        self.graphs.add_member(member, weights)?;
+        let Some(kernel) = self.kernel.as_mut() else {
+            return Ok(());
+        };
+        let arranged = arrange(&self.graphs.plan, weights).map_err(EngineError::InvalidModel)?;
+        // A member replaced keeps its row; a new one takes a free row.
+        let row = match self.rows.get(&member) {
+            Some(&row) => row,
+            None => self.free.pop().unwrap_or(self.written),
+        };
+        kernel.put(row, &arranged)?;
+        self.written = self.written.max(row + 1);
+        self.rows.insert(member, row);
+        Ok(())
+    }
+
+    fn remove_member(&mut self, member: MemberId) {
+        self.retire(member);
+        if let Some(row) = self.rows.remove(&member) {
+            self.free.push(row);
+        }
+    }
+
+    fn device_time(&self) -> Option<Duration> {
+        if self.on_graphs {
+            self.graphs.device_time()
+        } else {
+            None
+        }
+    }
+
+    fn runs_on_any_thread(&self) -> bool {
+        false
+    }
+}
