@@ -227,31 +227,18 @@ impl Engine<ModelGraph> for CudaEngine {
         let graph = request.graph;
         let imported = crate::import(&graph.onnx, &graph.signature.inputs, request.weights)
             .map_err(|unsupported| EngineError::Unsupported(unsupported.to_string()))?;
-        let model = CudaEngine::compile(
-            self,
-            &CudaCompileRequest {
-                family: request.family,
-                imported: &imported,
-                signature: &graph.signature,
-                buckets: request.buckets,
-                ordinal,
-                first_member: SOLE_MEMBER,
-            },
-        )?;
+        let cuda_request = CudaCompileRequest {
+            family: request.family,
+            imported: &imported,
+            signature: &graph.signature,
+            buckets: request.buckets,
+            ordinal,
+            first_member: SOLE_MEMBER,
+        };
         let Some(asked) = request.resident.filter(|_| !request.check) else {
-            return Ok(Box::new(model));
+            return Ok(Box::new(CudaEngine::compile(self, &cuda_request)?));
         };
-        let started = match CudaEngine::resident_layout(&imported, asked.state) {
-            Ok(layout) => ResidentModel::start(
-                request.family,
-                model,
-                layout,
-                (SOLE_MEMBER, &imported.weights),
-                RESIDENT_TICK_BOUND,
-            ),
-            Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
-        };
-        match started {
+        match self.compile_resident(&cuda_request, asked.state)? {
             Ok(resident) => {
                 tracing::info!(
                     family = request.family,
@@ -276,6 +263,30 @@ impl Engine<ModelGraph> for CudaEngine {
 }
 
 impl CudaEngine {
+    /// Compiles `request` ([`CudaEngine::compile`]) and starts its resident
+    /// kernel beside the graphs ([`ResidentModel`]), its state paired as
+    /// `state` says. `Err` where the graphs do not compile; `Ok(Err)` where
+    /// they do and the kernel cannot run the family: why, and the graphs,
+    /// to run on them instead.
+    #[allow(clippy::type_complexity)] // the graphs come back with the reason
+    pub fn compile_resident(
+        &self,
+        request: &CudaCompileRequest<'_>,
+        state: &[tickserve_core::sequence::StateConfig],
+    ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
+        let model = self.compile(request)?;
+        Ok(match CudaEngine::resident_layout(request.imported, state) {
+            Ok(layout) => ResidentModel::start(
+                request.family,
+                model,
+                layout,
+                (request.first_member, &request.imported.weights),
+                RESIDENT_TICK_BOUND,
+            ),
+            Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
+        })
+    }
+
     /// The resident kernel for `imported`'s plan with `state`'s pairs, or
     /// why the kernel cannot run it. Needs no GPU: `tickserve check` says
     /// it on any machine.

@@ -131,6 +131,11 @@ impl ResidentModel {
         self.kernel.is_some()
     }
 
+    /// Its resident kernel, until it fails over.
+    pub fn kernel(&self) -> Option<&ResidentKernel> {
+        self.kernel.as_ref()
+    }
+
     /// How many ticks brought their state to a slot that held another.
     pub fn states_given(&self) -> u64 {
         self.kernel
@@ -308,7 +313,11 @@ impl CompiledModel for ResidentModel {
         }
     }
 
+    /// A run makes no CUDA call (mailboxes in host memory; the failover's
+    /// graph launch makes the context current on its thread first), so a
+    /// request may run it on its own thread when the executor is idle: no
+    /// hand-over to the executor's thread on the tick's path.
     fn runs_on_any_thread(&self) -> bool {
-        false
+        true
     }
 }

@@ -657,6 +657,67 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
     }
 }
 
+/// A resident family whose kernel stops answering (its blocks told to
+/// return behind the model's back) fails over to its graphs on that run:
+/// the run answers, as the graphs answer, and every later run is the
+/// graphs' (device time measured again); never a hang.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
+    use crate::resident::BENCH_LSTM_STATE;
+    let bench = support::bench_models();
+    let path = bench.path().join("bench_lstm/1/model.onnx");
+    let onnx = read(&path);
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let imported = import(&onnx, &signature.inputs, None).unwrap();
+    let state: Vec<tickserve_core::sequence::StateConfig> = BENCH_LSTM_STATE
+        .iter()
+        .map(|(i, o)| tickserve_core::sequence::StateConfig {
+            input: (*i).to_string(),
+            output: (*o).to_string(),
+            initial_file: None,
+        })
+        .collect();
+    let cuda = CudaEngine::new(CudaOptions::default());
+    let buckets = Buckets::new(&[1, 64], None).unwrap();
+    let request = CudaCompileRequest {
+        family: "bench_lstm",
+        imported: &imported,
+        signature: &signature,
+        buckets: &buckets,
+        ordinal: 0,
+        first_member: SOLE_MEMBER,
+    };
+    let mut model = match cuda.compile_resident(&request, &state).unwrap() {
+        Ok(model) => model,
+        Err((why, _)) => panic!("not resident: {why}"),
+    };
+    let mut graphs = cuda.compile(&request).unwrap();
+    let mut seed = 3;
+    let mut same_run = |model: &mut dyn CompiledModel, graphs: &mut dyn CompiledModel| {
+        let inputs = fill(model, 1, &mut seed);
+        for (i, bytes) in inputs.iter().enumerate() {
+            graphs.input_mut(1, i).copy_from_slice(bytes);
+        }
+        model.run(1, SOLE_MEMBER).unwrap();
+        graphs.run(1, SOLE_MEMBER).unwrap();
+        for o in 0..model.signature().outputs.len() {
+            assert_close(
+                model.output(1, o),
+                graphs.output(1, o),
+                &format!("output {o}"),
+            );
+        }
+    };
+    same_run(&mut model, &mut graphs);
+    assert!(model.is_resident() && model.device_time().is_none());
+    model.kernel().unwrap().mailboxes().stop_all();
+    same_run(&mut model, &mut graphs);
+    assert!(!model.is_resident(), "still resident");
+    same_run(&mut model, &mut graphs);
+    assert!(model.device_time().is_some(), "not on the graphs");
+}
+
 /// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).
 fn summary(case: &str, micros: &mut [f64]) {
     micros.sort_by(f64::total_cmp);
