@@ -185,6 +185,10 @@ fi
 wanted 8 && step "8. stateful LSTM ticks (seq_lstm_step): 64 sequences x 100 ticks, latency, 10,000 sequences" 90 \
   sequences.log "$py" scripts/device/gpu_check.py sequences --work "$work/sequences" --device "$gpu_devices"
 tail -n 30 "$work"/sequences/server-*.log >>"$OUT/sequences.log" 2>/dev/null
+# 8b. The same with gpu_mode = "auto": seq_lstm_step's ticks on its resident kernel.
+wanted 8 && [ "$mode" = GPU ] && step "8b. stateful LSTM ticks, gpu_mode auto (seq_lstm_step resident)" 90 sequences.log \
+  "$py" scripts/device/gpu_check.py sequences --work "$work/sequences-auto" --device "$gpu_devices" --gpu-mode auto
+tail -n 30 "$work"/sequences-auto/server-gpu-*.log >>"$OUT/sequences.log" 2>/dev/null
 wanted 9 && step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 sequences.log "$py" scripts/device/gpu_check.py lstm
 
 # 10. The per-tick harness (scripts/device/harness_case.sh) over shared memory, the server

@@ -69,11 +69,12 @@ def http_json(port, path, body=None, timeout=30):
         return json.loads(r.read() or b"null")
 
 
-def config(work, name, devices, repository, extra=""):
+def config(work, name, devices, repository, extra="", gpu_mode="graphs"):
     path = work / f"{name}.toml"
     path.write_text(
         f'[server]\nhost = "127.0.0.1"\n'
         f'[runtime]\nonnxruntime_library = "{ROOT / ".local/lib/libonnxruntime.so.1.31.1"}"\n'
+        f'gpu_mode = "{gpu_mode}"\n'
         f'[repository]\npath = "{repository}"\n'
         f'[model_defaults]\ndevices = {json.dumps(devices)}\n{extra}')
     return path
@@ -169,15 +170,16 @@ def e2e(args):
     work = pathlib.Path(args.work)
     rng = np.random.default_rng(1)
     repo = ROOT / "config/models"
-    gpu_cfg = config(work, "gpu", [args.device], repo)
+    gpu_cfg = config(work, f"gpu-{args.gpu_mode}", [args.device], repo, gpu_mode=args.gpu_mode)
     cpu_cfg = config(work, "cpu", ["cpu"], repo)
+    under_test = args.device if args.gpu_mode == "graphs" else f"{args.device} ({args.gpu_mode})"
     with Server(config=gpu_cfg, binary=args.binary, log=work / "server-gpu.log", ready_timeout=120) as gpu, \
             Server(config=cpu_cfg, binary=args.binary, log=work / "server-cpu.log", ready_timeout=120) as cpu:
         say(f"{args.device} server ready in {gpu.ready_s:.1f} s, CPU server in {cpu.ready_s:.1f} s")
         compiled = metric_sum(gpu.http_port, "tickserve_graph_compilations_total")
         correctness(gpu, cpu, rng, args.device)
         pa = args.pa.split()
-        for server, device in ((gpu, args.device), (cpu, "cpu")):
+        for server, device in ((gpu, under_test), (cpu, "cpu")):
             for protocol, port in (("grpc", server.grpc_port), ("http", server.http_port)):
                 for concurrency in (1, 16):
                     got = perf(pa, "alpha_mlp", port, protocol, concurrency, work)
@@ -302,8 +304,9 @@ def sequences(args):
     toml = repo / "seq_lstm_step/model.toml"
     toml.write_text(toml.read_text().replace("max_sequences = 4096", "max_sequences = 16384"))
     model = "seq_lstm_step"
-    gpu_cfg = config(work, "gpu", [args.device], repo)
+    gpu_cfg = config(work, f"gpu-{args.gpu_mode}", [args.device], repo, gpu_mode=args.gpu_mode)
     cpu_cfg = config(work, "cpu", ["cpu"], repo)
+    under_test = args.device if args.gpu_mode == "graphs" else f"{args.device} ({args.gpu_mode})"
 
     def tick(port, sequence, start, x):
         body = {"parameters": {"sequence_id": sequence, "sequence_start": start},
@@ -315,11 +318,16 @@ def sequences(args):
         tick(port, sequence, start, x)
         return time.perf_counter() - began
 
-    with Server(config=gpu_cfg, binary=args.binary, log=work / "server-gpu.log", ready_timeout=120) as gpu, \
+    gpu_log = work / f"server-gpu-{args.gpu_mode}.log"
+    with Server(config=gpu_cfg, binary=args.binary, log=gpu_log, ready_timeout=120) as gpu, \
             Server(config=cpu_cfg, binary=args.binary, log=work / "server-cpu.log", ready_timeout=120) as cpu, \
             concurrent.futures.ThreadPoolExecutor(64) as pool:
         placed = on_gpu(gpu.http_port, model)
         say(f"{model} on the {args.device} server: {'GPU' if placed else 'not on a GPU'}")
+        if args.gpu_mode != "graphs":
+            lines = gpu_log.read_text(errors="replace").splitlines()
+            for line in [x for x in lines if "resident" in x][:20]:
+                say(f"  {line}")
         compiled = metric_sum(gpu.http_port, "tickserve_graph_compilations_total")
         worst, failures = 0.0, []
         for t in range(100):
@@ -335,12 +343,12 @@ def sequences(args):
                     if err > TOLERANCE:
                         failures.append(f"sequence {s + 1} tick {t} output {go['name']}: {err:.3g}")
         ok = placed and not failures
-        summary(f"| {model}, 64 sequences x 100 ticks, server {args.device} vs cpu | per tick, every output "
+        summary(f"| {model}, 64 sequences x 100 ticks, server {under_test} vs cpu | per tick, every output "
                 f"| max relative error {worst:.3g} | {'PASS' if ok else 'FAIL'} |")
         for failure in failures[:10]:
             say(f"  {failure}")
         x = rng.uniform(-2, 2, 8).astype("float32").tolist()
-        for server, device in ((gpu, args.device), (cpu, "cpu")):
+        for server, device in ((gpu, under_test), (cpu, "cpu")):
             alone = sorted(timed(server.http_port, 100_000, i == 0, x) for i in range(500))
             together = []
             for i in range(50):
@@ -440,6 +448,8 @@ def main():
     parser.add_argument("--pa", default="perf_analyzer", help="the perf_analyzer command (words)")
     parser.add_argument("--members", type=int, default=128)
     parser.add_argument("--device", default="gpu:0", help="the devices of the server under test (cpu: a dry run)")
+    parser.add_argument("--gpu-mode", default="graphs", choices=["graphs", "resident", "auto"],
+                        help="runtime.gpu_mode of the server under test")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         args.work = args.work or tmp
