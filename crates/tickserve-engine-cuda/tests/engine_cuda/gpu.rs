@@ -524,6 +524,18 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
     );
 }
 
+/// `bench_lstm`'s state pairs as its `model.toml` writes them.
+fn bench_lstm_state() -> Vec<tickserve_core::sequence::StateConfig> {
+    crate::resident::BENCH_LSTM_STATE
+        .iter()
+        .map(|(i, o)| tickserve_core::sequence::StateConfig {
+            input: (*i).to_string(),
+            output: (*o).to_string(),
+            initial_file: None,
+        })
+        .collect()
+}
+
 /// `bench_lstm` compiled through the engine's trait with `resident` (or
 /// not) on gpu:0, buckets 1 and 64.
 fn bench_lstm_compiled(
@@ -562,14 +574,7 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
     use crate::resident::BENCH_LSTM_STATE;
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
-    let state: Vec<tickserve_core::sequence::StateConfig> = BENCH_LSTM_STATE
-        .iter()
-        .map(|(i, o)| tickserve_core::sequence::StateConfig {
-            input: (*i).to_string(),
-            output: (*o).to_string(),
-            initial_file: None,
-        })
-        .collect();
+    let state = bench_lstm_state();
     let asked = tickserve_core::ResidentRequest {
         required: true,
         state: &state,
@@ -664,20 +669,12 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
-    use crate::resident::BENCH_LSTM_STATE;
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
     let onnx = read(&path);
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
     let imported = import(&onnx, &signature.inputs, None).unwrap();
-    let state: Vec<tickserve_core::sequence::StateConfig> = BENCH_LSTM_STATE
-        .iter()
-        .map(|(i, o)| tickserve_core::sequence::StateConfig {
-            input: (*i).to_string(),
-            output: (*o).to_string(),
-            initial_file: None,
-        })
-        .collect();
+    let state = bench_lstm_state();
     let cuda = CudaEngine::new(CudaOptions::default());
     let buckets = Buckets::new(&[1, 64], None).unwrap();
     let request = CudaCompileRequest {

@@ -31,6 +31,21 @@ fn cuda_reference(repository: &Path, extra: &[&str]) -> (Output, String) {
     (output, stdout)
 }
 
+/// `tickserve check` on `repository`, with the sample configuration.
+fn check(repository: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tickserve"))
+        .args(["check", "--config", "config/tickserve.toml"])
+        .arg("--model-repository")
+        .arg(repository)
+        .current_dir(support::root())
+        .env(
+            "TICKSERVE_ONNXRUNTIME_LIBRARY",
+            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
+        )
+        .output()
+        .unwrap()
+}
+
 /// The `max_rel` of `line`, which must read `MODEL cuda-reference ok max_rel=R`.
 fn ok_within(line: &str, model: &str) -> f64 {
     let rest = line
@@ -163,17 +178,7 @@ fn check_names_each_models_engine_and_why_one_is_not_compiled() {
         )
         .unwrap();
     }
-    let output = Command::new(env!("CARGO_BIN_EXE_tickserve"))
-        .args(["check", "--config", "config/tickserve.toml"])
-        .arg("--model-repository")
-        .arg(repository.path())
-        .current_dir(support::root())
-        .env(
-            "TICKSERVE_ONNXRUNTIME_LIBRARY",
-            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
-        )
-        .output()
-        .unwrap();
+    let output = check(repository.path());
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     let engine = |model: &str| {
@@ -226,17 +231,7 @@ fn check_says_which_models_run_resident_and_why_the_others_do_not() {
         }
         std::fs::write(dir.join("model.toml"), toml).unwrap();
     }
-    let output = Command::new(env!("CARGO_BIN_EXE_tickserve"))
-        .args(["check", "--config", "config/tickserve.toml"])
-        .arg("--model-repository")
-        .arg(repository.path())
-        .current_dir(support::root())
-        .env(
-            "TICKSERVE_ONNXRUNTIME_LIBRARY",
-            support::root().join(".local/lib/libonnxruntime.so.1.31.1"),
-        )
-        .output()
-        .unwrap();
+    let output = check(repository.path());
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
