@@ -152,8 +152,6 @@ impl ResidentModel {
             .as_mut()
             .ok_or_else(|| EngineError::DeviceLost("no resident kernel".to_string()))?;
         let rows = self.graphs.buckets_graphs[bucket].rows;
-        let inputs = &kernel.layout().inputs;
-        let widths: Vec<usize> = inputs.iter().map(|&(_, floats)| floats * 4).collect();
         for row in 0..rows {
             let member = members
                 .get(row)
@@ -163,9 +161,11 @@ impl ResidentModel {
                 EngineError::Internal(format!("member {member} has no resident weights"))
             })?;
             let graphs = &self.graphs;
+            // Row `row` of each input: the bucket's bytes over its rows.
             kernel.ask(row, table_row, |i| {
-                let bytes = widths[i];
-                &graphs.input(bucket, i)[row * bytes..(row + 1) * bytes]
+                let all = graphs.input(bucket, i);
+                let bytes = all.len() / rows;
+                &all[row * bytes..(row + 1) * bytes]
             })?;
         }
         let outputs = &mut self.outputs[bucket];
