@@ -203,10 +203,10 @@ impl ResidentModel {
         }
     }
 
-    /// Takes `member`'s graph weights out of the graphs: kept while the
-    /// kernel runs, freed otherwise.
-    fn retire(&mut self, member: MemberId) {
-        if let Some(weights) = self.graphs.take_member(member)
+    /// Graph weights taken out of the graphs: kept while the kernel runs
+    /// (or if it never returned), freed otherwise.
+    fn retire(&mut self, weights: Option<super::MemberWeights>) {
+        if let Some(weights) = weights
             && (self.kernel.is_some() || self.wedged)
         {
             self.retired.push(weights);
@@ -253,7 +253,10 @@ impl CompiledModel for ResidentModel {
     }
 
     fn run_members(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
-        if self.kernel.is_some() {
+        // A member the kernel's table lacks (full, or its upload failed)
+        // runs on the graphs, which hold every member.
+        let in_table = members.iter().all(|m| self.rows.contains_key(m));
+        if self.kernel.is_some() && in_table {
             match self.tick(bucket, members) {
                 Ok(()) => {
                     self.on_graphs = false;
@@ -280,26 +283,54 @@ impl CompiledModel for ResidentModel {
     }
 
     fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
-        // A member replaced: its old graph weights are retired, not freed.
-        self.retire(member);
-        self.graphs.add_member(member, weights)?;
+        // A member replaced: its old graph weights are taken out first (an
+        // insert over them would free them), put back if the new ones fail,
+        // retired otherwise.
+        let old = self.graphs.take_member(member);
+        if let Err(e) = self.graphs.add_member(member, weights) {
+            if let Some(old) = old {
+                self.graphs.members.insert(member, old);
+            }
+            return Err(e);
+        }
+        self.retire(old);
         let Some(kernel) = self.kernel.as_mut() else {
             return Ok(());
         };
-        let arranged = arrange(&self.graphs.plan, weights).map_err(EngineError::InvalidModel)?;
         // A member replaced keeps its row; a new one takes a free row.
-        let row = match self.rows.get(&member) {
-            Some(&row) => row,
-            None => self.free.pop().unwrap_or(self.written),
+        let (row, new) = match self.rows.get(&member) {
+            Some(&row) => (row, false),
+            None => (self.free.last().copied().unwrap_or(self.written), true),
         };
-        kernel.put(row, &arranged)?;
-        self.written = self.written.max(row + 1);
-        self.rows.insert(member, row);
+        let put = arrange(&self.graphs.plan, weights)
+            .map_err(EngineError::InvalidModel)
+            .and_then(|arranged| kernel.put(row, &arranged));
+        match put {
+            Ok(()) => {
+                if new && self.free.last() == Some(&row) {
+                    self.free.pop();
+                }
+                self.written = self.written.max(row + 1);
+                self.rows.insert(member, row);
+            }
+            Err(e) => {
+                // Never its old weights on the kernel: it runs on the graphs.
+                tracing::warn!(
+                    family = %self.family,
+                    member,
+                    "member runs on the CUDA graphs, not resident: {e}"
+                );
+                if self.rows.remove(&member).is_some() {
+                    self.free.push(row);
+                }
+            }
+        }
         Ok(())
     }
 
     fn remove_member(&mut self, member: MemberId) {
-        self.retire(member);
+        let weights = self.graphs.take_member(member);
+        self.retire(weights);
         if let Some(row) = self.rows.remove(&member) {
             self.free.push(row);
         }
