@@ -171,6 +171,19 @@ pub trait CompiledModel: Send {
             ))),
         }
     }
+    /// [`CompiledModel::run_members`] on a bucket whose first `rows` rows
+    /// are a batch's and the rest padding, whose outputs nobody reads: an
+    /// engine that runs rows one by one may leave the padding unrun. The
+    /// default runs the whole bucket.
+    fn run_rows(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        members: &[MemberId],
+    ) -> Result<(), EngineError> {
+        let _ = rows;
+        self.run_members(bucket, members)
+    }
     /// Whether one run may hold rows of several members
     /// ([`CompiledModel::run_members`]).
     fn mixes_members(&self) -> bool {

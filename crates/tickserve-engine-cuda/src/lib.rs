@@ -18,6 +18,7 @@ pub mod device;
 pub mod engine;
 pub mod kernels;
 pub mod mailbox;
+pub mod placement;
 pub mod probe;
 pub mod resident;
 

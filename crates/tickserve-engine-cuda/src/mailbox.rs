@@ -13,6 +13,7 @@ use std::time::Duration;
 use tickserve_core::EngineError;
 
 use crate::kernels::{ANSWERED_WORD, ASKED_WORD, DATA_WORD, GIVEN_WORD, MEMBER_WORD, Resident};
+use crate::placement::Placement;
 
 /// Every slot's mailbox, and each slot's last tick asked.
 #[derive(Debug)]
@@ -29,6 +30,8 @@ pub struct Mailboxes {
     given: u64,
     /// A tick went unanswered: the slots' state is unknown from then on.
     lost: bool,
+    /// Which slot runs each row of a run ([`Mailboxes::place`]).
+    placement: Placement,
 }
 
 impl Mailboxes {
@@ -58,6 +61,7 @@ impl Mailboxes {
             bound,
             given: 0,
             lost: false,
+            placement: Placement::new(slots),
         }
     }
 
@@ -100,6 +104,57 @@ impl Mailboxes {
         self.base
             .wrapping_add(slot * self.words + DATA_WORD + at)
             .cast::<u8>()
+    }
+
+    /// Writes into `out` the slot each of `rows` rows of a run ticks in,
+    /// row `r`'s plan input `i` being `inputs(r, i)`: the slot that holds
+    /// the row's state where a free one does, else the one least recently
+    /// used ([`Placement`]); a slot whose tick is unanswered, never. With
+    /// no state, row `r` in slot `r`.
+    pub fn place<'a>(
+        &mut self,
+        rows: usize,
+        inputs: impl Fn(usize, usize) -> &'a [u8],
+        out: &mut Vec<usize>,
+    ) -> Result<(), EngineError> {
+        if self.lost {
+            return self.check(0);
+        }
+        let refused = |why: String| EngineError::Internal(format!("placing a resident run: {why}"));
+        let Some(first) = self.layout.state.first() else {
+            out.clear();
+            out.extend(0..rows);
+            return match (0..rows).find(|&s| self.asked.get(s).is_none_or(|a| a.1)) {
+                Some(slot) => Err(refused(format!("slot {slot} may not take a tick"))),
+                None => Ok(()),
+            };
+        };
+        // The first eight bytes of the state's first input: its key.
+        let key = |bytes: &[u8]| {
+            let mut key = [0u8; 8];
+            let n = bytes.len().min(8);
+            key[..n].copy_from_slice(&bytes[..n]);
+            u64::from_le_bytes(key)
+        };
+        let (input, width) = (first.input, first.width * 4);
+        let (asked, placement) = (&self.asked, &mut self.placement);
+        let held = |slot: usize| {
+            // SAFETY: the slot's region of its first state pair, inside its
+            // floats (the layout's); not pending, so its block writes it no
+            // more until its next tick.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    self.base
+                        .wrapping_add(slot * self.words + DATA_WORD + first.mailbox)
+                        .cast::<u8>(),
+                    width,
+                )
+            };
+            (!asked[slot].1).then(|| key(bytes))
+        };
+        placement
+            .place(rows, |row| key(inputs(row, input)), held, out)
+            .map_err(refused)
     }
 
     /// Asks slot `slot` for a tick of member `member` (its row of the
@@ -334,6 +389,56 @@ mod tests {
         assert!(wait(&mut boxes).is_err());
         boxes.stop_all();
         assert_eq!(word(base, ASKED_WORD), -1);
+    }
+
+    #[test]
+    fn sequences_placed_by_their_state_keep_their_slots_and_bring_none() {
+        let mut memory = vec![0i32; 2 * 96];
+        let base = memory.as_mut_ptr();
+        // SAFETY: `memory` holds two zeroed mailboxes of 96 words and
+        // outlives `boxes`.
+        let mut boxes = unsafe { Mailboxes::new(base, &layout(), 2, Duration::from_secs(5)) };
+        let x = bytes(&[1.0]);
+        // One tick of a sequence of state `state` alone in a run: its slot,
+        // asked; the "kernel" answers that slot with state `next`.
+        let tick = |boxes: &mut Mailboxes, state: [f32; 2], next: [f32; 2]| {
+            let state = bytes(&state);
+            let mut out = Vec::new();
+            let inputs = |_: usize, i: usize| if i == 0 { &x[..] } else { &state[..] };
+            boxes.place(1, inputs, &mut out).unwrap();
+            let slot = out[0];
+            boxes.ask(slot, 0, |i| inputs(0, i)).unwrap();
+            // SAFETY: slot `slot`'s mailbox, inside `memory`.
+            answer(
+                unsafe { base.add(slot * 96) },
+                boxes.asked[slot].0,
+                0.0,
+                next,
+            );
+            boxes.wait(slot, |_, _| ()).unwrap();
+            slot
+        };
+        // Two sequences ticking by turns, each in a run of its own: each
+        // keeps a slot, and no tick brings its state (one slot for both
+        // would have brought it on every tick but the first).
+        let (a, b) = ([0.25, 0.5], [0.75, 1.0]);
+        assert_eq!(tick(&mut boxes, [0.0; 2], a), 0);
+        assert_eq!(tick(&mut boxes, [0.0; 2], b), 1);
+        assert_eq!(tick(&mut boxes, a, [0.5, 0.5]), 0);
+        assert_eq!(tick(&mut boxes, b, [1.5, 1.5]), 1);
+        assert_eq!(boxes.states_given(), 0);
+        // A slot awaiting its answer takes no row, even one of its state.
+        ask(&mut boxes, 0, 0, &[1.0], &[0.5, 0.5]).unwrap();
+        let mut out = Vec::new();
+        let held = bytes(&[0.5, 0.5]);
+        boxes
+            .place(1, |_, i| if i == 0 { &x[..] } else { &held[..] }, &mut out)
+            .unwrap();
+        assert_eq!(out, [1]);
+        let refused = boxes
+            .place(2, |_, i| if i == 0 { &x[..] } else { &held[..] }, &mut out)
+            .unwrap_err();
+        assert!(refused.to_string().contains("2 rows"), "{refused}");
     }
 
     #[test]

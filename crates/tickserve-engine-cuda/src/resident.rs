@@ -221,6 +221,17 @@ impl ResidentKernel {
         }
     }
 
+    /// The slot each of `rows` rows ticks in ([`Mailboxes::place`]).
+    pub fn place<'a>(
+        &mut self,
+        rows: usize,
+        inputs: impl Fn(usize, usize) -> &'a [u8],
+        out: &mut Vec<usize>,
+    ) -> Result<(), EngineError> {
+        self.held()?;
+        self.mailboxes.place(rows, inputs, out)
+    }
+
     /// Asks slot `slot` for a tick of member `member` ([`Mailboxes::ask`]).
     /// No CUDA call.
     pub fn ask<'a>(

@@ -269,9 +269,9 @@ impl Executor {
         let (model, row_members) = (&mut self.model, &self.row_members);
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             if mixed {
-                model.run_members(bucket, row_members)
+                model.run_rows(bucket, rows, row_members)
             } else {
-                model.run(bucket, member.id)
+                model.run_rows(bucket, rows, std::slice::from_ref(&member.id))
             }
         }))
         .unwrap_or_else(|panic| {

@@ -59,6 +59,8 @@ pub struct ResidentModel {
     outputs: Vec<Vec<Vec<u8>>>,
     /// Whether the last run was the graphs'.
     on_graphs: bool,
+    /// The last run's slot of each of its rows.
+    slots: Vec<usize>,
     family: String,
 }
 
@@ -122,6 +124,7 @@ impl ResidentModel {
             written: 1,
             outputs,
             on_graphs: false,
+            slots: Vec::with_capacity(slots),
             family: family.to_string(),
         })
     }
@@ -143,39 +146,61 @@ impl ResidentModel {
             .map_or(0, |k| k.mailboxes().states_given())
     }
 
-    /// Bucket `bucket`'s rows on the kernel: row `r` in slot `r` with
-    /// `members[r]` (rows past `members`: `members[0]`), every slot asked
-    /// before any answer is awaited.
-    fn tick(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
+    /// Bucket `bucket`'s first `rows` rows on the kernel (the rest is
+    /// padding): row `r` with `members[r]` (rows past `members`:
+    /// `members[0]`), each in the slot holding its state where one does
+    /// ([`Mailboxes::place`]), every slot asked before any answer is
+    /// awaited. A slot asked is always awaited, even where a later ask
+    /// fails.
+    ///
+    /// [`Mailboxes::place`]: crate::mailbox::Mailboxes::place
+    fn tick(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        members: &[MemberId],
+    ) -> Result<(), EngineError> {
         let kernel = self
             .kernel
             .as_mut()
             .ok_or_else(|| EngineError::DeviceLost("no resident kernel".to_string()))?;
-        let rows = self.graphs.buckets_graphs[bucket].rows;
-        for row in 0..rows {
-            let member = members
+        let size = self.graphs.buckets_graphs[bucket].rows;
+        let rows = rows.clamp(1, size);
+        let graphs = &self.graphs;
+        // Row `row` of input `i`: the bucket's bytes over its rows.
+        let row_of = |row: usize, i: usize| {
+            let all = graphs.input(bucket, i);
+            let bytes = all.len() / size;
+            &all[row * bytes..(row + 1) * bytes]
+        };
+        kernel.place(rows, row_of, &mut self.slots)?;
+        let mut asked = 0;
+        let mut failed = None;
+        for (row, &slot) in self.slots.iter().enumerate() {
+            let ask = members
                 .get(row)
                 .or(members.first())
-                .ok_or_else(|| EngineError::Internal("a resident run of no rows".to_string()))?;
-            let &table_row = self.rows.get(member).ok_or_else(|| {
-                EngineError::Internal(format!("member {member} has no resident weights"))
-            })?;
-            let graphs = &self.graphs;
-            // Row `row` of each input: the bucket's bytes over its rows.
-            kernel.ask(row, table_row, |i| {
-                let all = graphs.input(bucket, i);
-                let bytes = all.len() / rows;
-                &all[row * bytes..(row + 1) * bytes]
-            })?;
+                .ok_or_else(|| EngineError::Internal("a resident run of no rows".to_string()))
+                .and_then(|member| {
+                    self.rows.get(member).copied().ok_or_else(|| {
+                        EngineError::Internal(format!("member {member} has no resident weights"))
+                    })
+                })
+                .and_then(|table_row| kernel.ask(slot, table_row, |i| row_of(row, i)));
+            if let Err(e) = ask {
+                failed = Some(e);
+                break;
+            }
+            asked += 1;
         }
         let outputs = &mut self.outputs[bucket];
-        for row in 0..rows {
-            kernel.wait(row, |o, bytes| {
+        for (row, &slot) in self.slots.iter().enumerate().take(asked) {
+            kernel.wait(slot, |o, bytes| {
                 let n = bytes.len();
                 outputs[o][row * n..(row + 1) * n].copy_from_slice(bytes);
             })?;
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Ends the kernel and runs the family on its graphs from now on.
@@ -253,11 +278,23 @@ impl CompiledModel for ResidentModel {
     }
 
     fn run_members(&mut self, bucket: usize, members: &[MemberId]) -> Result<(), EngineError> {
+        let rows = self.graphs.buckets_graphs[bucket].rows;
+        self.run_rows(bucket, rows, members)
+    }
+
+    /// Only the batch's rows tick: a padding row would take a slot, and
+    /// with it the state some sequence left there.
+    fn run_rows(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        members: &[MemberId],
+    ) -> Result<(), EngineError> {
         // A member the kernel's table lacks (full, or its upload failed)
         // runs on the graphs, which hold every member.
         let in_table = members.iter().all(|m| self.rows.contains_key(m));
         if self.kernel.is_some() && in_table {
-            match self.tick(bucket, members) {
+            match self.tick(bucket, rows, members) {
                 Ok(()) => {
                     self.on_graphs = false;
                     return Ok(());

@@ -571,7 +571,6 @@ fn bench_lstm_compiled(
 #[ignore = "needs a GPU"]
 #[allow(clippy::disallowed_methods)] // the run's time is the point
 fn a_family_compiled_resident_answers_as_its_graphs_do() {
-    use crate::resident::BENCH_LSTM_STATE;
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
     let state = bench_lstm_state();
@@ -591,15 +590,7 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
         graphs.add_member(m, &weights).unwrap();
     }
     let inputs = signature.inputs.len();
-    // Output o's index among the inputs, for a state output.
-    let fed_back: Vec<(usize, usize)> = BENCH_LSTM_STATE
-        .iter()
-        .map(|(i, o)| {
-            let input = signature.inputs.iter().position(|t| t.name == *i).unwrap();
-            let output = signature.outputs.iter().position(|t| t.0 == *o).unwrap();
-            (input, output)
-        })
-        .collect();
+    let fed_back = fed_back(&signature);
     let mut seed = 11u64;
     let mut timed = |model: &mut dyn CompiledModel, other: &mut dyn CompiledModel| {
         let mut micros = Vec::with_capacity(20_000);
@@ -662,13 +653,12 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
     }
 }
 
-/// A resident family whose kernel stops answering (its blocks told to
-/// return behind the model's back) fails over to its graphs on that run:
-/// the run answers, as the graphs answer, and every later run is the
-/// graphs' (device time measured again); never a hang.
-#[test]
-#[ignore = "needs a GPU"]
-fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
+/// `bench_lstm` on gpu:0, buckets 1 and 64: run resident through
+/// [`CudaEngine::compile_resident`], and on its graphs alone.
+fn bench_lstm_resident_and_graphs() -> (
+    tickserve_engine_cuda::ResidentModel,
+    tickserve_engine_cuda::CudaModel,
+) {
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
     let onnx = read(&path);
@@ -685,11 +675,35 @@ fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
         ordinal: 0,
         first_member: SOLE_MEMBER,
     };
-    let mut model = match cuda.compile_resident(&request, &state).unwrap() {
+    let model = match cuda.compile_resident(&request, &state).unwrap() {
         Ok(model) => model,
         Err((why, _)) => panic!("not resident: {why}"),
     };
-    let mut graphs = cuda.compile(&request).unwrap();
+    let graphs = cuda.compile(&request).unwrap();
+    (model, graphs)
+}
+
+/// Per `bench_lstm` state pair: its input's index among the signature's
+/// inputs, and its output's among the outputs.
+fn fed_back(signature: &tickserve_onnx::PartialSignature) -> Vec<(usize, usize)> {
+    crate::resident::BENCH_LSTM_STATE
+        .iter()
+        .map(|(i, o)| {
+            let input = signature.inputs.iter().position(|t| t.name == *i).unwrap();
+            let output = signature.outputs.iter().position(|t| t.0 == *o).unwrap();
+            (input, output)
+        })
+        .collect()
+}
+
+/// A resident family whose kernel stops answering (its blocks told to
+/// return behind the model's back) fails over to its graphs on that run:
+/// the run answers, as the graphs answer, and every later run is the
+/// graphs' (device time measured again); never a hang.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs();
     let mut seed = 3;
     let mut same_run = |model: &mut dyn CompiledModel, graphs: &mut dyn CompiledModel| {
         let inputs = fill(model, 1, &mut seed);
@@ -713,6 +727,86 @@ fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
     assert!(!model.is_resident(), "still resident");
     same_run(&mut model, &mut graphs);
     assert!(model.device_time().is_some(), "not on the graphs");
+}
+
+/// A resident family ticks sequences as the executor does: each round some
+/// of 62 sequences, in another order, as the first rows of bucket 64 (the
+/// rest padding, left unrun: `run_rows`), and two more by turns alone in
+/// bucket 1. Every row answers as the graphs do on the same inputs, and,
+/// each row placed on the slot its sequence last ticked in, no tick brings
+/// its state over the bus.
+#[test]
+#[ignore = "needs a GPU"]
+fn sequences_keep_their_slots_on_a_resident_family_and_bring_no_state() {
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs();
+    let bench = support::bench_models();
+    let onnx = read(&bench.path().join("bench_lstm/1/model.onnx"));
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let fed_back = fed_back(&signature);
+    let state_of = |i: usize| fed_back.iter().position(|&(si, _)| si == i);
+    // Each sequence's state, as the server holds it: zeros at first.
+    let widths: Vec<usize> = (0..signature.inputs.len())
+        .map(|i| model.input_mut(0, i).len())
+        .collect();
+    let mut states: Vec<Vec<Vec<u8>>> = (0..64)
+        .map(|_| {
+            fed_back
+                .iter()
+                .map(|&(i, _)| vec![0u8; widths[i]])
+                .collect()
+        })
+        .collect();
+    let outputs = signature.outputs.len();
+    let mut seed = 40u64;
+    // Sequences `rows` as the first rows of bucket `bucket`, on both.
+    let mut tick = |model: &mut tickserve_engine_cuda::ResidentModel,
+                    graphs: &mut tickserve_engine_cuda::CudaModel,
+                    bucket: usize,
+                    rows: &[usize],
+                    round: u64| {
+        for (r, &s) in rows.iter().enumerate() {
+            for (i, &width) in widths.iter().enumerate() {
+                let bytes = match state_of(i) {
+                    Some(k) => states[s][k].clone(),
+                    None => {
+                        seed += 1;
+                        le_bytes(&tickserve_engine_cuda::reference::random_rows(
+                            seed,
+                            width / 4,
+                        ))
+                    }
+                };
+                model.input_mut(bucket, i)[r * width..(r + 1) * width].copy_from_slice(&bytes);
+                graphs.input_mut(bucket, i)[r * width..(r + 1) * width].copy_from_slice(&bytes);
+            }
+        }
+        model.run_rows(bucket, rows.len(), &[SOLE_MEMBER]).unwrap();
+        graphs.run(bucket, SOLE_MEMBER).unwrap();
+        for o in 0..outputs {
+            let width = model.output(bucket, o).len() / model.buckets().sizes()[bucket];
+            for (r, &s) in rows.iter().enumerate() {
+                let got = &model.output(bucket, o)[r * width..(r + 1) * width];
+                let want = &graphs.output(bucket, o)[r * width..(r + 1) * width];
+                assert_close(got, want, &format!("round {round} sequence {s} output {o}"));
+                if let Some(k) = fed_back.iter().position(|&(_, so)| so == o) {
+                    states[s][k] = got.to_vec();
+                }
+            }
+        }
+    };
+    for round in 0..100u64 {
+        let rows = crate::resident::round_rows(round, 62);
+        tick(&mut model, &mut graphs, 1, &rows, round);
+        tick(
+            &mut model,
+            &mut graphs,
+            0,
+            &[62 + (round % 2) as usize],
+            round,
+        );
+    }
+    assert!(model.is_resident(), "failed over");
+    assert_eq!(model.states_given(), 0, "ticks that brought their state");
 }
 
 /// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).

@@ -527,6 +527,67 @@ fn slots_tick_at_once_and_a_sequence_moved_to_another_slot_brings_its_state() {
     kernel.stop();
 }
 
+/// Which sequences tick in round `round` of `n`, in their rows' order: a
+/// varying number of them, rotated, reversed every other round (rows of a
+/// batch come in arrival order).
+pub fn round_rows(round: u64, n: usize) -> Vec<usize> {
+    let count = 1 + (round as usize * 7) % n;
+    let mut rows: Vec<usize> = (0..count).map(|i| (i + round as usize * 3) % n).collect();
+    if round % 2 == 1 {
+        rows.reverse();
+    }
+    rows
+}
+
+#[test]
+fn rows_placed_by_their_state_find_their_sequences_slots_in_any_order() {
+    let path = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let (_, plan, weights) = plan_of(&path);
+    let layout = resident(&plan, &STATE).unwrap();
+    let mut kernel = Running::start(&layout, &weights, 4, 8);
+    // Four sequences; each round some of them, in another order, as the
+    // rows of one run; each row on the slot `place` gives it.
+    let mut states = vec![(vec![0.0f32; 16], vec![0.0f32; 16]); 4];
+    let mut slots = Vec::new();
+    for round in 0..200u64 {
+        let rows = round_rows(round, 4);
+        let ticks: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|&s| random_rows(9000 + round * 8 + s as u64, 8))
+            .collect();
+        let inputs: Vec<Vec<Vec<u8>>> = rows
+            .iter()
+            .zip(&ticks)
+            .map(|(&s, x)| vec![le_bytes(x), le_bytes(&states[s].0), le_bytes(&states[s].1)])
+            .collect();
+        kernel
+            .mailboxes
+            .place(rows.len(), |r, i| &inputs[r][i], &mut slots)
+            .unwrap();
+        for (r, &slot) in slots.iter().enumerate() {
+            kernel.mailboxes.ask(slot, 0, |i| &inputs[r][i]).unwrap();
+        }
+        for (r, &slot) in slots.clone().iter().enumerate() {
+            let got = kernel.wait(slot);
+            let (h, c) = &mut states[rows[r]];
+            let want = reference::run(&plan, &weights, &[&ticks[r], h, c], 1);
+            assert!(
+                close(got[0][0], want[0][0]),
+                "round {round} sequence {}: resident {}, the reference {}",
+                rows[r],
+                got[0][0],
+                want[0][0]
+            );
+            h.clone_from(&got[1]);
+            c.clone_from(&got[2]);
+        }
+    }
+    // Every row found the slot its sequence last ticked in (or a fresh
+    // one, for a sequence's first tick): no tick brought its state.
+    assert_eq!(kernel.mailboxes.states_given(), 0);
+    kernel.stop();
+}
+
 #[test]
 fn a_plan_outside_the_resident_set_is_refused_naming_what_is_not_in_it() {
     let models = root().join("config/models");

@@ -16,6 +16,7 @@ mod cpu_engine;
 mod gather;
 mod gpu_fallback;
 mod mixed_rows;
+mod padding;
 mod pinning;
 mod poll;
 mod reload_threads;

@@ -57,7 +57,8 @@ pub fn copy_sample_model(repository: &Path, name: &str, model_toml: Option<&str>
 }
 
 /// What a test does before each run: it sees the first feature of each row
-/// of the bucket's first input, and may panic, fail the run or hold it.
+/// of the bucket's first input (the batch's rows, without the padding),
+/// and may panic, fail the run or hold it.
 pub type BeforeRun = Arc<dyn Fn(&[f32]) -> Result<(), EngineError> + Send + Sync>;
 
 /// ONNX Runtime (one intra-op thread), calling a test's hook before each run.
@@ -121,15 +122,26 @@ impl CompiledModel for Hooked {
         self.inner.input_mut(bucket, input)
     }
     fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
+        let rows = self.inner.buckets().sizes()[bucket];
+        self.run_rows(bucket, rows, &[member])
+    }
+    /// The hook sees the batch's rows, not the padding.
+    fn run_rows(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        members: &[MemberId],
+    ) -> Result<(), EngineError> {
         let row_bytes = self.inner.signature().inputs[0].row_bytes();
         let firsts: Vec<f32> = self
             .inner
             .input_mut(bucket, 0)
             .chunks_exact(row_bytes)
+            .take(rows)
             .map(|row| f32::from_le_bytes([row[0], row[1], row[2], row[3]]))
             .collect();
         (self.before_run)(&firsts)?;
-        self.inner.run(bucket, member)
+        self.inner.run_rows(bucket, rows, members)
     }
     fn output(&self, bucket: usize, output: usize) -> &[u8] {
         self.inner.output(bucket, output)
