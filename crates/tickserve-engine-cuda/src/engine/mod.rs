@@ -274,6 +274,19 @@ impl CudaEngine {
         request: &CudaCompileRequest<'_>,
         state: &[tickserve_core::sequence::StateConfig],
     ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
+        self.compile_resident_with(request, state, RESIDENT_MEMBERS, RESIDENT_TICK_BOUND)
+    }
+
+    /// [`CudaEngine::compile_resident`] with a weight table of `members`
+    /// rows (the most members on the kernel; the others run on the graphs)
+    /// and `bound` the longest a tick may take before the family fails over.
+    pub fn compile_resident_with(
+        &self,
+        request: &CudaCompileRequest<'_>,
+        state: &[tickserve_core::sequence::StateConfig],
+        members: usize,
+        bound: Duration,
+    ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
         let model = self.compile(request)?;
         Ok(match CudaEngine::resident_layout(request.imported, state) {
             Ok(layout) => ResidentModel::start(
@@ -281,7 +294,7 @@ impl CudaEngine {
                 model,
                 layout,
                 (request.first_member, &request.imported.weights),
-                RESIDENT_TICK_BOUND,
+                (members, bound),
             ),
             Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
         })

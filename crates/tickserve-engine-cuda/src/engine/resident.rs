@@ -29,8 +29,8 @@ use crate::import::arrange;
 use crate::kernels::Resident;
 use crate::resident::ResidentKernel;
 
-/// Rows of a resident kernel's weight table: the most members a family
-/// running resident holds at once.
+/// Rows of a resident kernel's weight table: the most members of a family
+/// running resident on its kernel at once (the others run on its graphs).
 pub const RESIDENT_MEMBERS: usize = 4096;
 
 /// A family on one GPU run by its resident kernel, its graphs kept to fail
@@ -75,15 +75,16 @@ impl std::fmt::Debug for ResidentModel {
 
 impl ResidentModel {
     /// Starts `layout`'s kernel beside `graphs` (compiled, `first`'s weights
-    /// added), one slot per row of the largest bucket, `first` in row 0 of
-    /// the table; `bound` is the longest a tick may take before the family
-    /// fails over. Where it cannot start: why, and the graphs back.
+    /// added), one slot per row of the largest bucket, with a weight table
+    /// of `members` rows, `first` in row 0; `bound` is the longest a tick
+    /// may take before the family fails over. Where it cannot start: why,
+    /// and the graphs back.
     pub(super) fn start(
         family: &str,
         graphs: CudaModel,
         layout: Resident,
         first: (MemberId, &[Weight]),
-        bound: Duration,
+        (members, bound): (usize, Duration),
     ) -> Result<ResidentModel, (EngineError, Box<CudaModel>)> {
         let slots = graphs.buckets.sizes().last().copied().unwrap_or(1);
         let started = arrange(&graphs.plan, first.1)
@@ -95,7 +96,7 @@ impl ResidentModel {
                     graphs.ordinal(),
                     layout,
                     &weights,
-                    RESIDENT_MEMBERS,
+                    members,
                     slots,
                     bound,
                 )

@@ -654,8 +654,11 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
 }
 
 /// `bench_lstm` on gpu:0, buckets 1 and 64: run resident through
-/// [`CudaEngine::compile_resident`], and on its graphs alone.
-fn bench_lstm_resident_and_graphs() -> (
+/// [`CudaEngine::compile_resident_with`] with a weight table of `members`
+/// rows, and on its graphs alone.
+fn bench_lstm_resident_and_graphs(
+    members: usize,
+) -> (
     tickserve_engine_cuda::ResidentModel,
     tickserve_engine_cuda::CudaModel,
 ) {
@@ -675,7 +678,13 @@ fn bench_lstm_resident_and_graphs() -> (
         ordinal: 0,
         first_member: SOLE_MEMBER,
     };
-    let model = match cuda.compile_resident(&request, &state).unwrap() {
+    let resident = cuda.compile_resident_with(
+        &request,
+        &state,
+        members,
+        tickserve_engine_cuda::RESIDENT_TICK_BOUND,
+    );
+    let model = match resident.unwrap() {
         Ok(model) => model,
         Err((why, _)) => panic!("not resident: {why}"),
     };
@@ -703,7 +712,7 @@ fn fed_back(signature: &tickserve_onnx::PartialSignature) -> Vec<(usize, usize)>
 #[test]
 #[ignore = "needs a GPU"]
 fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
-    let (mut model, mut graphs) = bench_lstm_resident_and_graphs();
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(64);
     let mut seed = 3;
     let mut same_run = |model: &mut dyn CompiledModel, graphs: &mut dyn CompiledModel| {
         let inputs = fill(model, 1, &mut seed);
@@ -738,7 +747,7 @@ fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
 #[test]
 #[ignore = "needs a GPU"]
 fn sequences_keep_their_slots_on_a_resident_family_and_bring_no_state() {
-    let (mut model, mut graphs) = bench_lstm_resident_and_graphs();
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(64);
     let bench = support::bench_models();
     let onnx = read(&bench.path().join("bench_lstm/1/model.onnx"));
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
@@ -807,6 +816,73 @@ fn sequences_keep_their_slots_on_a_resident_family_and_bring_no_state() {
     }
     assert!(model.is_resident(), "failed over");
     assert_eq!(model.states_given(), 0, "ticks that brought their state");
+}
+
+/// A resident family whose weight table holds two members: a third runs
+/// on its graphs (and answers as they do) while the first two stay on the
+/// kernel; a member removed frees its row for the next; a member replaced
+/// by weights its graphs refuse keeps its old weights, on the kernel.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_member_the_resident_table_cannot_hold_runs_on_the_graphs() {
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(2);
+    let bench = support::bench_models();
+    let onnx = read(&bench.path().join("bench_lstm/1/model.onnx"));
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let imported = import(&onnx, &signature.inputs, None).unwrap();
+    let member = |m: u32| scaled(&imported.weights, 1.0 - m as f32 / 16.0);
+    for m in 1..=3 {
+        model.add_member(m, &member(m)).unwrap();
+        graphs.add_member(m, &member(m)).unwrap();
+    }
+    let mut seed = 77;
+    // Member `m`'s bucket-1 run on both, on the same inputs: where it ran
+    // (the kernel measures no device time) and the same answer.
+    let mut resident = |model: &mut tickserve_engine_cuda::ResidentModel,
+                        graphs: &mut tickserve_engine_cuda::CudaModel,
+                        m: u32| {
+        let inputs = fill(model, 0, &mut seed);
+        for (i, bytes) in inputs.iter().enumerate() {
+            graphs.input_mut(0, i).copy_from_slice(bytes);
+        }
+        model.run(0, m).unwrap();
+        graphs.run(0, m).unwrap();
+        for o in 0..model.signature().outputs.len() {
+            assert_close(
+                model.output(0, o),
+                graphs.output(0, o),
+                &format!("member {m} output {o}"),
+            );
+        }
+        model.device_time().is_none()
+    };
+    assert!(
+        resident(&mut model, &mut graphs, 1),
+        "member 1 off the kernel"
+    );
+    assert!(
+        !resident(&mut model, &mut graphs, 2),
+        "member 2 on a full table"
+    );
+    assert!(resident(&mut model, &mut graphs, SOLE_MEMBER));
+    assert!(model.is_resident(), "failed over");
+    // Member 1 removed: member 3, added again, takes its row.
+    model.remove_member(1);
+    graphs.remove_member(1);
+    model.add_member(3, &member(3)).unwrap();
+    graphs.add_member(3, &member(3)).unwrap();
+    assert!(
+        resident(&mut model, &mut graphs, 3),
+        "member 3 off the kernel"
+    );
+    // Weights the graphs refuse (one tensor short): member 3 keeps its old
+    // weights, on the kernel.
+    let short = &member(4)[1..];
+    assert!(model.add_member(3, short).is_err());
+    assert!(
+        resident(&mut model, &mut graphs, 3),
+        "member 3 lost its row"
+    );
 }
 
 /// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).
