@@ -284,6 +284,62 @@ impl CpuModel {
         }
         Ok(())
     }
+
+    /// Runs bucket `bucket` with `member`'s weights: a forest over its
+    /// first `rows` rows (at most the bucket's), a plan over all of them.
+    fn run_first(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        member: MemberId,
+    ) -> Result<(), EngineError> {
+        let rows = self
+            .buckets
+            .sizes()
+            .get(bucket)
+            .copied()
+            .ok_or_else(|| EngineError::Internal(format!("no bucket {bucket}")))?
+            .min(rows);
+        match &mut self.program {
+            Program::Plan {
+                plan,
+                prepared,
+                sized,
+                members,
+                ..
+            } => {
+                let weights = members.get(&member).ok_or_else(|| {
+                    EngineError::Internal(format!("member {member} is not loaded"))
+                })?;
+                sized[bucket].run(plan, prepared, weights, self.isa);
+            }
+            Program::Forest {
+                forest,
+                inputs,
+                outputs,
+                labels,
+                scores,
+                given,
+                members,
+                ..
+            } => {
+                if !members.contains(&member) {
+                    return Err(EngineError::Internal(format!(
+                        "member {member} is not loaded"
+                    )));
+                }
+                forest.run(
+                    &inputs[bucket],
+                    rows,
+                    &mut outputs[bucket],
+                    &mut labels[bucket],
+                    scores,
+                    given,
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `floats` as the bytes they are stored in.
@@ -339,51 +395,23 @@ impl CompiledModel for CpuModel {
     }
 
     fn run(&mut self, bucket: usize, member: MemberId) -> Result<(), EngineError> {
-        let rows = self
-            .buckets
-            .sizes()
-            .get(bucket)
-            .copied()
-            .ok_or_else(|| EngineError::Internal(format!("no bucket {bucket}")))?;
-        match &mut self.program {
-            Program::Plan {
-                plan,
-                prepared,
-                sized,
-                members,
-                ..
-            } => {
-                let weights = members.get(&member).ok_or_else(|| {
-                    EngineError::Internal(format!("member {member} is not loaded"))
-                })?;
-                sized[bucket].run(plan, prepared, weights, self.isa);
+        self.run_first(bucket, usize::MAX, member)
+    }
+
+    /// A forest walks the batch's rows only; a plan runs the whole bucket
+    /// (its steps run over whole buffers).
+    fn run_rows(
+        &mut self,
+        bucket: usize,
+        rows: usize,
+        members: &[MemberId],
+    ) -> Result<(), EngineError> {
+        match members {
+            [first, rest @ ..] if rest.iter().all(|m| m == first) => {
+                self.run_first(bucket, rows, *first)
             }
-            Program::Forest {
-                forest,
-                inputs,
-                outputs,
-                labels,
-                scores,
-                given,
-                members,
-                ..
-            } => {
-                if !members.contains(&member) {
-                    return Err(EngineError::Internal(format!(
-                        "member {member} is not loaded"
-                    )));
-                }
-                forest.run(
-                    &inputs[bucket],
-                    rows,
-                    &mut outputs[bucket],
-                    &mut labels[bucket],
-                    scores,
-                    given,
-                );
-            }
+            _ => self.run_members(bucket, members),
         }
-        Ok(())
     }
 
     fn output(&self, bucket: usize, output: usize) -> &[u8] {

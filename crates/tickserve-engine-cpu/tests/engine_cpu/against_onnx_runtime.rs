@@ -395,3 +395,50 @@ fn a_second_model_of_the_same_trees_joins_its_forest() {
     let error = ours.add_member(5, &[weight]).unwrap_err();
     assert!(error.to_string().contains("same weights"), "{error}");
 }
+
+/// A forest told a batch's rows (`run_rows`) walks only those: they answer
+/// as the whole bucket's run does, and the padding's outputs are left as
+/// they were.
+#[test]
+fn a_forest_walks_the_batch_not_the_padding() {
+    let path = root().join("crates/tickserve-engine-cpu/tests/exported/lgb_bin/1/model.onnx");
+    let onnx = read(&path);
+    let signature = onnx.signature(&ModelConfig::default()).unwrap();
+    let graph = tickserve_onnx::ModelGraph { onnx, signature };
+    let buckets = Buckets::new(&SIZES, None).unwrap();
+    let compile = || {
+        CpuEngine::new()
+            .compile(&CompileRequest {
+                family: "test",
+                graph: &graph,
+                buckets: &buckets,
+                weights: None,
+                device: Device::Cpu,
+                check: false,
+                resident: None,
+            })
+            .unwrap()
+    };
+    let (mut whole, mut batch) = (compile(), compile());
+    let outputs = whole.signature().outputs.len();
+    // Both run the whole bucket of 64 on rows A.
+    fill([whole.as_mut(), batch.as_mut()], 2, 64, 10);
+    whole.run(2, SOLE_MEMBER).unwrap();
+    batch.run(2, SOLE_MEMBER).unwrap();
+    let before: Vec<Vec<u8>> = (0..outputs).map(|o| batch.output(2, o).to_vec()).collect();
+    // Then rows B: `whole` runs all 64, `batch` is told of 10.
+    fill([whole.as_mut(), batch.as_mut()], 2, 64, 20);
+    whole.run(2, SOLE_MEMBER).unwrap();
+    batch.run_rows(2, 10, &[SOLE_MEMBER]).unwrap();
+    for o in 0..outputs {
+        let row = before[o].len() / 64;
+        let (got, want) = (batch.output(2, o), whole.output(2, o));
+        assert_eq!(got[..10 * row], want[..10 * row], "output {o}: the batch");
+        assert_eq!(
+            got[10 * row..],
+            before[o][10 * row..],
+            "output {o}: padding"
+        );
+        assert_ne!(got[..10 * row], before[o][..10 * row], "output {o}: rows B");
+    }
+}
