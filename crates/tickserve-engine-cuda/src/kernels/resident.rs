@@ -30,8 +30,12 @@
 //! `state[s · state_floats ..]`.
 //!
 //! Each block has [`RESIDENT_BLOCK`] threads: every step loops its elements
-//! over them, with a block barrier between steps. The activations live in
-//! shared memory. The tick's table row is read afresh and the weights
+//! over them, with a block barrier between steps. A product whose columns'
+//! weights lie side by side (an LSTM's, a transposed `MatMul`'s) takes a
+//! warp a column (an LSTM: a warp a hidden unit, its four gates at once,
+//! then the unit's cell), the lanes over the weights, so each load is one
+//! coalesced line and each weight is read once; the others a thread a
+//! column. The activations live in shared memory. The tick's table row is read afresh and the weights
 //! through L2, so a member written to the table while the kernel runs is
 //! read from the first tick naming it. The set it runs: products (one
 //! group) with their elementwise chains, and LSTM layers over one step;
@@ -60,8 +64,7 @@ pub const ANSWERED_WORD: usize = 32;
 pub const DATA_WORD: usize = 64;
 
 /// The most 4-byte words the block keeps in shared memory (activations,
-/// gate scratch, the weight table): 48 KiB, what a block may declare
-/// statically.
+/// the weight table): 48 KiB, what a block may declare statically.
 const MAX_SHARED_FLOATS: usize = 12 * 1024;
 
 /// A plan's resident kernel and where its tick's values go.
@@ -113,6 +116,8 @@ typedef unsigned long long u64;
 #define SHARED(type, name, n) __shared__ type name[n]
 #define SYNC() __syncthreads()
 #define FENCE() __threadfence_system()
+#define LANES 32
+#define SHFL_XOR(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
 __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -146,20 +151,10 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         // held to the shared-memory limit below.
         total = total.saturating_add(value.width);
     }
-    let gates = plan
-        .steps
-        .iter()
-        .filter_map(|s| match &s.op {
-            Op::Recurrent(layer) => Some(layer.cell.gates().saturating_mul(layer.hidden)),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(1);
-    // The activations, the gates, the weight table (two words a slot) and
-    // the asked tick, member and state flag. The mailbox holds activations
-    // only, so this bounds it too.
+    // The activations, the weight table (two words a slot) and the asked
+    // tick, member and state flag. The mailbox holds activations only, so
+    // this bounds it too.
     let shared = total
-        .saturating_add(gates)
         .saturating_add(plan.weights.len().saturating_mul(2))
         .saturating_add(3);
     if shared > MAX_SHARED_FLOATS {
@@ -272,23 +267,38 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                 k,
                 n,
             } => {
-                let at = if *transposed {
-                    format!("col * {k} + i")
-                } else {
-                    format!("i * {n} + col")
-                };
-                let _ = write!(
-                    body,
-                    "        for (int col = r; col < {n}; col += threads) {{
+                let (x, chain) = (offsets[*input], epilogue(&step.epilogue));
+                if *transposed {
+                    // A column's weights side by side: a warp per column,
+                    // its lanes over them (one coalesced load a lane),
+                    // summed across the warp.
+                    let _ = write!(
+                        body,
+                        "        for (int col = warp; col < {n}; col += warps) {{
             float v = 0.0f;
-            for (int i = 0; i < {k}; ++i) v += val[{x} + i] * W({weight})[{at}];
+            for (int i = lane; i < {k}; i += LANES) v += val[{x} + i] * W({weight})[(long long)col * {k} + i];
+            for (int o = LANES / 2; o > 0; o /= 2) v += SHFL_XOR(v, o);
+            if (lane == 0) {{
+{chain}            val[{out} + col] = v;
+            }}
+        }}
+        SYNC();
+"
+                    );
+                } else {
+                    // A row's weights side by side: a thread per column
+                    // (neighbouring threads, neighbouring weights).
+                    let _ = write!(
+                        body,
+                        "        for (int col = r; col < {n}; col += threads) {{
+            float v = 0.0f;
+            for (int i = 0; i < {k}; ++i) v += val[{x} + i] * W({weight})[(long long)i * {n} + col];
 {chain}            val[{out} + col] = v;
         }}
         SYNC();
-",
-                    x = offsets[*input],
-                    chain = epilogue(&step.epilogue),
-                );
+"
+                    );
+                }
             }
             Op::Recurrent(layer) => {
                 if layer.cell != Cell::Lstm {
@@ -317,46 +327,67 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                         |v| format!("val[{} + u]", offsets[v]),
                     )
                 };
-                let recurrent = layer.initial_h.map_or_else(String::new, |h0| {
+                // The four gates' products of a unit, over `from`'s `width`
+                // floats and matrix `w` (a gate column's weights side by
+                // side): one accumulator a gate, the lanes over the floats.
+                let products = |from: usize, width: usize, w: usize| {
                     format!(
-                        "            for (int i = 0; i < {h}; ++i) s += val[{} + i] * W({})[j * {h} + i];\n",
-                        offsets[h0], layer.r
+                        "            for (int i = lane; i < {width}; i += LANES) {{
+                const float x = val[{from} + i];
+                a0 += x * W({w})[(long long)u * {width} + i];
+                a1 += x * W({w})[(long long)({h} + u) * {width} + i];
+                a2 += x * W({w})[(long long)({h2} + u) * {width} + i];
+                a3 += x * W({w})[(long long)({h3} + u) * {width} + i];
+            }}
+",
+                        h2 = 2 * h,
+                        h3 = 3 * h,
                     )
-                });
-                let bias = layer.b.map_or_else(
-                    || "0.0f".to_string(),
-                    |b| format!("W({b})[j] + W({b})[{g} + j]"),
-                );
-                let mut stores = format!("            val[{out} + u] = hn;\n");
+                };
+                let mut sums = products(offsets[layer.input], layer.input_size, layer.w);
+                if let Some(h0) = layer.initial_h {
+                    sums.push_str(&products(offsets[h0], h, layer.r));
+                }
+                let bias = |gate: usize| {
+                    layer.b.map_or_else(
+                        || "0.0f".to_string(),
+                        |b| format!("W({b})[{at} + u] + W({b})[{g} + {at} + u]", at = gate * h),
+                    )
+                };
+                let mut stores = format!("                val[{out} + u] = hn;\n");
                 if let Some(c) = layer.last_c {
-                    let _ = writeln!(stores, "            val[{} + u] = cn;", offsets[c]);
+                    let _ = writeln!(stores, "                val[{} + u] = cn;", offsets[c]);
                 }
                 if let Some(y) = layer.sequence {
-                    let _ = writeln!(stores, "            val[{} + u] = hn;", offsets[y]);
+                    let _ = writeln!(stores, "                val[{} + u] = hn;", offsets[y]);
                 }
+                // A warp per hidden unit: its four gates (input, output,
+                // forget, cell: ONNX's order) summed across the warp, then
+                // the unit's cell, by lane 0. Nothing reads another unit's
+                // gates, so no barrier until the layer's end.
                 let _ = write!(
                     body,
-                    "        for (int j = r; j < {g}; j += threads) {{
-            float s = {bias};
-            for (int i = 0; i < {input_size}; ++i) s += val[{x} + i] * W({w})[j * {input_size} + i];
-{recurrent}            gates[j] = s;
+                    "        for (int u = warp; u < {h}; u += warps) {{
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+{sums}            for (int o = LANES / 2; o > 0; o /= 2) {{
+                a0 += SHFL_XOR(a0, o);
+                a1 += SHFL_XOR(a1, o);
+                a2 += SHFL_XOR(a2, o);
+                a3 += SHFL_XOR(a3, o);
+            }}
+            if (lane == 0) {{
+                const float ig = {ig}, og = {og}, fg = {fg};
+                const float cn = fg * {c0} + ig * tanhf(a3 + {b3});
+                const float hn = og * tanhf(cn);
+{stores}            }}
         }}
         SYNC();
-        for (int u = r; u < {h}; u += threads) {{
-            float ig = {ig}, og = {og}, fg = {fg};
-            float cn = fg * {c0} + ig * tanhf(gates[{c3} + u]);
-            float hn = og * tanhf(cn);
-{stores}        }}
-        SYNC();
 ",
-                    input_size = layer.input_size,
-                    x = offsets[layer.input],
-                    w = layer.w,
-                    ig = sigmoid("gates[u]"),
-                    og = sigmoid(&format!("gates[{h} + u]")),
-                    fg = sigmoid(&format!("gates[{} + u]", 2 * h)),
+                    ig = sigmoid(&format!("a0 + {}", bias(0))),
+                    og = sigmoid(&format!("a1 + {}", bias(1))),
+                    fg = sigmoid(&format!("a2 + {}", bias(2))),
+                    b3 = bias(3),
                     c0 = state_of(layer.initial_c),
-                    c3 = 3 * h,
                 );
             }
             other => {
@@ -385,10 +416,12 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     let source = format!(
         "{PRELUDE}extern \"C\" __global__ void resident(int* box, const u64* table, float* state) {{
     SHARED(float, val, {values});
-    SHARED(float, gates, {gates});
     SHARED(int, asked, 3);
     SHARED(u64, slots, {weights});
     const int r = threadIdx.x, threads = blockDim.x;
+    // Warps: a product whose columns' weights lie side by side takes a warp
+    // a column, its lanes over the weights.
+    const int lane = r % LANES, warp = r / LANES, warps = threads / LANES;
     // This block's slot: its mailbox, its state.
     box += (long long)blockIdx.x * {mailbox_words};
     state += (long long)blockIdx.x * {state_words};

@@ -85,6 +85,10 @@ fn the_resident_kernel_compiles_with_nvrtc() {
     // The mailbox's flags are read and written with system-scope order.
     assert!(compiled.ptx.contains("ld.acquire.sys"), "{}", compiled.ptx);
     assert!(compiled.ptx.contains("st.release.sys"), "{}", compiled.ptx);
+    // A unit's gates are summed across its warp, and its weights read
+    // through L2.
+    assert!(compiled.ptx.contains("shfl.sync.bfly"), "{}", compiled.ptx);
+    assert!(compiled.ptx.contains("ld.global.cg"), "{}", compiled.ptx);
 }
 
 #[test]

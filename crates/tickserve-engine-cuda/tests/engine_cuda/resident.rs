@@ -66,6 +66,25 @@ static thread_local std::barrier<>* tickserve_block;
 static inline int load_acquire(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void store_release(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+// Warps: 32 lanes where a block has at least 32 threads (a shuffle is an
+// exchange through the warp's own buffer between two of its barriers),
+// else one lane a warp (no shuffle runs).
+struct tickserve_warp_t {
+    std::barrier<> at;
+    float lanes[32];
+    explicit tickserve_warp_t(int n) : at(n) {}
+};
+static thread_local int tickserve_lanes;
+static thread_local tickserve_warp_t* tickserve_warp;
+#define LANES tickserve_lanes
+static inline float SHFL_XOR(float v, int o) {
+    const int lane = threadIdx.x % tickserve_lanes;
+    tickserve_warp->lanes[lane] = v;
+    tickserve_warp->at.arrive_and_wait();
+    const float other = tickserve_warp->lanes[lane ^ o];
+    tickserve_warp->at.arrive_and_wait();
+    return other;
+}
 "#;
 
 /// Starts the kernel as `blocks` blocks of `threads` threads, all at once;
@@ -75,10 +94,14 @@ extern "C" void tickserve_run_resident(int* box, const u64* table, float* state,
         unsigned int blocks, unsigned int threads) {
     std::vector<std::barrier<>*> barriers;
     std::vector<tickserve_arena*> arenas;
+    std::vector<tickserve_warp_t*> warps;
     std::vector<std::thread> all;
+    const int lanes = threads >= 32 ? 32 : 1;
+    const unsigned int per_block = threads / lanes;
     for (unsigned int b = 0; b < blocks; ++b) {
         barriers.push_back(new std::barrier<>(threads));
         arenas.push_back(new tickserve_arena());
+        for (unsigned int w = 0; w < per_block; ++w) warps.push_back(new tickserve_warp_t(lanes));
     }
     for (unsigned int b = 0; b < blocks; ++b)
         for (unsigned int i = 0; i < threads; ++i)
@@ -86,10 +109,13 @@ extern "C" void tickserve_run_resident(int* box, const u64* table, float* state,
                 blockIdx.x = b; blockDim.x = threads; threadIdx.x = i;
                 tickserve_block = barriers[b];
                 tickserve_shared = arenas[b];
+                tickserve_lanes = lanes;
+                tickserve_warp = warps[b * per_block + i / lanes];
                 resident(box, table, state);
             });
     for (auto& t : all) t.join();
     for (unsigned int b = 0; b < blocks; ++b) { delete barriers[b]; delete arenas[b]; }
+    for (auto* w : warps) delete w;
 }
 "#;
 
@@ -294,12 +320,16 @@ pub fn close(got: f32, want: f32) -> bool {
 
 /// `path`'s plan ticked `ticks` times through the emulated resident kernel
 /// ([`ticks_match`]).
-fn ticks_match_onnx_runtime(path: &Path, state: &[(&str, &str)], ticks: u64, seed: u64) {
+fn ticks_match_onnx_runtime(
+    path: &Path,
+    state: &[(&str, &str)],
+    ticks: u64,
+    seed: u64,
+    threads: u32,
+) {
     let (_, plan, weights) = plan_of(path);
     let layout = resident(&plan, state).unwrap();
-    // The block's loops stride over its threads: 8 here (256 OS threads at
-    // a barrier would make this test minutes long; the full block below).
-    let mut kernel = Running::start(&layout, &weights, 1, 8);
+    let mut kernel = Running::start(&layout, &weights, 1, threads);
     ticks_match(&mut kernel, path, state, ticks, seed);
     kernel.stop();
 }
@@ -413,15 +443,16 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
     assert_eq!(layout.outputs, vec![(40, 1), (8, 16), (24, 16)]);
     let kept: Vec<(usize, usize)> = layout.state.iter().map(|k| (k.offset, k.width)).collect();
     assert_eq!(kept, vec![(0, 16), (16, 16)]);
-    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000);
+    // The block's loops stride over its threads: 8 here, a lane a warp
+    // (256 OS threads at a barrier would make 10,000 ticks minutes long).
+    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000, 8);
     // bench_lstm: two layers of 128 on 32 features, each layer's h and c kept.
     let bench = bench_models();
-    ticks_match_onnx_runtime(
-        &bench.path().join("bench_lstm/1/model.onnx"),
-        &BENCH_LSTM_STATE,
-        10_000,
-        5000,
-    );
+    let bench_lstm = bench.path().join("bench_lstm/1/model.onnx");
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 10_000, 5000, 8);
+    // The whole block, as the device launches it: eight warps of 32 lanes,
+    // each unit's products summed across its warp.
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 4, 7000, RESIDENT_BLOCK);
 }
 
 /// `seq_lstm_step` ticked through `kernel` (started with the file's
