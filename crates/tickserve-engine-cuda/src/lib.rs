@@ -26,6 +26,7 @@ pub use tickserve_plan::{import, plan, reference};
 
 pub use engine::{
     CudaCompileRequest, CudaEngine, CudaModel, CudaOptions, RESIDENT_TICK_BOUND, ResidentModel,
+    ResidentOptions,
 };
 pub use probe::{GpuInfo, Gpus};
 pub use tickserve_plan::{Imported, Unsupported, arrange};

@@ -297,6 +297,7 @@ mod tests {
             mailbox_words: 96,
             state_floats: 2,
             weight_slots: 1,
+            split: 1,
         }
     }
 

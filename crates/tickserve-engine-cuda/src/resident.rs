@@ -78,7 +78,7 @@ struct Held {
     /// Every member's weights uploaded, the first at start and then each
     /// swapped in: freed only once the kernel has returned.
     weights: Vec<Vec<DeviceMemory>>,
-    /// Every slot's state, `state_floats` apart.
+    /// Every block's copy of its slot's state, `state_floats` apart.
     state: DeviceMemory,
     /// Its blocks' multiprocessors.
     _blocks: Reservation,
@@ -115,9 +115,11 @@ impl ResidentKernel {
         slots: usize,
         bound: Duration,
     ) -> Result<ResidentKernel, EngineError> {
-        let grid = u32::try_from(slots)
-            .ok()
-            .filter(|&s| s >= 1)
+        let split = layout.split.max(1);
+        let grid = slots
+            .checked_mul(split)
+            .and_then(|blocks| u32::try_from(blocks).ok())
+            .filter(|&b| b >= 1)
             .ok_or_else(|| EngineError::Internal(format!("a resident kernel of {slots} slots")))?;
         ctx.bind_to_thread()
             .map_err(driver("binding the context"))?;
@@ -127,7 +129,7 @@ impl ResidentKernel {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("multiprocessor count"))?;
-        let blocks = Reservation::take(ordinal, slots, usize::try_from(sms).unwrap_or(0))?;
+        let blocks = Reservation::take(ordinal, grid as usize, usize::try_from(sms).unwrap_or(0))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("compute capability"))?;
@@ -145,7 +147,8 @@ impl ResidentKernel {
         let capacity = capacity.max(1);
         let table = DeviceMemory::zeroed(capacity * layout.weight_slots * 8, ordinal)?;
         table.write(0, &pointers(&member))?;
-        let state = DeviceMemory::zeroed(slots * layout.state_floats * 4, ordinal)?;
+        // A copy of its slot's state a block.
+        let state = DeviceMemory::zeroed(grid as usize * layout.state_floats * 4, ordinal)?;
         let mailbox = MappedMemory::zeroed(slots * layout.mailbox_words * 4)?;
         let stream = Stream::new()?;
         let (mut boxed, mut table_ptr, mut state_ptr) = (mailbox.device, table.ptr, state.ptr);
@@ -154,21 +157,7 @@ impl ResidentKernel {
             (&raw mut table_ptr).cast(),
             (&raw mut state_ptr).cast(),
         ];
-        // SAFETY: the kernel's parameters are (int*, const u64*, float*):
-        // the mapped mailboxes and the states, each sized for `slots`
-        // blocks, and the table of `capacity` members, all alive until the
-        // kernel has returned (`Held`); a tick names only a member written.
-        unsafe {
-            result::launch_kernel(
-                function,
-                (grid, 1, 1),
-                (RESIDENT_BLOCK, 1, 1),
-                0,
-                stream.0,
-                &mut params,
-            )
-        }
-        .map_err(driver("resident kernel launch"))?;
+        launch(function, grid, split, &stream, &mut params)?;
         // SAFETY: the mapped memory holds `slots` mailboxes of the layout's
         // words, lives in `held` as long as the kernel (and so `mailboxes`)
         // does, and only the kernel's blocks touch it besides.
@@ -310,7 +299,9 @@ impl ResidentKernel {
         let floats = self.layout.state_floats;
         let mut out = vec![0.0f32; floats];
         if !out.is_empty() {
-            let at = held.state.ptr + (slot * floats * 4) as u64;
+            // The copy of the slot's first block.
+            let block = slot * self.layout.split.max(1);
+            let at = held.state.ptr + (block * floats * 4) as u64;
             // SAFETY: `out` is as long as one slot's state, which lies
             // inside the state buffer (`slot` checked above).
             unsafe { result::memcpy_dtoh_sync(&mut out, at) }
@@ -361,6 +352,85 @@ impl Drop for ResidentKernel {
             tracing::error!("{e}");
         }
     }
+}
+
+/// Launches the resident kernel `function` on `stream`: `grid` blocks of
+/// [`RESIDENT_BLOCK`] threads, in clusters of `split` (each slot's) where
+/// `split` is over 1, once the device has said it holds every cluster at
+/// once (a cluster never scheduled would leave its slot unanswered).
+/// `params` are the kernel's (int*, const u64*, float*): the mapped
+/// mailboxes, the table and the states, sized for `grid` blocks and alive
+/// until the kernel has returned.
+fn launch(
+    function: sys::CUfunction,
+    grid: u32,
+    split: usize,
+    stream: &Stream,
+    params: &mut [*mut c_void; 3],
+) -> Result<(), EngineError> {
+    if split <= 1 {
+        // SAFETY: `params` as this function's contract says; a tick names
+        // only a member written.
+        return unsafe {
+            result::launch_kernel(
+                function,
+                (grid, 1, 1),
+                (RESIDENT_BLOCK, 1, 1),
+                0,
+                stream.0,
+                params,
+            )
+        }
+        .map_err(driver("resident kernel launch"));
+    }
+    let cluster = u32::try_from(split).unwrap_or(u32::MAX);
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+                x: cluster,
+                y: 1,
+                z: 1,
+            },
+        },
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: RESIDENT_BLOCK,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.0,
+        attrs: &raw mut attribute,
+        numAttrs: 1,
+    };
+    let mut most = 0;
+    // SAFETY: `config` and its one attribute are alive for the call;
+    // `function` is a loaded kernel.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&raw mut most, function, &raw const config) }
+        .result()
+        .map_err(driver("resident clusters"))?;
+    let clusters = grid / cluster;
+    if u32::try_from(most).unwrap_or(0) < clusters {
+        return Err(EngineError::Unsupported(format!(
+            "{clusters} resident slots on clusters of {split} blocks, and the device holds \
+             {most} such clusters at once"
+        )));
+    }
+    // SAFETY: as above, and `params` as this function's contract says.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &raw const config,
+            function,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(driver("resident kernel launch"))
 }
 
 /// `weights` on device `ordinal`, one buffer per weight slot.

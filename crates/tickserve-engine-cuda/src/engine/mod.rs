@@ -274,30 +274,31 @@ impl CudaEngine {
         request: &CudaCompileRequest<'_>,
         state: &[tickserve_core::sequence::StateConfig],
     ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
-        self.compile_resident_with(request, state, RESIDENT_MEMBERS, RESIDENT_TICK_BOUND)
+        self.compile_resident_with(request, state, &ResidentOptions::default())
     }
 
-    /// [`CudaEngine::compile_resident`] with a weight table of `members`
-    /// rows (the most members on the kernel; the others run on the graphs)
-    /// and `bound` the longest a tick may take before the family fails over.
+    /// [`CudaEngine::compile_resident`] with `options`' table, bound and
+    /// blocks a slot.
+    #[allow(clippy::type_complexity)] // the graphs come back with the reason
     pub fn compile_resident_with(
         &self,
         request: &CudaCompileRequest<'_>,
         state: &[tickserve_core::sequence::StateConfig],
-        members: usize,
-        bound: Duration,
+        options: &ResidentOptions,
     ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
         let model = self.compile(request)?;
-        Ok(match CudaEngine::resident_layout(request.imported, state) {
-            Ok(layout) => ResidentModel::start(
-                request.family,
-                model,
-                layout,
-                (request.first_member, &request.imported.weights),
-                (members, bound),
-            ),
-            Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
-        })
+        Ok(
+            match resident_layout(request.imported, state, options.split) {
+                Ok(layout) => ResidentModel::start(
+                    request.family,
+                    model,
+                    layout,
+                    (request.first_member, &request.imported.weights),
+                    (options.members, options.bound),
+                ),
+                Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
+            },
+        )
     }
 
     /// The resident kernel for `imported`'s plan with `state`'s pairs, or
@@ -307,11 +308,45 @@ impl CudaEngine {
         imported: &Imported,
         state: &[tickserve_core::sequence::StateConfig],
     ) -> Result<kernels::Resident, String> {
-        let pairs: Vec<(&str, &str)> = state
-            .iter()
-            .map(|s| (s.input.as_str(), s.output.as_str()))
-            .collect();
-        kernels::resident(&imported.plan, &pairs)
+        resident_layout(imported, state, 1)
+    }
+}
+
+/// The resident kernel for `imported`'s plan with `state`'s pairs, each
+/// slot on `split` blocks, or why the kernel cannot run it.
+fn resident_layout(
+    imported: &Imported,
+    state: &[tickserve_core::sequence::StateConfig],
+    split: usize,
+) -> Result<kernels::Resident, String> {
+    let pairs: Vec<(&str, &str)> = state
+        .iter()
+        .map(|s| (s.input.as_str(), s.output.as_str()))
+        .collect();
+    kernels::resident_split(&imported.plan, &pairs, split)
+}
+
+/// How a family runs resident.
+#[derive(Debug, Clone)]
+pub struct ResidentOptions {
+    /// Rows of the kernel's weight table: the most members on the kernel
+    /// (the others run on the graphs). [`RESIDENT_MEMBERS`] by default.
+    pub members: usize,
+    /// The longest a tick may take before the family fails over to its
+    /// graphs. [`RESIDENT_TICK_BOUND`] by default.
+    pub bound: Duration,
+    /// Blocks a slot runs on (a thread-block cluster; 1 to
+    /// [`kernels::MAX_SPLIT`]). 1 by default.
+    pub split: usize,
+}
+
+impl Default for ResidentOptions {
+    fn default() -> ResidentOptions {
+        ResidentOptions {
+            members: RESIDENT_MEMBERS,
+            bound: RESIDENT_TICK_BOUND,
+            split: 1,
+        }
     }
 }
 

@@ -25,8 +25,8 @@ use crate::plan::{Elementwise, Op, Plan, Step};
 
 pub use recurrent::{gate_name, reset_name};
 pub use resident::{
-    ANSWERED_WORD, ASKED_WORD, DATA_WORD, GIVEN_WORD, Kept, MEMBER_WORD, RESIDENT_BLOCK, Resident,
-    resident,
+    ANSWERED_WORD, ASKED_WORD, DATA_WORD, GIVEN_WORD, Kept, MAX_SPLIT, MEMBER_WORD, RESIDENT_BLOCK,
+    Resident, resident, resident_split,
 };
 
 /// Threads per block for elementwise kernels (row kernels use one warp per segment).

@@ -91,7 +91,15 @@ pub struct Resident {
     pub state_floats: usize,
     /// Pointers in one row of the weight table (the plan's weight slots).
     pub weight_slots: usize,
+    /// Blocks a slot runs on: a thread-block cluster of this many, each
+    /// computing its share of every step's columns (or hidden units) and
+    /// storing them into every block's activations (distributed shared
+    /// memory). 1: a block a slot.
+    pub split: usize,
 }
+
+/// The most blocks of a slot's cluster (the portable cluster size).
+pub const MAX_SPLIT: usize = 8;
 
 /// One state pair of a resident kernel: a plan input and output the block
 /// keeps in its slot's state buffer, and their region of the mailbox.
@@ -126,7 +134,29 @@ __device__ __forceinline__ int load_acquire(const int* p) {
 __device__ __forceinline__ void store_release(int* p, int v) {
     asm volatile("st.release.sys.global.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+#if CLUSTER > 1
+// Every thread of every block of the slot's cluster: what each stored
+// before, into any block's shared memory, is seen by all after.
+#define CLUSTER_SYNC() asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory")
+// `v` into the element at `local` of block `rank`'s shared memory.
+__device__ __forceinline__ void CLUSTER_STORE(float* local, int rank, float v) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+#else
+#define CLUSTER_SYNC() SYNC()
+#define CLUSTER_STORE(local, rank, v)
 #endif
+#endif
+// Activation `i` is `v`, in this block and in every other block of the
+// slot's cluster.
+__device__ __forceinline__ void put(float* val, int i, float v, int part) {
+    val[i] = v;
+    for (int p = 0; p < CLUSTER; ++p)
+        if (p != part) CLUSTER_STORE(val + i, p, v);
+}
 // A weight, read through L2 (`ld.global.cg`), which copies to the device
 // keep coherent, never from a stale L1 line of a member swapped out.
 struct Cg {
@@ -142,6 +172,21 @@ struct Cg {
 /// paired by name in `state` (`(input, output)`, as `[[sequence.state]]`
 /// pairs them); or why the plan cannot run resident.
 pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String> {
+    resident_split(plan, state, 1)
+}
+
+/// [`resident`] with each slot on a cluster of `split` blocks (1 to
+/// [`MAX_SPLIT`]), each computing `1 / split` of every step.
+pub fn resident_split(
+    plan: &Plan,
+    state: &[(&str, &str)],
+    split: usize,
+) -> Result<Resident, String> {
+    if !(1..=MAX_SPLIT).contains(&split) {
+        return Err(format!(
+            "a slot on {split} blocks; a cluster holds 1 to {MAX_SPLIT}"
+        ));
+    }
     let width = |v: ValueId| plan.values.get(v).map_or(0, |v| v.width);
     let mut offsets = Vec::with_capacity(plan.values.len());
     let mut total = 0usize;
@@ -268,21 +313,23 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                 n,
             } => {
                 let (x, chain) = (offsets[*input], epilogue(&step.epilogue));
+                // This block's share of the columns.
+                let (lo, hi) = share(*n, split);
                 if *transposed {
                     // A column's weights side by side: a warp per column,
                     // its lanes over them (one coalesced load a lane),
                     // summed across the warp.
                     let _ = write!(
                         body,
-                        "        for (int col = warp; col < {n}; col += warps) {{
+                        "        for (int col = {lo} + warp; col < {hi}; col += warps) {{
             float v = 0.0f;
             for (int i = lane; i < {k}; i += LANES) v += val[{x} + i] * W({weight})[(long long)col * {k} + i];
             for (int o = LANES / 2; o > 0; o /= 2) v += SHFL_XOR(v, o);
             if (lane == 0) {{
-{chain}            val[{out} + col] = v;
+{chain}            put(val, {out} + col, v, part);
             }}
         }}
-        SYNC();
+        CLUSTER_SYNC();
 "
                     );
                 } else {
@@ -290,12 +337,12 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                     // (neighbouring threads, neighbouring weights).
                     let _ = write!(
                         body,
-                        "        for (int col = r; col < {n}; col += threads) {{
+                        "        for (int col = {lo} + r; col < {hi}; col += threads) {{
             float v = 0.0f;
             for (int i = 0; i < {k}; ++i) v += val[{x} + i] * W({weight})[(long long)i * {n} + col];
-{chain}            val[{out} + col] = v;
+{chain}            put(val, {out} + col, v, part);
         }}
-        SYNC();
+        CLUSTER_SYNC();
 "
                     );
                 }
@@ -354,20 +401,29 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                         |b| format!("W({b})[{at} + u] + W({b})[{g} + {at} + u]", at = gate * h),
                     )
                 };
-                let mut stores = format!("                val[{out} + u] = hn;\n");
+                let mut stores = format!("                put(val, {out} + u, hn, part);\n");
                 if let Some(c) = layer.last_c {
-                    let _ = writeln!(stores, "                val[{} + u] = cn;", offsets[c]);
+                    let _ = writeln!(
+                        stores,
+                        "                put(val, {} + u, cn, part);",
+                        offsets[c]
+                    );
                 }
                 if let Some(y) = layer.sequence {
-                    let _ = writeln!(stores, "                val[{} + u] = hn;", offsets[y]);
+                    let _ = writeln!(
+                        stores,
+                        "                put(val, {} + u, hn, part);",
+                        offsets[y]
+                    );
                 }
+                let (lo, hi) = share(h, split);
                 // A warp per hidden unit: its four gates (input, output,
                 // forget, cell: ONNX's order) summed across the warp, then
                 // the unit's cell, by lane 0. Nothing reads another unit's
                 // gates, so no barrier until the layer's end.
                 let _ = write!(
                     body,
-                    "        for (int u = warp; u < {h}; u += warps) {{
+                    "        for (int u = {lo} + warp; u < {hi}; u += warps) {{
             float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 {sums}            for (int o = LANES / 2; o > 0; o /= 2) {{
                 a0 += SHFL_XOR(a0, o);
@@ -381,7 +437,7 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
                 const float hn = og * tanhf(cn);
 {stores}            }}
         }}
-        SYNC();
+        CLUSTER_SYNC();
 ",
                     ig = sigmoid(&format!("a0 + {}", bias(0))),
                     og = sigmoid(&format!("a1 + {}", bias(1))),
@@ -399,7 +455,9 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
             }
         }
     }
-    // The answer to the mailbox, the state kept and written beside it.
+    // The answer to the mailbox (by the cluster's first block: every block
+    // holds all of it), the state kept by every block, for its next tick.
+    body.push_str("        if (part == 0) {\n");
     for (o, (_, v)) in plan.outputs.iter().enumerate() {
         let from = format!("val[{}", offsets[*v]);
         copy(
@@ -409,12 +467,14 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
             &from,
         );
     }
+    body.push_str("        }\n");
     for k in &kept {
         let from = format!("val[{}", offsets[plan.outputs[k.output].1]);
         copy(&mut body, k.width, &format!("state[{}", k.offset), &from);
     }
     let source = format!(
-        "{PRELUDE}extern \"C\" __global__ void resident(int* box, const u64* table, float* state) {{
+        "#define CLUSTER {split}
+{PRELUDE}extern \"C\" __global__ void resident(int* box, const u64* table, float* state) {{
     SHARED(float, val, {values});
     SHARED(int, asked, 3);
     SHARED(u64, slots, {weights});
@@ -422,8 +482,10 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
     // Warps: a product whose columns' weights lie side by side takes a warp
     // a column, its lanes over the weights.
     const int lane = r % LANES, warp = r / LANES, warps = threads / LANES;
-    // This block's slot: its mailbox, its state.
-    box += (long long)blockIdx.x * {mailbox_words};
+    // This block's slot (its mailbox) and its part of the slot's cluster;
+    // its own copy of the slot's state.
+    const int part = blockIdx.x % CLUSTER;
+    box += (long long)(blockIdx.x / CLUSTER) * {mailbox_words};
     state += (long long)blockIdx.x * {state_words};
     volatile float* mail = (volatile float*)(box + {DATA_WORD});
     int last = 0;
@@ -436,13 +498,16 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
             asked[1] = ((volatile int*)box)[{MEMBER_WORD}];
             asked[2] = ((volatile int*)box)[{GIVEN_WORD}];
         }}
-        SYNC();
+        // Every block of the cluster has its last tick done (so no store
+        // of this one lands on activations it still reads) and this one
+        // asked.
+        CLUSTER_SYNC();
         const int t = asked[0];
         if (t < 0) return;
         last = t;
 {body}        FENCE();
         SYNC();
-        if (r == 0) store_release(box + {ANSWERED_WORD}, t);
+        if (part == 0 && r == 0) store_release(box + {ANSWERED_WORD}, t);
     }}
 }}
 ",
@@ -459,7 +524,21 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
         mailbox_words,
         state_floats,
         weight_slots: plan.weights.len(),
+        split,
     })
+}
+
+/// This block's share of `n` columns (or units) of a cluster of `split`
+/// blocks: the bounds `[lo, hi)` as C expressions of its `part`.
+fn share(n: usize, split: usize) -> (String, String) {
+    if split == 1 {
+        ("0".to_string(), n.to_string())
+    } else {
+        (
+            format!("({n} * part / {split})"),
+            format!("({n} * (part + 1) / {split})"),
+        )
+    }
 }
 
 /// A block-strided copy of `width` floats: `to + j` from `from + j`, each

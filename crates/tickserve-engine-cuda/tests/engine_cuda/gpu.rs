@@ -390,6 +390,16 @@ impl crate::resident::Ticker for OnDevice {
 /// `path`'s resident kernel started on gpu:0 with `slots` slots on the
 /// file's weights.
 fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)], slots: usize) -> OnDevice {
+    resident_split_on_device(path, state, slots, 1)
+}
+
+/// [`resident_on_device`] with each slot on a cluster of `split` blocks.
+fn resident_split_on_device(
+    path: &std::path::Path,
+    state: &[(&str, &str)],
+    slots: usize,
+    split: usize,
+) -> OnDevice {
     assert!(
         !Gpus::probe().devices().is_empty(),
         "no GPU: {}",
@@ -397,7 +407,7 @@ fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)], slots: usi
     );
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let (_, plan, weights) = crate::resident::plan_of(path);
-    let layout = tickserve_engine_cuda::kernels::resident(&plan, state).unwrap();
+    let layout = tickserve_engine_cuda::kernels::resident_split(&plan, state, split).unwrap();
     OnDevice(
         tickserve_engine_cuda::resident::ResidentKernel::start(
             &ctx,
@@ -439,29 +449,15 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
     let path = bench.path().join("bench_lstm/1/model.onnx");
     let mut kernel = resident_on_device(&path, &BENCH_LSTM_STATE, 1);
     ticks_match(&mut kernel, &path, &BENCH_LSTM_STATE, 10_000, 5000);
-    // The round trip alone, the state handed back each tick as the server
-    // does: 20,000 ticks after 1,000 of warm-up.
+    let mut micros = round_trips(&mut kernel, &path);
+    kernel.0.stop().unwrap();
+    summary("resident bench_lstm tick", &mut micros);
     let (_, plan, weights) = crate::resident::plan_of(&path);
     let widths: Vec<usize> = plan
         .inputs
         .iter()
         .map(|(_, v)| plan.values[*v].width)
         .collect();
-    let mut held: Vec<Vec<f32>> = widths.iter().map(|w| vec![0.0f32; *w]).collect();
-    held[0] = vec![0.25f32; widths[0]];
-    let mut micros = Vec::with_capacity(20_000);
-    for t in 0..21_000 {
-        let started = std::time::Instant::now();
-        let got = Ticker::tick(&mut kernel, 0, &held);
-        if t >= 1_000 {
-            micros.push(started.elapsed().as_secs_f64() * 1e6);
-        }
-        for k in &kernel.0.layout().state.clone() {
-            held[k.input].clone_from(&got[k.output]);
-        }
-    }
-    kernel.0.stop().unwrap();
-    summary("resident bench_lstm tick", &mut micros);
 
     // 64 slots, each its own member (the file's weights scaled) and its own
     // sequence, all asked before any answer is awaited: each checked against
@@ -522,6 +518,58 @@ fn the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does() {
         "resident bench_lstm, 64 slots ticking at once: a round",
         &mut rounds,
     );
+}
+
+/// Slot 0's round trip (the mailbox written to the answer seen), in µs,
+/// over 20,000 ticks of `path`'s plan after 1,000 of warm-up, the state
+/// handed back each tick as the server does.
+#[allow(clippy::disallowed_methods)] // the round trip's time is the point
+fn round_trips(kernel: &mut OnDevice, path: &std::path::Path) -> Vec<f64> {
+    let (_, plan, _) = crate::resident::plan_of(path);
+    let mut held: Vec<Vec<f32>> = (plan.inputs.iter())
+        .map(|(_, v)| vec![0.0f32; plan.values[*v].width])
+        .collect();
+    held[0].fill(0.25);
+    let kept = kernel.0.layout().state.clone();
+    let mut micros = Vec::with_capacity(20_000);
+    for t in 0..21_000 {
+        let started = std::time::Instant::now();
+        let got = Ticker::tick(kernel, 0, &held);
+        if t >= 1_000 {
+            micros.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        for k in &kept {
+            held[k.input].clone_from(&got[k.output]);
+        }
+    }
+    micros
+}
+
+/// A slot on a thread-block cluster (each block a share of every step's
+/// units, stored into every block's shared memory): `seq_lstm_step` on 3
+/// blocks and `bench_lstm` on 2, 4 and 8 tick as ONNX Runtime does over
+/// 2,000 ticks; prints `bench_lstm`'s round trip for each (a block a slot:
+/// `the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does`).
+#[test]
+#[ignore = "needs a GPU"]
+fn a_slot_split_over_a_cluster_ticks_as_onnx_runtime_does() {
+    use crate::resident::{BENCH_LSTM_STATE, STATE, ticks_match};
+    let step = root().join("config/models/seq_lstm_step/1/model.onnx");
+    let mut kernel = resident_split_on_device(&step, &STATE, 1, 3);
+    ticks_match(&mut kernel, &step, &STATE, 2_000, 1200);
+    kernel.0.stop().unwrap();
+    let bench = support::bench_models();
+    let path = bench.path().join("bench_lstm/1/model.onnx");
+    for split in [2, 4, 8] {
+        let mut kernel = resident_split_on_device(&path, &BENCH_LSTM_STATE, 1, split);
+        ticks_match(&mut kernel, &path, &BENCH_LSTM_STATE, 2_000, 5200);
+        let mut micros = round_trips(&mut kernel, &path);
+        kernel.0.stop().unwrap();
+        summary(
+            &format!("resident bench_lstm tick, a slot on {split} blocks"),
+            &mut micros,
+        );
+    }
 }
 
 /// `bench_lstm`'s state pairs as its `model.toml` writes them.
@@ -678,12 +726,11 @@ fn bench_lstm_resident_and_graphs(
         ordinal: 0,
         first_member: SOLE_MEMBER,
     };
-    let resident = cuda.compile_resident_with(
-        &request,
-        &state,
+    let options = tickserve_engine_cuda::ResidentOptions {
         members,
-        tickserve_engine_cuda::RESIDENT_TICK_BOUND,
-    );
+        ..Default::default()
+    };
+    let resident = cuda.compile_resident_with(&request, &state, &options);
     let model = match resident.unwrap() {
         Ok(model) => model,
         Err((why, _)) => panic!("not resident: {why}"),

@@ -7,7 +7,9 @@ use std::path::Path;
 
 use tickserve_core::config::ModelConfig;
 use tickserve_engine_cuda::import;
-use tickserve_engine_cuda::kernels::{Launch, compile, lowerable, module_source, resident};
+use tickserve_engine_cuda::kernels::{
+    Launch, compile, lowerable, module_source, resident, resident_split,
+};
 use tickserve_engine_cuda::plan::Op;
 
 use crate::support;
@@ -89,6 +91,25 @@ fn the_resident_kernel_compiles_with_nvrtc() {
     // through L2.
     assert!(compiled.ptx.contains("shfl.sync.bfly"), "{}", compiled.ptx);
     assert!(compiled.ptx.contains("ld.global.cg"), "{}", compiled.ptx);
+    // A block a slot: no cluster instruction, so it runs on any GPU.
+    assert!(!compiled.ptx.contains(".cluster"), "{}", compiled.ptx);
+    // A slot on a cluster of four blocks: their barriers, and stores into
+    // each other's shared memory.
+    let split = resident_split(&plan, &[("h_in", "h_out"), ("c_in", "c_out")], 4).unwrap();
+    let compiled =
+        compile(&split.source, "sm_90").unwrap_or_else(|e| panic!("{e}\n{}", split.source));
+    for instruction in [
+        "barrier.cluster.arrive.release",
+        "barrier.cluster.wait.acquire",
+        "mapa.shared::cluster",
+        "st.shared::cluster.f32",
+    ] {
+        assert!(
+            compiled.ptx.contains(instruction),
+            "{instruction}\n{}",
+            compiled.ptx
+        );
+    }
 }
 
 #[test]

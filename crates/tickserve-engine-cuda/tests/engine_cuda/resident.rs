@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use tickserve_core::CompiledModel;
 use tickserve_core::config::ModelConfig;
-use tickserve_engine_cuda::kernels::{RESIDENT_BLOCK, Resident, resident};
+use tickserve_engine_cuda::kernels::{
+    MAX_SPLIT, RESIDENT_BLOCK, Resident, resident, resident_split,
+};
 use tickserve_engine_cuda::mailbox::Mailboxes;
 use tickserve_engine_cuda::plan::{Cell, Op, Plan};
 use tickserve_engine_cuda::reference::{self, random_rows};
@@ -57,11 +59,31 @@ struct tickserve_arena {
         if (part.empty()) part.resize(bytes);
         return part.data();
     }
+    // The declaration and byte offset of `p`, inside one of its buffers.
+    std::pair<int, size_t> locate(const void* p) {
+        std::lock_guard<std::mutex> held(lock);
+        for (auto& [id, part] : parts) {
+            const char* at = (const char*)p;
+            if (at >= part.data() && at < part.data() + part.size()) return {id, at - part.data()};
+        }
+        abort();
+    }
 };
 static thread_local tickserve_arena* tickserve_shared;
 static thread_local std::barrier<>* tickserve_block;
+// A slot's cluster: its blocks' shared memory (by part) and one barrier
+// for all of their threads.
+static thread_local std::vector<tickserve_arena*>* tickserve_cluster_arenas;
+static thread_local std::barrier<>* tickserve_cluster;
 #define SHARED(type, name, n) type* name = (type*)tickserve_shared->get(__COUNTER__, sizeof(type) * (n))
 #define SYNC() tickserve_block->arrive_and_wait()
+#define CLUSTER_SYNC() tickserve_cluster->arrive_and_wait()
+static inline void CLUSTER_STORE(float* local, int rank, float v) {
+    auto [id, offset] = tickserve_shared->locate(local);
+    tickserve_arena* peer = (*tickserve_cluster_arenas)[rank];
+    std::lock_guard<std::mutex> held(peer->lock);
+    *(float*)(peer->parts.at(id).data() + offset) = v;
+}
 #define FENCE() std::atomic_thread_fence(std::memory_order_seq_cst)
 static inline int load_acquire(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void store_release(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
@@ -95,26 +117,34 @@ extern "C" void tickserve_run_resident(int* box, const u64* table, float* state,
     std::vector<std::barrier<>*> barriers;
     std::vector<tickserve_arena*> arenas;
     std::vector<tickserve_warp_t*> warps;
+    std::vector<std::barrier<>*> clusters;
+    std::vector<std::vector<tickserve_arena*>> cluster_arenas(blocks / CLUSTER);
     std::vector<std::thread> all;
     const int lanes = threads >= 32 ? 32 : 1;
     const unsigned int per_block = threads / lanes;
     for (unsigned int b = 0; b < blocks; ++b) {
         barriers.push_back(new std::barrier<>(threads));
         arenas.push_back(new tickserve_arena());
+        cluster_arenas[b / CLUSTER].push_back(arenas[b]);
         for (unsigned int w = 0; w < per_block; ++w) warps.push_back(new tickserve_warp_t(lanes));
     }
+    for (unsigned int c = 0; c < blocks / CLUSTER; ++c)
+        clusters.push_back(new std::barrier<>(CLUSTER * threads));
     for (unsigned int b = 0; b < blocks; ++b)
         for (unsigned int i = 0; i < threads; ++i)
             all.emplace_back([&, b, i] {
                 blockIdx.x = b; blockDim.x = threads; threadIdx.x = i;
                 tickserve_block = barriers[b];
                 tickserve_shared = arenas[b];
+                tickserve_cluster = clusters[b / CLUSTER];
+                tickserve_cluster_arenas = &cluster_arenas[b / CLUSTER];
                 tickserve_lanes = lanes;
                 tickserve_warp = warps[b * per_block + i / lanes];
                 resident(box, table, state);
             });
     for (auto& t : all) t.join();
     for (unsigned int b = 0; b < blocks; ++b) { delete barriers[b]; delete arenas[b]; }
+    for (auto* c : clusters) delete c;
     for (auto* w : warps) delete w;
 }
 "#;
@@ -151,8 +181,9 @@ struct Running {
 }
 
 impl Running {
-    /// Builds `resident`'s kernel and starts it with `slots` blocks of
-    /// `threads` threads, `first` (one vector per weight slot) as member 0.
+    /// Builds `resident`'s kernel and starts it with `slots` slots, each a
+    /// cluster of `resident.split` blocks of `threads` threads, `first`
+    /// (one vector per weight slot) as member 0.
     fn start(resident: &Resident, first: &[Vec<f32>], slots: usize, threads: u32) -> Running {
         let (library, dir) =
             support::host_library(&format!("{EMULATION}\n{}\n{LAUNCH}", resident.source));
@@ -168,7 +199,8 @@ impl Running {
             table: vec![0; MEMBERS * first.len()],
             weights: Vec::new(),
             weight_slots: first.len(),
-            state: vec![0.0; slots * resident.state_floats],
+            // A copy of its slot's state a block.
+            state: vec![0.0; slots * resident.split * resident.state_floats],
             state_floats: resident.state_floats,
             layout: resident.clone(),
             kernel: None,
@@ -192,7 +224,7 @@ impl Running {
             running.table.as_ptr() as usize,
             running.state.as_mut_ptr() as usize,
         );
-        let blocks = slots as u32;
+        let blocks = (slots * resident.split) as u32;
         running.kernel = Some(std::thread::spawn(move || {
             let (mailbox, table, state) = pointers;
             // SAFETY: see above.
@@ -237,7 +269,8 @@ impl Running {
 
     /// Slot `slot`'s state, between two of its ticks.
     fn state_of(&self, slot: usize) -> Vec<f32> {
-        self.state[slot * self.state_floats..(slot + 1) * self.state_floats].to_vec()
+        let at = slot * self.layout.split * self.state_floats;
+        self.state[at..at + self.state_floats].to_vec()
     }
 
     /// Tells every block to return and waits for them, within the bound.
@@ -325,10 +358,10 @@ fn ticks_match_onnx_runtime(
     state: &[(&str, &str)],
     ticks: u64,
     seed: u64,
-    threads: u32,
+    (threads, split): (u32, usize),
 ) {
     let (_, plan, weights) = plan_of(path);
-    let layout = resident(&plan, state).unwrap();
+    let layout = resident_split(&plan, state, split).unwrap();
     let mut kernel = Running::start(&layout, &weights, 1, threads);
     ticks_match(&mut kernel, path, state, ticks, seed);
     kernel.stop();
@@ -445,14 +478,32 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
     assert_eq!(kept, vec![(0, 16), (16, 16)]);
     // The block's loops stride over its threads: 8 here, a lane a warp
     // (256 OS threads at a barrier would make 10,000 ticks minutes long).
-    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000, 8);
+    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000, (8, 1));
     // bench_lstm: two layers of 128 on 32 features, each layer's h and c kept.
     let bench = bench_models();
     let bench_lstm = bench.path().join("bench_lstm/1/model.onnx");
-    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 10_000, 5000, 8);
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 10_000, 5000, (8, 1));
     // The whole block, as the device launches it: eight warps of 32 lanes,
     // each unit's products summed across its warp.
-    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 4, 7000, RESIDENT_BLOCK);
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 4, 7000, (RESIDENT_BLOCK, 1));
+}
+
+#[test]
+fn a_slot_split_over_a_cluster_of_blocks_gives_what_onnx_runtime_gives() {
+    // Each block of the slot's cluster computes its share of every step's
+    // units or columns and stores them into every block's activations:
+    // shares of 5, 5 and 6 units, and of 0, 0 and 1 column for the last
+    // product.
+    let step = root().join("config/models/seq_lstm_step/1/model.onnx");
+    ticks_match_onnx_runtime(&step, &STATE, 1_000, 1100, (8, 3));
+    // bench_lstm's 128 units on four blocks, then on two whole blocks.
+    let bench = bench_models();
+    let bench_lstm = bench.path().join("bench_lstm/1/model.onnx");
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 600, 5100, (8, 4));
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 2, 7100, (RESIDENT_BLOCK, 2));
+    let (_, plan, _) = plan_of(&step);
+    let refused = resident_split(&plan, &STATE, MAX_SPLIT + 1).unwrap_err();
+    assert!(refused.contains("a cluster holds 1 to 8"), "{refused}");
 }
 
 /// `seq_lstm_step` ticked through `kernel` (started with the file's
