@@ -298,6 +298,7 @@ mod tests {
             state_floats: 2,
             weight_slots: 1,
             split: 1,
+            on_chip_bytes: 0,
         }
     }
 

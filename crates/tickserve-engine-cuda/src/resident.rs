@@ -157,7 +157,27 @@ impl ResidentKernel {
             (&raw mut table_ptr).cast(),
             (&raw mut state_ptr).cast(),
         ];
-        launch(function, grid, split, &stream, &mut params)?;
+        let shared = u32::try_from(layout.on_chip_bytes).map_err(|_| {
+            EngineError::Unsupported(format!(
+                "{} bytes of weights on chip a block",
+                layout.on_chip_bytes
+            ))
+        })?;
+        if shared > 48 * 1024 {
+            // Past 48 KiB a block's dynamic shared memory is asked for.
+            let bytes = i32::try_from(shared).unwrap_or(i32::MAX);
+            // SAFETY: `function` is a loaded kernel.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes,
+                )
+            }
+            .result()
+            .map_err(driver("the resident kernel's shared memory"))?;
+        }
+        launch(function, (grid, split, shared), &stream, &mut params)?;
         // SAFETY: the mapped memory holds `slots` mailboxes of the layout's
         // words, lives in `held` as long as the kernel (and so `mailboxes`)
         // does, and only the kernel's blocks touch it besides.
@@ -355,16 +375,16 @@ impl Drop for ResidentKernel {
 }
 
 /// Launches the resident kernel `function` on `stream`: `grid` blocks of
-/// [`RESIDENT_BLOCK`] threads, in clusters of `split` (each slot's) where
-/// `split` is over 1, once the device has said it holds every cluster at
-/// once (a cluster never scheduled would leave its slot unanswered).
-/// `params` are the kernel's (int*, const u64*, float*): the mapped
-/// mailboxes, the table and the states, sized for `grid` blocks and alive
-/// until the kernel has returned.
+/// [`RESIDENT_BLOCK`] threads with `shared` bytes of dynamic shared memory
+/// each, in clusters of `split` (each slot's) where `split` is over 1,
+/// once the device has said it holds every cluster at once (a cluster
+/// never scheduled would leave its slot unanswered). `params` are the
+/// kernel's (int*, const u64*, float*): the mapped mailboxes, the table
+/// and the states, sized for `grid` blocks and alive until the kernel has
+/// returned.
 fn launch(
     function: sys::CUfunction,
-    grid: u32,
-    split: usize,
+    (grid, split, shared): (u32, usize, u32),
     stream: &Stream,
     params: &mut [*mut c_void; 3],
 ) -> Result<(), EngineError> {
@@ -376,7 +396,7 @@ fn launch(
                 function,
                 (grid, 1, 1),
                 (RESIDENT_BLOCK, 1, 1),
-                0,
+                shared,
                 stream.0,
                 params,
             )
@@ -402,7 +422,7 @@ fn launch(
         blockDimX: RESIDENT_BLOCK,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: 0,
+        sharedMemBytes: shared,
         hStream: stream.0,
         attrs: &raw mut attribute,
         numAttrs: 1,

@@ -287,18 +287,16 @@ impl CudaEngine {
         options: &ResidentOptions,
     ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
         let model = self.compile(request)?;
-        Ok(
-            match resident_layout(request.imported, state, options.split) {
-                Ok(layout) => ResidentModel::start(
-                    request.family,
-                    model,
-                    layout,
-                    (request.first_member, &request.imported.weights),
-                    (options.members, options.bound),
-                ),
-                Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
-            },
-        )
+        Ok(match resident_layout(request.imported, state, options) {
+            Ok(layout) => ResidentModel::start(
+                request.family,
+                model,
+                layout,
+                (request.first_member, &request.imported.weights),
+                (options.members, options.bound),
+            ),
+            Err(reason) => Err((EngineError::Unsupported(reason), Box::new(model))),
+        })
     }
 
     /// The resident kernel for `imported`'s plan with `state`'s pairs, or
@@ -308,22 +306,23 @@ impl CudaEngine {
         imported: &Imported,
         state: &[tickserve_core::sequence::StateConfig],
     ) -> Result<kernels::Resident, String> {
-        resident_layout(imported, state, 1)
+        resident_layout(imported, state, &ResidentOptions::default())
     }
 }
 
 /// The resident kernel for `imported`'s plan with `state`'s pairs, each
-/// slot on `split` blocks, or why the kernel cannot run it.
+/// slot on `options.split` blocks holding up to `options.on_chip` bytes of
+/// weights, or why the kernel cannot run it.
 fn resident_layout(
     imported: &Imported,
     state: &[tickserve_core::sequence::StateConfig],
-    split: usize,
+    options: &ResidentOptions,
 ) -> Result<kernels::Resident, String> {
     let pairs: Vec<(&str, &str)> = state
         .iter()
         .map(|s| (s.input.as_str(), s.output.as_str()))
         .collect();
-    kernels::resident_split(&imported.plan, &pairs, split)
+    kernels::resident_split(&imported.plan, &pairs, options.split, options.on_chip)
 }
 
 /// How a family runs resident.
@@ -338,6 +337,10 @@ pub struct ResidentOptions {
     /// Blocks a slot runs on (a thread-block cluster; 1 to
     /// [`kernels::MAX_SPLIT`]). 1 by default.
     pub split: usize,
+    /// Bytes of shared memory each block may hold its share of the tick's
+    /// member's weights in (the device's limit less the kernel's own, at
+    /// most; what does not fit is read through L2). 0 by default.
+    pub on_chip: usize,
 }
 
 impl Default for ResidentOptions {
@@ -346,6 +349,7 @@ impl Default for ResidentOptions {
             members: RESIDENT_MEMBERS,
             bound: RESIDENT_TICK_BOUND,
             split: 1,
+            on_chip: 0,
         }
     }
 }

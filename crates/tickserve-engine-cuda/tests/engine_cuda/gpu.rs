@@ -390,15 +390,16 @@ impl crate::resident::Ticker for OnDevice {
 /// `path`'s resident kernel started on gpu:0 with `slots` slots on the
 /// file's weights.
 fn resident_on_device(path: &std::path::Path, state: &[(&str, &str)], slots: usize) -> OnDevice {
-    resident_split_on_device(path, state, slots, 1)
+    resident_split_on_device(path, state, slots, (1, 0))
 }
 
-/// [`resident_on_device`] with each slot on a cluster of `split` blocks.
+/// [`resident_on_device`] with each slot on a cluster of `split` blocks,
+/// each holding up to `on_chip` bytes of its share of the weights.
 fn resident_split_on_device(
     path: &std::path::Path,
     state: &[(&str, &str)],
     slots: usize,
-    split: usize,
+    (split, on_chip): (usize, usize),
 ) -> OnDevice {
     assert!(
         !Gpus::probe().devices().is_empty(),
@@ -407,7 +408,8 @@ fn resident_split_on_device(
     );
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let (_, plan, weights) = crate::resident::plan_of(path);
-    let layout = tickserve_engine_cuda::kernels::resident_split(&plan, state, split).unwrap();
+    let layout =
+        tickserve_engine_cuda::kernels::resident_split(&plan, state, split, on_chip).unwrap();
     OnDevice(
         tickserve_engine_cuda::resident::ResidentKernel::start(
             &ctx,
@@ -546,27 +548,41 @@ fn round_trips(kernel: &mut OnDevice, path: &std::path::Path) -> Vec<f64> {
 }
 
 /// A slot on a thread-block cluster (each block a share of every step's
-/// units, stored into every block's shared memory): `seq_lstm_step` on 3
-/// blocks and `bench_lstm` on 2, 4 and 8 tick as ONNX Runtime does over
-/// 2,000 ticks; prints `bench_lstm`'s round trip for each (a block a slot:
-/// `the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does`).
+/// units, stored into every block's shared memory), its weights through
+/// L2 or held on chip (200 KiB a block, what fits): `seq_lstm_step` on 3
+/// blocks and `bench_lstm` on 1, 2, 4 and 8 tick as ONNX Runtime does over
+/// 2,000 ticks; prints `bench_lstm`'s round trip for each (a block a slot
+/// through L2: `the_resident_kernel_ticks_on_the_device_as_onnx_runtime_does`).
 #[test]
 #[ignore = "needs a GPU"]
 fn a_slot_split_over_a_cluster_ticks_as_onnx_runtime_does() {
     use crate::resident::{BENCH_LSTM_STATE, STATE, ticks_match};
+    const ON_CHIP: usize = 200 * 1024;
     let step = root().join("config/models/seq_lstm_step/1/model.onnx");
-    let mut kernel = resident_split_on_device(&step, &STATE, 1, 3);
+    let mut kernel = resident_split_on_device(&step, &STATE, 1, (3, ON_CHIP));
     ticks_match(&mut kernel, &step, &STATE, 2_000, 1200);
     kernel.0.stop().unwrap();
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
-    for split in [2, 4, 8] {
-        let mut kernel = resident_split_on_device(&path, &BENCH_LSTM_STATE, 1, split);
+    for (split, on_chip) in [
+        (2, 0),
+        (4, 0),
+        (8, 0),
+        (1, ON_CHIP),
+        (2, ON_CHIP),
+        (4, ON_CHIP),
+        (8, ON_CHIP),
+    ] {
+        let mut kernel = resident_split_on_device(&path, &BENCH_LSTM_STATE, 1, (split, on_chip));
+        let held = kernel.0.layout().on_chip_bytes;
         ticks_match(&mut kernel, &path, &BENCH_LSTM_STATE, 2_000, 5200);
         let mut micros = round_trips(&mut kernel, &path);
         kernel.0.stop().unwrap();
         summary(
-            &format!("resident bench_lstm tick, a slot on {split} blocks"),
+            &format!(
+                "resident bench_lstm tick, a slot on {split} blocks, {} KiB of weights on chip a block",
+                held / 1024
+            ),
             &mut micros,
         );
     }

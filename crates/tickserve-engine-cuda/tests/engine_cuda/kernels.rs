@@ -95,9 +95,18 @@ fn the_resident_kernel_compiles_with_nvrtc() {
     assert!(!compiled.ptx.contains(".cluster"), "{}", compiled.ptx);
     // A slot on a cluster of four blocks: their barriers, and stores into
     // each other's shared memory.
-    let split = resident_split(&plan, &[("h_in", "h_out"), ("c_in", "c_out")], 4).unwrap();
+    // Its weights on chip too: dynamic shared memory.
+    let split = resident_split(
+        &plan,
+        &[("h_in", "h_out"), ("c_in", "c_out")],
+        4,
+        200 * 1024,
+    )
+    .unwrap();
+    assert!(split.on_chip_bytes > 0);
     let compiled =
         compile(&split.source, "sm_90").unwrap_or_else(|e| panic!("{e}\n{}", split.source));
+    assert!(compiled.ptx.contains(".extern .shared"), "{}", compiled.ptx);
     for instruction in [
         "barrier.cluster.arrive.release",
         "barrier.cluster.wait.acquire",

@@ -76,6 +76,7 @@ static thread_local std::barrier<>* tickserve_block;
 static thread_local std::vector<tickserve_arena*>* tickserve_cluster_arenas;
 static thread_local std::barrier<>* tickserve_cluster;
 #define SHARED(type, name, n) type* name = (type*)tickserve_shared->get(__COUNTER__, sizeof(type) * (n))
+#define DYNAMIC_SHARED(type, name, n) SHARED(type, name, n)
 #define SYNC() tickserve_block->arrive_and_wait()
 #define CLUSTER_SYNC() tickserve_cluster->arrive_and_wait()
 static inline void CLUSTER_STORE(float* local, int rank, float v) {
@@ -156,6 +157,10 @@ const TICK_BOUND: Duration = Duration::from_secs(10);
 
 /// Rows of the emulated kernel's weight table.
 const MEMBERS: usize = 8;
+
+/// Shared memory a block may hold weights in, as on an H100 or H200
+/// (227 KiB a block) less room for the kernel's own.
+const ON_CHIP: usize = 200 * 1024;
 
 /// A resident kernel running on its own thread, and its slots' mailboxes.
 struct Running {
@@ -358,10 +363,10 @@ fn ticks_match_onnx_runtime(
     state: &[(&str, &str)],
     ticks: u64,
     seed: u64,
-    (threads, split): (u32, usize),
+    (threads, split, on_chip): (u32, usize, usize),
 ) {
     let (_, plan, weights) = plan_of(path);
-    let layout = resident_split(&plan, state, split).unwrap();
+    let layout = resident_split(&plan, state, split, on_chip).unwrap();
     let mut kernel = Running::start(&layout, &weights, 1, threads);
     ticks_match(&mut kernel, path, state, ticks, seed);
     kernel.stop();
@@ -478,14 +483,20 @@ fn a_sequence_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
     assert_eq!(kept, vec![(0, 16), (16, 16)]);
     // The block's loops stride over its threads: 8 here, a lane a warp
     // (256 OS threads at a barrier would make 10,000 ticks minutes long).
-    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000, (8, 1));
+    ticks_match_onnx_runtime(&step, &STATE, 10_000, 1000, (8, 1, ON_CHIP));
     // bench_lstm: two layers of 128 on 32 features, each layer's h and c kept.
     let bench = bench_models();
     let bench_lstm = bench.path().join("bench_lstm/1/model.onnx");
-    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 10_000, 5000, (8, 1));
+    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 10_000, 5000, (8, 1, 0));
     // The whole block, as the device launches it: eight warps of 32 lanes,
     // each unit's products summed across its warp.
-    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 4, 7000, (RESIDENT_BLOCK, 1));
+    ticks_match_onnx_runtime(
+        &bench_lstm,
+        &BENCH_LSTM_STATE,
+        4,
+        7000,
+        (RESIDENT_BLOCK, 1, 0),
+    );
 }
 
 #[test]
@@ -495,14 +506,32 @@ fn a_slot_split_over_a_cluster_of_blocks_gives_what_onnx_runtime_gives() {
     // shares of 5, 5 and 6 units, and of 0, 0 and 1 column for the last
     // product.
     let step = root().join("config/models/seq_lstm_step/1/model.onnx");
-    ticks_match_onnx_runtime(&step, &STATE, 1_000, 1100, (8, 3));
+    ticks_match_onnx_runtime(&step, &STATE, 1_000, 1100, (8, 3, ON_CHIP));
     // bench_lstm's 128 units on four blocks, then on two whole blocks.
     let bench = bench_models();
     let bench_lstm = bench.path().join("bench_lstm/1/model.onnx");
-    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 600, 5100, (8, 4));
-    ticks_match_onnx_runtime(&bench_lstm, &BENCH_LSTM_STATE, 2, 7100, (RESIDENT_BLOCK, 2));
+    ticks_match_onnx_runtime(
+        &bench_lstm,
+        &BENCH_LSTM_STATE,
+        600,
+        5100,
+        (8, 4, 150 * 1024),
+    );
+    ticks_match_onnx_runtime(
+        &bench_lstm,
+        &BENCH_LSTM_STATE,
+        2,
+        7100,
+        (RESIDENT_BLOCK, 2, ON_CHIP),
+    );
+    // On 8 blocks each holds all of its share on chip: a sixteenth-unit
+    // share (16 of 128) of 4 gates of the 32 inputs and three 128-wide
+    // matrices, and one column of the 128 into the prediction.
+    let (_, bench_plan, _) = plan_of(&bench_lstm);
+    let eighths = resident_split(&bench_plan, &BENCH_LSTM_STATE, 8, ON_CHIP).unwrap();
+    assert_eq!(eighths.on_chip_bytes, (4 * 16 * (32 + 3 * 128) + 128) * 4);
     let (_, plan, _) = plan_of(&step);
-    let refused = resident_split(&plan, &STATE, MAX_SPLIT + 1).unwrap_err();
+    let refused = resident_split(&plan, &STATE, MAX_SPLIT + 1, 0).unwrap_err();
     assert!(refused.contains("a cluster holds 1 to 8"), "{refused}");
 }
 
@@ -555,6 +584,37 @@ fn a_member_added_while_the_kernel_runs_answers_with_its_weights_from_its_first_
     members_match_reference(&mut kernel, &other);
     // The sequence's state was handed back every tick: none brought.
     assert_eq!(kernel.states_given(), 0);
+    kernel.stop();
+    // With the weights held on chip: loaded again when a tick names the
+    // other member, and when a member is written over with new weights
+    // (held by their address, never reused while the kernel runs).
+    let layout = resident_split(&plan, &STATE, 1, ON_CHIP).unwrap();
+    assert!(layout.on_chip_bytes > 0);
+    let mut kernel = Running::start(&layout, &weights, 1, 8);
+    members_match_reference(&mut kernel, &other);
+    // Member 1 (held after its first tick) written over between two of its
+    // ticks: the second reads the new weights.
+    let third: Vec<Vec<f32>> = (weights.iter())
+        .map(|w| w.iter().map(|x| x * 0.5).collect())
+        .collect();
+    let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
+    for t in 0..10u64 {
+        if t == 5 {
+            Ticker::put(&mut kernel, 1, &third);
+        }
+        let x = random_rows(3000 + t, 8);
+        let got = kernel.tick(1, &[x.clone(), h.clone(), c.clone()]);
+        let member = if t < 5 { &other } else { &third };
+        let want = reference::run(&plan, member, &[&x, &h, &c], 1);
+        assert!(
+            close(got[0][0], want[0][0]),
+            "tick {t}: resident {}, the reference {}",
+            got[0][0],
+            want[0][0]
+        );
+        h.clone_from(&got[1]);
+        c.clone_from(&got[2]);
+    }
     kernel.stop();
 }
 
