@@ -159,7 +159,7 @@ wanted 2 && step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check 
 wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu:: --skip the_resident_kernel \
   --skip a_family_compiled_resident --skip a_resident_family --skip sequences_keep_their_slots \
-  --skip a_member_the_resident_table --skip a_slot_split
+  --skip a_member_the_resident_table --skip a_slot_split --skip a_bucket_larger
 # 3b. The resident kernel (kernels::resident, started once, ticked through mapped memory):
 # 10,000 ticks of seq_lstm_step and of bench_lstm against ONNX Runtime, a member added,
 # bench_lstm's round trip over 20,000 ticks and 64 slots at once; then bench_lstm compiled
@@ -168,11 +168,12 @@ wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick
 # resident family whose kernel stops answering failing over to its graphs; 64 sequences
 # ticked in another order each round keeping their slots (no state over the bus); a
 # member past a 2-row weight table running on the graphs; a slot on a cluster of 2, 4
-# and 8 blocks against ONNX Runtime, and its round trip (SUMMARY).
+# and 8 blocks against ONNX Runtime, and its round trip (SUMMARY); a family on clusters
+# of 8 with fewer slots than its largest bucket (that bucket on the graphs).
 wanted 3 && step "3b. resident kernel vs ONNX Runtime, its tick's round trip, a family run resident (bench_lstm)" 120 resident.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --nocapture --test-threads 1 gpu::the_resident_kernel \
   gpu::a_family_compiled_resident gpu::a_resident_family gpu::sequences_keep_their_slots \
-  gpu::a_member_the_resident_table gpu::a_slot_split
+  gpu::a_member_the_resident_table gpu::a_slot_split gpu::a_bucket_larger
 wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 wanted 5 && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/device/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"
@@ -202,9 +203,10 @@ wanted 9 && step "9. LSTM step: PyTorch CUDA graph vs ONNX Runtime CPU" 45 seque
 if [ "$(nproc)" -ge 16 ]; then server_cpus=0-7 client_cpus=8-15; else server_cpus=0 client_cpus=1; fi
 export BIN=$root/$bin MODELS=$work/bench-models CLIENT_CPUS=$client_cpus
 "${py:-python3}" scripts/dev/make_models.py --bench "$MODELS" >"$work/bench-models.log" 2>&1
-harness() { # DEVICE [GPU_MODE]
-  local service=tickserve-gpu-check-${1/:/}${2:+-$2}
-  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\ngpu_mode = "%s"\n[shm]\nenabled = true\nservice = "%s"\n[model_defaults]\ndevices = ["%s"]\n' \
+harness() { # DEVICE [GPU_MODE [RESIDENT_BLOCKS]]: RESIDENT_BLOCKS with the weights on chip
+  local service=tickserve-gpu-check-${1/:/}${2:+-$2}${3:+-$3}
+  local shape=${3:+"resident_blocks = $3\nresident_weights_on_chip = true\n"}
+  printf '[repository]\npath = "%s"\n[runtime]\nonnxruntime_library = "%s"\ngpu_mode = "%s"\n'"$shape"'[shm]\nenabled = true\nservice = "%s"\n[model_defaults]\ndevices = ["%s"]\n' \
     "$MODELS" "$TICKSERVE_ONNXRUNTIME_LIBRARY" "${2:-graphs}" "$service" "$1" >"$work/harness-$service.toml"
   python3 scripts/bench/server.py --config "$work/harness-$service.toml" --binary "$bin/tickserve" \
     --taskset "$server_cpus" --log "$work/harness-$service.log" -- bash -c '
@@ -212,7 +214,7 @@ harness() { # DEVICE [GPU_MODE]
       "$h" "$0" "bench_lstm, shm, 1 instance, $1" --model bench_lstm --ticks 3000 --warmup 200
       "$h" "$0" "bench_lstm, shm, 64 instances, $1" --model bench_lstm --instances 64 --ticks 200 --warmup 20
       "$h" "$0" "bench_lstm_window, shm, 1 instance, $1" --model bench_lstm_window --ticks 500 --warmup 50' \
-    "$service" "$1${2:+ $2}"
+    "$service" "$1${2:+ $2}${3:+, $3 blocks a slot, weights on chip}"
   local rc=$?
   tail -n 20 "$work/harness-$service.log"
   return $rc
@@ -225,5 +227,9 @@ wanted 10 && step "10b. per-tick harness, models on the CPU" 75 sequences.log ba
 # through the kernel's mailboxes), bench_lstm_window on its graphs.
 wanted 10 && [ "$mode" = GPU ] && step "10c. per-tick harness, models on $gpu_devices, gpu_mode auto" 75 \
   sequences.log bash -c 'harness "$1" auto' _ "$gpu_devices"
+# 10d. The same with each slot on a cluster of 8 blocks holding their share of the weights
+# on chip (runtime.resident_blocks, runtime.resident_weights_on_chip).
+wanted 10 && [ "$mode" = GPU ] && step "10d. per-tick harness, gpu_mode auto, 8 blocks a slot, weights on chip" 75 \
+  sequences.log bash -c 'harness "$1" auto 8' _ "$gpu_devices"
 write_summary
 cat "$OUT/summary.md"

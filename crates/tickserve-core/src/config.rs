@@ -294,6 +294,14 @@ pub struct RuntimeConfig {
     /// `[[sequence.state]]` pairs), where its `gpu_mode` does not say:
     /// `"graphs"` (the default), `"resident"` or `"auto"`.
     pub gpu_mode: GpuMode,
+    /// Blocks each slot of a resident kernel runs on (a thread-block
+    /// cluster, each block a share of every step; 1 to
+    /// [`MAX_RESIDENT_BLOCKS`]). 1 by default.
+    pub resident_blocks: usize,
+    /// Whether each block of a resident kernel holds its share of the
+    /// tick's member's weights in shared memory (as much as the device
+    /// gives a block), rather than reading them through L2 every tick.
+    pub resident_weights_on_chip: bool,
     /// The longest bucket run that a request may make on its caller's thread
     /// (an async worker, serving other connections meanwhile) when it finds
     /// an executor idle; requests whose bucket ran longer at load go to the
@@ -340,6 +348,10 @@ pub struct RuntimeConfig {
     /// overrides it.
     pub cpu_engine: CpuEngineChoice,
 }
+
+/// The most blocks a resident kernel's slot runs on (a portable
+/// thread-block cluster).
+pub const MAX_RESIDENT_BLOCKS: usize = 8;
 
 /// How a GPU runs a sequence model's ticks (`runtime.gpu_mode`, a model's
 /// `gpu_mode`; docs/cuda.md, "Resident mode").
@@ -393,6 +405,8 @@ impl Default for RuntimeConfig {
             intra_op_threads: 1,
             cuda_tf32: false,
             cuda_eager: false,
+            resident_blocks: 1,
+            resident_weights_on_chip: false,
             gpu_mode: GpuMode::Graphs,
             inline_budget: Duration::from_micros(100),
             sequence_snapshot: None,
@@ -788,6 +802,12 @@ impl ServerConfig {
         if d.max_queue_rows < d.max_request_rows {
             return Err("model_defaults.max_queue_rows must be at least max_request_rows".into());
         }
+        if !(1..=MAX_RESIDENT_BLOCKS).contains(&self.runtime.resident_blocks) {
+            return Err(format!(
+                "runtime.resident_blocks is {}; it must be 1 to {MAX_RESIDENT_BLOCKS}",
+                self.runtime.resident_blocks
+            ));
+        }
         if self.runtime.intra_op_threads == 0 {
             return Err("runtime.intra_op_threads must be positive".into());
         }
@@ -1002,6 +1022,14 @@ mod tests {
             ("[runtime]\nspin = \"5s\"", "runtime.spin is 5s"),
             ("[shm]\nspin = \"2s\"", "shm.spin is 2s"),
             ("[shm]\nthreads = 0", "shm.threads is 0"),
+            (
+                "[runtime]\nresident_blocks = 9",
+                "runtime.resident_blocks is 9; it must be 1 to 8",
+            ),
+            (
+                "[runtime]\nresident_blocks = 0",
+                "runtime.resident_blocks is 0",
+            ),
             ("[shm]\nservice = \"\"", "shm.service"),
             (
                 "[shm]\nmax_answer_bytes = 4095",

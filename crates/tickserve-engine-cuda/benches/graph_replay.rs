@@ -106,7 +106,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("alpha_mlp", true),
         ("tick_000", true),
     ] {
-        let engine = CudaEngine::new(CudaOptions { tf32: false, eager });
+        let engine = CudaEngine::new(CudaOptions {
+            tf32: false,
+            eager,
+            ..CudaOptions::default()
+        });
         let mode = if eager { "eager" } else { "graph" };
         let bytes = std::fs::read(root.join(format!("config/models/{name}/1/model.onnx")))
             .map_err(|e| e.to_string())?;

@@ -116,6 +116,8 @@ impl Engines {
             gpu: Arc::new(CudaEngine::new(CudaOptions {
                 tf32: config.runtime.cuda_tf32,
                 eager: config.runtime.cuda_eager,
+                resident_blocks: config.runtime.resident_blocks,
+                resident_weights_on_chip: config.runtime.resident_weights_on_chip,
             })),
             gpus: Arc::new(gpus),
         })

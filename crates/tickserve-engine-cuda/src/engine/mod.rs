@@ -62,6 +62,13 @@ pub struct CudaOptions {
     /// and copies, with more launch overhead. For a driver where capture
     /// fails; off by default.
     pub eager: bool,
+    /// Blocks each slot of a resident kernel runs on
+    /// ([`ResidentOptions::split`]; 0 or 1: one).
+    pub resident_blocks: usize,
+    /// Whether a resident kernel's blocks hold their share of the weights
+    /// in shared memory, as much as the device gives a block
+    /// ([`ResidentOptions::on_chip`]).
+    pub resident_weights_on_chip: bool,
 }
 
 /// Compiles families for GPUs.
@@ -238,7 +245,16 @@ impl Engine<ModelGraph> for CudaEngine {
         let Some(asked) = request.resident.filter(|_| !request.check) else {
             return Ok(Box::new(CudaEngine::compile(self, &cuda_request)?));
         };
-        match self.compile_resident(&cuda_request, asked.state)? {
+        let options = ResidentOptions {
+            split: self.options.resident_blocks.max(1),
+            on_chip: if self.options.resident_weights_on_chip {
+                usize::MAX
+            } else {
+                0
+            },
+            ..ResidentOptions::default()
+        };
+        match self.compile_resident_with(&cuda_request, asked.state, &options)? {
             Ok(resident) => {
                 tracing::info!(
                     family = request.family,
@@ -287,7 +303,18 @@ impl CudaEngine {
         options: &ResidentOptions,
     ) -> Result<Result<ResidentModel, (EngineError, Box<CudaModel>)>, EngineError> {
         let model = self.compile(request)?;
-        Ok(match resident_layout(request.imported, state, options) {
+        // No more shared memory than the device gives a block.
+        let most = model
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(driver("the device's shared memory a block"))?;
+        let options = ResidentOptions {
+            on_chip: options.on_chip.min(usize::try_from(most).unwrap_or(0)),
+            ..options.clone()
+        };
+        Ok(match resident_layout(request.imported, state, &options) {
             Ok(layout) => ResidentModel::start(
                 request.family,
                 model,
@@ -337,9 +364,10 @@ pub struct ResidentOptions {
     /// Blocks a slot runs on (a thread-block cluster; 1 to
     /// [`kernels::MAX_SPLIT`]). 1 by default.
     pub split: usize,
-    /// Bytes of shared memory each block may hold its share of the tick's
-    /// member's weights in (the device's limit less the kernel's own, at
-    /// most; what does not fit is read through L2). 0 by default.
+    /// Bytes of shared memory each block may have in all, its share of the
+    /// tick's member's weights held in what its own arrays leave (at most
+    /// the device's limit a block; what does not fit is read through L2).
+    /// 0 by default: every weight through L2.
     pub on_chip: usize,
 }
 

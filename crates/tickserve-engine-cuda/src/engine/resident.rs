@@ -86,25 +86,36 @@ impl ResidentModel {
         first: (MemberId, &[Weight]),
         (members, bound): (usize, Duration),
     ) -> Result<ResidentModel, (EngineError, Box<CudaModel>)> {
-        let slots = graphs.buckets.sizes().last().copied().unwrap_or(1);
+        // A slot per row of the largest bucket whose rows the device holds
+        // at once (resident blocks never wait for a multiprocessor); the
+        // larger buckets run on the graphs.
         let started = arrange(&graphs.plan, first.1)
             .map_err(EngineError::InvalidModel)
             .and_then(|weights| {
                 let ctx: Arc<CudaContext> = Arc::clone(&graphs.ctx);
-                ResidentKernel::start(
-                    &ctx,
-                    graphs.ordinal(),
-                    layout,
-                    &weights,
-                    members,
-                    slots,
-                    bound,
-                )
+                let mut last = None;
+                for &slots in graphs.buckets.sizes().iter().rev() {
+                    match ResidentKernel::start(
+                        &ctx,
+                        graphs.ordinal(),
+                        layout.clone(),
+                        &weights,
+                        members,
+                        slots,
+                        bound,
+                    ) {
+                        Err(e @ EngineError::Unsupported(_)) => last = Some(e),
+                        other => return other,
+                    }
+                }
+                Err(last
+                    .unwrap_or_else(|| EngineError::Internal("a family of no buckets".to_string())))
             });
         let kernel = match started {
             Ok(kernel) => kernel,
             Err(e) => return Err((e, Box::new(graphs))),
         };
+        let slots = kernel.slots();
         let outputs = graphs
             .buckets
             .sizes()
@@ -292,9 +303,13 @@ impl CompiledModel for ResidentModel {
         members: &[MemberId],
     ) -> Result<(), EngineError> {
         // A member the kernel's table lacks (full, or its upload failed)
-        // runs on the graphs, which hold every member.
+        // runs on the graphs, which hold every member; so does a bucket of
+        // more rows than the kernel has slots.
         let in_table = members.iter().all(|m| self.rows.contains_key(m));
-        if self.kernel.is_some() && in_table {
+        let fits = (self.kernel.as_ref()).is_some_and(|k| {
+            (self.graphs.buckets_graphs.get(bucket)).is_some_and(|b| b.rows <= k.slots())
+        });
+        if fits && in_table {
             match self.tick(bucket, rows, members) {
                 Ok(()) => {
                     self.on_graphs = false;

@@ -183,7 +183,8 @@ pub fn resident(plan: &Plan, state: &[(&str, &str)]) -> Result<Resident, String>
 
 /// [`resident`] with each slot on a cluster of `split` blocks (1 to
 /// [`MAX_SPLIT`]), each computing `1 / split` of every step, and holding
-/// its share of the weights in up to `on_chip` bytes of shared memory.
+/// its share of the weights in shared memory where a block may have
+/// `on_chip` bytes of it in all (0: every weight through L2).
 pub fn resident_split(
     plan: &Plan,
     state: &[(&str, &str)],
@@ -313,7 +314,14 @@ pub fn resident_split(
     // fits what is left of `on_chip` is held in `cache`, its loads in
     // `loads`.
     let mut steps = String::new();
-    let mut cache = Cache::new(on_chip / 4);
+    // What the block's own arrays leave (the activations, the weight
+    // table, the tick's words, the held weights' address, and 64 bytes to
+    // align them).
+    let own = shared
+        .saturating_add(2)
+        .saturating_mul(4)
+        .saturating_add(64);
+    let mut cache = Cache::new(on_chip.saturating_sub(own) / 4);
     for (index, step) in plan.steps.iter().enumerate() {
         let out = offsets[step.output];
         let body = &mut steps;

@@ -126,7 +126,11 @@ fn gpu_engine(eager: bool) -> CudaEngine {
         "no GPU: {}",
         Gpus::probe().describe()
     );
-    CudaEngine::new(CudaOptions { tf32: false, eager })
+    CudaEngine::new(CudaOptions {
+        tf32: false,
+        eager,
+        ..CudaOptions::default()
+    })
 }
 
 /// The graph compilations counted (every label together) since the last call (a snapshot of the
@@ -718,10 +722,10 @@ fn a_family_compiled_resident_answers_as_its_graphs_do() {
 }
 
 /// `bench_lstm` on gpu:0, buckets 1 and 64: run resident through
-/// [`CudaEngine::compile_resident_with`] with a weight table of `members`
-/// rows, and on its graphs alone.
+/// [`CudaEngine::compile_resident_with`] with `options`, and on its graphs
+/// alone.
 fn bench_lstm_resident_and_graphs(
-    members: usize,
+    options: &tickserve_engine_cuda::ResidentOptions,
 ) -> (
     tickserve_engine_cuda::ResidentModel,
     tickserve_engine_cuda::CudaModel,
@@ -742,11 +746,7 @@ fn bench_lstm_resident_and_graphs(
         ordinal: 0,
         first_member: SOLE_MEMBER,
     };
-    let options = tickserve_engine_cuda::ResidentOptions {
-        members,
-        ..Default::default()
-    };
-    let resident = cuda.compile_resident_with(&request, &state, &options);
+    let resident = cuda.compile_resident_with(&request, &state, options);
     let model = match resident.unwrap() {
         Ok(model) => model,
         Err((why, _)) => panic!("not resident: {why}"),
@@ -775,7 +775,7 @@ fn fed_back(signature: &tickserve_onnx::PartialSignature) -> Vec<(usize, usize)>
 #[test]
 #[ignore = "needs a GPU"]
 fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
-    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(64);
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(&Default::default());
     let mut seed = 3;
     let mut same_run = |model: &mut dyn CompiledModel, graphs: &mut dyn CompiledModel| {
         let inputs = fill(model, 1, &mut seed);
@@ -810,7 +810,7 @@ fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
 #[test]
 #[ignore = "needs a GPU"]
 fn sequences_keep_their_slots_on_a_resident_family_and_bring_no_state() {
-    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(64);
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(&Default::default());
     let bench = support::bench_models();
     let onnx = read(&bench.path().join("bench_lstm/1/model.onnx"));
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
@@ -888,7 +888,11 @@ fn sequences_keep_their_slots_on_a_resident_family_and_bring_no_state() {
 #[test]
 #[ignore = "needs a GPU"]
 fn a_member_the_resident_table_cannot_hold_runs_on_the_graphs() {
-    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(2);
+    let (mut model, mut graphs) =
+        bench_lstm_resident_and_graphs(&tickserve_engine_cuda::ResidentOptions {
+            members: 2,
+            ..Default::default()
+        });
     let bench = support::bench_models();
     let onnx = read(&bench.path().join("bench_lstm/1/model.onnx"));
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
@@ -946,6 +950,51 @@ fn a_member_the_resident_table_cannot_hold_runs_on_the_graphs() {
         resident(&mut model, &mut graphs, 3),
         "member 3 lost its row"
     );
+}
+
+/// A family on clusters of 8 blocks, its weights on chip: the device does
+/// not hold 64 slots of 8 blocks at once, so the kernel has fewer slots and
+/// bucket 64 runs on the graphs, bucket 1 on the kernel; both answer as
+/// the graphs do.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_bucket_larger_than_the_slots_the_device_holds_runs_on_the_graphs() {
+    let options = tickserve_engine_cuda::ResidentOptions {
+        split: 8,
+        on_chip: usize::MAX,
+        ..Default::default()
+    };
+    let (mut model, mut graphs) = bench_lstm_resident_and_graphs(&options);
+    let kernel = model.kernel().unwrap();
+    let (slots, held) = (kernel.slots(), kernel.layout().on_chip_bytes);
+    println!("bench_lstm on clusters of 8: {slots} slots, {held} bytes of weights on chip a block");
+    assert!(
+        slots < 64 && held > 0,
+        "{slots} slots, {held} bytes on chip"
+    );
+    let mut seed = 5;
+    for _ in 0..3 {
+        for bucket in [0, 1] {
+            let inputs = fill(&mut model, bucket, &mut seed);
+            for (i, bytes) in inputs.iter().enumerate() {
+                graphs.input_mut(bucket, i).copy_from_slice(bytes);
+            }
+            model.run(bucket, SOLE_MEMBER).unwrap();
+            graphs.run(bucket, SOLE_MEMBER).unwrap();
+            for o in 0..model.signature().outputs.len() {
+                assert_close(
+                    model.output(bucket, o),
+                    graphs.output(bucket, o),
+                    &format!("bucket {bucket} output {o}"),
+                );
+            }
+            assert_eq!(
+                model.device_time().is_none(),
+                bucket == 0,
+                "bucket {bucket}"
+            );
+        }
+    }
 }
 
 /// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).

@@ -158,9 +158,8 @@ const TICK_BOUND: Duration = Duration::from_secs(10);
 /// Rows of the emulated kernel's weight table.
 const MEMBERS: usize = 8;
 
-/// Shared memory a block may hold weights in, as on an H100 or H200
-/// (227 KiB a block) less room for the kernel's own.
-const ON_CHIP: usize = 200 * 1024;
+/// Shared memory a block may have, as on an H100 or H200.
+const ON_CHIP: usize = 227 * 1024;
 
 /// A resident kernel running on its own thread, and its slots' mailboxes.
 struct Running {
