@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what scripts/device/lease_check.sh runs on the device machine (the GPU check and
-# the 16-core check in one call): the GPU bundle (scripts/gpu_bundle.sh: .gpu/ and the ONNX
+# the 16-core check, one call each): the GPU bundle (scripts/gpu_bundle.sh: .gpu/ and the ONNX
 # Runtime library in .pack/gpu.tar.xz), whose server, harness and perf_analyzer the 16-core
 # check uses too, and k6 alone in .pack/k6.tar.xz (as .cores/k6, stripped). Both packs beside
 # the tracked tree stay under the device tool's 64 MiB; the 16-core check's own pack

@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# Every device check a lease is due, in one call of the device tool (a lease is 15 minutes
-# of device time, a call at most 10, and at most 8 files come back): the resident-kernel
-# probe (scripts/device/resident_probe.cu, built there with nvcc), the GPU check
-# (scripts/gpu_check.sh, the steps in GPU_STEPS) and the 16-core check
-# (scripts/device/cores_check.sh, the steps in CORES_STEPS), each under its own budget, their
-# outputs joined into at most 8 files under $OUT: summary.md (every check's summary), probe.log,
-# gpu.log, cores.log, mem.csv. By default the GPU check runs steps 2-4 (the engine against
-# ONNX Runtime and graph replay) and the 16-core check steps 2, 4, 6 and 7 (the sweep, the
-# open loop, sparse ticks with and without the latency mode, priorities, k6).
+# Every device check a lease is due, in two calls of the device tool (a lease is 15 minutes
+# of device time with the machine's start, a call at most 10, and at most 8 files come
+# back): first the resident-kernel probe (scripts/device/resident_probe.cu, built there
+# with nvcc) and the GPU check (scripts/gpu_check.sh, the steps in GPU_STEPS, by default 2,
+# 3 and 10: tickserve check, the engine and the resident kernel against ONNX Runtime with
+# their round trips, the per-tick harness over shared memory on the graphs, the CPU and
+# resident), then the 16-core check (scripts/device/cores_check.sh, the steps in
+# CORES_STEPS, by default 2, 4, 6 and 7: the sweep, the open loop, sparse ticks with and
+# without the latency mode, priorities, k6). Each part runs under its own budget; their
+# outputs are joined into at most 8 files under $OUT: summary.md (every check's summary),
+# probe.log, gpu.log, cores.log, mem.csv.
 #
 # Here, first (then a dry run: the GPU steps fail fast, the rest runs on 2 cores):
 #   scripts/device/lease_bundle.sh && OUT=/tmp/lease-dry LEASE_PARTS="gpu cores" \
 #     CORES_SWEEP="1:2000 8:200 64:20" bash scripts/device/lease_check.sh
-# There (the device tool, carry [".pack/gpu.tar.xz", ".pack/k6.tar.xz"]):
-#   bash scripts/device/lease_check.sh
-# LEASE_PARTS picks what runs (default "probe gpu cores").
+# There (the device tool, carry [".pack/gpu.tar.xz", ".pack/k6.tar.xz"], timeout_s 600):
+#   bash scripts/device/lease_check.sh                    (probe and GPU, about 5 minutes)
+#   LEASE_PARTS=cores bash scripts/device/lease_check.sh  (16 cores, about 6 minutes)
+# LEASE_PARTS picks what runs (default "probe gpu").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final=${OUT:-/tmp/lease-check}
 mkdir -p "$final"
-parts=${LEASE_PARTS:-probe gpu cores}
+parts=${LEASE_PARTS:-probe gpu}
 scratch=$(mktemp -d /tmp/lease.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 wanted() { [[ " $parts " == *" $1 "* ]]; }
@@ -51,8 +54,8 @@ if wanted probe; then
 fi
 
 if wanted gpu; then
-  OUT=$scratch/gpu GPU_STEPS=${GPU_STEPS:-2 3 4} GPU_CHECK_SECONDS=${GPU_CHECK_SECONDS:-150} \
-    timeout -k 5 $((${GPU_CHECK_SECONDS:-150} + 20)) bash scripts/gpu_check.sh >"$scratch/gpu.out" 2>&1
+  OUT=$scratch/gpu GPU_STEPS=${GPU_STEPS:-2 3 10} GPU_CHECK_SECONDS=${GPU_CHECK_SECONDS:-420} \
+    timeout -k 5 $((${GPU_CHECK_SECONDS:-420} + 20)) bash scripts/gpu_check.sh >"$scratch/gpu.out" 2>&1
   { echo; cat "$scratch/gpu/summary.md" 2>/dev/null || echo "no GPU summary"; } >>"$final/summary.md"
   cp "$scratch/gpu/mem.csv" "$final/mem.csv" 2>/dev/null
   for f in "$scratch"/gpu/*.log "$scratch/gpu.out"; do
