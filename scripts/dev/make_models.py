@@ -4,6 +4,7 @@
     python scripts/dev/make_models.py config/models          # the shipped sample repository
     python scripts/dev/make_models.py --fixtures DIR         # extra models the tests use
     python scripts/dev/make_models.py --bench DIR            # the per-tick benchmark's models
+    python scripts/dev/make_models.py --steps DIR            # one-tick recurrent models
 
 Sample models (Triton layout, DIR/NAME/VERSION/model.onnx):
   alpha_mlp       float32 [batch, 50] -> Gemm 50x64 -> Relu -> Gemm 64x3 -> Softmax -> [batch, 3]
@@ -34,6 +35,12 @@ Benchmark models (--bench), the per-tick workloads trading desks compare servers
                      clients send one tick [1, 32], the server keeps the window
   bench_trees        a tree ensemble (TreeEnsembleRegressor) of 500 trees of depth 6 on
                      64 features -> score [batch, 1]
+
+One-tick recurrent models (--steps), stateful (model.toml pairs h_in with h_out):
+  gru_step, gru_step_reset0  one tick of a GRU of 24 units on 6 features, reset after the
+                     recurrent product (linear_before_reset=1, PyTorch's) and before it
+                     (0, ONNX's default): tick [batch, 6], h_in [batch, 24]
+                     -> prediction [batch, 1], h_out [batch, 24]
 
 Every weight comes from numpy's PCG64 generator with a fixed seed, and the files carry
 no timestamps, so running the script twice writes identical bytes.
@@ -699,6 +706,51 @@ input = "window"
 """
 
 
+def gru_step(rng, name, features, hidden, linear_before_reset):
+    """One tick of a GRU: the state h comes in and out, a one-output head."""
+    init = [
+        numpy_helper.from_array(weights(rng, 1, 3 * hidden, features), "gru_w"),
+        numpy_helper.from_array(weights(rng, 1, 3 * hidden, hidden), "gru_r"),
+        numpy_helper.from_array(weights(rng, 1, 6 * hidden, scale=0.1), "gru_b"),
+        numpy_helper.from_array(weights(rng, 1, hidden), "head_w"),
+        numpy_helper.from_array(weights(rng, 1, scale=0.1), "head_b"),
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "axes"),
+    ]
+    nodes = [
+        helper.make_node("Unsqueeze", ["tick", "axes"], ["x"]),
+        helper.make_node("Unsqueeze", ["h_in", "axes"], ["h0"]),
+        helper.make_node("GRU", ["x", "gru_w", "gru_r", "gru_b", "", "h0"], ["", "h1"],
+                         hidden_size=hidden, linear_before_reset=linear_before_reset),
+        helper.make_node("Squeeze", ["h1", "axes"], ["h_out"]),
+        helper.make_node("Gemm", ["h_out", "head_w", "head_b"], ["prediction"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("tick", TensorProto.FLOAT, ["batch", features]),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["batch", hidden])],
+        [helper.make_tensor_value_info("prediction", TensorProto.FLOAT, ["batch", 1]),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["batch", hidden])],
+        init,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+GRU_STEP_TOML = """\
+# One tick of a GRU, stateful: the server keeps h per sequence.
+[[sequence.state]]
+input = "h_in"
+output = "h_out"
+"""
+
+
+def steps_repository(root):
+    """One-tick recurrent models (scripts/dev/make_models.py --steps)."""
+    save(gru_step(np.random.default_rng(600), "gru_step", 6, 24, 1), root, "gru_step",
+         config=GRU_STEP_TOML)
+    save(gru_step(np.random.default_rng(601), "gru_step_reset0", 6, 24, 0), root,
+         "gru_step_reset0", config=GRU_STEP_TOML)
+
+
 def bench_repository(root):
     """The per-tick benchmark's models (scripts/dev/make_models.py --bench)."""
     save(bench_lstm_step(np.random.default_rng(500)), root, "bench_lstm", config=BENCH_LSTM_TOML)
@@ -715,12 +767,16 @@ def main():
                        help="write the test fixtures instead of the sample repository")
     which.add_argument("--bench", action="store_true",
                        help="write the per-tick benchmark's models instead")
+    which.add_argument("--steps", action="store_true",
+                       help="write the one-tick recurrent models instead")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     if args.fixtures:
         fixtures(args.root)
     elif args.bench:
         bench_repository(args.root)
+    elif args.steps:
+        steps_repository(args.root)
     else:
         sample_repository(args.root)
 

@@ -38,8 +38,8 @@
 //! column. The activations live in shared memory. The tick's table row is read afresh and the weights
 //! through L2, so a member written to the table while the kernel runs is
 //! read from the first tick naming it. The set it runs: products (one
-//! group) with their elementwise chains, and LSTM layers over one step;
-//! anything else is refused, named.
+//! group) with their elementwise chains, and LSTM and GRU layers (either
+//! reset) over one step; anything else is refused, named.
 
 use std::fmt::Write;
 
@@ -204,6 +204,25 @@ pub fn resident_split(
         // Widths come from the model file: added without overflow, then
         // held to the shared-memory limit below.
         total = total.saturating_add(value.width);
+    }
+    // A GRU that resets before its recurrent product needs every unit's
+    // reset first: per such step, scratch for `r ⊙ h`, `z` and the input's
+    // candidate product, after the values.
+    let mut scratch = Vec::with_capacity(plan.steps.len());
+    for step in &plan.steps {
+        scratch.push(match &step.op {
+            Op::Recurrent(layer)
+                if layer.cell
+                    == (Cell::Gru {
+                        linear_before_reset: false,
+                    }) =>
+            {
+                let at = total;
+                total = total.saturating_add(layer.hidden.saturating_mul(3));
+                Some(at)
+            }
+            _ => None,
+        });
     }
     // The activations, the weight table (two words a slot) and the asked
     // tick, member and state flag. The mailbox holds activations only, so
@@ -384,12 +403,6 @@ pub fn resident_split(
                 }
             }
             Op::Recurrent(layer) => {
-                if layer.cell != Cell::Lstm {
-                    return Err(format!(
-                        "step {index} ({}) is a GRU; the resident kernel runs LSTM layers",
-                        step.nodes.join(", ")
-                    ));
-                }
                 if layer.steps != 1 {
                     return Err(format!(
                         "step {index} ({}) runs a window of {} steps; the resident kernel runs one tick",
@@ -399,55 +412,50 @@ pub fn resident_split(
                 }
                 if !step.epilogue.is_empty() {
                     return Err(format!(
-                        "step {index} ({}) has an elementwise chain after its LSTM",
+                        "step {index} ({}) has an elementwise chain after its recurrent layer",
                         step.nodes.join(", ")
                     ));
                 }
-                let (h, g) = (layer.hidden, 4 * layer.hidden);
-                let state_of = |v: Option<ValueId>| {
-                    v.map_or_else(
-                        || "0.0f".to_string(),
-                        |v| format!("val[{} + u]", offsets[v]),
-                    )
-                };
+                let (h, g) = (layer.hidden, layer.cell.gates() * layer.hidden);
                 let (lo, hi) = share(h, split);
                 let span = h.div_ceil(split);
-                // The four gates' products of a unit, over `from`'s `width`
-                // floats and matrix `w` (a gate column's weights side by
-                // side): one accumulator a gate, the lanes over the floats;
-                // the block's rows of `w` on chip where they fit.
-                let mut products = |from: usize, width: usize, w: usize| {
-                    let gates = [0, h, 2 * h, 3 * h];
-                    let held = cache.rows(w, &gates, span, width, (&lo, &hi));
-                    let weight = |gate: usize| match held {
-                        Some(at) => {
-                            format!("cache[{at} + ({gate} * {span} + (u - {lo})) * {width} + i]")
-                        }
-                        None => format!(
-                            "W({w})[(long long)({row} + u) * {width} + i]",
-                            row = gates[gate]
-                        ),
-                    };
-                    let (w0, w1, w2, w3) = (weight(0), weight(1), weight(2), weight(3));
-                    format!(
-                        "            for (int i = lane; i < {width}; i += LANES) {{
-                const float x = val[{from} + i];
-                a0 += x * {w0};
-                a1 += x * {w1};
-                a2 += x * {w2};
-                a3 += x * {w3};
-            }}
-"
+                let state_of = |v: Option<ValueId>, at: &str| {
+                    v.map_or_else(
+                        || "0.0f".to_string(),
+                        |v| format!("val[{} + {at}]", offsets[v]),
                     )
                 };
-                let mut sums = products(offsets[layer.input], layer.input_size, layer.w);
-                if let Some(h0) = layer.initial_h {
-                    sums.push_str(&products(offsets[h0], h, layer.r));
-                }
-                let bias = |gate: usize| {
+                let (x, size) = (offsets[layer.input], layer.input_size);
+                let h0 = layer.initial_h.map(|v| offsets[v]);
+                // Matrix `w`'s rows `row + u` (a gate's, the unit's) times
+                // `from`'s `width` floats, into the accumulators named: the
+                // lanes over the floats, the block's rows on chip where they
+                // fit.
+                let mut products = |from: usize, width: usize, w: usize, rows: &[(usize, &str)]| {
+                    let gates: Vec<usize> = rows.iter().map(|&(row, _)| row).collect();
+                    let held = cache.rows(w, &gates, span, width, (&lo, &hi));
+                    let mut code = format!(
+                        "            for (int i = lane; i < {width}; i += LANES) {{
+                const float x = val[{from} + i];
+"
+                    );
+                    for (k, (row, acc)) in rows.iter().enumerate() {
+                        let weight = match held {
+                            Some(at) => {
+                                format!("cache[{at} + ({k} * {span} + (u - {lo})) * {width} + i]")
+                            }
+                            None => format!("W({w})[(long long)({row} + u) * {width} + i]"),
+                        };
+                        let _ = writeln!(code, "                {acc} += x * {weight};");
+                    }
+                    code.push_str("            }\n");
+                    code
+                };
+                // A gate's biases: the input's, the recurrence's.
+                let bias = |gate: usize, of: usize| {
                     layer.b.map_or_else(
                         || "0.0f".to_string(),
-                        |b| format!("W({b})[{at} + u] + W({b})[{g} + {at} + u]", at = gate * h),
+                        |b| format!("W({b})[{} + u]", of * g + gate * h),
                     )
                 };
                 let mut stores = format!("                put(val, {out} + u, hn, part);\n");
@@ -465,38 +473,128 @@ pub fn resident_split(
                         offsets[y]
                     );
                 }
-                // A warp per hidden unit: its four gates (input, output,
-                // forget, cell: ONNX's order) summed across the warp, then
-                // the unit's cell, by lane 0. Nothing reads another unit's
-                // gates, so no barrier until the layer's end.
-                let _ = write!(
-                    body,
-                    "        for (int u = {lo} + warp; u < {hi}; u += warps) {{
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+                // A warp per hidden unit of the block's share, its gates'
+                // products summed across the warp, then the unit's new
+                // state by lane 0.
+                let unit = |sums: &str, accumulators: &[&str], cell: &str| {
+                    let declared: Vec<String> =
+                        accumulators.iter().map(|a| format!("{a} = 0.0f")).collect();
+                    let reduced: String = (accumulators.iter())
+                        .map(|a| format!("                {a} += SHFL_XOR({a}, o);\n"))
+                        .collect();
+                    format!(
+                        "        for (int u = {lo} + warp; u < {hi}; u += warps) {{
+            float {declared};
 {sums}            for (int o = LANES / 2; o > 0; o /= 2) {{
-                a0 += SHFL_XOR(a0, o);
-                a1 += SHFL_XOR(a1, o);
-                a2 += SHFL_XOR(a2, o);
-                a3 += SHFL_XOR(a3, o);
-            }}
+{reduced}            }}
             if (lane == 0) {{
-                const float ig = {ig}, og = {og}, fg = {fg};
-                const float cn = fg * {c0} + ig * tanhf(a3 + {b3});
-                const float hn = og * tanhf(cn);
-{stores}            }}
+{cell}            }}
         }}
         CLUSTER_SYNC();
 ",
-                    ig = sigmoid(&format!("a0 + {}", bias(0))),
-                    og = sigmoid(&format!("a1 + {}", bias(1))),
-                    fg = sigmoid(&format!("a2 + {}", bias(2))),
-                    b3 = bias(3),
-                    c0 = state_of(layer.initial_c),
-                );
+                        declared = declared.join(", ")
+                    )
+                };
+                match layer.cell {
+                    Cell::Lstm => {
+                        // The four gates (input, output, forget, cell:
+                        // ONNX's order) at once: nothing reads another
+                        // unit's gates, so no barrier until the layer's end.
+                        let all = [(0, "a0"), (h, "a1"), (2 * h, "a2"), (3 * h, "a3")];
+                        let mut sums = products(x, size, layer.w, &all);
+                        if let Some(h0) = h0 {
+                            sums.push_str(&products(h0, h, layer.r, &all));
+                        }
+                        let gate = |k: usize| format!("a{k} + {} + {}", bias(k, 0), bias(k, 1));
+                        let cell = format!(
+                            "                const float ig = {ig}, og = {og}, fg = {fg};
+                const float cn = fg * {c0} + ig * tanhf({c});
+                const float hn = og * tanhf(cn);
+{stores}",
+                            ig = sigmoid(&gate(0)),
+                            og = sigmoid(&gate(1)),
+                            fg = sigmoid(&gate(2)),
+                            c = gate(3),
+                            c0 = state_of(layer.initial_c, "u"),
+                        );
+                        body.push_str(&unit(&sums, &["a0", "a1", "a2", "a3"], &cell));
+                    }
+                    Cell::Gru {
+                        linear_before_reset: true,
+                    } => {
+                        // Update, reset and candidate gates (ONNX's order) at
+                        // once, the candidate's recurrent product apart (the
+                        // reset scales it after): no barrier either.
+                        let mut sums =
+                            products(x, size, layer.w, &[(0, "a0"), (h, "a1"), (2 * h, "a2")]);
+                        if let Some(h0) = h0 {
+                            sums.push_str(&products(
+                                h0,
+                                h,
+                                layer.r,
+                                &[(0, "a0"), (h, "a1"), (2 * h, "a3")],
+                            ));
+                        }
+                        let cell = format!(
+                            "                const float z = {z}, rg = {r};
+                const float n = tanhf(a2 + {wn} + rg * (a3 + {rn}));
+                const float hn = (1.0f - z) * n + z * {hu};
+{stores}",
+                            z = sigmoid(&format!("a0 + {} + {}", bias(0, 0), bias(0, 1))),
+                            r = sigmoid(&format!("a1 + {} + {}", bias(1, 0), bias(1, 1))),
+                            wn = bias(2, 0),
+                            rn = bias(2, 1),
+                            hu = state_of(layer.initial_h, "u"),
+                        );
+                        body.push_str(&unit(&sums, &["a0", "a1", "a2", "a3"], &cell));
+                    }
+                    Cell::Gru {
+                        linear_before_reset: false,
+                    } => {
+                        // The candidate's recurrent product reads every
+                        // unit's reset: first each unit's update and reset
+                        // (and `r ⊙ h` stored into every block), then, after
+                        // the cluster's barrier, the candidate.
+                        let at = scratch[index]
+                            .ok_or_else(|| format!("step {index}: no scratch for its GRU"))?;
+                        let (rh, zs, xs) = (at, at + h, at + 2 * h);
+                        let mut sums =
+                            products(x, size, layer.w, &[(0, "a0"), (h, "a1"), (2 * h, "a2")]);
+                        if let Some(h0) = h0 {
+                            sums.push_str(&products(h0, h, layer.r, &[(0, "a0"), (h, "a1")]));
+                        }
+                        let first = format!(
+                            "                const float z = {z}, rg = {r};
+                val[{zs} + u] = z;
+                val[{xs} + u] = a2 + {wn};
+                put(val, {rh} + u, rg * {hu}, part);
+",
+                            z = sigmoid(&format!("a0 + {} + {}", bias(0, 0), bias(0, 1))),
+                            r = sigmoid(&format!("a1 + {} + {}", bias(1, 0), bias(1, 1))),
+                            wn = bias(2, 0),
+                            hu = state_of(layer.initial_h, "u"),
+                        );
+                        body.push_str(&unit(&sums, &["a0", "a1", "a2"], &first));
+                        let sums = if h0.is_some() {
+                            products(rh, h, layer.r, &[(2 * h, "a3")])
+                        } else {
+                            String::new()
+                        };
+                        let second = format!(
+                            "                const float z = val[{zs} + u];
+                const float n = tanhf(val[{xs} + u] + a3 + {rn});
+                const float hn = (1.0f - z) * n + z * {hu};
+{stores}",
+                            rn = bias(2, 1),
+                            hu = state_of(layer.initial_h, "u"),
+                        );
+                        body.push_str(&unit(&sums, &["a3"], &second));
+                    }
+                }
             }
             other => {
                 return Err(format!(
-                    "step {index} ({}) is {}; the resident kernel runs products and LSTM layers",
+                    "step {index} ({}) is {}; the resident kernel runs products and LSTM and GRU layers",
                     step.nodes.join(", "),
                     op_name(other)
                 ));

@@ -107,6 +107,13 @@ fn the_resident_kernel_compiles_with_nvrtc() {
     let compiled =
         compile(&split.source, "sm_90").unwrap_or_else(|e| panic!("{e}\n{}", split.source));
     assert!(compiled.ptx.contains(".extern .shared"), "{}", compiled.ptx);
+    // GRUs, resetting after and before the recurrent product, likewise.
+    let steps = support::step_models();
+    for name in ["gru_step", "gru_step_reset0"] {
+        let plan = plan_of(&steps.path().join(format!("{name}/1/model.onnx")));
+        let gru = resident_split(&plan, &[("h_in", "h_out")], 2, 200 * 1024).unwrap();
+        compile(&gru.source, "sm_90").unwrap_or_else(|e| panic!("{name}: {e}\n{}", gru.source));
+    }
     for instruction in [
         "barrier.cluster.arrive.release",
         "barrier.cluster.wait.acquire",

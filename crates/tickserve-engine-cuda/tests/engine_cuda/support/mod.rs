@@ -44,6 +44,12 @@ pub fn bench_models() -> tempfile::TempDir {
     made("--bench")
 }
 
+/// The one-tick recurrent models (`make_models.py --steps`: `gru_step`,
+/// `gru_step_reset0`) in a temporary repository.
+pub fn step_models() -> tempfile::TempDir {
+    made("--steps")
+}
+
 /// What `make_models.py FLAG DIR` writes, in a temporary directory.
 fn made(flag: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
