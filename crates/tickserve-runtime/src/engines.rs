@@ -251,7 +251,8 @@ impl Engines {
         let required = mode == GpuMode::Resident;
         Some(match (device, verdict) {
             (Device::Gpu(n), Ok(layout)) => format!(
-                "runs resident on gpu:{n} (a tick: {} floats through its mailbox, {} of state                  kept on the device)",
+                "runs resident on gpu:{n} (a tick: {} floats through its mailbox, {} of state kept \
+                 on the device)",
                 layout.mailbox_floats, layout.state_floats
             ),
             (Device::Gpu(n), Err(reason)) => {

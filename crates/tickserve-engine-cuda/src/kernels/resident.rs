@@ -38,12 +38,13 @@
 //! column. The activations live in shared memory. The tick's table row is read afresh and the weights
 //! through L2, so a member written to the table while the kernel runs is
 //! read from the first tick naming it. The set it runs: products (one
-//! group) with their elementwise chains, and LSTM and GRU layers (either
-//! reset) over one step; anything else is refused, named.
+//! group) with their elementwise chains, LSTM and GRU layers (either reset)
+//! over one step, softmax and layer normalization; anything else is
+//! refused, named.
 
 use std::fmt::Write;
 
-use super::epilogue;
+use super::{c_float, epilogue};
 use crate::plan::{Cell, Op, Plan, ValueId};
 
 /// Threads of the resident kernel's one block.
@@ -592,9 +593,77 @@ pub fn resident_split(
                     }
                 }
             }
+            // Per-segment steps read a whole activation, which every block
+            // holds: each block computes all of it, for itself (the same
+            // floats in every block), with no barrier but its own.
+            Op::Softmax { input, segment } => {
+                let segment = (*segment).max(1);
+                let (x, chain) = (offsets[*input], epilogue(&step.epilogue));
+                // A warp a segment: its largest element, then the sum of
+                // the exponentials, each summed across the warp.
+                let _ = write!(
+                    body,
+                    "        for (int s = warp; s < {segments}; s += warps) {{
+            const int at = s * {segment};
+            float m = __int_as_float(0xff800000);
+            for (int i = lane; i < {segment}; i += LANES) m = fmaxf(m, val[{x} + at + i]);
+            for (int o = LANES / 2; o > 0; o /= 2) m = fmaxf(m, SHFL_XOR(m, o));
+            float sum = 0.0f;
+            for (int i = lane; i < {segment}; i += LANES) sum += expf(val[{x} + at + i] - m);
+            for (int o = LANES / 2; o > 0; o /= 2) sum += SHFL_XOR(sum, o);
+            for (int i = lane; i < {segment}; i += LANES) {{
+                const int col = at + i;
+                float v = expf(val[{x} + col] - m) / sum;
+{chain}                val[{out} + col] = v;
+            }}
+        }}
+        SYNC();
+",
+                    segments = width(step.output) / segment,
+                );
+            }
+            Op::LayerNorm {
+                input,
+                scale,
+                bias,
+                epsilon,
+                segment,
+            } => {
+                let segment = (*segment).max(1);
+                let (x, chain) = (offsets[*input], epilogue(&step.epilogue));
+                let bias = bias.map_or_else(|| "0.0f".to_string(), |b| format!("W({b})[i]"));
+                // A warp a segment: its mean, then its variance, each
+                // summed across the warp.
+                let _ = write!(
+                    body,
+                    "        for (int s = warp; s < {segments}; s += warps) {{
+            const int at = s * {segment};
+            float sum = 0.0f;
+            for (int i = lane; i < {segment}; i += LANES) sum += val[{x} + at + i];
+            for (int o = LANES / 2; o > 0; o /= 2) sum += SHFL_XOR(sum, o);
+            const float mean = sum / {segment}.0f;
+            float var = 0.0f;
+            for (int i = lane; i < {segment}; i += LANES) {{
+                const float d = val[{x} + at + i] - mean;
+                var += d * d;
+            }}
+            for (int o = LANES / 2; o > 0; o /= 2) var += SHFL_XOR(var, o);
+            const float inv = 1.0f / sqrtf(var / {segment}.0f + {epsilon});
+            for (int i = lane; i < {segment}; i += LANES) {{
+                const int col = at + i;
+                float v = (val[{x} + col] - mean) * inv * W({scale})[i] + {bias};
+{chain}                val[{out} + col] = v;
+            }}
+        }}
+        SYNC();
+",
+                    segments = width(step.output) / segment,
+                    epsilon = c_float(*epsilon),
+                );
+            }
             other => {
                 return Err(format!(
-                    "step {index} ({}) is {}; the resident kernel runs products and LSTM and GRU layers",
+                    "step {index} ({}) is {}; the resident kernel runs products, LSTM and GRU layers, softmax and layer normalization",
                     step.nodes.join(", "),
                     op_name(other)
                 ));

@@ -107,7 +107,11 @@ fn the_resident_kernel_compiles_with_nvrtc() {
     let compiled =
         compile(&split.source, "sm_90").unwrap_or_else(|e| panic!("{e}\n{}", split.source));
     assert!(compiled.ptx.contains(".extern .shared"), "{}", compiled.ptx);
-    // GRUs, resetting after and before the recurrent product, likewise.
+    // An MLP into a softmax, and GRUs resetting after and before the
+    // recurrent product, likewise.
+    let mlp = plan_of(&root().join("config/models/alpha_mlp/1/model.onnx"));
+    let mlp = resident_split(&mlp, &[], 2, 200 * 1024).unwrap();
+    compile(&mlp.source, "sm_90").unwrap_or_else(|e| panic!("alpha_mlp: {e}\n{}", mlp.source));
     let steps = support::step_models();
     for name in ["gru_step", "gru_step_reset0"] {
         let plan = plan_of(&steps.path().join(format!("{name}/1/model.onnx")));

@@ -747,14 +747,32 @@ fn a_gru_ticked_through_the_mailbox_gives_what_onnx_runtime_gives() {
 }
 
 #[test]
+fn mlps_with_softmax_or_layer_norm_ticked_through_the_mailbox_give_what_onnx_runtime_gives() {
+    // alpha_mlp: two products, the last into a softmax; the exporters'
+    // MLPs with layer normalization (both PyTorch exporters). No state:
+    // each tick stands alone.
+    let exported = root().join("crates/tickserve-engine-cuda/tests/exported");
+    for path in [
+        root().join("config/models/alpha_mlp/1/model.onnx"),
+        exported.join("pt_mlp_norm/1/model.onnx"),
+        exported.join("pt2_mlp_norm/1/model.onnx"),
+    ] {
+        ticks_match_onnx_runtime(&path, &[], 300, 9000, (8, 1, 0));
+        ticks_match_onnx_runtime(&path, &[], 100, 9100, (8, 3, ON_CHIP));
+        ticks_match_onnx_runtime(&path, &[], 2, 9200, (RESIDENT_BLOCK, 2, ON_CHIP));
+    }
+}
+
+#[test]
 fn a_plan_outside_the_resident_set_is_refused_naming_what_is_not_in_it() {
     let models = root().join("config/models");
     let refused = |path: &Path, state: &[(&str, &str)]| {
         let (_, plan, _) = plan_of(path);
         resident(&plan, state).unwrap_err()
     };
-    let softmax = refused(&models.join("alpha_mlp/1/model.onnx"), &[]);
-    assert!(softmax.contains("is a softmax"), "{softmax}");
+    let fixtures = support::fixtures();
+    let conv = refused(&fixtures.path().join("cuda_conv/1/model.onnx"), &[]);
+    assert!(conv.contains("is a convolution"), "{conv}");
     let window = refused(&models.join("seq_lstm/1/model.onnx"), &[]);
     assert!(window.contains("a window of 30 steps"), "{window}");
     let step = models.join("seq_lstm_step/1/model.onnx");
