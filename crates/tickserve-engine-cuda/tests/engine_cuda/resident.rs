@@ -542,25 +542,39 @@ fn a_slot_split_over_a_cluster_of_blocks_gives_what_onnx_runtime_gives() {
 pub fn members_match_reference(kernel: &mut dyn Ticker, other: &[Vec<f32>]) {
     let path = root().join("config/models/seq_lstm_step/1/model.onnx");
     let (_, plan, weights) = plan_of(&path);
-    let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
+    let mut state = (vec![0.0f32; 16], vec![0.0f32; 16]);
     for t in 0..45u64 {
         if t == 20 {
             kernel.put(1, other);
         }
         let member = usize::from((20..40).contains(&t));
-        let x = random_rows(2000 + t, 8);
-        let got = kernel.tick(member, &[x.clone(), h.clone(), c.clone()]);
         let weights_of = if member == 1 { other } else { &weights[..] };
-        let want = reference::run(&plan, weights_of, &[&x, &h, &c], 1);
-        assert!(
-            close(got[0][0], want[0][0]),
-            "tick {t}: resident {}, the reference {}",
-            got[0][0],
-            want[0][0]
-        );
-        h.clone_from(&got[1]);
-        c.clone_from(&got[2]);
+        step_matches_reference(kernel, &plan, (member, weights_of), 2000 + t, &mut state);
     }
+}
+
+/// One `seq_lstm_step` tick through `kernel` of `member` (its row, its
+/// weights), a fresh input from `seed`, `state` (h, c) handed in and
+/// replaced by the answer's: as the plan's reference gives it.
+fn step_matches_reference(
+    kernel: &mut dyn Ticker,
+    plan: &Plan,
+    (member, weights): (usize, &[Vec<f32>]),
+    seed: u64,
+    state: &mut (Vec<f32>, Vec<f32>),
+) {
+    let (h, c) = state;
+    let x = random_rows(seed, 8);
+    let got = kernel.tick(member, &[x.clone(), h.clone(), c.clone()]);
+    let want = reference::run(plan, weights, &[&x, h, c], 1);
+    assert!(
+        close(got[0][0], want[0][0]),
+        "seed {seed}: resident {}, the reference {}",
+        got[0][0],
+        want[0][0]
+    );
+    h.clone_from(&got[1]);
+    c.clone_from(&got[2]);
 }
 
 /// The file's weights of `path`'s plan, scaled by 0.75: another member.
@@ -596,23 +610,13 @@ fn a_member_added_while_the_kernel_runs_answers_with_its_weights_from_its_first_
     let third: Vec<Vec<f32>> = (weights.iter())
         .map(|w| w.iter().map(|x| x * 0.5).collect())
         .collect();
-    let (mut h, mut c) = (vec![0.0f32; 16], vec![0.0f32; 16]);
+    let mut state = (vec![0.0f32; 16], vec![0.0f32; 16]);
     for t in 0..10u64 {
         if t == 5 {
             Ticker::put(&mut kernel, 1, &third);
         }
-        let x = random_rows(3000 + t, 8);
-        let got = kernel.tick(1, &[x.clone(), h.clone(), c.clone()]);
         let member = if t < 5 { &other } else { &third };
-        let want = reference::run(&plan, member, &[&x, &h, &c], 1);
-        assert!(
-            close(got[0][0], want[0][0]),
-            "tick {t}: resident {}, the reference {}",
-            got[0][0],
-            want[0][0]
-        );
-        h.clone_from(&got[1]);
-        c.clone_from(&got[2]);
+        step_matches_reference(&mut kernel, &plan, (1, member), 3000 + t, &mut state);
     }
     kernel.stop();
 }
