@@ -159,7 +159,8 @@ wanted 2 && step "2. tickserve check (auto)" 60 engine.log $bin/tickserve check 
 wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick members, 100 LSTM ticks; graphs and eager)" 90 engine.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --test-threads 1 gpu:: --skip the_resident_kernel \
   --skip a_family_compiled_resident --skip a_resident_family --skip sequences_keep_their_slots \
-  --skip a_member_the_resident_table --skip a_slot_split --skip a_bucket_larger
+  --skip a_member_the_resident_table --skip a_slot_split --skip a_bucket_larger \
+  --skip a_graphs_family_unloads
 # 3b. The resident kernel (kernels::resident, started once, ticked through mapped memory):
 # 10,000 ticks of seq_lstm_step and of bench_lstm against ONNX Runtime, a member added,
 # bench_lstm's round trip over 20,000 ticks and 64 slots at once; then bench_lstm compiled
@@ -169,11 +170,13 @@ wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick
 # ticked in another order each round keeping their slots (no state over the bus); a
 # member past a 2-row weight table running on the graphs; a slot on a cluster of 2, 4
 # and 8 blocks against ONNX Runtime, and its round trip (SUMMARY); a family on clusters
-# of 8 with fewer slots than its largest bucket (that bucket on the graphs).
+# of 8 with fewer slots than its largest bucket (that bucket on the graphs); a family on
+# graphs unloaded while a resident kernel runs (does freeing wait for an idle device?).
 wanted 3 && step "3b. resident kernel vs ONNX Runtime, its tick's round trip, a family run resident (bench_lstm)" 120 resident.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --nocapture --test-threads 1 gpu::the_resident_kernel \
   gpu::a_family_compiled_resident gpu::a_resident_family gpu::sequences_keep_their_slots \
-  gpu::a_member_the_resident_table gpu::a_slot_split gpu::a_bucket_larger
+  gpu::a_member_the_resident_table gpu::a_slot_split gpu::a_bucket_larger \
+  gpu::a_graphs_family_unloads
 wanted 4 && step "4. graph replay per bucket" 60 replay.log $bin/graph_replay
 wanted 5 && step "3+5. server correctness and perf_analyzer ($gpu_devices vs cpu)" 150 e2e.log \
   "$py" scripts/device/gpu_check.py e2e --work "$work/e2e" --pa "$pa" --device "$gpu_devices"

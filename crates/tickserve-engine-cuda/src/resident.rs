@@ -136,6 +136,27 @@ impl ResidentKernel {
         let compiled = kernels::compile(&layout.source, &format!("sm_{major}{minor}"))?;
         let (module, _) = Module::load(&compiled)?;
         let function = module.function("resident")?;
+        let shared = u32::try_from(layout.on_chip_bytes).map_err(|_| {
+            EngineError::Unsupported(format!(
+                "{} bytes of weights on chip a block",
+                layout.on_chip_bytes
+            ))
+        })?;
+        if shared > 48 * 1024 {
+            // Past 48 KiB a block's dynamic shared memory is asked for.
+            let bytes = i32::try_from(shared).unwrap_or(i32::MAX);
+            // SAFETY: `function` is a loaded kernel.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes,
+                )
+            }
+            .result()
+            .map_err(driver("the resident kernel's shared memory"))?;
+        }
+        clusters_fit(function, (grid, split, shared))?;
         if weights.len() != layout.weight_slots {
             return Err(EngineError::Internal(format!(
                 "a member of {} weight slots for a kernel of {}",
@@ -157,26 +178,6 @@ impl ResidentKernel {
             (&raw mut table_ptr).cast(),
             (&raw mut state_ptr).cast(),
         ];
-        let shared = u32::try_from(layout.on_chip_bytes).map_err(|_| {
-            EngineError::Unsupported(format!(
-                "{} bytes of weights on chip a block",
-                layout.on_chip_bytes
-            ))
-        })?;
-        if shared > 48 * 1024 {
-            // Past 48 KiB a block's dynamic shared memory is asked for.
-            let bytes = i32::try_from(shared).unwrap_or(i32::MAX);
-            // SAFETY: `function` is a loaded kernel.
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    function,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    bytes,
-                )
-            }
-            .result()
-            .map_err(driver("the resident kernel's shared memory"))?;
-        }
         launch(function, (grid, split, shared), &stream, &mut params)?;
         // SAFETY: the mapped memory holds `slots` mailboxes of the layout's
         // words, lives in `held` as long as the kernel (and so `mailboxes`)
@@ -374,20 +375,79 @@ impl Drop for ResidentKernel {
     }
 }
 
-/// Launches the resident kernel `function` on `stream`: `grid` blocks of
-/// [`RESIDENT_BLOCK`] threads with `shared` bytes of dynamic shared memory
-/// each, in clusters of `split` (each slot's) where `split` is over 1,
-/// once the device has said it holds every cluster at once (a cluster
-/// never scheduled would leave its slot unanswered). `params` are the
-/// kernel's (int*, const u64*, float*): the mapped mailboxes, the table
-/// and the states, sized for `grid` blocks and alive until the kernel has
-/// returned.
+/// Calls `with` on the launch configuration of `grid` blocks of
+/// [`RESIDENT_BLOCK`] threads in clusters of `split`, with `shared` bytes of
+/// dynamic shared memory each, on `stream` (its one attribute alive for
+/// the call).
+fn with_cluster<T>(
+    (grid, split, shared): (u32, usize, u32),
+    stream: sys::CUstream,
+    with: impl FnOnce(&sys::CUlaunchConfig) -> T,
+) -> T {
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+                x: u32::try_from(split).unwrap_or(u32::MAX),
+                y: 1,
+                z: 1,
+            },
+        },
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: RESIDENT_BLOCK,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream,
+        attrs: &raw mut attribute,
+        numAttrs: 1,
+    };
+    with(&config)
+}
+
+/// Whether the device holds every cluster of `shape` (grid, blocks a
+/// cluster, dynamic shared bytes) of `function` at once (a cluster never
+/// scheduled would leave its slot unanswered): asked before anything is
+/// allocated, so a refusal frees nothing while other resident kernels run.
+fn clusters_fit(function: sys::CUfunction, shape: (u32, usize, u32)) -> Result<(), EngineError> {
+    let (grid, split, _) = shape;
+    if split <= 1 {
+        return Ok(());
+    }
+    let mut most = 0;
+    with_cluster(shape, std::ptr::null_mut(), |config| {
+        // SAFETY: `config` and its attribute are alive for the call;
+        // `function` is a loaded kernel.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&raw mut most, function, config) }.result()
+    })
+    .map_err(driver("resident clusters"))?;
+    let clusters = grid / u32::try_from(split).unwrap_or(u32::MAX);
+    if u32::try_from(most).unwrap_or(0) < clusters {
+        return Err(EngineError::Unsupported(format!(
+            "{clusters} resident slots on clusters of {split} blocks, and the device holds \
+             {most} such clusters at once"
+        )));
+    }
+    Ok(())
+}
+
+/// Launches the resident kernel `function` on `stream` in `shape` (grid,
+/// blocks a cluster, dynamic shared bytes; [`clusters_fit`] first).
+/// `params` are the kernel's (int*, const u64*, float*): the mapped
+/// mailboxes, the table and the states, sized for the grid's blocks and
+/// alive until the kernel has returned.
 fn launch(
     function: sys::CUfunction,
-    (grid, split, shared): (u32, usize, u32),
+    shape: (u32, usize, u32),
     stream: &Stream,
     params: &mut [*mut c_void; 3],
 ) -> Result<(), EngineError> {
+    let (grid, split, shared) = shape;
     if split <= 1 {
         // SAFETY: `params` as this function's contract says; a tick names
         // only a member written.
@@ -403,53 +463,14 @@ fn launch(
         }
         .map_err(driver("resident kernel launch"));
     }
-    let cluster = u32::try_from(split).unwrap_or(u32::MAX);
-    let mut attribute = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue {
-            clusterDim: sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-                x: cluster,
-                y: 1,
-                z: 1,
-            },
-        },
-    };
-    let config = sys::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: RESIDENT_BLOCK,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: shared,
-        hStream: stream.0,
-        attrs: &raw mut attribute,
-        numAttrs: 1,
-    };
-    let mut most = 0;
-    // SAFETY: `config` and its one attribute are alive for the call;
-    // `function` is a loaded kernel.
-    unsafe { sys::cuOccupancyMaxActiveClusters(&raw mut most, function, &raw const config) }
+    with_cluster(shape, stream.0, |config| {
+        // SAFETY: `config` alive for the call, and `params` as this
+        // function's contract says.
+        unsafe {
+            sys::cuLaunchKernelEx(config, function, params.as_mut_ptr(), std::ptr::null_mut())
+        }
         .result()
-        .map_err(driver("resident clusters"))?;
-    let clusters = grid / cluster;
-    if u32::try_from(most).unwrap_or(0) < clusters {
-        return Err(EngineError::Unsupported(format!(
-            "{clusters} resident slots on clusters of {split} blocks, and the device holds \
-             {most} such clusters at once"
-        )));
-    }
-    // SAFETY: as above, and `params` as this function's contract says.
-    unsafe {
-        sys::cuLaunchKernelEx(
-            &raw const config,
-            function,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    }
-    .result()
+    })
     .map_err(driver("resident kernel launch"))
 }
 

@@ -997,6 +997,38 @@ fn a_bucket_larger_than_the_slots_the_device_holds_runs_on_the_graphs() {
     }
 }
 
+/// A family on its CUDA graphs dropped (unloaded) on the device where
+/// another family's resident kernel runs: the drop returns within 5 s, and
+/// the resident family still answers on its kernel. Where freeing device
+/// memory waits for the device to go idle (which a resident kernel never
+/// lets it), the drop waits for ever: the test then stops the kernel (so
+/// the drop returns) and fails saying so.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_graphs_family_unloads_while_a_resident_kernel_runs() {
+    let (mut model, graphs) = bench_lstm_resident_and_graphs(&Default::default());
+    let (done, dropped) = std::sync::mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(graphs);
+        let _ = done.send(());
+    });
+    let returned = dropped
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .is_ok();
+    if !returned {
+        model.kernel().unwrap().mailboxes().stop_all();
+    }
+    dropper.join().unwrap();
+    assert!(
+        returned,
+        "dropping a family on CUDA graphs waited for the resident kernel of another"
+    );
+    let mut seed = 9;
+    fill(&mut model, 0, &mut seed);
+    model.run(0, SOLE_MEMBER).unwrap();
+    assert!(model.is_resident() && model.device_time().is_none());
+}
+
 /// Prints `micros`' percentiles as a SUMMARY line (gpu_check.sh collects them).
 fn summary(case: &str, micros: &mut [f64]) {
     micros.sort_by(f64::total_cmp);
