@@ -1,5 +1,6 @@
 //! Owned CUDA objects over cudarc's driver and cuBLAS bindings: each frees
-//! itself when dropped, and device memory is counted per device for the
+//! itself when dropped (memory as [`residency`] says, where a resident
+//! kernel runs), and device memory is counted per device for the
 //! `tickserve_device_memory_bytes` gauge.
 //!
 //! The engine uses the driver API directly rather than cudarc's safe layer:
@@ -17,6 +18,7 @@ use cudarc::driver::{result, sys};
 use tickserve_core::{EngineError, metrics as names};
 
 use crate::kernels::Compiled;
+use crate::residency;
 
 /// A driver error as an [`EngineError`] the runtime can act on: out of
 /// memory, a device that is lost (a kernel fault, an uncorrectable ECC error,
@@ -104,8 +106,9 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated by `zeroed`, freed once.
-        let _ = unsafe { result::free_sync(self.ptr) };
+        // SAFETY: allocated by `zeroed` on its device, freed once; its
+        // owner's work on it is done.
+        unsafe { residency::free_device(self.ptr, self.ordinal) };
         account(self.ordinal, 0, self.bytes);
     }
 }
@@ -151,7 +154,7 @@ impl PinnedMemory {
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
         // SAFETY: allocated by `malloc_host`, freed once.
-        let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
+        unsafe { residency::free_host(self.ptr.cast::<c_void>()) };
     }
 }
 
@@ -186,7 +189,7 @@ impl MappedMemory {
                 .result();
         if let Err(e) = mapped {
             // SAFETY: allocated above, freed once, never handed out.
-            let _ = unsafe { result::free_host(ptr.cast::<c_void>()) };
+            unsafe { residency::free_host(ptr.cast::<c_void>()) };
             return Err(driver("mapping host memory into the device")(e));
         }
         Ok(MappedMemory { ptr, bytes, device })
@@ -206,8 +209,9 @@ impl MappedMemory {
 
 impl Drop for MappedMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated by `malloc_host`, freed once.
-        let _ = unsafe { result::free_host(self.ptr.cast::<c_void>()) };
+        // SAFETY: allocated by `malloc_host`, freed once; the kernel that
+        // read it has returned.
+        unsafe { residency::free_host(self.ptr.cast::<c_void>()) };
     }
 }
 

@@ -20,6 +20,7 @@ pub mod kernels;
 pub mod mailbox;
 pub mod placement;
 pub mod probe;
+pub mod residency;
 pub mod resident;
 
 pub use tickserve_plan::{import, plan, reference};

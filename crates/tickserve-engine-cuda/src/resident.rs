@@ -12,7 +12,7 @@
 //! replaced keeps its old weights on the device until the kernel stops.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, result, sys};
@@ -21,50 +21,7 @@ use tickserve_core::EngineError;
 use crate::device::{DeviceMemory, MappedMemory, Module, Stream, driver};
 use crate::kernels::{self, RESIDENT_BLOCK, Resident};
 use crate::mailbox::Mailboxes;
-
-/// Resident blocks launched per device (by ordinal), across every resident
-/// kernel of the process: each may hold a multiprocessor for as long as its
-/// kernel runs.
-static BLOCKS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-
-/// `slots` of device `ordinal`'s multiprocessors, taken for a resident
-/// kernel until dropped.
-struct Reservation {
-    ordinal: usize,
-    slots: usize,
-}
-
-impl Reservation {
-    /// Takes `slots` blocks on device `ordinal` of `sms` multiprocessors,
-    /// where every resident block of the process, these too, still has one
-    /// of its own (a block that is never scheduled would leave its slot
-    /// unanswered).
-    fn take(ordinal: usize, slots: usize, sms: usize) -> Result<Reservation, EngineError> {
-        let mut blocks = BLOCKS.lock().unwrap_or_else(|p| p.into_inner());
-        if blocks.len() <= ordinal {
-            blocks.resize(ordinal + 1, 0);
-        }
-        let running = blocks[ordinal];
-        if running.saturating_add(slots) > sms {
-            return Err(EngineError::Unsupported(format!(
-                "gpu:{ordinal}: {slots} resident slots, and {running} of the device's {sms} \
-                 multiprocessors already hold resident blocks (a resident block holds one for \
-                 as long as it runs)"
-            )));
-        }
-        blocks[ordinal] = running + slots;
-        Ok(Reservation { ordinal, slots })
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        let mut blocks = BLOCKS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(running) = blocks.get_mut(self.ordinal) {
-            *running = running.saturating_sub(self.slots);
-        }
-    }
-}
+use crate::residency::Reservation;
 
 /// What a running kernel reads: freed only once it has returned.
 struct Held {
@@ -489,30 +446,4 @@ fn upload(weights: &[Vec<f32>], ordinal: usize) -> Result<Vec<DeviceMemory>, Eng
 /// The device addresses of `buffers`: a row of the weight table.
 fn pointers(buffers: &[DeviceMemory]) -> Vec<u64> {
     buffers.iter().map(|b| b.ptr).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn resident_blocks_of_every_kernel_on_a_device_fit_its_multiprocessors() {
-        // Device 7 of 132 multiprocessors (no other test reserves on it).
-        let first = Reservation::take(7, 64, 132).unwrap();
-        let second = Reservation::take(7, 64, 132).unwrap();
-        let refused = Reservation::take(7, 8, 132).err().unwrap().to_string();
-        assert!(
-            refused.contains("128 of the device's 132 multiprocessors"),
-            "{refused}"
-        );
-        // Another device is its own.
-        drop(Reservation::take(8, 132, 132).unwrap());
-        // A kernel that returned gives its blocks back.
-        drop(first);
-        let third = Reservation::take(7, 68, 132).unwrap();
-        drop((second, third));
-        drop(Reservation::take(7, 132, 132).unwrap());
-    }
 }

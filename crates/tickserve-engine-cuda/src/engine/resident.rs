@@ -39,11 +39,8 @@ pub struct ResidentModel {
     /// `None` once failed over. Stopped before anything of the graphs is
     /// freed ([`Drop`]).
     kernel: Option<ResidentKernel>,
-    /// The graphs' weights of members replaced or removed while the kernel
-    /// runs: freed once it has returned.
-    retired: Vec<super::MemberWeights>,
-    /// The kernel did not return when told: nothing on its device may be
-    /// freed (a free would wait for it for ever), so everything is leaked.
+    /// The kernel did not return when told: nothing it may still read is
+    /// freed, so the family's device memory is leaked.
     wedged: bool,
     /// The graphs: their pinned input buffers are where the executor writes
     /// a run's inputs, and they run the family once the kernel is lost.
@@ -128,7 +125,6 @@ impl ResidentModel {
             .collect();
         Ok(ResidentModel {
             kernel: Some(kernel),
-            retired: Vec::new(),
             wedged: false,
             graphs: ManuallyDrop::new(graphs),
             rows: HashMap::from([(first.0, 0)]),
@@ -226,8 +222,7 @@ impl ResidentModel {
     }
 
     /// Tells the kernel to return and waits for it (within its bound);
-    /// then what was retired meanwhile is freed, or, where it did not
-    /// return, kept for good.
+    /// where it did not return, the family is wedged.
     fn stop(&mut self) {
         if let Some(mut kernel) = self.kernel.take()
             && let Err(e) = kernel.stop()
@@ -235,18 +230,14 @@ impl ResidentModel {
             tracing::error!(family = %self.family, "{e}");
             self.wedged = true;
         }
-        if !self.wedged {
-            self.retired.clear();
-        }
     }
 
-    /// Graph weights taken out of the graphs: kept while the kernel runs
-    /// (or if it never returned), freed otherwise.
+    /// Graph weights taken out of the graphs (the kernel never reads them):
+    /// freed, in stream order while a resident kernel runs on the device
+    /// ([`crate::residency`]); kept for good where the kernel was wedged.
     fn retire(&mut self, weights: Option<super::MemberWeights>) {
-        if let Some(weights) = weights
-            && (self.kernel.is_some() || self.wedged)
-        {
-            self.retired.push(weights);
+        if self.wedged {
+            std::mem::forget(weights);
         }
     }
 }
@@ -259,8 +250,6 @@ impl Drop for ResidentModel {
                 family = %self.family,
                 "the resident kernel did not return: the family's device memory is kept"
             );
-            // The graphs' buffers too: their frees would wait for the kernel.
-            std::mem::forget(std::mem::take(&mut self.retired));
             return;
         }
         // SAFETY: dropped once, here, and `self.graphs` is not used after.
@@ -336,9 +325,8 @@ impl CompiledModel for ResidentModel {
     }
 
     fn add_member(&mut self, member: MemberId, weights: &[Weight]) -> Result<(), EngineError> {
-        // A member replaced: its old graph weights are taken out first (an
-        // insert over them would free them), put back if the new ones fail,
-        // retired otherwise.
+        // A member replaced: its old graph weights are taken out first, put
+        // back if the new ones fail, retired otherwise.
         let old = self.graphs.take_member(member);
         if let Err(e) = self.graphs.add_member(member, weights) {
             if let Some(old) = old {
