@@ -7,9 +7,10 @@
 //! ticks; stopped. Every wait is bounded: a tick not answered within the
 //! bound is an error (the device lost to this family), never a hang.
 //!
-//! Device memory is not freed while the kernel runs (a free waits for the
-//! device to be idle, which a resident kernel never leaves it): a member
-//! replaced keeps its old weights on the device until the kernel stops.
+//! A member replaced has its old weights freed once the row names the new
+//! ones (in stream order, [`crate::residency`]): no tick runs while a row
+//! is written, and the next reads the row afresh; its version, raised by
+//! every write, tells blocks holding weights on chip to load them again.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -30,10 +31,10 @@ struct Held {
     /// Every slot's mailbox, `mailbox_words` apart (read and written
     /// through `ResidentKernel::mailboxes`).
     _mailbox: MappedMemory,
-    /// One device pointer per member and weight slot, member-major.
+    /// Per member, member-major: a device pointer per weight slot, then the
+    /// row's version.
     table: DeviceMemory,
-    /// Every member's weights uploaded, the first at start and then each
-    /// swapped in: freed only once the kernel has returned.
+    /// Each row's weights, as uploaded.
     weights: Vec<Vec<DeviceMemory>>,
     /// Every block's copy of its slot's state, `state_floats` apart.
     state: DeviceMemory,
@@ -55,6 +56,8 @@ pub struct ResidentKernel {
     capacity: usize,
     /// Rows written.
     members: usize,
+    /// Rows' writes so far: the version of the last.
+    versions: u64,
 }
 
 impl ResidentKernel {
@@ -123,8 +126,8 @@ impl ResidentKernel {
         }
         let member = upload(weights, ordinal)?;
         let capacity = capacity.max(1);
-        let table = DeviceMemory::zeroed(capacity * layout.weight_slots * 8, ordinal)?;
-        table.write(0, &pointers(&member))?;
+        let table = DeviceMemory::zeroed(capacity * (layout.weight_slots + 1) * 8, ordinal)?;
+        table.write(0, &row_of(&member, 1))?;
         // A copy of its slot's state a block.
         let state = DeviceMemory::zeroed(grid as usize * layout.state_floats * 4, ordinal)?;
         let mailbox = MappedMemory::zeroed(slots * layout.mailbox_words * 4)?;
@@ -158,6 +161,7 @@ impl ResidentKernel {
             ordinal,
             capacity,
             members: 1,
+            versions: 1,
         })
     }
 
@@ -255,14 +259,19 @@ impl ResidentKernel {
             .bind_to_thread()
             .map_err(driver("binding the context"))?;
         let uploaded = upload(weights, self.ordinal)?;
-        let row = pointers(&uploaded);
+        self.versions += 1;
+        let row = row_of(&uploaded, self.versions);
         let held = self.held.as_mut().ok_or_else(|| {
             EngineError::DeviceLost("the resident kernel is not running".to_string())
         })?;
         // A synchronous copy on the legacy stream, which the kernel's
         // non-blocking stream does not wait for, nor it for the kernel.
         held.table.write(member * row.len() * 8, &row)?;
-        held.weights.push(uploaded);
+        // The row's old weights: no tick reads them any more.
+        match held.weights.get_mut(member) {
+            Some(old) => *old = uploaded,
+            None => held.weights.push(uploaded),
+        }
         self.members = self.members.max(member + 1);
         Ok(())
     }
@@ -443,7 +452,10 @@ fn upload(weights: &[Vec<f32>], ordinal: usize) -> Result<Vec<DeviceMemory>, Eng
         .collect()
 }
 
-/// The device addresses of `buffers`: a row of the weight table.
-fn pointers(buffers: &[DeviceMemory]) -> Vec<u64> {
-    buffers.iter().map(|b| b.ptr).collect()
+/// A row of the weight table: the device addresses of `buffers`, then
+/// `version`.
+fn row_of(buffers: &[DeviceMemory], version: u64) -> Vec<u64> {
+    (buffers.iter().map(|b| b.ptr))
+        .chain(std::iter::once(version))
+        .collect()
 }

@@ -25,9 +25,11 @@
 //! the host reads with acquire order before the outputs. So between ticks a
 //! slot's state buffer and its mailbox's state regions hold the same
 //! floats: the host gives the state only when the one it holds differs.
-//! The table is member-major: member `m`'s weight pointers at `table[m ·
-//! w ..]` (`w` the plan's weight slots); slot `s` keeps its state at
-//! `state[s · state_floats ..]`.
+//! The table is member-major: member `m`'s row at `table[m · (w + 1) ..]`,
+//! its `w` weight pointers (the plan's weight slots) then the row's version
+//! (raised by every write of the row, so weights held on chip are named by
+//! it, never by an address a freed member's weights may hand on); each
+//! block keeps its copy of its slot's state at `state[b · state_floats ..]`.
 //!
 //! Each block has [`RESIDENT_BLOCK`] threads: every step loops its elements
 //! over them, with a block barrier between steps. A product whose columns'
@@ -90,7 +92,8 @@ pub struct Resident {
     pub mailbox_words: usize,
     /// Floats of one slot's state buffer.
     pub state_floats: usize,
-    /// Pointers in one row of the weight table (the plan's weight slots).
+    /// Pointers in one row of the weight table (the plan's weight slots);
+    /// the row's version follows them.
     pub weight_slots: usize,
     /// Blocks a slot runs on: a thread-block cluster of this many, each
     /// computing its share of every step's columns (or hidden units) and
@@ -229,7 +232,7 @@ pub fn resident_split(
     // tick, member and state flag. The mailbox holds activations only, so
     // this bounds it too.
     let shared = total
-        .saturating_add(plan.weights.len().saturating_mul(2))
+        .saturating_add(plan.weights.len().saturating_add(1).saturating_mul(2))
         .saturating_add(3);
     if shared > MAX_SHARED_FLOATS {
         return Err(format!(
@@ -299,14 +302,15 @@ pub fn resident_split(
     // The tick's member's weights (its row of the table), the inputs from
     // the mailbox, the state from the mailbox where the host gave it, else
     // from the slot's state buffer.
+    // The row's pointers, then its version.
     let _ = writeln!(
         body,
         "        const u64* row = table + (long long)asked[1] * {};",
-        plan.weights.len()
+        plan.weights.len() + 1
     );
     let _ = writeln!(
         body,
-        "        for (int s = r; s < {}; s += threads) slots[s] = ((volatile const u64*)row)[s];",
+        "        for (int s = r; s <= {}; s += threads) slots[s] = ((volatile const u64*)row)[s];",
         plan.weights.len()
     );
     for (i, (_, v)) in plan.inputs.iter().enumerate() {
@@ -334,11 +338,11 @@ pub fn resident_split(
     // fits what is left of `on_chip` is held in `cache`, its loads in
     // `loads`.
     let mut steps = String::new();
-    // What the block's own arrays leave (the activations, the weight
-    // table, the tick's words, the held weights' address, and 64 bytes to
+    // What the block's own arrays leave (the activations, the table's row,
+    // the tick's words, the held weights' row and version, and 64 bytes to
     // align them).
     let own = shared
-        .saturating_add(2)
+        .saturating_add(4)
         .saturating_mul(4)
         .saturating_add(64);
     let mut cache = Cache::new(on_chip.saturating_sub(own) / 4);
@@ -670,15 +674,18 @@ pub fn resident_split(
             }
         }
     }
-    // The weights held on chip, loaded when the tick's member's are not the
-    // ones held (a member's weights are never freed while the kernel runs,
-    // so their address names them).
-    if let Some(first) = cache.first {
+    // The weights held on chip, loaded when the tick's row and version are
+    // not the ones held.
+    if cache.first.is_some() {
+        let version = plan.weights.len();
         let _ = write!(
             body,
-            "        if (held[0] != slots[{first}]) {{
+            "        if (held[0] != slots[{version}] || held[1] != (u64)asked[1]) {{
 {loads}            SYNC();
-            if (r == 0) held[0] = slots[{first}];
+            if (r == 0) {{
+                held[0] = slots[{version}];
+                held[1] = (u64)asked[1];
+            }}
         }}
 ",
             loads = cache.loads
@@ -707,7 +714,7 @@ pub fn resident_split(
 {PRELUDE}extern \"C\" __global__ void resident(int* box, const u64* table, float* state) {{
     SHARED(float, val, {values});
     SHARED(int, asked, 3);
-    SHARED(u64, slots, {weights});
+    SHARED(u64, slots, {weights} + 1);
 {dynamic}    const int r = threadIdx.x, threads = blockDim.x;
     // Warps: a product whose columns' weights lie side by side takes a warp
     // a column, its lanes over the weights.
@@ -748,7 +755,7 @@ pub fn resident_split(
             format!(
                 "    // The block's share of the member's weights, and whose they are.
     DYNAMIC_SHARED(float, cache, {floats});
-    SHARED(u64, held, 1);
+    SHARED(u64, held, 2);
 ",
                 floats = cache.used
             )
@@ -756,7 +763,7 @@ pub fn resident_split(
             String::new()
         },
         held = if cache.first.is_some() {
-            "    if (threadIdx.x == 0) held[0] = 0;\n    SYNC();\n"
+            "    if (threadIdx.x == 0) held[0] = held[1] = ~0ull;\n    SYNC();\n"
         } else {
             ""
         },
@@ -782,8 +789,7 @@ struct Cache {
     left: usize,
     /// Floats taken.
     used: usize,
-    /// The weight slot of the first panel held: its address names the
-    /// member whose weights are held.
+    /// The weight slot of the first panel held: none while nothing is.
     first: Option<usize>,
     /// The loads, block-strided.
     loads: String,

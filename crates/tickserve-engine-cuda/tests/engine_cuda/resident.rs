@@ -169,9 +169,11 @@ struct Running {
     /// Each slot's mailbox, `mailbox_words` apart: the flag words, then
     /// the floats.
     mailbox: Vec<i32>,
-    /// One pointer per member and weight slot, member-major, [`MEMBERS`]
-    /// rows.
+    /// Per member, member-major, [`MEMBERS`] rows: a pointer per weight
+    /// slot, then the row's version.
     table: Vec<u64>,
+    /// Rows written so far.
+    versions: u64,
     /// Every member's weights written to the table: alive until the kernel
     /// is joined.
     weights: Vec<Vec<Vec<f32>>>,
@@ -200,7 +202,8 @@ impl Running {
         let mut running = Running {
             mailboxes,
             mailbox,
-            table: vec![0; MEMBERS * first.len()],
+            table: vec![0; MEMBERS * (first.len() + 1)],
+            versions: 0,
             weights: Vec::new(),
             weight_slots: first.len(),
             // A copy of its slot's state a block.
@@ -249,11 +252,33 @@ impl Running {
     /// kernel runs; no tick of that member is running.
     fn put(&mut self, member: usize, weights: &[Vec<f32>]) {
         let kept = weights.to_vec();
-        let row = &mut self.table[member * self.weight_slots..(member + 1) * self.weight_slots];
-        for (pointer, w) in row.iter_mut().zip(&kept) {
-            *pointer = w.as_ptr() as u64;
-        }
+        let pointers: Vec<u64> = kept.iter().map(|w| w.as_ptr() as u64).collect();
         self.weights.push(kept);
+        self.write_row(member, &pointers);
+    }
+
+    /// Writes `weights` over the buffers member `member`'s row names (the
+    /// same addresses, as a freed member's may come back for another) and
+    /// raises the row's version; no tick is running.
+    fn rewrite(&mut self, member: usize, weights: &[Vec<f32>]) {
+        let stride = self.weight_slots + 1;
+        let pointers = self.table[member * stride..member * stride + self.weight_slots].to_vec();
+        let held = (self.weights.iter_mut())
+            .find(|w| w[0].as_ptr() as u64 == pointers[0])
+            .unwrap();
+        for (old, new) in held.iter_mut().zip(weights) {
+            old.copy_from_slice(new);
+        }
+        self.write_row(member, &pointers);
+    }
+
+    /// Row `member` of the table: `pointers`, then its next version.
+    fn write_row(&mut self, member: usize, pointers: &[u64]) {
+        self.versions += 1;
+        let stride = self.weight_slots + 1;
+        let row = &mut self.table[member * stride..(member + 1) * stride];
+        row[..self.weight_slots].copy_from_slice(pointers);
+        row[self.weight_slots] = self.versions;
     }
 
     /// Asks slot `slot` for a tick of `member`: every plan input's floats.
@@ -617,6 +642,15 @@ fn a_member_added_while_the_kernel_runs_answers_with_its_weights_from_its_first_
         }
         let member = if t < 5 { &other } else { &third };
         step_matches_reference(&mut kernel, &plan, (1, member), 3000 + t, &mut state);
+    }
+    // New weights at the same addresses (a freed member's may come back for
+    // another): the row's version tells the held copy to go.
+    let fourth: Vec<Vec<f32>> = (weights.iter())
+        .map(|w| w.iter().map(|x| x * 0.25).collect())
+        .collect();
+    kernel.rewrite(1, &fourth);
+    for t in 0..3u64 {
+        step_matches_reference(&mut kernel, &plan, (1, &fourth), 3100 + t, &mut state);
     }
     kernel.stop();
 }
