@@ -2,6 +2,8 @@
 //! one run: the per-tick benchmark's tree ensemble and LSTM step, and the
 //! sample MLP. The same graph, the same buckets, the same input; what is
 //! timed is `CompiledModel::run` alone (ONNX Runtime's: its IoBinding run).
+//! Then a batch of 33 rows in the bucket of 64 on the compiled engine: the
+//! whole bucket run against the batch's rows alone (`run_rows`).
 //!
 //!     cargo bench -p tickserve-engine-cpu --bench engines
 
@@ -17,7 +19,7 @@ use tickserve_engine_ort::{OrtEngine, OrtOptions};
 use tickserve_onnx::{ModelGraph, OnnxModel};
 use tickserve_testing::{onnxruntime_library, root, write_models};
 
-fn compiled(engine: &dyn Engine<ModelGraph>, path: &Path) -> Box<dyn CompiledModel> {
+fn compiled(engine: &dyn Engine<ModelGraph>, path: &Path, bucket: usize) -> Box<dyn CompiledModel> {
     let onnx = OnnxModel::parse(&std::fs::read(path).unwrap()).unwrap();
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
     let graph = ModelGraph { onnx, signature };
@@ -25,7 +27,7 @@ fn compiled(engine: &dyn Engine<ModelGraph>, path: &Path) -> Box<dyn CompiledMod
         .compile(&CompileRequest {
             family: "bench",
             graph: &graph,
-            buckets: &Buckets::new(&[1], None).unwrap(),
+            buckets: &Buckets::new(&[bucket], None).unwrap(),
             weights: None,
             device: Device::Cpu,
             check: true,
@@ -66,12 +68,29 @@ fn engines(c: &mut Criterion) {
             ("onnxruntime", &ort as &dyn Engine<ModelGraph>),
             ("compiled", &cpu as &dyn Engine<ModelGraph>),
         ] {
-            let mut model = compiled(engine, path);
+            let mut model = compiled(engine, path, 1);
             group.bench_function(label, |b| b.iter(|| model.run(0, SOLE_MEMBER).unwrap()));
         }
         group.finish();
     }
 }
 
-criterion_group!(benches, engines);
+fn padded(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    write_models("--bench", dir.path());
+    let cpu = CpuEngine::new();
+    for name in ["bench_trees", "bench_lstm"] {
+        let mut model = compiled(&cpu, &dir.path().join(format!("{name}/1/model.onnx")), 64);
+        let mut group = c.benchmark_group(format!("{name}, 33 rows in the bucket of 64"));
+        group.bench_function("whole bucket", |b| {
+            b.iter(|| model.run(0, SOLE_MEMBER).unwrap())
+        });
+        group.bench_function("its rows", |b| {
+            b.iter(|| model.run_rows(0, 33, &[SOLE_MEMBER]).unwrap())
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, engines, padded);
 criterion_main!(benches);

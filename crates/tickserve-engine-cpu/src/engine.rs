@@ -285,8 +285,8 @@ impl CpuModel {
         Ok(())
     }
 
-    /// Runs bucket `bucket` with `member`'s weights: a forest over its
-    /// first `rows` rows (at most the bucket's), a plan over all of them.
+    /// Runs bucket `bucket` with `member`'s weights over its first `rows`
+    /// rows (at most the bucket's).
     fn run_first(
         &mut self,
         bucket: usize,
@@ -311,7 +311,7 @@ impl CpuModel {
                 let weights = members.get(&member).ok_or_else(|| {
                     EngineError::Internal(format!("member {member} is not loaded"))
                 })?;
-                sized[bucket].run(plan, prepared, weights, self.isa);
+                sized[bucket].run(plan, prepared, weights, self.isa, rows);
             }
             Program::Forest {
                 forest,
@@ -398,8 +398,7 @@ impl CompiledModel for CpuModel {
         self.run_first(bucket, usize::MAX, member)
     }
 
-    /// A forest walks the batch's rows only; a plan runs the whole bucket
-    /// (its steps run over whole buffers).
+    /// A forest walks the batch's rows only, and a plan runs them only.
     fn run_rows(
         &mut self,
         bucket: usize,

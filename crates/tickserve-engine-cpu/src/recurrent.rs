@@ -107,9 +107,10 @@ pub fn run(
             }
         }
     }
-    io.last_h.copy_from_slice(&s.h);
+    let live = rows * hidden;
+    io.last_h[..live].copy_from_slice(&s.h[..live]);
     if let Some(last_c) = io.last_c {
-        last_c.copy_from_slice(&s.c);
+        last_c[..live].copy_from_slice(&s.c[..live]);
     }
 }
 

@@ -83,31 +83,42 @@ impl Bucket {
         }
     }
 
-    /// Runs `plan` with `member`'s weights on what the input values hold.
-    pub fn run(&mut self, plan: &Plan, prepared: &[Prepared], member: &Packed, isa: Isa) {
+    /// Runs `plan` with `member`'s weights on what the input values hold,
+    /// over their first `rows` rows (at most the bucket's; the rest is
+    /// padding, left as it was).
+    pub fn run(
+        &mut self,
+        plan: &Plan,
+        prepared: &[Prepared],
+        member: &Packed,
+        isa: Isa,
+        rows: usize,
+    ) {
+        let rows = rows.min(self.rows);
         for (index, (step, prepared)) in plan.steps.iter().zip(prepared).enumerate() {
             let mut out = std::mem::take(&mut self.values[step.output]);
             let width = plan.values[step.output].width;
-            let skip = self.step(plan, index, step, prepared, member, isa, &mut out);
-            epilogue(&step.epilogue[skip..], &member.slots, isa, &mut out, width);
+            let live = &mut out[..rows * width];
+            let skip = self.step(plan, (index, rows), step, prepared, member, isa, live);
+            epilogue(&step.epilogue[skip..], &member.slots, isa, live, width);
             self.values[step.output] = out;
         }
     }
 
-    /// Runs `step`'s operation into `out`; returns how many of its epilogue's
-    /// operations it carried out itself.
+    /// Runs `step` (the plan's `index`th) over the first `rows` rows into
+    /// `out` (theirs); returns how many of its epilogue's operations it
+    /// carried out itself.
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
         plan: &Plan,
-        index: usize,
+        (index, rows): (usize, usize),
         step: &Step,
         prepared: &Prepared,
         member: &Packed,
         isa: Isa,
         out: &mut [f32],
     ) -> usize {
-        let rows = self.rows;
         let values = &self.values;
         match &step.op {
             Op::MatMul {
@@ -165,7 +176,7 @@ impl Bucket {
                 0
             }
             Op::Copy { input } => {
-                out.copy_from_slice(&values[*input]);
+                out.copy_from_slice(&values[*input][..out.len()]);
                 0
             }
             Op::Rearrange { input, .. } => {

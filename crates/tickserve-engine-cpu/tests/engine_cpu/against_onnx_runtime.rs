@@ -396,13 +396,42 @@ fn a_second_model_of_the_same_trees_joins_its_forest() {
     assert!(error.to_string().contains("same weights"), "{error}");
 }
 
-/// A forest told a batch's rows (`run_rows`) walks only those: they answer
-/// as the whole bucket's run does, and the padding's outputs are left as
-/// they were.
+/// A batch told its rows (`run_rows`) runs only those, plan or forest:
+/// they answer exactly as the whole bucket's run does, and the padding's
+/// outputs are left as they were.
 #[test]
-fn a_forest_walks_the_batch_not_the_padding() {
-    let path = root().join("crates/tickserve-engine-cpu/tests/exported/lgb_bin/1/model.onnx");
-    let onnx = read(&path);
+fn a_batch_runs_its_rows_not_the_padding() {
+    let fixtures = tempfile::tempdir().unwrap();
+    write_models("--fixtures", fixtures.path());
+    let bench = tempfile::tempdir().unwrap();
+    write_models("--bench", bench.path());
+    let mut paths = vec![
+        root().join("crates/tickserve-engine-cpu/tests/exported/lgb_bin/1/model.onnx"),
+        bench.path().join("bench_lstm/1/model.onnx"),
+        bench.path().join("bench_trees/1/model.onnx"),
+    ];
+    paths.extend(["alpha_mlp", "seq_lstm", "seq_lstm_step"].map(sample));
+    paths.extend(
+        [
+            "cuda_ops",
+            "cuda_conv",
+            "cuda_sequence_ops",
+            "cuda_lstm_layout0",
+        ]
+        .map(|name| fixtures.path().join(format!("{name}/1/model.onnx"))),
+    );
+    for path in &paths {
+        for rows in [1, 33, 63] {
+            batch_runs_its_rows(path, rows);
+        }
+    }
+}
+
+/// `path` compiled twice for buckets of [`SIZES`]: bucket 64 run whole on
+/// rows A by both, then on rows B whole by one and told of its first
+/// `rows` by the other.
+fn batch_runs_its_rows(path: &Path, rows: usize) {
+    let onnx = read(path);
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
     let graph = tickserve_onnx::ModelGraph { onnx, signature };
     let buckets = Buckets::new(&SIZES, None).unwrap();
@@ -417,24 +446,33 @@ fn a_forest_walks_the_batch_not_the_padding() {
                 check: false,
                 resident: None,
             })
-            .unwrap()
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     };
     let (mut whole, mut batch) = (compile(), compile());
     let outputs = whole.signature().outputs.len();
-    // Both run the whole bucket of 64 on rows A.
     fill([whole.as_mut(), batch.as_mut()], 2, 64, 10);
     whole.run(2, SOLE_MEMBER).unwrap();
     batch.run(2, SOLE_MEMBER).unwrap();
     let before: Vec<Vec<u8>> = (0..outputs).map(|o| batch.output(2, o).to_vec()).collect();
-    // Then rows B: `whole` runs all 64, `batch` is told of 10.
     fill([whole.as_mut(), batch.as_mut()], 2, 64, 20);
     whole.run(2, SOLE_MEMBER).unwrap();
-    batch.run_rows(2, 10, &[SOLE_MEMBER]).unwrap();
+    batch.run_rows(2, rows, &[SOLE_MEMBER]).unwrap();
+    let mut moved = false;
     for (o, before) in before.iter().enumerate() {
-        let row = before.len() / 64;
+        let width = before.len() / 64;
         let (got, want) = (batch.output(2, o), whole.output(2, o));
-        assert_eq!(got[..10 * row], want[..10 * row], "output {o}: the batch");
-        assert_eq!(got[10 * row..], before[10 * row..], "output {o}: padding");
-        assert_ne!(got[..10 * row], before[..10 * row], "output {o}: rows B");
+        let what = format!("{} output {o}, {rows} rows", path.display());
+        assert_eq!(
+            got[..rows * width],
+            want[..rows * width],
+            "{what}: the batch"
+        );
+        assert_eq!(
+            got[rows * width..],
+            before[rows * width..],
+            "{what}: padding"
+        );
+        moved |= got[..rows * width] != before[..rows * width];
     }
+    assert!(moved, "{}: rows B answered as rows A", path.display());
 }
