@@ -676,7 +676,7 @@ pub fn resident_split(
     }
     // The weights held on chip, loaded when the tick's row and version are
     // not the ones held.
-    if cache.first.is_some() {
+    if cache.used > 0 {
         let version = plan.weights.len();
         let _ = write!(
             body,
@@ -751,7 +751,7 @@ pub fn resident_split(
         values = total.max(1),
         weights = plan.weights.len().max(1),
         state_words = state_floats,
-        dynamic = if cache.first.is_some() {
+        dynamic = if cache.used > 0 {
             format!(
                 "    // The block's share of the member's weights, and whose they are.
     DYNAMIC_SHARED(float, cache, {floats});
@@ -762,7 +762,7 @@ pub fn resident_split(
         } else {
             String::new()
         },
-        held = if cache.first.is_some() {
+        held = if cache.used > 0 {
             "    if (threadIdx.x == 0) held[0] = held[1] = ~0ull;\n    SYNC();\n"
         } else {
             ""
@@ -787,10 +787,8 @@ pub fn resident_split(
 struct Cache {
     /// Floats left.
     left: usize,
-    /// Floats taken.
+    /// Floats taken (0: nothing is held on chip).
     used: usize,
-    /// The weight slot of the first panel held: none while nothing is.
-    first: Option<usize>,
     /// The loads, block-strided.
     loads: String,
 }
@@ -800,20 +798,18 @@ impl Cache {
         Cache {
             left: floats,
             used: 0,
-            first: None,
             loads: String::new(),
         }
     }
 
     /// Takes `floats` where they fit: their start in `cache`.
-    fn take(&mut self, weight: usize, floats: usize) -> Option<usize> {
+    fn take(&mut self, floats: usize) -> Option<usize> {
         if floats == 0 || floats > self.left {
             return None;
         }
         let at = self.used;
         self.left -= floats;
         self.used += floats;
-        self.first.get_or_insert(weight);
         Some(at)
     }
 
@@ -830,7 +826,7 @@ impl Cache {
         (lo, hi): (&str, &str),
     ) -> Option<usize> {
         let floats = gates.len().checked_mul(span)?.checked_mul(len)?;
-        let at = self.take(weight, floats)?;
+        let at = self.take(floats)?;
         let rows: String = (gates.iter().enumerate())
             .map(|(g, row)| format!("g == {g} ? {row} : "))
             .collect();
@@ -857,7 +853,7 @@ impl Cache {
         (lo, hi): (&str, &str),
     ) -> Option<usize> {
         let floats = k.checked_mul(span)?;
-        let at = self.take(weight, floats)?;
+        let at = self.take(floats)?;
         let _ = write!(
             self.loads,
             "            for (int e = r; e < {floats}; e += threads) {{
