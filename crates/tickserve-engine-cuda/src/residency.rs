@@ -1,11 +1,9 @@
-//! Which devices run resident kernels, process-wide. A resident block
-//! holds a multiprocessor for as long as its kernel runs, so every block of
-//! every resident kernel on a device must fit on it at once
-//! ([`Reservation`]). And while one runs, a synchronous free may wait for
-//! the device to go idle, which it never does: device memory freed on such
-//! a device is freed in stream order ([`free_device`]), and pinned host
-//! memory freed while one runs anywhere in the process is kept until the
-//! last has returned ([`free_host`]).
+//! The process's record of where resident kernels run, which what else
+//! runs beside them consults. A resident block holds a multiprocessor for
+//! as long as its kernel runs, so a kernel starts only where every resident
+//! block still has one ([`Reservation`]); a synchronous free on a device
+//! where one runs may wait for an idle device that never comes, so frees
+//! consult the record ([`free_device`], [`free_host`]).
 
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};

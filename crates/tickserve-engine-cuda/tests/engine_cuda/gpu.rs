@@ -592,6 +592,31 @@ fn a_slot_split_over_a_cluster_ticks_as_onnx_runtime_does() {
     }
 }
 
+/// Bucket `bucket` of `model` and of `graphs` run with member `member` on
+/// the same fresh inputs: the same answers (1e-5); whether `model`'s run
+/// was its kernel's (no device time measured).
+fn answers_as_graphs(
+    model: &mut tickserve_engine_cuda::ResidentModel,
+    graphs: &mut tickserve_engine_cuda::CudaModel,
+    (bucket, member): (usize, MemberId),
+    seed: &mut u64,
+) -> bool {
+    let inputs = fill(model, bucket, seed);
+    for (i, bytes) in inputs.iter().enumerate() {
+        graphs.input_mut(bucket, i).copy_from_slice(bytes);
+    }
+    model.run(bucket, member).unwrap();
+    graphs.run(bucket, member).unwrap();
+    for o in 0..model.signature().outputs.len() {
+        assert_close(
+            model.output(bucket, o),
+            graphs.output(bucket, o),
+            &format!("bucket {bucket}, member {member}, output {o}"),
+        );
+    }
+    model.device_time().is_none()
+}
+
 /// `bench_lstm`'s state pairs as its `model.toml` writes them.
 fn bench_lstm_state() -> Vec<tickserve_core::sequence::StateConfig> {
     crate::resident::BENCH_LSTM_STATE
@@ -777,20 +802,9 @@ fn fed_back(signature: &tickserve_onnx::PartialSignature) -> Vec<(usize, usize)>
 fn a_resident_family_whose_kernel_stops_answering_fails_over_to_its_graphs() {
     let (mut model, mut graphs) = bench_lstm_resident_and_graphs(&Default::default());
     let mut seed = 3;
-    let mut same_run = |model: &mut dyn CompiledModel, graphs: &mut dyn CompiledModel| {
-        let inputs = fill(model, 1, &mut seed);
-        for (i, bytes) in inputs.iter().enumerate() {
-            graphs.input_mut(1, i).copy_from_slice(bytes);
-        }
-        model.run(1, SOLE_MEMBER).unwrap();
-        graphs.run(1, SOLE_MEMBER).unwrap();
-        for o in 0..model.signature().outputs.len() {
-            assert_close(
-                model.output(1, o),
-                graphs.output(1, o),
-                &format!("output {o}"),
-            );
-        }
+    let mut same_run = |model: &mut tickserve_engine_cuda::ResidentModel,
+                        graphs: &mut tickserve_engine_cuda::CudaModel| {
+        answers_as_graphs(model, graphs, (1, SOLE_MEMBER), &mut seed)
     };
     same_run(&mut model, &mut graphs);
     assert!(model.is_resident() && model.device_time().is_none());
@@ -905,24 +919,10 @@ fn a_member_the_resident_table_cannot_hold_runs_on_the_graphs() {
     let mut seed = 77;
     // Member `m`'s bucket-1 run on both, on the same inputs: where it ran
     // (the kernel measures no device time) and the same answer.
-    let mut resident = |model: &mut tickserve_engine_cuda::ResidentModel,
-                        graphs: &mut tickserve_engine_cuda::CudaModel,
-                        m: u32| {
-        let inputs = fill(model, 0, &mut seed);
-        for (i, bytes) in inputs.iter().enumerate() {
-            graphs.input_mut(0, i).copy_from_slice(bytes);
-        }
-        model.run(0, m).unwrap();
-        graphs.run(0, m).unwrap();
-        for o in 0..model.signature().outputs.len() {
-            assert_close(
-                model.output(0, o),
-                graphs.output(0, o),
-                &format!("member {m} output {o}"),
-            );
-        }
-        model.device_time().is_none()
-    };
+    let mut resident =
+        |model: &mut tickserve_engine_cuda::ResidentModel,
+         graphs: &mut tickserve_engine_cuda::CudaModel,
+         m: u32| { answers_as_graphs(model, graphs, (0, m), &mut seed) };
     assert!(
         resident(&mut model, &mut graphs, 1),
         "member 1 off the kernel"
@@ -975,24 +975,9 @@ fn a_bucket_larger_than_the_slots_the_device_holds_runs_on_the_graphs() {
     let mut seed = 5;
     for _ in 0..3 {
         for bucket in [0, 1] {
-            let inputs = fill(&mut model, bucket, &mut seed);
-            for (i, bytes) in inputs.iter().enumerate() {
-                graphs.input_mut(bucket, i).copy_from_slice(bytes);
-            }
-            model.run(bucket, SOLE_MEMBER).unwrap();
-            graphs.run(bucket, SOLE_MEMBER).unwrap();
-            for o in 0..model.signature().outputs.len() {
-                assert_close(
-                    model.output(bucket, o),
-                    graphs.output(bucket, o),
-                    &format!("bucket {bucket} output {o}"),
-                );
-            }
-            assert_eq!(
-                model.device_time().is_none(),
-                bucket == 0,
-                "bucket {bucket}"
-            );
+            let resident =
+                answers_as_graphs(&mut model, &mut graphs, (bucket, SOLE_MEMBER), &mut seed);
+            assert_eq!(resident, bucket == 0, "bucket {bucket}");
         }
     }
 }
