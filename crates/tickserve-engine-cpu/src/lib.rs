@@ -6,8 +6,8 @@
 //! buckets.
 //!
 //! At load, each member's weights are packed for the kernels ([`packed`]):
-//! every product's matrix row-major over its output's columns, a recurrent
-//! cell's biases summed. A run walks the plan's steps over buffers allocated
+//! every product's matrix in panels of 64 columns, each panel's rows
+//! contiguous, a recurrent cell's biases summed. A run walks the plan's steps over buffers allocated
 //! at load ([`run`]): products streamed through register-blocked AVX2/FMA
 //! kernels where the CPU has them ([`kernels`]), a recurrent layer's input
 //! product for every step at once and one fused gate loop per step

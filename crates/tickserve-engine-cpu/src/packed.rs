@@ -1,10 +1,12 @@
 //! A member's weights as the kernels read them, made once when the member
-//! joins: each product's matrix row-major over the output's columns
-//! (`[k, n]`; Gemm's `transB` and ONNX's recurrent `[gates · hidden, in]`
-//! matrices transposed), a recurrent layer's two biases summed where the
-//! cell adds them anyway. Slots no step packs are kept as they came.
+//! joins: each product's matrix `[k, n]` in [`Panels`] (Gemm's `transB` and
+//! ONNX's recurrent `[gates · hidden, in]` matrices transposed on the way),
+//! a recurrent layer's two biases summed where the cell adds them anyway.
+//! Every slot is kept as it came too (elementwise steps read them).
 
 use tickserve_plan::plan::{Cell, Op, Plan};
+
+use crate::kernels::Panels;
 
 /// One member's weights.
 #[derive(Debug)]
@@ -18,8 +20,8 @@ pub struct Packed {
 /// The weights of one step, packed.
 #[derive(Debug)]
 pub enum StepWeights {
-    /// A product's matrix, `[k, n]` (present when the slot was `[n, k]`).
-    Matrix(Vec<f32>),
+    /// A product's matrix, `[k, n]`.
+    Matrix(Panels),
     /// A recurrent layer's.
     Recurrent(RecurrentWeights),
 }
@@ -28,26 +30,15 @@ pub enum StepWeights {
 #[derive(Debug)]
 pub struct RecurrentWeights {
     /// Input weights, `[input_size, gates · hidden]`.
-    pub w: Vec<f32>,
+    pub w: Panels,
     /// Recurrent weights, `[hidden, gates · hidden]`.
-    pub r: Vec<f32>,
+    pub r: Panels,
     /// Added to `x · W` (`gates · hidden`): both biases for an LSTM and a
     /// GRU's update and reset gates, the input's alone for its candidate.
     pub input_bias: Vec<f32>,
     /// Added to `h · R` (`gates · hidden`): a GRU's candidate's recurrent
     /// bias, zero elsewhere (the candidate's recurrent part is reset-gated).
     pub recurrent_bias: Vec<f32>,
-}
-
-/// `rows × cols` row-major, transposed.
-fn transposed(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; rows * cols];
-    for (r, row) in m.chunks_exact(cols.max(1)).take(rows).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            t[c * rows + r] = v;
-        }
-    }
-    t
 }
 
 impl Packed {
@@ -60,11 +51,14 @@ impl Packed {
             .map(|step| match &step.op {
                 Op::MatMul {
                     weight,
-                    transposed: true,
+                    transposed,
                     k,
                     n,
                     ..
-                } => Some(StepWeights::Matrix(transposed(&slots[*weight], *n, *k))),
+                } => Some(StepWeights::Matrix(match transposed {
+                    true => Panels::transposed(&slots[*weight], *k, *n),
+                    false => Panels::row_major(&slots[*weight], *k, *n),
+                })),
                 Op::Recurrent(layer) => {
                     let (gates, hidden) = (layer.cell.gates(), layer.hidden);
                     let width = gates * hidden;
@@ -89,8 +83,8 @@ impl Packed {
                         }
                     }
                     Some(StepWeights::Recurrent(RecurrentWeights {
-                        w: transposed(&slots[layer.w], width, layer.input_size),
-                        r: transposed(&slots[layer.r], width, hidden),
+                        w: Panels::transposed(&slots[layer.w], layer.input_size, width),
+                        r: Panels::transposed(&slots[layer.r], hidden, width),
                         input_bias,
                         recurrent_bias,
                     }))

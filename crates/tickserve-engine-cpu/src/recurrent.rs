@@ -5,7 +5,7 @@
 
 use tickserve_plan::plan::{Cell, Recurrent};
 
-use crate::kernels::{self, Isa, Product};
+use crate::kernels::{self, Isa, Panels, Product};
 use crate::packed::RecurrentWeights;
 
 /// A layer's working memory for one bucket.
@@ -74,10 +74,8 @@ pub fn run(
             x: io.input,
             x_stride: size,
             rows: rows * steps,
-            k: size,
             w: &weights.w,
-            w_stride: width,
-            n: width,
+            columns: 0..width,
         },
         &mut s.xw,
         width,
@@ -121,22 +119,19 @@ fn recurrent_product(
     h: &[f32],
     rows: usize,
     hidden: usize,
-    r: &[f32],
+    r: &Panels,
     columns: std::ops::Range<usize>,
     into: &mut [f32],
 ) {
-    let width = r.len() / hidden.max(1);
-    let (first, columns) = (columns.start, columns.len());
+    let (width, first) = (r.n(), columns.start);
     kernels::product(
         isa,
         &Product {
             x: h,
             x_stride: hidden,
             rows,
-            k: hidden,
-            w: &r[first..],
-            w_stride: width,
-            n: columns,
+            w: r,
+            columns,
         },
         &mut into[first..],
         width,

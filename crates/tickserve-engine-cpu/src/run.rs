@@ -123,7 +123,6 @@ impl Bucket {
         match &step.op {
             Op::MatMul {
                 input,
-                weight,
                 groups,
                 k,
                 n,
@@ -149,9 +148,9 @@ impl Bucket {
                         0
                     }
                 };
-                let w = match &member.steps[index] {
-                    Some(StepWeights::Matrix(packed)) => packed.as_slice(),
-                    _ => member.slots[*weight].as_slice(),
+                // Packed for every member (`Packed::new`): never missing.
+                let Some(StepWeights::Matrix(w)) = &member.steps[index] else {
+                    return folded;
                 };
                 kernels::product(
                     isa,
@@ -159,10 +158,8 @@ impl Bucket {
                         x: &values[*input],
                         x_stride: *k,
                         rows: rows * groups,
-                        k: *k,
                         w,
-                        w_stride: *n,
-                        n: *n,
+                        columns: 0..*n,
                     },
                     out,
                     *n,

@@ -3,9 +3,9 @@
 //! ([`Isa::detect`], once per process). Both compute the same sums in the
 //! same order but for the fused multiply-add's rounding.
 //!
-//! - [`product`]: `y += x · W` over a few rows, `W` packed row-major
-//!   (`[k, n]`, the output's columns contiguous), so each weight is read once
-//!   per run whatever the rows.
+//! - [`product`]: `y += x · W` over a few rows, `W` packed in [`Panels`] of
+//!   64 columns, so each weight is read once per run whatever the rows, as
+//!   one stream per block of columns.
 //! - [`tanh`] and [`sigmoid`]: a rational approximation of `tanh` (Eigen's,
 //!   which ONNX Runtime's MLAS uses too), within 5e-7 of the exact value over
 //!   all of `f32`, vectorised by the compiler; a NaN stays one, or gives 1
@@ -15,7 +15,7 @@ mod activation;
 mod product;
 
 pub use activation::{exact_sigmoid, exact_tanh, fast_tanh};
-pub use product::Product;
+pub use product::{PANEL, Panels, Product};
 
 /// The instruction sets the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,8 @@ impl Isa {
     }
 }
 
-/// `y[r, j] += Σ_i x[r, i] · w[i, j]` for the rows and columns `p` names.
+/// `y[r, j - c] += Σ_i x[r, i] · w[i, j]` for the rows `p` names and its
+/// columns `j` (from `c`, the first).
 ///
 /// # Panics
 ///
@@ -53,12 +54,19 @@ impl Isa {
 /// never a client's input: shapes are fixed at load).
 pub fn product(isa: Isa, p: &Product<'_>, y: &mut [f32], y_stride: usize) {
     p.check(y, y_stride);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx2Fma` is only detected where the CPU has both, and
-        // `check` proved every index the kernel reaches in bounds.
-        Isa::Avx2Fma => unsafe { product::avx2(p, y, y_stride) },
-        _ => product::portable(p, y, y_stride),
+    if p.rows == 0 {
+        return;
+    }
+    for (part, at) in p.parts() {
+        let y = &mut y[at..];
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2Fma` is only detected where the CPU has both,
+            // `check` proved the whole product in bounds, and `y` starts at
+            // the part's first column.
+            Isa::Avx2Fma => unsafe { product::avx2(&part, y, y_stride) },
+            _ => product::portable(&part, y, y_stride),
+        }
     }
 }
 
@@ -106,16 +114,15 @@ mod tests {
                         let (xs, ws, ys) = (k + 3, n + 2, n + 1);
                         let x: Vec<f32> = (0..rows * xs).map(value).collect();
                         let w: Vec<f32> = (0..k * ws).map(|i| value(i + 11)).collect();
+                        let packed = Panels::row_major(&w, k, ws);
                         let start: Vec<f32> = (0..rows * ys).map(|i| value(i + 5)).collect();
                         let mut y = start.clone();
                         let p = Product {
                             x: &x,
                             x_stride: xs,
                             rows,
-                            k,
-                            w: &w,
-                            w_stride: ws,
-                            n,
+                            w: &packed,
+                            columns: 0..n,
                         };
                         product(isa, &p, &mut y, ys);
                         for r in 0..rows {
@@ -139,20 +146,56 @@ mod tests {
         }
     }
 
+    /// Columns from anywhere: within a panel, across panels' edges, none.
+    #[test]
+    fn a_range_of_columns_is_the_same_columns_of_the_whole_product() {
+        let value = |seed: usize| ((seed * 7919) % 1000) as f32 / 500.0 - 1.0;
+        let (k, n) = (19, 200);
+        // Packed from the transpose, as recurrent and `transB` weights are.
+        let t: Vec<f32> = (0..n * k).map(value).collect();
+        let w = Panels::transposed(&t, k, n);
+        for isa in isas() {
+            for rows in [1, 2, 3, 5] {
+                let x: Vec<f32> = (0..rows * k).map(|i| value(i + 3)).collect();
+                for columns in [0..n, 5..69, 63..65, 64..128, 17..17, 100..200, 130..131] {
+                    let width = columns.len();
+                    let mut y = vec![0.5f32; rows * width];
+                    let p = Product {
+                        x: &x,
+                        x_stride: k,
+                        rows,
+                        w: &w,
+                        columns: columns.clone(),
+                    };
+                    product(isa, &p, &mut y, width);
+                    for r in 0..rows {
+                        for (c, j) in columns.clone().enumerate() {
+                            let want =
+                                0.5 + (0..k).map(|i| x[r * k + i] * t[j * k + i]).sum::<f32>();
+                            let got = y[r * width + c];
+                            assert!(
+                                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                                "{isa:?} rows {rows} columns {columns:?} at [{r}, {j}]: {got} != {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     #[should_panic(expected = "product")]
     fn a_short_operand_is_refused_before_any_element_is_read() {
         let x = [1.0f32; 3];
-        let w = [1.0f32; 8];
+        let w = Panels::row_major(&[1.0f32; 8], 4, 2);
         let mut y = [0.0f32; 4];
         let p = Product {
             x: &x,
             x_stride: 4,
             rows: 1,
-            k: 4,
             w: &w,
-            w_stride: 2,
-            n: 2,
+            columns: 0..2,
         };
         product(Isa::detect(), &p, &mut y, 2);
     }

@@ -1,12 +1,94 @@
-//! `y += x · W` for a handful of rows (a tick is one): the weights are
-//! streamed once, row of `W` by row of `W`, into accumulators that stay in
-//! registers for a block of the output's columns and every row of the
-//! block (AVX2: 1 row × 64 columns, 2 × 32 or 4 × 16, eight 8-wide
-//! accumulators each, enough to keep both FMA units busy).
+//! `y += x · W` for a handful of rows (a tick is one). `W` is packed at
+//! load into [`Panels`] of [`PANEL`] columns, each panel's `k` rows
+//! contiguous, so a block of the output's columns streams its weights as
+//! one run of memory (row-major, a block's rows sit a whole matrix row
+//! apart, and a 2 KiB stride crosses a page every other row, where the
+//! hardware's prefetchers stop). Each weight is read once, into
+//! accumulators that stay in registers for a block of columns and every
+//! row of the block (AVX2: 1 row × 64 columns, 2 × 32 or 4 × 16, eight
+//! 8-wide accumulators each, enough to keep both FMA units busy).
 
-/// The operands of one product: `rows` rows of `x` (`k` floats each, rows
-/// `x_stride` apart) times `W` (`k` rows of `n` floats, `w_stride` apart).
-#[derive(Debug, Clone, Copy)]
+use std::ops::Range;
+
+/// Columns per panel: the widest block a kernel computes at once.
+pub const PANEL: usize = 64;
+
+/// A `[k, n]` matrix as the product kernels read it: panels of [`PANEL`]
+/// columns (the last one narrower), panel after panel, each row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Panels {
+    floats: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl Panels {
+    /// Packs the `k × n` matrix whose element `(i, j)` is `at(i, j)`.
+    fn pack(k: usize, n: usize, at: impl Fn(usize, usize) -> f32) -> Panels {
+        let mut floats = Vec::with_capacity(k * n);
+        for first in (0..n).step_by(PANEL) {
+            let last = (first + PANEL).min(n);
+            for i in 0..k {
+                floats.extend((first..last).map(|j| at(i, j)));
+            }
+        }
+        Panels { floats, k, n }
+    }
+
+    /// From `m`, `k × n` row-major.
+    ///
+    /// # Panics
+    ///
+    /// When `m` holds fewer than `k · n` floats.
+    pub fn row_major(m: &[f32], k: usize, n: usize) -> Panels {
+        assert!(
+            m.len() >= k * n,
+            "a {k} × {n} matrix from {} floats",
+            m.len()
+        );
+        Panels::pack(k, n, |i, j| m[i * n + j])
+    }
+
+    /// From `m`, the transpose (`n × k` row-major): Gemm's `transB`, ONNX's
+    /// recurrent `[gates · hidden, in]` matrices.
+    ///
+    /// # Panics
+    ///
+    /// When `m` holds fewer than `k · n` floats.
+    pub fn transposed(m: &[f32], k: usize, n: usize) -> Panels {
+        assert!(
+            m.len() >= k * n,
+            "a {k} × {n} matrix from {} floats",
+            m.len()
+        );
+        Panels::pack(k, n, |i, j| m[j * k + i])
+    }
+
+    /// Rows (the product's inner dimension).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Columns.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Panel `p` (columns `p · PANEL..`): its floats and its width.
+    fn panel(&self, p: usize) -> (&[f32], usize) {
+        let first = p * PANEL;
+        let width = PANEL.min(self.n - first);
+        (
+            &self.floats[first * self.k..(first + width) * self.k],
+            width,
+        )
+    }
+}
+
+/// The operands of one product: `rows` rows of `x` (`w.k()` floats each,
+/// rows `x_stride` apart) times the `columns` of `w`. The result's column
+/// 0 is `columns.start`.
+#[derive(Debug, Clone)]
 pub struct Product<'a> {
     /// The left operand.
     pub x: &'a [f32],
@@ -14,14 +96,10 @@ pub struct Product<'a> {
     pub x_stride: usize,
     /// Rows of `x` (and of the result).
     pub rows: usize,
-    /// The inner dimension.
-    pub k: usize,
-    /// The right operand, row-major.
-    pub w: &'a [f32],
-    /// Floats between the starts of two rows of `W`.
-    pub w_stride: usize,
-    /// Columns of `W` (and of the result).
-    pub n: usize,
+    /// The right operand.
+    pub w: &'a Panels,
+    /// The columns of `w` computed.
+    pub columns: Range<usize>,
 }
 
 /// The floats a `rows × width` block with rows `stride` apart spans.
@@ -35,21 +113,56 @@ fn span(rows: usize, stride: usize, width: usize) -> usize {
 impl Product<'_> {
     /// Panics unless every index the kernels reach is in bounds.
     pub(super) fn check(&self, y: &[f32], y_stride: usize) {
-        let fits = self.x.len() >= span(self.rows, self.x_stride, self.k)
-            && self.w.len() >= span(self.k, self.w_stride, self.n)
-            && y.len() >= span(self.rows, y_stride, self.n)
-            && (self.rows <= 1 || (self.x_stride >= self.k && y_stride >= self.n))
-            && (self.k <= 1 || self.w_stride >= self.n);
+        let (k, n) = (self.w.k, self.columns.len());
+        let fits = self.columns.start <= self.columns.end
+            && self.columns.end <= self.w.n
+            && self.x.len() >= span(self.rows, self.x_stride, k)
+            && y.len() >= span(self.rows, y_stride, n)
+            && (self.rows <= 1 || (self.x_stride >= k && y_stride >= n));
         assert!(
             fits,
-            "product of {} × {} by {} × {} does not fit its buffers",
-            self.rows, self.k, self.k, self.n
+            "product of {} × {} by columns {:?} of {} × {} does not fit its buffers",
+            self.rows, k, self.columns, k, self.w.n
         );
+    }
+
+    /// The part of the product in each panel the columns touch: a
+    /// row-major operand and where its column 0 is in the result.
+    pub(super) fn parts(&self) -> impl Iterator<Item = (RowMajor<'_>, usize)> {
+        let Range { start, end } = self.columns;
+        let panels = start / PANEL..end.div_ceil(PANEL);
+        panels.filter(move |_| start < end).map(move |p| {
+            let (floats, width) = self.w.panel(p);
+            let first = p * PANEL;
+            let (from, to) = (start.max(first) - first, end.min(first + width) - first);
+            let part = RowMajor {
+                x: self.x,
+                x_stride: self.x_stride,
+                rows: self.rows,
+                k: self.w.k,
+                w: &floats[from..],
+                w_stride: width,
+                n: to - from,
+            };
+            (part, first + from - start)
+        })
     }
 }
 
+/// One panel's part of a product: `x` times `W`, `k` rows of `n` floats
+/// `w_stride` apart. Within [`Product::check`]'s bounds by construction.
+pub(super) struct RowMajor<'a> {
+    x: &'a [f32],
+    x_stride: usize,
+    rows: usize,
+    k: usize,
+    w: &'a [f32],
+    w_stride: usize,
+    n: usize,
+}
+
 /// The portable kernel: one row at a time, `W`'s rows added in turn.
-pub(super) fn portable(p: &Product<'_>, y: &mut [f32], y_stride: usize) {
+pub(super) fn portable(p: &RowMajor<'_>, y: &mut [f32], y_stride: usize) {
     for r in 0..p.rows {
         let x = &p.x[r * p.x_stride..r * p.x_stride + p.k];
         let y = &mut y[r * y_stride..r * y_stride + p.n];
@@ -66,10 +179,11 @@ pub(super) fn portable(p: &Product<'_>, y: &mut [f32], y_stride: usize) {
 ///
 /// # Safety
 ///
-/// The CPU has AVX2 and FMA, and [`Product::check`] passed for `y`.
+/// The CPU has AVX2 and FMA, and [`Product::check`] passed for the
+/// product `p` is a part of, and `y` is its result from `p`'s column 0.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn avx2(p: &Product<'_>, y: &mut [f32], y_stride: usize) {
+pub(super) unsafe fn avx2(p: &RowMajor<'_>, y: &mut [f32], y_stride: usize) {
     let mut r = 0;
     while r < p.rows {
         let x = p.x[r * p.x_stride..].as_ptr();
@@ -92,7 +206,7 @@ pub(super) unsafe fn avx2(p: &Product<'_>, y: &mut [f32], y_stride: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn columns<const R: usize, const V: usize>(
-    p: &Product<'_>,
+    p: &RowMajor<'_>,
     x: *const f32,
     out: *mut f32,
     y_stride: usize,
@@ -128,7 +242,7 @@ unsafe fn columns<const R: usize, const V: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block<const R: usize, const V: usize>(
-    p: &Product<'_>,
+    p: &RowMajor<'_>,
     x: *const f32,
     out: *mut f32,
     y_stride: usize,
