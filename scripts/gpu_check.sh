@@ -171,7 +171,9 @@ wanted 3 && step "3. engine vs ONNX Runtime (alpha_mlp, seq_lstm, every op, tick
 # member past a 2-row weight table running on the graphs; a slot on a cluster of 2, 4
 # and 8 blocks against ONNX Runtime, and its round trip (SUMMARY); a family on clusters
 # of 8 with fewer slots than its largest bucket (that bucket on the graphs); a family on
-# graphs unloaded while a resident kernel runs (does freeing wait for an idle device?).
+# graphs unloaded while a resident kernel runs (does freeing wait for an idle device?);
+# PyTorch's stateful LSTM step (slices, joins) and every dense op resident against
+# their graphs (a_family_compiled_resident_from_layout_...).
 wanted 3 && step "3b. resident kernel vs ONNX Runtime, its tick's round trip, a family run resident (bench_lstm)" 120 resident.log \
   env TICKSERVE_PYTHON="$py" $bin/gpu-engine --ignored --nocapture --test-threads 1 gpu::the_resident_kernel \
   gpu::a_family_compiled_resident gpu::a_resident_family gpu::sequences_keep_their_slots \

@@ -39,15 +39,18 @@
 //! coalesced line and each weight is read once; the others a thread a
 //! column. The activations live in shared memory. The tick's table row is read afresh and the weights
 //! through L2, so a member written to the table while the kernel runs is
-//! read from the first tick naming it. The set it runs: products (one
-//! group) with their elementwise chains, LSTM and GRU layers (either reset)
-//! over one step, softmax and layer normalization; anything else is
-//! refused, named.
+//! read from the first tick naming it. The set it runs: products with
+//! their elementwise chains (one over several groups: each block all of
+//! it), LSTM and GRU layers (either reset) over one step, softmax and
+//! layer normalization, and the copies,
+//! rearrangements (slices, transposes, gathers), joins and elementwise
+//! operations of two activations exporters write around them; a
+//! convolution or a window is refused, named.
 
 use std::fmt::Write;
 
 use super::{c_float, epilogue};
-use crate::plan::{Cell, Op, Plan, ValueId};
+use crate::plan::{Cell, Elementwise, Op, Plan, ValueId};
 
 /// Threads of the resident kernel's one block.
 pub const RESIDENT_BLOCK: u32 = 256;
@@ -665,9 +668,105 @@ pub fn resident_split(
                     epsilon = c_float(*epsilon),
                 );
             }
+            // A product over several groups (a batched MatMul of a
+            // reshaped row): small where exporters write one, so each
+            // block computes all of it, a thread a column, through L2.
+            Op::MatMul {
+                input,
+                weight,
+                transposed,
+                groups,
+                k,
+                n,
+            } => {
+                let x = offsets[*input];
+                let w = if *transposed {
+                    format!("W({weight})[(long long)c * {k} + i]")
+                } else {
+                    format!("W({weight})[(long long)i * {n} + c]")
+                };
+                let _ = write!(
+                    body,
+                    "        for (int col = r; col < {columns}; col += threads) {{
+            const int g = col / {n}, c = col % {n};
+            float v = 0.0f;
+            for (int i = 0; i < {k}; ++i) v += val[{x} + g * {k} + i] * {w};
+{chain}            val[{out} + col] = v;
+        }}
+        SYNC();
+",
+                    columns = groups.saturating_mul(*n),
+                    chain = epilogue(&step.epilogue),
+                );
+            }
+            // The layout and elementwise steps exporters write around the
+            // products and cells (a state's slice, a gate's sum, a join)
+            // are cheap: like the per-segment steps, each block computes
+            // all of the output for itself.
+            Op::Copy { input } => {
+                let x = offsets[*input];
+                local(
+                    body,
+                    width(step.output),
+                    &format!("val[{x} + col]"),
+                    &step.epilogue,
+                    out,
+                );
+            }
+            Op::Binary { a, b, op } => {
+                let load = format!(
+                    "val[{} + col] {} val[{} + col]",
+                    offsets[*a],
+                    op.symbol(),
+                    offsets[*b]
+                );
+                local(body, width(step.output), &load, &step.epilogue, out);
+            }
+            Op::Rearrange {
+                input,
+                dims,
+                strides,
+                offset,
+            } => {
+                let mut at = format!("{offset}");
+                let mut inner = 1usize;
+                for (&d, &stride) in dims.iter().zip(strides).rev() {
+                    let _ = write!(at, " + (col / {inner} % {d}) * ({stride})");
+                    inner = inner.saturating_mul(d);
+                }
+                let load = format!("val[{} + ({at})]", offsets[*input]);
+                local(body, width(step.output), &load, &step.epilogue, out);
+            }
+            Op::Concat {
+                inputs,
+                outer,
+                chunks,
+            } => {
+                // Each input's floats to their places in every block of
+                // the row: block `e / chunk`, after the inputs before it.
+                let block: usize = chunks.iter().sum();
+                let chain = epilogue(&step.epilogue);
+                let mut before = 0usize;
+                for (input, &chunk) in inputs.iter().zip(chunks) {
+                    let x = offsets[*input];
+                    let _ = write!(
+                        body,
+                        "        for (int e = r; e < {count}; e += threads) {{
+            const int col = e / {chunk} * {block} + {before} + e % {chunk};
+            float v = val[{x} + e];
+{chain}            val[{out} + col] = v;
+        }}
+",
+                        count = outer.saturating_mul(chunk),
+                        chunk = chunk.max(1),
+                    );
+                    before += chunk;
+                }
+                body.push_str("        SYNC();\n");
+            }
             other => {
                 return Err(format!(
-                    "step {index} ({}) is {}; the resident kernel runs products, LSTM and GRU layers, softmax and layer normalization",
+                    "step {index} ({}) is {}; the resident kernel runs products, LSTM and GRU layers, softmax, layer normalization, and copies, rearrangements, joins and elementwise operations of activations",
                     step.nodes.join(", "),
                     op_name(other)
                 ));
@@ -879,6 +978,22 @@ fn share(n: usize, split: usize) -> (String, String) {
     }
 }
 
+/// A step each block computes all of for itself: column `col` of the
+/// `width` is `load` through the step's elementwise chain; a block barrier
+/// after.
+fn local(body: &mut String, width: usize, load: &str, chain: &[Elementwise], out: usize) {
+    let _ = write!(
+        body,
+        "        for (int col = r; col < {width}; col += threads) {{
+            float v = {load};
+{}            val[{out} + col] = v;
+        }}
+        SYNC();
+",
+        epilogue(chain)
+    );
+}
+
 /// A block-strided copy of `width` floats: `to + j` from `from + j`, each
 /// an array and its first index (`"val[8"`).
 fn copy(body: &mut String, width: usize, to: &str, from: &str) {
@@ -895,7 +1010,7 @@ fn sigmoid(v: &str) -> String {
 /// An op's name in a refusal.
 fn op_name(op: &Op) -> &'static str {
     match op {
-        Op::MatMul { .. } => "a product over several groups",
+        Op::MatMul { .. } => "a product",
         Op::Binary { .. } => "an elementwise operation of two activations",
         Op::Softmax { .. } => "a softmax",
         Op::LayerNorm { .. } => "a layer normalization",

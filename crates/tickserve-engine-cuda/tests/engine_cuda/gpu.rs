@@ -619,7 +619,12 @@ fn answers_as_graphs(
 
 /// `bench_lstm`'s state pairs as its `model.toml` writes them.
 fn bench_lstm_state() -> Vec<tickserve_core::sequence::StateConfig> {
-    crate::resident::BENCH_LSTM_STATE
+    state_configs(&crate::resident::BENCH_LSTM_STATE)
+}
+
+/// State pairs (input, output) as a `model.toml`'s `[[sequence.state]]`.
+fn state_configs(pairs: &[(&str, &str)]) -> Vec<tickserve_core::sequence::StateConfig> {
+    pairs
         .iter()
         .map(|(i, o)| tickserve_core::sequence::StateConfig {
             input: (*i).to_string(),
@@ -757,27 +762,80 @@ fn bench_lstm_resident_and_graphs(
 ) {
     let bench = support::bench_models();
     let path = bench.path().join("bench_lstm/1/model.onnx");
-    let onnx = read(&path);
+    resident_and_graphs(&path, &bench_lstm_state(), options)
+}
+
+/// The model at `path` on gpu:0, buckets 1 and 64, its state paired as
+/// `state` says: run resident with `options`, and on its graphs alone.
+fn resident_and_graphs(
+    path: &std::path::Path,
+    state: &[tickserve_core::sequence::StateConfig],
+    options: &tickserve_engine_cuda::ResidentOptions,
+) -> (
+    tickserve_engine_cuda::ResidentModel,
+    tickserve_engine_cuda::CudaModel,
+) {
+    let onnx = read(path);
     let signature = onnx.signature(&ModelConfig::default()).unwrap();
     let imported = import(&onnx, &signature.inputs, None).unwrap();
-    let state = bench_lstm_state();
     let cuda = CudaEngine::new(CudaOptions::default());
     let buckets = Buckets::new(&[1, 64], None).unwrap();
     let request = CudaCompileRequest {
-        family: "bench_lstm",
+        family: "resident",
         imported: &imported,
         signature: &signature,
         buckets: &buckets,
         ordinal: 0,
         first_member: SOLE_MEMBER,
     };
-    let resident = cuda.compile_resident_with(&request, &state, options);
+    let resident = cuda.compile_resident_with(&request, state, options);
     let model = match resident.unwrap() {
         Ok(model) => model,
-        Err((why, _)) => panic!("not resident: {why}"),
+        Err((why, _)) => panic!("{}: not resident: {why}", path.display()),
     };
     let graphs = cuda.compile(&request).unwrap();
     (model, graphs)
+}
+
+/// PyTorch's stateful LSTM step (its state sliced per layer and joined
+/// again) and a graph of every dense op the importer takes (a product over
+/// groups, copies, a sum of two activations), each compiled resident, on
+/// one block a slot and on clusters of 2 with their weights on chip: bucket
+/// 1 runs on the kernel and answers as the graphs do, run after run.
+#[test]
+#[ignore = "needs a GPU"]
+fn a_family_compiled_resident_from_layout_and_elementwise_ops_answers_as_its_graphs_do() {
+    let exported = root().join("crates/tickserve-engine-cuda/tests/exported");
+    let fixtures = fixtures();
+    let models = [
+        (
+            exported.join("pt_lstm_state/1/model.onnx"),
+            state_configs(&crate::resident::STATE),
+        ),
+        (fixtures.path().join("cuda_ops/1/model.onnx"), Vec::new()),
+    ];
+    let shapes = [
+        tickserve_engine_cuda::ResidentOptions::default(),
+        tickserve_engine_cuda::ResidentOptions {
+            split: 2,
+            on_chip: usize::MAX,
+            ..Default::default()
+        },
+    ];
+    let mut seed = 11;
+    for (path, state) in &models {
+        for options in &shapes {
+            let (mut model, mut graphs) = resident_and_graphs(path, state, options);
+            for run in 0..20 {
+                assert!(
+                    answers_as_graphs(&mut model, &mut graphs, (0, SOLE_MEMBER), &mut seed),
+                    "{} split {}: run {run} off the kernel",
+                    path.display(),
+                    options.split
+                );
+            }
+        }
+    }
 }
 
 /// Per `bench_lstm` state pair: its input's index among the signature's

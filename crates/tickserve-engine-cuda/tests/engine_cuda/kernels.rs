@@ -118,6 +118,16 @@ fn the_resident_kernel_compiles_with_nvrtc() {
         let gru = resident_split(&plan, &[("h_in", "h_out")], 2, 200 * 1024).unwrap();
         compile(&gru.source, "sm_90").unwrap_or_else(|e| panic!("{name}: {e}\n{}", gru.source));
     }
+    // The layout ops around PyTorch's stateful LSTM step (slices, joins,
+    // a gather), and a grouped product, a copy and a sum of activations.
+    let exported = root().join("crates/tickserve-engine-cuda/tests/exported");
+    let lstm = plan_of(&exported.join("pt_lstm_state/1/model.onnx"));
+    let lstm = resident_split(&lstm, &[("h_in", "h_out"), ("c_in", "c_out")], 2, 0).unwrap();
+    compile(&lstm.source, "sm_90")
+        .unwrap_or_else(|e| panic!("pt_lstm_state: {e}\n{}", lstm.source));
+    let every = plan_of(&fixtures().path().join("cuda_ops/1/model.onnx"));
+    let every = resident_split(&every, &[], 2, 200 * 1024).unwrap();
+    compile(&every.source, "sm_90").unwrap_or_else(|e| panic!("cuda_ops: {e}\n{}", every.source));
     for instruction in [
         "barrier.cluster.arrive.release",
         "barrier.cluster.wait.acquire",

@@ -802,6 +802,36 @@ fn mlps_with_softmax_or_layer_norm_ticked_through_the_mailbox_give_what_onnx_run
 }
 
 #[test]
+fn an_exported_lstm_step_and_every_dense_op_tick_as_onnx_runtime_does() {
+    // PyTorch's TorchScript exporter writes a stateful LSTM step with the
+    // layout ops around its cell: the state's [layers, batch, hidden]
+    // slices and squeezes, the gates' rearranged weights, the joins.
+    let path =
+        root().join("crates/tickserve-engine-cuda/tests/exported/pt_lstm_state/1/model.onnx");
+    let (_, plan, _) = plan_of(&path);
+    let layout = resident(&plan, &STATE).unwrap();
+    assert!(
+        plan.steps
+            .iter()
+            .any(|s| matches!(s.op, tickserve_engine_cuda::plan::Op::Rearrange { .. })),
+        "{:?}",
+        plan.steps
+    );
+    assert_eq!(layout.state.len(), 2);
+    ticks_match_onnx_runtime(&path, &STATE, 2_000, 9500, (8, 1, 0));
+    ticks_match_onnx_runtime(&path, &STATE, 500, 9600, (8, 3, ON_CHIP));
+    ticks_match_onnx_runtime(&path, &STATE, 2, 9700, (RESIDENT_BLOCK, 2, ON_CHIP));
+    // Every dense op the importer takes, in one graph: a product over four
+    // groups of a reshaped row, a sum of two activations, a copy, a
+    // softmax beside a product.
+    let fixtures = support::fixtures();
+    let every = fixtures.path().join("cuda_ops/1/model.onnx");
+    ticks_match_onnx_runtime(&every, &[], 300, 9800, (8, 1, 0));
+    ticks_match_onnx_runtime(&every, &[], 100, 9900, (8, 3, ON_CHIP));
+    ticks_match_onnx_runtime(&every, &[], 2, 9950, (RESIDENT_BLOCK, 2, ON_CHIP));
+}
+
+#[test]
 fn a_plan_outside_the_resident_set_is_refused_naming_what_is_not_in_it() {
     let models = root().join("config/models");
     let refused = |path: &Path, state: &[(&str, &str)]| {
