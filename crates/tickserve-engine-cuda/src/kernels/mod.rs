@@ -167,13 +167,22 @@ fn per_element(name: &str, width: usize, load: &str, chain: &[Elementwise]) -> S
 /// The load of a [`Op::Rearrange`]: output column `col` of `row` reads the
 /// input element the strides name.
 fn rearrange_load(in_width: usize, dims: &[usize], strides: &[isize], offset: usize) -> String {
+    format!(
+        "a[row * {in_width} + ({})]",
+        rearrange_index(dims, strides, offset)
+    )
+}
+
+/// The C expression of the element of its input row that output column
+/// `col` of a [`Op::Rearrange`] reads.
+fn rearrange_index(dims: &[usize], strides: &[isize], offset: usize) -> String {
     let mut at = format!("{offset}");
     let mut inner = 1usize;
     for (&d, &stride) in dims.iter().zip(strides).rev() {
         let _ = write!(at, " + (col / {inner} % {d}) * {stride}");
-        inner *= d;
+        inner = inner.saturating_mul(d);
     }
-    format!("a[row * {in_width} + ({at})]")
+    at
 }
 
 /// The load of a [`Op::Conv1d`]: output column `col` of `row` (channel

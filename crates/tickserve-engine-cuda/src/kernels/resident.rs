@@ -49,7 +49,7 @@
 
 use std::fmt::Write;
 
-use super::{c_float, epilogue};
+use super::{c_float, epilogue, rearrange_index};
 use crate::plan::{Cell, Elementwise, Op, Plan, ValueId};
 
 /// Threads of the resident kernel's one block.
@@ -728,12 +728,7 @@ pub fn resident_split(
                 strides,
                 offset,
             } => {
-                let mut at = format!("{offset}");
-                let mut inner = 1usize;
-                for (&d, &stride) in dims.iter().zip(strides).rev() {
-                    let _ = write!(at, " + (col / {inner} % {d}) * ({stride})");
-                    inner = inner.saturating_mul(d);
-                }
+                let at = rearrange_index(dims, strides, *offset);
                 let load = format!("val[{} + ({at})]", offsets[*input]);
                 local(body, width(step.output), &load, &step.epilogue, out);
             }
